@@ -1,0 +1,202 @@
+"""Multi-head attention, and the one place where every positional encoding enters the logit.
+
+For a head h in layer l, with ``enc`` the model's encoding::
+
+    q, k, v = x_q W_Q + b_Q,  x_kv W_K + b_K,  x_kv W_V + b_V       hook_q, hook_k, hook_v
+    q, k    = enc.extend(x_q, x_kv, q, k)     decoupled RoPE appends a sub-space
+    q, k    = enc.rotate(q, k)                multiplicative: RoPE        hook_rot_q, hook_rot_k
+    logits  = (q . k) / sqrt(d_qk)
+            + enc.bias()                      additive: T5, ALiBi          hook_pos_bias
+            + mask                            causal, padding: -inf        hook_attn_scores
+    pattern = softmax(logits)                                              hook_pattern
+    z       = pattern v                                                    hook_z
+
+Absolute encodings (sinusoidal, learned) act earlier, on the residual stream (``hook_pos_embed``
+in :mod:`pe_interp.model`).
+
+Three backends compute the same function:
+
+- ``eager`` materialises scores and pattern and fires every hook; it is the reference.
+- ``sdpa`` calls ``F.scaled_dot_product_attention`` with the bias and mask as one float
+  ``attn_mask`` (trains on CPU, gradient into a learned bias included).
+- ``triton`` runs the fused kernel of :mod:`pe_interp.kernels`, with rotation and bias inside.
+
+A layer whose ``hook_attn_scores`` or ``hook_pattern`` has a hook (including caching) always runs
+eagerly, whatever the backend, so hooks never silently miss. The fused kernel also steps aside
+for the SDPA path when ``hook_rot_q/k`` or ``hook_pos_bias`` are hooked. ``auto`` picks triton
+on CUDA when the encoding can be fused and no attention dropout is active, SDPA otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from pe_interp.config import ModelConfig
+from pe_interp.encodings import Encoding
+
+
+@dataclass(frozen=True)
+class AttnContext:
+    """Per-forward state shared by every layer (built once by the model)."""
+
+    encoding: Encoding
+    mask: Float[Tensor, "batch_or_1 1 q_pos k_pos"] | None  # 0 where allowed, -inf elsewhere
+    key_valid: Bool[Tensor, "batch pos"] | None  # None: every key is real
+    causal: bool
+    kv_input: Float[Tensor, "batch pos d_model"] | None = None  # kv_source="embed"
+
+
+def build_mask(
+    key_valid: Bool[Tensor, "batch pos"] | None, n_pos: int, causal: bool, dtype, device
+) -> Tensor | None:
+    """Additive mask: key j is visible to query i iff it is a real token (or i == j, so that no
+    row is ever empty) and, when causal, j <= i."""
+    if key_valid is None and not causal:
+        return None
+    allowed = torch.ones(n_pos, n_pos, dtype=torch.bool, device=device)
+    if causal:
+        allowed = allowed.tril()
+    allowed = allowed[None, None]
+    if key_valid is not None:
+        eye = torch.eye(n_pos, dtype=torch.bool, device=device)
+        allowed = allowed & (key_valid[:, None, None, :] | eye)
+    zeros = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return zeros.masked_fill(~allowed, float("-inf"))
+
+
+def _has_hooks(*points: HookPoint) -> bool:
+    return any(p.fwd_hooks or p.bwd_hooks for p in points)
+
+
+class Attention(nn.Module):
+    """Multi-head attention in TransformerLens' weight layout (``W_Q: [head, d_model, d_head]``)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, extra_qk_dims: int = 0):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        H, M, D = cfg.n_heads, cfg.d_model, cfg.d_head
+        self.W_Q = nn.Parameter(torch.empty(H, M, D))
+        self.W_K = nn.Parameter(torch.empty(H, M, D))
+        self.W_V = nn.Parameter(torch.empty(H, M, D))
+        self.W_O = nn.Parameter(torch.empty(H, D, M))
+        self.b_Q = nn.Parameter(torch.zeros(H, D))
+        self.b_K = nn.Parameter(torch.zeros(H, D))
+        self.b_V = nn.Parameter(torch.zeros(H, D))
+        self.b_O = nn.Parameter(torch.zeros(M))
+        self.scale = 1.0 / math.sqrt(D + extra_qk_dims)
+
+        self.hook_q = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_k = HookPoint()
+        self.hook_v = HookPoint()
+        self.hook_rot_q = HookPoint()  # after the encoding's rotation (and extension)
+        self.hook_rot_k = HookPoint()
+        self.hook_pos_bias = HookPoint()  # [head, q_pos, k_pos]
+        self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos]
+        self.hook_pattern = HookPoint()
+        self.hook_z = HookPoint()  # [batch, pos, head, d_head]
+        for hp in (self.hook_attn_scores, self.hook_pattern):
+            hp.pos_dim = -2
+
+    @staticmethod
+    def _project(x: Tensor, W: Tensor, b: Tensor) -> Float[Tensor, "batch pos head d"]:
+        H, M, D = W.shape
+        out = x @ W.permute(1, 0, 2).reshape(M, H * D)
+        return out.view(*x.shape[:-1], H, D) + b
+
+    def backend(self, ctx: AttnContext) -> str:
+        """Which backend this layer uses for this forward (see the module docstring)."""
+        if self.cfg.attn_backend == "eager" or _has_hooks(self.hook_attn_scores, self.hook_pattern):
+            return "eager"
+        dropout_on = self.training and self.cfg.attn_dropout > 0
+        pe_hooked = _has_hooks(self.hook_rot_q, self.hook_rot_k, self.hook_pos_bias)
+        if self.cfg.attn_backend == "triton":
+            return "sdpa" if pe_hooked else "triton"
+        if self.cfg.attn_backend == "auto" and self.W_Q.is_cuda and not dropout_on and not pe_hooked:
+            from pe_interp.kernels import triton_available
+
+            if triton_available() and ctx.encoding.fused(self.layer, 1) is not None:
+                return "triton"
+        return "sdpa"
+
+    def forward(
+        self,
+        x_q: Float[Tensor, "batch pos d_model"],
+        x_kv: Float[Tensor, "batch pos d_model"],
+        ctx: AttnContext,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        enc, layer = ctx.encoding, self.layer
+        q = self.hook_q(self._project(x_q, self.W_Q, self.b_Q))
+        k = self.hook_k(self._project(x_kv, self.W_K, self.b_K))
+        v = self.hook_v(self._project(x_kv, self.W_V, self.b_V))
+        q, k = enc.extend(x_q, x_kv, q, k, layer)
+
+        backend = self.backend(ctx)
+        if backend == "triton":
+            z = self._fused(q, k, v, ctx)
+        else:
+            if enc.rotates:  # multiplicative: position rotates q and k
+                q, k = enc.rotate(q, k, layer)
+                q, k = self.hook_rot_q(q), self.hook_rot_k(k)
+            bias = enc.bias(q.shape[1], k.shape[1], layer)  # additive: a [head, q, k] term
+            if bias is not None:
+                bias = self.hook_pos_bias(bias)
+            run = self._eager if backend == "eager" else self._sdpa
+            z = run(q, k, v, bias, ctx.mask)
+        z = self.hook_z(z)
+        return torch.einsum("bphd,hdm->bpm", z, self.W_O) + self.b_O
+
+    def _eager(self, q, k, v, bias, mask) -> Tensor:
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * self.scale
+        if bias is not None:
+            scores = scores + bias
+        if mask is not None:
+            scores = scores + mask
+        scores = self.hook_attn_scores(scores)
+        pattern = self.hook_pattern(scores.softmax(dim=-1))
+        pattern = F.dropout(pattern, self.cfg.attn_dropout, self.training)
+        return torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+
+    def _sdpa(self, q, k, v, bias, mask) -> Tensor:
+        attn_mask = bias[None] if bias is not None else None
+        if mask is not None:
+            attn_mask = mask if attn_mask is None else attn_mask + mask
+        if attn_mask is not None:
+            attn_mask = attn_mask.to(q.dtype)
+        z = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=attn_mask,
+            dropout_p=self.cfg.attn_dropout if self.training else 0.0,
+            scale=self.scale,
+        )
+        return z.transpose(1, 2)
+
+    def _fused(self, q, k, v, ctx: AttnContext) -> Tensor:
+        from pe_interp.kernels import fused_attention
+
+        pe = ctx.encoding.fused(self.layer, q.shape[1])
+        if pe is None:
+            raise ValueError(
+                f"attn_backend='triton': encoding {self.cfg.encoding_name!r} cannot be fused "
+                "(it defines rotate/bias without a fused() description); use 'auto' or 'sdpa'"
+            )
+        z = fused_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            scale=self.scale,
+            causal=ctx.causal,
+            key_valid=ctx.key_valid,
+            rope=pe.rope,
+            alibi_slopes=pe.alibi_slopes,
+            rel_bias=pe.rel_bias,
+        )
+        return z.transpose(1, 2)

@@ -1,0 +1,332 @@
+"""The positional-encoding plug-in interface, the registry, and composition.
+
+An encoding can touch the model in up to three places, and nowhere else:
+
+1. ``residual(n_pos)``: a vector per position, added to the token embeddings (absolute PEs);
+2. ``rotate(q, k, layer)``: a per-position transform of queries and keys (RoPE);
+3. ``bias(n_q, n_k, layer)``: a ``[head, q_pos, k_pos]`` term added to the attention logits
+   (T5, ALiBi).
+
+A fourth, rarer hook, ``extend(x_q, x_kv, q, k, layer)``, appends extra query/key dimensions
+before rotation (MLA-style decoupled RoPE). ``pe_interp/attention.py`` is the one file where all
+of these enter the logit.
+
+Each encoding declares its ``kind`` (``none``, ``additive``, ``multiplicative`` or ``hybrid``),
+which is how reports group results, following the paper.
+
+An encoding is an ``nn.Module`` built once per model from the model config; per-layer parameters
+are stacked along a leading ``layer`` axis. Its hyper-parameters are keyword arguments of its
+constructor, described by an :class:`EncodingSpec` so a config can name them and round-trip through
+JSON.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from pe_interp.config import ModelConfig
+
+Kind = Literal["none", "additive", "multiplicative", "hybrid"]
+KINDS: tuple[str, ...] = ("none", "additive", "multiplicative", "hybrid")
+
+
+@dataclass(frozen=True)
+class FusedPE:
+    """What a fused attention kernel needs to know about an encoding in one layer.
+
+    ``None`` in a field means that part is absent. An encoding whose ``fused`` returns ``None``
+    cannot run inside the kernel, and the ``auto`` backend uses SDPA for it instead.
+    """
+
+    rope: Any = None  # pe_interp.kernels.RopeSpec
+    alibi_slopes: Tensor | None = None  # [head]
+    rel_bias: Any = None  # pe_interp.kernels.RelBiasSpec
+
+
+@dataclass(frozen=True)
+class EncodingSpec:
+    """A registered encoding's name plus its non-default constructor arguments."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = field(default=())
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, **{k: list(v) if isinstance(v, tuple) else v for k, v in self.params}}
+
+    def __str__(self) -> str:
+        if not self.params:
+            return self.name
+        inner = ",".join(f"{k}={v}" for k, v in self.params)
+        return f"{self.name}({inner})"
+
+
+class Encoding(nn.Module):
+    """Base class: an encoding that does nothing (NoPE). Override what your encoding changes."""
+
+    registry_name: ClassVar[str] = ""
+    kind: ClassVar[Kind] = "none"
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.d_head = cfg.d_head
+        self.d_model = cfg.d_model
+        self.n_layers = cfg.n_layers
+        self.n_ctx = cfg.n_ctx
+
+    # ---- the four hooks into the model -------------------------------------------------------
+    def residual(self, n_pos: int) -> Float[Tensor, "pos d_model"] | None:
+        """Vector added to the token embedding at each position, or None."""
+        return None
+
+    def extend(
+        self,
+        x_q: Float[Tensor, "batch pos d_model"],
+        x_kv: Float[Tensor, "batch pos d_model"],
+        q: Float[Tensor, "batch pos head d_qk"],
+        k: Float[Tensor, "batch pos head d_qk"],
+        layer: int,
+    ) -> tuple[Tensor, Tensor]:
+        """Append extra (still un-rotated) q/k dimensions. Identity by default."""
+        return q, k
+
+    def rotate(
+        self,
+        q: Float[Tensor, "batch pos head d_qk"],
+        k: Float[Tensor, "batch pos head d_qk"],
+        layer: int,
+    ) -> tuple[Tensor, Tensor]:
+        """Transform queries and keys by position. Identity by default."""
+        return q, k
+
+    def bias(self, n_q: int, n_k: int, layer: int) -> Float[Tensor, "head q_pos k_pos"] | None:
+        """Additive logit term, or None."""
+        return None
+
+    # ---- metadata ----------------------------------------------------------------------------
+    @property
+    def rotates(self) -> bool:
+        """True when ``rotate`` or ``extend`` changes q/k (so ``hook_rot_q/k`` fire)."""
+        return type(self).rotate is not Encoding.rotate or type(self).extend is not Encoding.extend
+
+    @property
+    def has_bias(self) -> bool:
+        return type(self).bias is not Encoding.bias
+
+    def extra_qk_dims(self) -> int:
+        """How many dimensions ``extend`` appends to each q/k head vector."""
+        return 0
+
+    def fused(self, layer: int, n_pos: int) -> FusedPE | None:
+        """The kernel's view of this encoding in ``layer``; None when it cannot be fused.
+
+        The default is fusible only for encodings that leave the logit alone.
+        """
+        if self.rotates or self.has_bias:
+            return None
+        return FusedPE()
+
+    def init_parameters(self, generator: torch.Generator, std: float) -> None:
+        """Deterministic initialisation of this encoding's parameters (normal(0, std) default)."""
+        with torch.no_grad():
+            for p in self.parameters(recurse=False):
+                p.normal_(0.0, std, generator=generator)
+
+    @classmethod
+    def spec(cls, **params: Any) -> EncodingSpec:
+        """An :class:`EncodingSpec` for this encoding, e.g. ``RoPE.spec(base=500)``."""
+        if not cls.registry_name:
+            raise ValueError(f"{cls.__name__} is not registered; use @register_encoding(name)")
+        return make_spec(cls.registry_name, params)
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}"
+
+
+# ---- registry ---------------------------------------------------------------------------------
+_REGISTRY: dict[str, type[Encoding]] = {}
+
+
+def register_encoding(name: str):
+    """Class decorator: make an :class:`Encoding` subclass available under ``name``."""
+
+    def wrap(cls: type[Encoding]) -> type[Encoding]:
+        if not (isinstance(cls, type) and issubclass(cls, Encoding)):
+            raise TypeError(f"register_encoding({name!r}) expects an Encoding subclass, got {cls!r}")
+        if not name or "+" in name or "(" in name:
+            raise ValueError(f"encoding name {name!r} must be non-empty and contain no '+' or '('")
+        if cls.kind not in KINDS:
+            raise ValueError(f"{cls.__name__}.kind is {cls.kind!r}; allowed: {', '.join(KINDS)}")
+        cls.registry_name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def available_encodings() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_encoding_class(name: str) -> type[Encoding]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+            f"encoding: unknown name {name!r}; allowed: {', '.join(available_encodings())} "
+            "(or a '+'-joined composition of them)"
+        ) from None
+
+
+def _hyperparameters(cls: type[Encoding]) -> dict[str, inspect.Parameter]:
+    sig = inspect.signature(cls.__init__)
+    return {n: p for n, p in list(sig.parameters.items())[2:] if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD}
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def make_spec(name: str, params: dict[str, Any] | None = None) -> EncodingSpec:
+    """Validate ``params`` against the encoding's constructor and return a canonical spec."""
+    cls = get_encoding_class(name)
+    allowed = _hyperparameters(cls)
+    params = dict(params or {})
+    for key in params:
+        if key not in allowed:
+            raise ValueError(
+                f"encoding {name!r}: unknown parameter {key!r}; allowed: {', '.join(allowed) or 'none'}"
+            )
+    kept = tuple(
+        (k, _freeze(v)) for k, v in sorted(params.items()) if v != allowed[k].default
+    )
+    return EncodingSpec(name, kept)
+
+
+def parse_encoding(value: Any) -> tuple[EncodingSpec, ...]:
+    """Normalise any accepted ``encoding=`` value into a tuple of specs.
+
+    Accepted: a registered name, a ``+``-joined composition (``"sinusoidal+rope"``), an
+    :class:`EncodingSpec`, a dict ``{"name": ..., **params}``, or a list/tuple of these.
+    """
+    if isinstance(value, EncodingSpec):
+        return (make_spec(value.name, value.kwargs),)
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split("+")]
+        if any(not p for p in parts):
+            raise ValueError(f"encoding: malformed composition {value!r}")
+        return tuple(make_spec(p) for p in parts)
+    if isinstance(value, dict):
+        if "name" not in value:
+            raise ValueError(f"encoding: a dict spec needs a 'name' key, got {value!r}")
+        params = {k: v for k, v in value.items() if k != "name"}
+        return (make_spec(value["name"], params),)
+    if isinstance(value, list | tuple):
+        specs = tuple(s for v in value for s in parse_encoding(v))
+        if not specs:
+            raise ValueError("encoding: empty list; use 'nope' for no positional encoding")
+        return specs
+    if isinstance(value, type) and issubclass(value, Encoding):
+        return (value.spec(),)
+    raise ValueError(
+        f"encoding: cannot interpret {value!r}; give a name such as 'rope', "
+        "'sinusoidal+rope', an EncodingSpec (e.g. RoPE.spec(base=500)) or a list of those"
+    )
+
+
+def combined_kind(kinds: list[str]) -> Kind:
+    """Kind of a composition: none parts are ignored; a mix of additive and multiplicative,
+    or any hybrid part, makes a hybrid."""
+    present = {k for k in kinds if k != "none"}
+    if not present:
+        return "none"
+    if len(present) == 1:
+        return present.pop()  # type: ignore[return-value]
+    return "hybrid"
+
+
+class Composite(Encoding):
+    """Several encodings applied together: residuals and biases add, rotations chain.
+
+    The authors' "rope" model is ``sinusoidal+rope``.
+    """
+
+    def __init__(self, cfg: ModelConfig, parts: list[Encoding]):
+        super().__init__(cfg)
+        self.parts = nn.ModuleList(parts)
+        if sum(p.extra_qk_dims() > 0 for p in parts) > 1:
+            raise ValueError("encoding: at most one part may extend q/k (decoupled_rope)")
+
+    @property
+    def kind(self) -> Kind:  # type: ignore[override]
+        return combined_kind([p.kind for p in self.parts])
+
+    @property
+    def rotates(self) -> bool:
+        return any(p.rotates for p in self.parts)
+
+    @property
+    def has_bias(self) -> bool:
+        return any(p.has_bias for p in self.parts)
+
+    def extra_qk_dims(self) -> int:
+        return sum(p.extra_qk_dims() for p in self.parts)
+
+    def residual(self, n_pos: int):
+        terms = [r for p in self.parts if (r := p.residual(n_pos)) is not None]
+        return sum(terms[1:], terms[0]) if terms else None
+
+    def extend(self, x_q, x_kv, q, k, layer):
+        for p in self.parts:
+            q, k = p.extend(x_q, x_kv, q, k, layer)
+        return q, k
+
+    def rotate(self, q, k, layer):
+        for p in self.parts:
+            q, k = p.rotate(q, k, layer)
+        return q, k
+
+    def bias(self, n_q, n_k, layer):
+        terms = [b for p in self.parts if (b := p.bias(n_q, n_k, layer)) is not None]
+        return sum(terms[1:], terms[0]) if terms else None
+
+    def fused(self, layer: int, n_pos: int) -> FusedPE | None:
+        views = [p.fused(layer, n_pos) for p in self.parts]
+        if any(v is None for v in views):
+            return None
+        ropes = [v.rope for v in views if v.rope is not None]
+        slopes = [v.alibi_slopes for v in views if v.alibi_slopes is not None]
+        rels = [v.rel_bias for v in views if v.rel_bias is not None]
+        if len(ropes) > 1 or len(slopes) > 1 or len(rels) > 1:
+            return None
+        return FusedPE(
+            rope=ropes[0] if ropes else None,
+            alibi_slopes=slopes[0] if slopes else None,
+            rel_bias=rels[0] if rels else None,
+        )
+
+    def init_parameters(self, generator: torch.Generator, std: float) -> None:
+        for p in self.parts:
+            p.init_parameters(generator, std)
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}"
+
+
+def build_encoding(cfg: ModelConfig) -> Encoding:
+    """Instantiate the encoding a config names (a :class:`Composite` for several parts)."""
+    parts = [get_encoding_class(s.name)(cfg, **s.kwargs) for s in cfg.encoding]
+    return parts[0] if len(parts) == 1 else Composite(cfg, parts)

@@ -1,0 +1,137 @@
+"""Rotary encodings: queries and keys are rotated by position (multiplicative coupling).
+
+Pair layout, pinned: **adjacent (interleaved) pairs**, as in the authors' code and GPT-J. Pair i
+of a rotated span is dims ``(2i, 2i+1)``, rotated by angle ``pos * base^(-2i/dim)``. The logit
+between positions m and n then depends on ``(m - n)`` only through these rotations, so for equal
+content it is a function of the offset alone (tested).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from .base import Encoding, FusedPE, register_encoding
+
+if TYPE_CHECKING:
+    from pe_interp.config import ModelConfig
+
+
+def rope_angles(n_pos: int, dim: int, base: float) -> tuple[Tensor, Tensor]:
+    """cos and sin tables, each ``[n_pos, dim // 2]`` (computed in float64, stored float32)."""
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angles = torch.arange(n_pos, dtype=torch.float64)[:, None] * inv_freq
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(
+    x: Float[Tensor, "batch pos head d"],
+    cos: Float[Tensor, "pos half"],
+    sin: Float[Tensor, "pos half"],
+    start: int = 0,
+    head_mask: Tensor | None = None,
+) -> Float[Tensor, "batch pos head d"]:
+    """Rotate dims ``[start, start + 2 * half)`` of every head (or of heads where ``head_mask``)."""
+    n_pos, dim = x.shape[1], 2 * cos.shape[-1]
+    c = cos[:n_pos, None, :].to(x.dtype)
+    s = sin[:n_pos, None, :].to(x.dtype)
+    span = x[..., start : start + dim]
+    x1, x2 = span[..., 0::2], span[..., 1::2]
+    rotated = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)
+    if head_mask is not None:
+        rotated = torch.where(head_mask[:, None], rotated, span)
+    return torch.cat([x[..., :start], rotated, x[..., start + dim :]], dim=-1)
+
+
+@register_encoding("rope")
+class RoPE(Encoding):
+    """Rotary position embedding (Su et al.).
+
+    - ``base``: frequency base.
+    - ``rotary_dim``: rotate only the first ``rotary_dim`` dims of each head (partial by dims).
+    - ``heads``: rotate only these head indices (partial by heads, the paper's "RoPE on k heads").
+    """
+
+    kind = "multiplicative"
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        base: float = 10000.0,
+        rotary_dim: int | None = None,
+        heads: tuple[int, ...] | None = None,
+    ):
+        super().__init__(cfg)
+        dim = cfg.d_head if rotary_dim is None else rotary_dim
+        if not (0 < dim <= cfg.d_head) or dim % 2:
+            raise ValueError(f"rope: rotary_dim must be even and in (0, d_head={cfg.d_head}], got {dim}")
+        if base <= 1:
+            raise ValueError(f"rope: base must be > 1, got {base}")
+        self.base, self.rotary_dim, self.heads = base, dim, heads
+        cos, sin = rope_angles(cfg.n_ctx, dim, base)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        if heads is None:
+            self.head_mask = None
+        else:
+            bad = [h for h in heads if not 0 <= h < cfg.n_heads]
+            if bad or not heads:
+                raise ValueError(f"rope: heads must be a non-empty subset of 0..{cfg.n_heads - 1}, got {heads}")
+            mask = torch.zeros(cfg.n_heads, dtype=torch.bool)
+            mask[list(heads)] = True
+            self.register_buffer("head_mask", mask, persistent=False)
+
+    def rotate(self, q, k, layer):
+        return (
+            apply_rope(q, self.cos, self.sin, 0, self.head_mask),
+            apply_rope(k, self.cos, self.sin, 0, self.head_mask),
+        )
+
+    def fused(self, layer: int, n_pos: int) -> FusedPE:
+        from pe_interp.kernels import RopeSpec
+
+        return FusedPE(
+            rope=RopeSpec(self.cos[:n_pos], self.sin[:n_pos], 0, self.rotary_dim, self.head_mask)
+        )
+
+
+@register_encoding("decoupled_rope")
+class DecoupledRoPE(Encoding):
+    """MLA-style decoupled RoPE (DeepSeek-V2/V3): content q/k stay un-rotated, and each layer
+    appends a ``d_rope``-dim rotated sub-space with its own projections: a query part per head and
+    one key part shared by all heads. The logit is ``q_c.k_c + rot(q_r).rot(k_r)`` (hybrid: an
+    additive sum of a NoPE path and a multiplicative path), scaled by ``1/sqrt(d_head + d_rope)``.
+    """
+
+    kind = "hybrid"
+
+    def __init__(self, cfg: ModelConfig, d_rope: int = 8, base: float = 10000.0):
+        super().__init__(cfg)
+        if d_rope <= 0 or d_rope % 2:
+            raise ValueError(f"decoupled_rope: d_rope must be a positive even integer, got {d_rope}")
+        self.d_rope, self.base = d_rope, base
+        self.W_QR = nn.Parameter(torch.empty(cfg.n_layers, cfg.d_model, cfg.n_heads, d_rope))
+        self.W_KR = nn.Parameter(torch.empty(cfg.n_layers, cfg.d_model, d_rope))
+        cos, sin = rope_angles(cfg.n_ctx, d_rope, base)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def extra_qk_dims(self) -> int:
+        return self.d_rope
+
+    def extend(self, x_q, x_kv, q, k, layer):
+        q_r = torch.einsum("bpm,mhr->bphr", x_q, self.W_QR[layer])
+        k_r = (x_kv @ self.W_KR[layer])[:, :, None, :].expand(-1, -1, k.shape[2], -1)
+        return torch.cat([q, q_r], dim=-1), torch.cat([k, k_r], dim=-1)
+
+    def rotate(self, q, k, layer):
+        start = q.shape[-1] - self.d_rope
+        return apply_rope(q, self.cos, self.sin, start), apply_rope(k, self.cos, self.sin, start)
+
+    def fused(self, layer: int, n_pos: int) -> FusedPE:
+        from pe_interp.kernels import RopeSpec
+
+        return FusedPE(rope=RopeSpec(self.cos[:n_pos], self.sin[:n_pos], self.d_head, self.d_rope, None))
