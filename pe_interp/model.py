@@ -190,7 +190,7 @@ class HookedPETransformer(HookedRootModule):
 
     def embed_input(self, tokens: Tensor, fire_hooks: bool = True) -> Float[Tensor, "batch pos d_model"]:
         """Token embedding plus the encoding's residual term: the input of layer 0."""
-        embed = self.W_E[tokens]
+        embed = F.embedding(tokens, self.W_E)
         pos = self.encoding.residual(tokens.shape[1])
         if fire_hooks:
             embed = self.hook_embed(embed)

@@ -9,6 +9,7 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import Encoding, FusedPE, register_encoding
@@ -62,7 +63,9 @@ class T5Bias(Encoding):
         self.register_buffer("bucket_index", index, persistent=False)
 
     def bias(self, n_q: int, n_k: int, layer: int):
-        return self.rel_bias[layer][:, self.bucket_index[:n_q, :n_k]]
+        # F.embedding rather than fancy indexing: its CPU backward is deterministic.
+        table = self.rel_bias[layer].T  # [bucket, head]
+        return F.embedding(self.bucket_index[:n_q, :n_k], table).permute(2, 0, 1)
 
     def fused(self, layer: int, n_pos: int) -> FusedPE:
         from pe_interp.kernels import RelBiasSpec

@@ -1,0 +1,186 @@
+"""What every synthetic task shares: seeded streams, splits, baselines, serialisation.
+
+A concrete task is a frozen dataclass that subclasses :class:`SyntheticTask` and supplies the
+generator (``_generate``), the counterfactual construction (``_counterfactual``), the class →
+label-value table (``label_values``) and the exact joint distribution of (sequence length, class)
+(``length_label_counts``). Everything else is defined here once.
+
+Randomness: every public method draws from its own ``torch.Generator`` seeded from
+``(task name, task seed, stream, seed, ...)`` through a hash, so ``sample``, the train split, the
+test split and counterfactual pairs are pure functions of their arguments and never share a
+stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import warnings
+from abc import ABC, abstractmethod
+from fractions import Fraction
+from os import PathLike
+from typing import Any, ClassVar
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from pe_interp.tasks.batch import Batch, CounterfactualPairs, row_hashes
+
+_MAX_REFILL_ROUNDS = 32
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from any printable parts (stable across processes and platforms)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def check_int(owner: str, name: str, value: Any, low: int, high: int | None = None, why: str = "") -> None:
+    """Raise ValueError naming ``owner.name`` and the allowed range unless ``value`` is in it."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    ok = ok and (high is None or value <= high)
+    if not ok:
+        allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+        suffix = f" ({why})" if why else ""
+        raise ValueError(f"{owner}.{name} must be an integer {allowed}{suffix}, got {value!r}")
+
+
+def check_bool(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}.{name} must be True or False, got {value!r}")
+
+
+def _ratio(numerator: int, denominator: int) -> float:
+    return float(Fraction(numerator, denominator))
+
+
+class SyntheticTask(ABC):
+    """Base class of the synthetic classification tasks (see the module docstring)."""
+
+    name: ClassVar[str]
+    jsonl_label_key: ClassVar[str] = "distance"  # the key the authors' data files use
+    # Provided by the concrete dataclasses:
+    d_vocab: int
+    seed: int
+
+    # ----------------------------------------------------------------- what a task supplies
+    @property
+    @abstractmethod
+    def max_len(self) -> int:
+        """The padded length of ``tokens``."""
+
+    @property
+    @abstractmethod
+    def label_values(self) -> Int[Tensor, " n_classes"]:
+        """The task-level label value (distance, count) of each class index."""
+
+    @abstractmethod
+    def length_label_counts(self) -> Int[Tensor, "len n_classes"]:
+        """Exact joint distribution of (number of real tokens, class), as integer counts.
+
+        Shape ``[max_len + 1, n_classes]``; dividing by the total gives probabilities. Computed
+        analytically from the generator's definition, not by sampling.
+        """
+
+    @abstractmethod
+    def _generate(self, n: int, gen: torch.Generator) -> Batch:
+        """``n`` i.i.d. samples, vectorised over the batch."""
+
+    @abstractmethod
+    def _counterfactual(self, n: int, gen: torch.Generator) -> CounterfactualPairs:
+        """``n`` clean/corrupt pairs, vectorised over the batch."""
+
+    # ----------------------------------------------------------------- derived properties
+    @property
+    def n_classes(self) -> int:
+        return int(self.label_values.shape[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able description; :func:`pe_interp.tasks.task_from_dict` inverts it."""
+        return {"name": self.name, **dataclasses.asdict(self)}  # type: ignore[call-overload]
+
+    # ----------------------------------------------------------------- sampling
+    def generator(self, stream: str, *parts: object) -> torch.Generator:
+        """A CPU generator for one named stream, seeded from the task seed and ``parts``."""
+        return torch.Generator().manual_seed(derive_seed(self.name, self.seed, stream, *parts))
+
+    def sample(self, n: int, seed: int = 0) -> Batch:
+        """``n`` samples drawn i.i.d. from the task; a pure function of (task, n, seed)."""
+        _check_call("sample", n=n, seed=seed)
+        return self._generate(n, self.generator("sample", seed))
+
+    def splits(self, n_train: int, n_test: int, seed: int = 0) -> tuple[Batch, Batch]:
+        """Train and test sets from disjoint streams, with no test sequence also in train.
+
+        Test rows whose sequence occurs in train are dropped and replaced by fresh rows from a
+        third stream (also checked against train), deterministically. Only when the task's
+        sequence space is nearly exhausted by ``train`` can the test set end up smaller than
+        ``n_test``; that emits a warning. Conditioning on "not in train" slightly reweights the
+        test distribution when the space is small; at realistic vocabularies nothing collides.
+        """
+        _check_call("splits", n_train=n_train, n_test=n_test, seed=seed)
+        train = self._generate(n_train, self.generator("train", seed))
+        train_keys = row_hashes(train.tokens)
+        test = self._generate(n_test, self.generator("test", seed))
+        test = test[~torch.isin(row_hashes(test.tokens), train_keys)]
+        refill_round = 0
+        while len(test) < n_test and refill_round < _MAX_REFILL_ROUNDS:
+            need = n_test - len(test)
+            extra = self._generate(max(2 * need, 64), self.generator("test-refill", seed, refill_round))
+            extra = extra[~torch.isin(row_hashes(extra.tokens), train_keys)][:need]
+            test = Batch.cat([test, extra])
+            refill_round += 1
+        if len(test) < n_test:
+            warnings.warn(
+                f"{type(self).__name__}.splits: only {len(test)} of {n_test} test rows are not in "
+                f"train; the task's sequence space is too small for disjoint splits of this size",
+                stacklevel=2,
+            )
+        return train, test
+
+    def counterfactual_pairs(self, n: int, seed: int = 0) -> CounterfactualPairs:
+        """``n`` clean/corrupt pairs for activation patching (see the task's docstring)."""
+        _check_call("counterfactual_pairs", n=n, seed=seed)
+        return self._counterfactual(n, self.generator("pairs", seed))
+
+    # ----------------------------------------------------------------- exact baselines
+    def chance_accuracy(self) -> float:
+        """Accuracy of the best constant prediction (the most frequent class)."""
+        counts = self.length_label_counts()
+        return _ratio(int(counts.sum(0).max()), int(counts.sum()))
+
+    def length_only_predictor(self) -> Int[Tensor, " len"]:
+        """Bayes-optimal class for each sequence length (index = number of real tokens)."""
+        return self.length_label_counts().argmax(dim=1)
+
+    def length_only_accuracy(self) -> float:
+        """Bayes-optimal accuracy from the sequence length alone.
+
+        This is the ceiling for a model that sees only the number of pad tokens (e.g. an
+        unmasked, permutation-invariant model; paper digest §9.3).
+        """
+        counts = self.length_label_counts()
+        return _ratio(int(counts.max(dim=1).values.sum()), int(counts.sum()))
+
+    # ----------------------------------------------------------------- authors' JSONL format
+    def to_jsonl(self, batch: Batch, path: str | PathLike[str]) -> None:
+        """Write one ``{"text": "w12 w7 ...", "<label key>": value}`` line per row."""
+        from pe_interp.tasks.jsonl import write_jsonl
+
+        write_jsonl(self, batch, path)
+
+    def from_jsonl(self, path: str | PathLike[str]) -> Batch:
+        """Read a file written by :meth:`to_jsonl`; a malformed line raises ValueError."""
+        from pe_interp.tasks.jsonl import read_jsonl
+
+        return read_jsonl(self, path)
+
+    # ----------------------------------------------------------------- shared helpers
+    def _label_to_class(self) -> dict[int, int]:
+        return {int(v): c for c, v in enumerate(self.label_values.tolist())}
+
+
+def _check_call(method: str, **values: Any) -> None:
+    for name, value in values.items():
+        check_int(method, name, value, 0)

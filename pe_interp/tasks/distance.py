@@ -1,0 +1,165 @@
+"""Task 1 (position-sensitive): classify the distance between two trigger tokens.
+
+Follows the authors' ``dis_gen/data-gen.py`` (paper digest §3): one ordered trigger pair
+``(t1, t2)`` fixed for the whole task; ``left ~ U{1..max_side}`` fillers, then ``t1``,
+``between ~ U{1..max_between}`` fillers, ``t2``, ``right ~ U{1..max_side}`` fillers; truncated to
+``max_len`` keeping the start. The label is ``distance = between + 1`` (2..max_between+1), class
+index ``distance - 2``.
+
+Deliberate differences from the authors' code: fillers are drawn with replacement (they used
+``random.sample`` per segment), and by default they exclude the triggers, so every sequence holds
+exactly one ``t1`` and one ``t2`` (set ``fillers_include_triggers=True`` for the authors'
+ambiguous variant; the label is then still the generator's true distance).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import ClassVar
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from pe_interp.tasks.base import SyntheticTask, check_bool, check_int
+from pe_interp.tasks.batch import PAD_ID, Batch, CounterfactualPairs
+from pe_interp.tasks.sampling import draw_ids
+
+_MAX_REJECTION_ROUNDS = 100
+
+
+@dataclass(frozen=True)
+class DistanceTask(SyntheticTask):
+    """Two fixed triggers; the class is their distance (see the module docstring)."""
+
+    d_vocab: int = 512
+    max_between: int = 70
+    max_side: int = 25
+    max_len: int = 120  # type: ignore[assignment]
+    fillers_include_triggers: bool = False
+    seed: int = 0
+
+    name: ClassVar[str] = "distance"
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        check_bool(owner, "fillers_include_triggers", self.fillers_include_triggers)
+        check_int(owner, "d_vocab", self.d_vocab, 4, why="PAD + 2 triggers + at least 1 other id")
+        check_int(owner, "max_between", self.max_between, 2, why="at least 2 distance classes")
+        check_int(owner, "max_side", self.max_side, 1)
+        need = self.max_side + self.max_between + 2
+        check_int(
+            owner, "max_len", self.max_len, need,
+            why=f"max_side + max_between + 2 = {need}, so truncation never cuts the second trigger",
+        )
+        check_int(owner, "seed", self.seed, 0)
+
+    # ----------------------------------------------------------------- vocabulary
+    @cached_property
+    def triggers(self) -> tuple[int, int]:
+        """The ordered trigger pair ``(t1, t2)``; ``t1`` always comes first."""
+        perm = torch.randperm(self.d_vocab - 1, generator=self.generator("triggers")) + 1
+        return int(perm[0]), int(perm[1])
+
+    @cached_property
+    def filler_ids(self) -> Int[Tensor, " n_fillers"]:
+        """The ids fillers are drawn from, uniformly."""
+        ids = torch.arange(1, self.d_vocab)
+        if self.fillers_include_triggers:
+            return ids
+        return ids[~torch.isin(ids, torch.tensor(self.triggers))]
+
+    # ----------------------------------------------------------------- labels
+    @cached_property
+    def distances(self) -> Int[Tensor, " n_classes"]:
+        """``distances[c]`` is the trigger distance of class ``c`` (``c + 2``)."""
+        return torch.arange(2, self.max_between + 2)
+
+    @property
+    def label_values(self) -> Int[Tensor, " n_classes"]:
+        return self.distances
+
+    @staticmethod
+    def class_to_distance(c: int | Tensor) -> int | Tensor:
+        return c + 2
+
+    @staticmethod
+    def distance_to_class(d: int | Tensor) -> int | Tensor:
+        return d - 2
+
+    # ----------------------------------------------------------------- generation
+    def _draw(self, n: int, gen: torch.Generator) -> tuple[Batch, Tensor, Tensor]:
+        """Samples plus the generator's trigger positions ``first`` and ``second`` per row."""
+        left = torch.randint(1, self.max_side + 1, (n,), generator=gen)
+        between = torch.randint(1, self.max_between + 1, (n,), generator=gen)
+        right = torch.randint(1, self.max_side + 1, (n,), generator=gen)
+        tokens = draw_ids(self.filler_ids, (n, self.max_len), gen)
+
+        first, second = left, left + between + 1
+        pos = torch.arange(self.max_len)
+        t1, t2 = self.triggers
+        tokens = torch.where(pos == first[:, None], t1, tokens)
+        tokens = torch.where(pos == second[:, None], t2, tokens)
+        length = torch.clamp(left + between + right + 2, max=self.max_len)
+        pad_mask = pos < length[:, None]
+        tokens = torch.where(pad_mask, tokens, PAD_ID)
+        return Batch(tokens, between - 1, pad_mask), first, second
+
+    def _generate(self, n: int, gen: torch.Generator) -> Batch:
+        return self._draw(n, gen)[0]
+
+    def _counterfactual(self, n: int, gen: torch.Generator) -> CounterfactualPairs:
+        """Move the second trigger: swap it with a filler at another valid position.
+
+        The new position ``p`` is uniform over the real positions with ``p - first`` a valid
+        distance other than the current one, so ``t1`` stays, every filler stays (one moves into
+        ``t2``'s old slot), and only two positions change. With ``fillers_include_triggers`` a
+        position holding a trigger-valued filler is not a candidate, so the tokens always change;
+        rows with no candidate (possible only at tiny vocabularies) are redrawn.
+        """
+        cleans, corrupts, have = [], [], 0
+        for _ in range(_MAX_REJECTION_ROUNDS):
+            clean, first, second = self._draw(n, gen)
+            tokens = clean.tokens
+            pos = torch.arange(self.max_len)
+            new_distance = pos - first[:, None]
+            candidate = (new_distance >= 2) & (new_distance <= self.max_between + 1)
+            candidate &= clean.pad_mask & (pos != second[:, None])
+            if self.fillers_include_triggers:
+                candidate &= ~torch.isin(tokens, torch.tensor(self.triggers))
+            keys = torch.rand(n, self.max_len, generator=gen).masked_fill(~candidate, -1.0)
+            target = keys.argmax(dim=1)
+            ok = candidate.any(dim=1)
+
+            rows = torch.arange(n)
+            corrupt_tokens = tokens.clone()
+            corrupt_tokens[rows, second] = tokens[rows, target]
+            corrupt_tokens[rows, target] = self.triggers[1]
+            corrupt = Batch(corrupt_tokens, target - first - 2, clean.pad_mask.clone())
+            cleans.append(clean[ok])
+            corrupts.append(corrupt[ok])
+            have += int(ok.sum())
+            if have >= n:
+                return CounterfactualPairs(Batch.cat(cleans)[:n], Batch.cat(corrupts)[:n])
+        raise RuntimeError(f"{self}: could not build {n} counterfactual pairs (vocabulary too small)")
+
+    # ----------------------------------------------------------------- exact baselines
+    def length_label_counts(self) -> Int[Tensor, "len n_classes"]:
+        """Counts of (left, between, right) triples per (length, class); total B * S**2.
+
+        ``s = left + right`` takes value ``s`` in ``min(s - 1, 2S + 1 - s)`` ways; the length is
+        ``min(s + between + 2, max_len)`` and the class ``between - 1``.
+        """
+        side, most = self.max_side, self.max_between
+        s = torch.arange(2, 2 * side + 1)
+        ways = torch.minimum(s - 1, 2 * side + 1 - s)
+        between = torch.arange(1, most + 1)
+        length = torch.clamp(s[:, None] + between[None, :] + 2, max=self.max_len)
+        cls = (between - 1).expand_as(length)
+        counts = torch.zeros(self.max_len + 1, most, dtype=torch.long)
+        counts.index_put_(
+            (length.reshape(-1), cls.reshape(-1)), ways[:, None].expand_as(length).reshape(-1),
+            accumulate=True,
+        )
+        return counts
