@@ -10,6 +10,9 @@ A grid is a small YAML (or TOML) file::
     axes:                      # crossed; each value list is one axis
       encoding: [rope, sinusoidal+rope]
       kv_source: [residual, embed]
+    variants:                  # optional: override sets, one condition each (not crossed
+      - {}                     #   with each other, only with the axes)
+      - {mask_padding: false}
     seeds: [0, 1, 2]
     probes: [ablation]         # run per cell after training (see PROBES)
 
@@ -36,7 +39,7 @@ from typing import Any
 
 from pe_interp.checkpoint import atomic_write_json
 
-GRID_KEYS = {"name", "base", "axes", "seeds", "probes", "resources"}
+GRID_KEYS = {"name", "base", "axes", "variants", "seeds", "probes", "resources"}
 RUN_KEYS = {"task", "encoding", "preset", "authors_quirks"}
 RESULT, ERROR, CELL = "result.json", "error.json", "cell.json"
 
@@ -84,18 +87,31 @@ class Grid:
     seeds: tuple[int, ...]
     probes: tuple[str, ...] = ()
     resources: dict[str, float] = field(default_factory=dict)
+    variants: tuple[dict[str, Any], ...] = ({},)
+
+    @property
+    def varying(self) -> list[str]:
+        """The settings that differ between cells (axes first, then variant keys)."""
+        keys = list(self.axes)
+        for v in self.variants:
+            keys += [k for k in v if k not in keys]
+        return keys
 
     def cells(self) -> list[Cell]:
-        names = list(self.axes)
+        names = self.varying
         out = []
-        for values in itertools.product(*(self.axes[n] for n in names)):
-            setting = {**self.base, **dict(zip(names, values))}
-            for seed in self.seeds:
-                out.append(Cell(tuple(sorted(setting.items(), key=lambda kv: (kv[0] not in names, kv[0]))), seed))
+        for values in itertools.product(*self.axes.values()):
+            for variant in self.variants:
+                setting = {**self.base, **dict(zip(self.axes, values)), **variant}
+                order = sorted(setting.items(), key=lambda kv: (kv[0] not in names, kv[0]))
+                for seed in self.seeds:
+                    out.append(Cell(tuple(order), seed))
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"seeds": list(self.seeds), "probes": list(self.probes)}
+        return dataclasses.asdict(self) | {
+            "seeds": list(self.seeds), "probes": list(self.probes), "variants": list(self.variants), "varying": self.varying,
+        }
 
 
 def parse_grid(data: dict[str, Any], source: str = "grid") -> Grid:
@@ -108,9 +124,13 @@ def parse_grid(data: dict[str, Any], source: str = "grid") -> Grid:
     allowed = _allowed_fields()
     base = data.get("base") or {}
     axes = data.get("axes") or {}
+    variants = data.get("variants") or [{}]
     if not isinstance(base, dict) or not isinstance(axes, dict):
         raise ValueError(f"{source}: 'base' and 'axes' must be mappings")
-    for section, mapping in (("base", base), ("axes", axes)):
+    if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
+        raise ValueError(f"{source}: 'variants' must be a list of mappings")
+    sections = [("base", base), ("axes", axes)] + [(f"variants[{i}]", v) for i, v in enumerate(variants)]
+    for section, mapping in sections:
         for key in mapping:
             if key not in allowed:
                 close = sorted(allowed, key=lambda a: _distance(a, key))[:3]
@@ -134,7 +154,11 @@ def parse_grid(data: dict[str, Any], source: str = "grid") -> Grid:
         seeds=tuple(seeds),
         probes=tuple(probes),
         resources=dict(data.get("resources") or {}),
+        variants=tuple(dict(v) for v in variants),
     )
+    ids = [c.id for c in grid.cells()]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{source}: two cells have the same settings (a repeated axis value or variant)")
     # Build every cell's configs now, so a bad value fails before any training starts.
     from pe_interp.presets import build_run_configs
 

@@ -42,7 +42,7 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
                         max_retries=args.max_retries, progress=not args.no_progress)
     print(json.dumps({"sweep_dir": str(out), "done": len(summary.done), "skipped": len(summary.skipped),
                       "failed": summary.failed}))
-    write_report(out, list(grid.axes))
+    write_report(out, grid.varying)
     return 1 if summary.failed else 0
 
 
@@ -65,6 +65,7 @@ def run_report_cmd(args: argparse.Namespace) -> int:
     grid_file = sweep_dir / "grid.json"
     if not grid_file.is_file():
         raise ValueError(f"{grid_file}: not a sweep directory (no grid.json)")
-    axes = args.by if args.by is not None else list(json.loads(grid_file.read_text())["axes"])
+    grid = json.loads(grid_file.read_text())
+    axes = args.by if args.by is not None else grid.get("varying", list(grid["axes"]))
     print(write_report(sweep_dir, axes), end="")
     return 0
