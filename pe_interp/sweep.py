@@ -145,8 +145,8 @@ def parse_grid(data: dict[str, Any], source: str = "grid") -> Grid:
         raise ValueError(f"{source}: seeds must be a count or a non-empty list of integers >= 0, got {seeds!r}")
     probes = data.get("probes") or []
     for p in probes:
-        if p not in PROBES:
-            raise ValueError(f"{source}: probes: unknown probe {p!r}; allowed: {sorted(PROBES)}")
+        if p not in PROBES and p not in CALLBACKS:
+            raise ValueError(f"{source}: probes: unknown probe {p!r}; allowed: {sorted(PROBES) + sorted(CALLBACKS)}")
     grid = Grid(
         name=str(data.get("name", Path(source).stem)),
         base=dict(base),
@@ -200,33 +200,70 @@ def load_grid(path: str | Path) -> Grid:
 
 # ---- probes run per cell ----------------------------------------------------------------------
 def _probe_ablation(run, n: int = 2000) -> dict[str, Any]:
+    """Zero-ablation of every head on the held-out split, and deposit detection."""
     from probes import ablate_heads, find_deposits
 
     test = run.test_set(n)
     result = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, method="zero")
     report = find_deposits(result)
-    atomic_write_json(run.run_dir / "ablation.json", result.to_dict())
+    atomic_write_json(run.run_dir / "ablation.json", result.to_dict(per_example=False))
     atomic_write_json(run.run_dir / "deposits.json", report.to_dict())
-    return {"ablation": result.to_dict(), "deposits": report.to_dict()}
+    return {"ablation": result.to_dict(per_example=False), "deposits": report.to_dict()}
 
 
-def _probe_positional(run, n: int = 64) -> dict[str, Any]:
+def _rotary_task1(run) -> bool:
+    return run.task.name == "distance" and run.model.cfg.encoding_kind in ("multiplicative", "hybrid")
+
+
+def _probe_patching(run, n: int = 256) -> dict[str, Any] | None:
+    """Head-output patching with distance counterfactuals (task-1 rotary models only)."""
+    if not _rotary_task1(run):
+        return None
+    from probes import patch
+
+    pairs = run.task.counterfactual_pairs(n, seed=run.train_cfg.seed + 7919)
+    result = patch(
+        run.model, pairs.clean.tokens, pairs.corrupt.tokens, site="z", pad_mask=pairs.clean.pad_mask,
+        clean_labels=pairs.clean.labels, corrupt_labels=pairs.corrupt.labels,
+    )
+    record = result.to_dict()
+    atomic_write_json(run.run_dir / "patching.json", record)
+    return record
+
+
+def _probe_positional(run, n: int = 128) -> dict[str, Any] | None:
+    """Per-head positional scores (task-1 rotary models only)."""
+    if not _rotary_task1(run):
+        return None
     from probes import positional_scores
 
     test = run.test_set(n)
-    scores = positional_scores(run.model, test.tokens, pad_mask=test.pad_mask)
-    return {"positional": scores.to_dict()}
+    record = positional_scores(run.model, test.tokens, pad_mask=test.pad_mask).to_dict()
+    atomic_write_json(run.run_dir / "positional.json", record)
+    return record
 
 
-PROBES: dict[str, Callable[[Any], dict[str, Any]]] = {
+def _dynamics_callback(cell: Cell) -> Any:
+    """Deposit dynamics of layer 0, recorded about 20 times over training."""
+    from pe_interp.presets import build_run_configs
+    from probes import DepositDynamics
+
+    _, _, train_cfg = build_run_configs(seed=cell.seed, **cell.kwargs)
+    return DepositDynamics(every=max(1, train_cfg.total_steps // 20), layers=(0,), n_probe=512)
+
+
+# Post-hoc probes: fn(run) -> JSON-able record (None: not applicable to this run).
+PROBES: dict[str, Callable[[Any], dict[str, Any] | None]] = {
     "ablation": _probe_ablation,
+    "patching": _probe_patching,
     "positional": _probe_positional,
 }
+# Probes that watch training: fn(cell) -> Callback.
+CALLBACKS: dict[str, Callable[[Cell], Any]] = {"dynamics": _dynamics_callback}
 
 
 # ---- one cell ---------------------------------------------------------------------------------
-def run_cell(cell: Cell, sweep_dir: str | Path, probes: tuple[str, ...] = (), threads: int | None = None,
-             callbacks_factory: Callable[[Cell], list] | None = None) -> dict[str, Any]:
+def run_cell(cell: Cell, sweep_dir: str | Path, probes: tuple[str, ...] = (), threads: int | None = None) -> dict[str, Any]:
     """Train one cell (resuming its own checkpoint if any), run its probes, write result.json."""
     import torch
 
@@ -242,13 +279,14 @@ def run_cell(cell: Cell, sweep_dir: str | Path, probes: tuple[str, ...] = (), th
     atomic_write_json(cell_dir / CELL, {"id": cell.id, "params": cell.kwargs, "seed": cell.seed})
     (cell_dir / ERROR).unlink(missing_ok=True)
     kwargs = cell.kwargs
-    callbacks = callbacks_factory(cell) if callbacks_factory else []
+    callbacks = [CALLBACKS[name](cell) for name in probes if name in CALLBACKS]
     train(seed=cell.seed, out=run_dir, resume=True, progress=False, callbacks=callbacks, **kwargs)
     run = load_run(run_dir)
     final = run.metrics()[-1]
     result: dict[str, Any] = {"id": cell.id, "params": kwargs, "seed": cell.seed, "final": final}
     for name in probes:
-        result[name] = PROBES[name](run)
+        if name in PROBES and (record := PROBES[name](run)) is not None:
+            result[name] = record
     atomic_write_json(cell_dir / RESULT, result)
     return result
 

@@ -1,0 +1,36 @@
+"""Probes: pure functions of a model and data that return frozen result objects.
+
+- :mod:`probes.ablation`: head ablation sweeps (zero, mean, resample), batched and exact.
+- :mod:`probes.deposit`: deposit detection, and deposit dynamics during training.
+- :mod:`probes.patching`: activation patching over heads, positions, q/k/v, pattern, residual.
+- :mod:`probes.decomposition`: attention-logit terms, Toeplitz score, positional score per head.
+- :mod:`probes.gradients`: gradient coherence per head at initialisation (the "seed").
+- :mod:`probes.plots`, :mod:`probes.viz`: matplotlib figures and offline circuitsvis HTML.
+"""
+
+from probes.ablation import AblationResult, ablate_heads, ablate_heads_naive, keep_only
+from probes.decomposition import LogitTerms, PositionalScores, logit_terms, positional_scores, toeplitz_score
+from probes.deposit import DepositDynamics, DepositReport, LayerDeposit, find_deposits, load_dynamics
+from probes.gradients import CoherenceResult, gradient_coherence
+from probes.patching import PatchResult, patch
+
+__all__ = [
+    "AblationResult",
+    "CoherenceResult",
+    "DepositDynamics",
+    "DepositReport",
+    "LayerDeposit",
+    "LogitTerms",
+    "PatchResult",
+    "PositionalScores",
+    "ablate_heads",
+    "ablate_heads_naive",
+    "find_deposits",
+    "gradient_coherence",
+    "keep_only",
+    "load_dynamics",
+    "logit_terms",
+    "patch",
+    "positional_scores",
+    "toeplitz_score",
+]
