@@ -72,7 +72,8 @@ def build_mask(
 
 
 def _has_hooks(*points: HookPoint) -> bool:
-    return any(p.fwd_hooks or p.bwd_hooks for p in points)
+    # TransformerLens' add_hook registers plain torch hooks too; look at those, so no hook is missed.
+    return any(p.fwd_hooks or p.bwd_hooks or p._forward_hooks or p._forward_pre_hooks or p._backward_hooks for p in points)
 
 
 class Attention(nn.Module):

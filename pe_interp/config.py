@@ -31,6 +31,11 @@ def check_float(owner: str, name: str, value: Any, low: float, high: float, high
         raise ValueError(f"{owner}.{name} must be a number in [{low}, {high}{bracket}, got {value!r}")
 
 
+def check_bool(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}.{name} must be True or False, got {value!r}")
+
+
 def check_choice(owner: str, name: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
         raise ValueError(f"{owner}.{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
@@ -101,8 +106,8 @@ class ModelConfig:
         check_choice(own, "pooling", self.pooling, POOLINGS)
         check_choice(own, "attn_backend", self.attn_backend, BACKENDS)
         check_choice(own, "kv_source", self.kv_source, KV_SOURCES)
-        check_choice(own, "final_norm", self.final_norm, (True, False))
-        check_choice(own, "mask_padding", self.mask_padding, (True, False))
+        check_bool(own, "final_norm", self.final_norm)
+        check_bool(own, "mask_padding", self.mask_padding)
         check_float(own, "dropout", self.dropout, 0.0, 1.0, high_open=True)
         check_float(own, "attn_dropout", self.attn_dropout, 0.0, 1.0, high_open=True)
         check_float(own, "init_std", self.init_std, 1e-6, 10.0)
@@ -125,7 +130,7 @@ class ModelConfig:
         try:
             with torch.device("meta"):
                 build_encoding(self)
-        except ValueError as err:
+        except (ValueError, TypeError, IndexError) as err:
             raise ValueError(f"{own}.encoding: {err}") from None
         if self.attn_backend == "triton" and self.attn_dropout > 0:
             raise ValueError(
@@ -142,6 +147,11 @@ class ModelConfig:
     @property
     def encoding_kind(self) -> str:
         return combined_kind([get_encoding_class(s.name).kind for s in self.encoding])
+
+    @property
+    def attn_only(self) -> bool:
+        """TransformerLens compatibility (``ActivationCache.decompose_resid``): no MLPs."""
+        return self.d_mlp == 0
 
     @property
     def n_key_value_heads(self) -> None:

@@ -174,14 +174,15 @@ class HookedPETransformer(HookedRootModule):
                 f"tokens: id {tokens[tuple(where)].item()} at {tuple(where)} is outside the "
                 f"vocabulary [0, {cfg.d_vocab})"
             )
+        tokens = tokens.long()  # int16/uint8 pass the check above, but F.embedding needs int64/int32
         if not cfg.mask_padding:
             return tokens, None
         if pad_mask is None:
             pad_mask = tokens != cfg.pad_id
-        elif pad_mask.shape != tokens.shape or pad_mask.dtype != torch.bool:
+        elif not isinstance(pad_mask, Tensor) or pad_mask.shape != tokens.shape or pad_mask.dtype != torch.bool:
             raise ValueError(
                 f"pad_mask must be a bool tensor shaped like tokens {tuple(tokens.shape)}, "
-                f"got {pad_mask.dtype} {tuple(pad_mask.shape)}"
+                f"got {getattr(pad_mask, 'dtype', type(pad_mask).__name__)} {tuple(getattr(pad_mask, 'shape', ()))}"
             )
         if not pad_mask.any(dim=1).all():
             row = (~pad_mask.any(dim=1)).nonzero()[0].item()

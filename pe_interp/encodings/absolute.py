@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from .base import Encoding, register_encoding
+from .base import Encoding, check_number, register_encoding
 
 if TYPE_CHECKING:
     from pe_interp.config import ModelConfig
@@ -45,6 +45,7 @@ class Sinusoidal(Encoding):
 
     def __init__(self, cfg: ModelConfig, base: float = 10000.0, layout: str = "interleaved"):
         super().__init__(cfg)
+        check_number("sinusoidal", "base", base, above=1)
         if layout not in ("interleaved", "concat"):
             raise ValueError(f"sinusoidal: layout must be 'interleaved' or 'concat', got {layout!r}")
         if cfg.d_model % 2:

@@ -23,6 +23,7 @@ JSON.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -152,6 +153,16 @@ class Encoding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}"
+
+
+def check_number(enc: str, name: str, value: Any, *, integer: bool = False, above: float | None = None) -> None:
+    """Raise ValueError unless ``value`` is a finite real (an int when ``integer``) > ``above``."""
+    kinds = (int,) if integer else (int, float)
+    ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (above is not None and value <= above):
+        what = "an integer" if integer else "a finite number"
+        bound = f" > {above}" if above is not None else ""
+        raise ValueError(f"{enc}: {name} must be {what}{bound}, got {value!r}")
 
 
 # ---- registry ---------------------------------------------------------------------------------

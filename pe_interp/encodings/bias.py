@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Encoding, FusedPE, register_encoding
+from .base import Encoding, FusedPE, check_number, register_encoding
 
 if TYPE_CHECKING:
     from pe_interp.config import ModelConfig
@@ -51,6 +51,9 @@ class T5Bias(Encoding):
 
     def __init__(self, cfg: ModelConfig, buckets: int | None = None, max_distance: int = 128):
         super().__init__(cfg)
+        if buckets is not None:
+            check_number("t5", "buckets", buckets, integer=True)
+        check_number("t5", "max_distance", max_distance, integer=True)
         if buckets is not None and (buckets < 4 or buckets % 2):
             raise ValueError(f"t5: buckets must be None or an even integer >= 4, got {buckets}")
         if buckets is not None and max_distance <= buckets // 4:

@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from .base import Encoding, FusedPE, register_encoding
+from .base import Encoding, FusedPE, check_number, register_encoding
 
 if TYPE_CHECKING:
     from pe_interp.config import ModelConfig
@@ -65,6 +65,14 @@ class RoPE(Encoding):
         heads: tuple[int, ...] | None = None,
     ):
         super().__init__(cfg)
+        check_number("rope", "base", base, above=1)
+        if rotary_dim is not None:
+            check_number("rope", "rotary_dim", rotary_dim, integer=True)
+        if heads is not None and (
+            not isinstance(heads, tuple | list)
+            or any(isinstance(h, bool) or not isinstance(h, int) for h in heads)
+        ):
+            raise ValueError(f"rope: heads must be a list of head indices, got {heads!r}")
         dim = cfg.d_head if rotary_dim is None else rotary_dim
         if not (0 < dim <= cfg.d_head) or dim % 2:
             raise ValueError(f"rope: rotary_dim must be even and in (0, d_head={cfg.d_head}], got {dim}")
@@ -110,6 +118,8 @@ class DecoupledRoPE(Encoding):
 
     def __init__(self, cfg: ModelConfig, d_rope: int = 8, base: float = 10000.0):
         super().__init__(cfg)
+        check_number("decoupled_rope", "d_rope", d_rope, integer=True)
+        check_number("decoupled_rope", "base", base, above=1)
         if d_rope <= 0 or d_rope % 2:
             raise ValueError(f"decoupled_rope: d_rope must be a positive even integer, got {d_rope}")
         self.d_rope, self.base = d_rope, base

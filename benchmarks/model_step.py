@@ -1,0 +1,240 @@
+"""Training steps/s of HookedPETransformer (eager and sdpa backends) against a plain PyTorch
+classifier of the same size, at the paper's size (6 layers, d_model 256, 16 heads, d_mlp 512,
+128 tokens, batch 64, RoPE, AdamW; forward + backward + optimizer step).
+
+The baseline is a minimal nanoGPT-style model written here: a fused qkv ``nn.Linear``, manual
+softmax attention with RoPE (the same adjacent-pair layout), no hooks, no encoding plug-ins.
+
+This machine's timings swing a lot between runs, so contenders are timed round-robin (each
+repeat times every contender once, and the machine's matmul rate once), and we report medians
+of ``--repeats`` timed runs of ``--steps`` steps each, plus the ratio to the baseline measured
+in the same run. Achieved GFLOP/s are analytic training FLOPs (see ``train_flops``) divided by
+the median step time, and are shown as a fraction of the median fp32 1024^3 matmul rate.
+
+    python benchmarks/model_step.py [--steps 2] [--repeats 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from pe_interp import HookedPETransformer, ModelConfig  # noqa: E402
+
+PAPER = dict(n_layers=6, d_model=256, n_heads=16, d_mlp=512, n_ctx=128, d_vocab=512, n_classes=70)
+
+
+# ---- the plain PyTorch baseline -----------------------------------------------------------------
+def rope_tables(n_pos: int, dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angles = torch.arange(n_pos, dtype=torch.float64)[:, None] * inv_freq
+    return angles.cos().float(), angles.sin().float()
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [batch, head, pos, d]; rotate adjacent pairs (2i, 2i+1)."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    c, s = cos[: x.shape[2]], sin[: x.shape[2]]
+    return torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, d_mlp: int):
+        super().__init__()
+        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.fc1, self.fc2 = nn.Linear(d_model, d_mlp), nn.Linear(d_mlp, d_model)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, P, M = x.shape
+        q, k, v = (
+            self.qkv(self.ln1(x)).view(B, P, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        )
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.d_head))
+        z = att.softmax(dim=-1) @ v  # [B, H, P, D]
+        x = x + self.proj(z.transpose(1, 2).reshape(B, P, M))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class PlainClassifier(nn.Module):
+    """Embedding, pre-LN blocks with RoPE attention, final LN, mean pooling, linear head."""
+
+    def __init__(self, n_layers, d_model, n_heads, d_mlp, n_ctx, d_vocab, n_classes):
+        super().__init__()
+        self.embed = nn.Embedding(d_vocab, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_mlp) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, n_classes)
+        cos, sin = rope_tables(n_ctx, d_model // n_heads)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, self.cos, self.sin)
+        return self.head(self.ln_f(x).mean(1))
+
+
+# ---- measurement --------------------------------------------------------------------------------
+def train_flops(n_layers, d_model, d_mlp, n_ctx, batch, n_classes, **_) -> float:
+    """Analytic FLOPs of one training step (forward + backward), counting matmuls only.
+
+    Per token, each weight in a matmul costs 2 FLOPs forward and 4 backward (grad of input and
+    of weight), so 6 * N_matmul with N_matmul = L * (4 d^2 + 2 d d_mlp) weights (q, k, v, o and
+    the MLP). Attention adds per layer and sequence 2 n^2 d for q.k^T and 2 n^2 d for pattern.v
+    forward, times 3 for forward + backward. The classifier head (on pooled vectors) is counted;
+    embeddings, norms, softmax, RoPE and the optimizer step are not:
+
+        FLOPs = 6 * B * n * L * (4 d^2 + 2 d d_mlp) + 3 * L * B * 4 n^2 d + 6 * B * d * n_classes
+    """
+    tokens = batch * n_ctx
+    dense = 6 * tokens * n_layers * (4 * d_model**2 + 2 * d_model * d_mlp)
+    attention = 3 * n_layers * batch * 4 * n_ctx**2 * d_model
+    head = 6 * batch * d_model * n_classes
+    return float(dense + attention + head)
+
+
+def matmul_gflops(n: int = 1024, reps: int = 5) -> float:
+    """Median fp32 ``n x n @ n x n`` rate over ``reps`` products (after one warm-up)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def make_step(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98))
+    model.train()
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(tokens), labels)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=2, help="training steps per timed run")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs per contender (median)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per contender first")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    size = {**PAPER, "n_ctx": args.seq}
+    tokens = torch.randint(1, size["d_vocab"], (args.batch, args.seq))  # no pads: pure compute
+    labels = torch.randint(0, size["n_classes"], (args.batch,))
+    models: dict[str, nn.Module] = {
+        "baseline": PlainClassifier(**size),
+        "eager": HookedPETransformer(ModelConfig(**size, encoding="rope", attn_backend="eager")),
+        "sdpa": HookedPETransformer(ModelConfig(**size, encoding="rope", attn_backend="sdpa")),
+    }
+    params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
+    flops = train_flops(batch=args.batch, **size)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; "
+        f"batch {args.batch} x {args.seq} tokens, {size['n_layers']} layers, d_model {size['d_model']}, "
+        f"{size['n_heads']} heads, d_mlp {size['d_mlp']}; params "
+        + ", ".join(f"{k} {v:,}" for k, v in params.items())
+        + f"; {flops / 1e9:.1f} GFLOP per training step (analytic)"
+    )
+
+    steps = {name: make_step(m, tokens, labels) for name, m in models.items()}
+    for name, step in steps.items():
+        for _ in range(args.warmup):
+            loss = step()
+        print(f"warm-up {name}: loss {loss:.3f}", flush=True)
+
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    peaks: list[float] = []
+    for rep in range(args.repeats):
+        peaks.append(matmul_gflops())
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            times[name].append((time.perf_counter() - t0) / args.steps)
+        print(
+            f"repeat {rep + 1}/{args.repeats}: "
+            + ", ".join(f"{n} {t[-1]:.2f} s/step" for n, t in times.items())
+            + f", matmul {peaks[-1]:.1f} GFLOP/s",
+            flush=True,
+        )
+
+    peak = statistics.median(peaks)
+    base = statistics.median(times["baseline"])
+    results = {}
+    print(f"\nmatmul peak (median fp32 1024^3): {peak:.1f} GFLOP/s")
+    print(
+        f"{'contender':<10} {'steps/s':>8} {'s/step':>8} {'vs baseline':>12} {'GFLOP/s':>8} {'of peak':>8}"
+    )
+    for name, t in times.items():
+        med = statistics.median(t)
+        # Paired ratio per repeat is more robust to drifts in machine load than ratio of medians.
+        paired = statistics.median(b / x for b, x in zip(times["baseline"], t))
+        achieved = flops / med / 1e9
+        results[name] = {
+            "steps_per_s": 1 / med,
+            "s_per_step": med,
+            "s_per_step_all": t,
+            "speed_vs_baseline": base / med,
+            "speed_vs_baseline_paired": paired,
+            "gflops": achieved,
+            "fraction_of_matmul_peak": achieved / peak,
+        }
+        print(
+            f"{name:<10} {1 / med:>8.3f} {med:>8.2f} {base / med:>11.2f}x {achieved:>8.1f} {achieved / peak:>7.0%}"
+        )
+    out = {
+        "config": {**size, "batch": args.batch, "encoding": "rope", "optimizer": "AdamW"},
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "train_gflop_per_step": flops / 1e9,
+        "params": params,
+        "matmul_gflops": peak,
+        "matmul_gflops_all": peaks,
+        "results": results,
+    }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

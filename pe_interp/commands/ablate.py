@@ -1,0 +1,76 @@
+"""``pe-interp ablate RUN_DIR``: the single-head ablation sweep of a trained run.
+
+Evaluates on the run's held-out split, writes ``RUN_DIR/ablation.json`` and
+``RUN_DIR/deposits.json``, draws ``RUN_DIR/figures/ablation_heatmap.png`` and
+``ablation_layers.png``, and prints one row per layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ablate",
+        help="ablate each attention head and find single-head deposits",
+        description="Ablate each attention head of a trained run on its held-out set, one at a time, "
+        "and flag layers where one head carries the layer (the single-head deposit pattern).",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `pe-interp train`")
+    p.add_argument("--method", choices=["zero", "mean", "resample"], default="zero")
+    p.add_argument("--metric", choices=["accuracy", "loss", "logit"], default="accuracy")
+    p.add_argument("--n", type=int, default=None, help="held-out examples to use (default: all)")
+    p.add_argument("--layers", type=int, nargs="+", default=None, help="layers to sweep (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the bootstrap and resample sources")
+    p.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap replicates for the CIs (0: none)")
+    p.add_argument("--batch-size", type=int, default=512, help="rows per forward")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--min-drop", type=float, default=None, help="deposit threshold (default 0.2 for accuracy)")
+    p.add_argument("--min-share", type=float, default=0.5, help="deposit threshold on the top head's share")
+    p.add_argument("--no-figures", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from pe_interp import load_run
+    from probes.ablation import ablate_heads
+    from probes.deposit import find_deposits
+
+    run_dir = Path(args.run_dir)
+    if args.n is not None and args.n < 1:
+        raise ValueError(f"--n must be >= 1, got {args.n}")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    loaded = load_run(run_dir, device=device)
+    model = loaded.model
+    test = loaded.test_set(args.n)
+    t0 = time.perf_counter()
+    result = ablate_heads(
+        model, test.tokens, test.labels, pad_mask=test.pad_mask, method=args.method, metric=args.metric,
+        layers=args.layers, n_bootstrap=args.n_bootstrap, seed=args.seed, batch_size=args.batch_size,
+        progress=not args.no_progress,
+    )  # fmt: skip
+    elapsed = time.perf_counter() - t0
+    report = find_deposits(result, min_drop=args.min_drop, min_share=args.min_share)
+    result.save(run_dir / "ablation.json")
+    tmp = run_dir / "deposits.json.tmp"
+    tmp.write_text(json.dumps(report.to_dict(), indent=1))
+    tmp.replace(run_dir / "deposits.json")
+    if not args.no_figures:
+        from probes.plots import plot_drop_heatmap, plot_layer_lines
+
+        fig_dir = run_dir / "figures"
+        plot_drop_heatmap(result, fig_dir / "ablation_heatmap.png", deposits=report.deposits)
+        plot_layer_lines(result, fig_dir / "ablation_layers.png")
+    print(f"{run_dir}: {result.n_examples} held-out examples, {model.cfg.encoding_name}, {elapsed:.1f} s")
+    print(report.summary())
+    found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits) or "none"
+    print(f"deposits: {found}")
+    print(f"wrote {run_dir / 'ablation.json'}, {run_dir / 'deposits.json'}" + ("" if args.no_figures else f", {run_dir / 'figures'}/"))
+    return 0

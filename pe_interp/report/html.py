@@ -1,0 +1,273 @@
+"""``report.html``: the summary tables and the figures in one self-contained, offline file.
+
+Figures are PNG data URIs; the circuitsvis bundle is inlined once (:mod:`pe_interp.report.cvis`);
+there are no external stylesheets, scripts, fonts or images, so the page loads without a network.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any
+
+import numpy as np
+
+from pe_interp.report.cvis import InlineWidgets
+from pe_interp.report.data import CellInfo, as_array, label_order, task_order
+from pe_interp.report.figures import (
+    ablation_heatmaps,
+    accuracy_bars,
+    common_vmax,
+    grid_heatmap,
+    model_dynamics,
+    model_heatmap,
+    model_layer_lines,
+    rotary_task1_labels,
+)
+from pe_interp.report.summary import SOURCE_NOTE, Summary, Table
+
+CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0 auto; max-width: 1400px;
+       padding: 16px 28px; color: #222; line-height: 1.4; }
+h1 { margin-bottom: 4px; } h2 { border-bottom: 2px solid #ddd; padding-bottom: 4px; margin-top: 36px; }
+table { border-collapse: collapse; margin: 10px 0; font-size: 13px; }
+th, td { border: 1px solid #ccc; padding: 3px 7px; vertical-align: top; text-align: left; }
+th { background: #f2f2f2; position: sticky; top: 0; }
+tr:nth-child(even) td { background: #fafafa; }
+code { background: #f3f3f3; padding: 0 3px; border-radius: 3px; }
+.status-reproduced { background: #d9f2d9 !important; font-weight: 600; }
+.status-not-reproduced { background: #f8d7d7 !important; font-weight: 600; }
+.status-not-measured { background: #eeeeee !important; font-weight: 600; }
+.note { color: #555; font-size: 13px; max-width: 1100px; }
+.warn { color: #8a4b00; background: #fff4e0; padding: 6px 10px; border-left: 4px solid #e69500; }
+.caption { color: #444; font-size: 13px; margin: 6px 0 0 0; }
+img { max-width: 100%; }
+nav a { margin-right: 14px; }
+.figs { display: flex; flex-wrap: wrap; gap: 10px; align-items: flex-start; }
+.figs img { max-width: 560px; }
+.tok { display: inline-block; padding: 1px 3px; margin: 1px; border-radius: 3px; font-family: monospace; font-size: 12px; }
+"""
+
+
+def inline_md(text: str) -> str:
+    """Escape, then the two bits of Markdown the tables use: **bold** and `code`."""
+    out = html.escape(str(text))
+    out = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", out)
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+
+
+def table_html(t: Table, status_col: str | None = None) -> str:
+    head = "".join(f"<th>{inline_md(c)}</th>" for c in t.columns)
+    rows = []
+    si = t.columns.index(status_col) if status_col in t.columns else -1
+    for row in t.rows:
+        cells = []
+        for i, x in enumerate(row):
+            cls = ""
+            if i == si:
+                cls = " class='status-" + re.sub(r"[^a-z]+", "-", x.replace("*", "").lower()).strip("-") + "'"
+            cells.append(f"<td{cls}>{inline_md(x)}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    notes = "".join(f"<p class='note'>{inline_md(n)}</p>" for n in t.notes)
+    return (f"<h3>{inline_md(t.title)}</h3><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table>{notes}")
+
+
+def img(uri: str | None, alt: str) -> str:
+    if not uri:
+        return f"<p class='note'>({html.escape(alt)}: nothing to plot)</p>"
+    return f"<img alt='{html.escape(alt)}' src='{uri}'>"
+
+
+# ------------------------------------------------------------------------------------------------
+# patching and positional scores
+# ------------------------------------------------------------------------------------------------
+def find_patch_results(obj: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every ``PatchResult.to_dict()``-like mapping (``values`` + ``axis_names``) inside ``obj``."""
+    found = []
+    if isinstance(obj, dict):
+        if "values" in obj and "axis_names" in obj:
+            found.append((path or obj.get("site", "patching"), obj))
+        else:
+            for k, v in obj.items():
+                found += find_patch_results(v, f"{path}.{k}" if path else str(k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            found += find_patch_results(v, f"{path}[{i}]")
+    return found
+
+
+def colored_tokens(values: np.ndarray, tokens: list[str] | None, title: str) -> str:
+    v = np.nan_to_num(np.asarray(values, dtype=np.float64))
+    lim = float(np.abs(v).max()) or 1.0
+    spans = []
+    for i, x in enumerate(v):
+        a = min(1.0, abs(x) / lim)
+        color = f"rgba(214,39,40,{a:.2f})" if x >= 0 else f"rgba(31,119,180,{a:.2f})"
+        tok = tokens[i] if tokens and i < len(tokens) else f"p{i}"
+        spans.append(f"<span class='tok' style='background:{color}' title='{x:.3f}'>{html.escape(str(tok))}</span>")
+    return f"<p class='caption'>{html.escape(title)}</p><div>{''.join(spans)}</div>"
+
+
+def lowest_seeds(cells: list[CellInfo], has) -> list[CellInfo]:
+    """The lowest-seed cell of each encoding × task for which ``has(cell)``, in table order."""
+    order = {lab: i for i, lab in enumerate(label_order(cells))}
+    out, seen = [], set()
+    for c in sorted(cells, key=lambda c: (order.get(c.label, 99), c.task, c.seed)):
+        if has(c) and (c.label, c.task) not in seen:
+            seen.add((c.label, c.task))
+            out.append(c)
+    return out
+
+
+def patching_section(cells: list[CellInfo]) -> str:
+    parts = []
+    for c in lowest_seeds(cells, lambda c: bool(c.patching)):
+        results = find_patch_results(c.patching)
+        if not results:
+            continue
+        parts.append(f"<h3>{html.escape(c.label)} · {html.escape(c.task)} · seed {c.seed}</h3>")
+        for name, r in results:
+            axes = list(r.get("axis_names", []))
+            vals = as_array(r.get("values"))
+            if vals is None:
+                continue
+            layers = r.get("layers") or list(range(vals.shape[0]))
+            metric = r.get("metric", "metric")
+            desc = f"{name}: site {r.get('site', '?')}, {r.get('direction', '')}, {metric}, {r.get('n_examples', '?')} pairs"
+            if axes == ["layer", "head"]:
+                parts.append(img(grid_heatmap(vals, desc, metric, center=True, yticks=layers), desc))
+            elif axes == ["layer", "pos", "head"]:
+                for li, layer in enumerate(layers):
+                    row = vals[li]
+                    h = int(np.nanargmax(np.abs(np.nan_to_num(row)).max(0)))
+                    parts.append(colored_tokens(row[:, h], r.get("tokens"),
+                                                f"{desc}; layer {layer}, head {h} (largest), by position"))
+            elif axes == ["layer", "pos"]:
+                for li, layer in enumerate(layers):
+                    parts.append(colored_tokens(vals[li], r.get("tokens"), f"{desc}; layer {layer}, by position"))
+            elif axes == ["layer", "head", "dest_pos"]:
+                parts.append(img(grid_heatmap(np.nanmean(vals, -1), desc + " (mean over positions)", metric,
+                                              center=True), desc))
+            elif vals.ndim == 2:
+                fig = grid_heatmap(vals, desc, metric, center=True, xlabel=axes[-1] if axes else "")
+                parts.append(img(fig, desc))
+    if not parts:
+        return "<p class='note'>No patching results (patching runs on task-1 models with a rotary part).</p>"
+    return ("<p class='note'>Activation patching with distance counterfactuals (lowest seed of each model): "
+            "with the default normalised logit difference, 1 means patching the activation (clean into "
+            "corrupt) fully restores the clean answer and 0 means no effect.</p>" + "".join(parts))
+
+
+def positional_section(cells: list[CellInfo]) -> str:
+    parts = []
+    for c in lowest_seeds(cells, lambda c: isinstance(c.positional, dict)):
+        pos = c.positional
+        scores = as_array(pos.get("scores"))
+        if scores is None or scores.ndim != 2:
+            continue
+        title = f"{c.label} · {c.task} · seed {c.seed}: positional score per head"
+        parts.append(img(grid_heatmap(scores, title, "position-only R²", cmap="viridis", vmin=0.0, vmax=1.0), title))
+    if not parts:
+        return ""
+    note = next((c.positional.get("definition") for c in cells if isinstance(c.positional, dict)), "")
+    return (f"<h3>Positional scores (lowest seed of each model)</h3><p class='note'>{html.escape(str(note or ''))}</p>"
+            + "<div class='figs'>" + "".join(parts) + "</div>")
+
+
+# ------------------------------------------------------------------------------------------------
+def render_html(summary: Summary) -> str:
+    from pe_interp.report.attention import attention_section
+    from pe_interp.report.data import acc_stats
+
+    cells = summary.cells
+    acc = acc_stats(cells)
+    baselines = {r["task"]: {"chance": r["chance"] / 100, "length_only": r["length_only"] / 100}
+                 for r in summary.tables["baselines"].records}
+    sections: list[tuple[str, str, str]] = []
+
+    header = "<ul>" + "".join(f"<li>{inline_md(line.lstrip('- ').strip())}</li>"
+                              for line in summary.header_lines() if not line.startswith("  ")) + "</ul>"
+    if summary.failed:
+        header += "<ul>" + "".join(f"<li><code>{html.escape(f['id'])}</code>: {html.escape(f['error'])}</li>"
+                                   for f in summary.failed) + "</ul>"
+    header += f"<p class='note'>{inline_md(SOURCE_NOTE)}</p>"
+    header += "".join(f"<p class='warn'>{inline_md(n)}</p>" for n in summary.notes)
+
+    sections.append(("claims", "Claims C1–C17", table_html(summary.tables["claims"], status_col="Status")))
+
+    acc_html = img(accuracy_bars(cells, acc, baselines), "accuracy by encoding")
+    acc_html += ("<p class='note'>Bars: mean held-out accuracy over seeds (error bar: std; dots: seeds), "
+                 "coloured by encoding kind. Diamonds: the paper's number where the summaries give one [S]. "
+                 "Dotted: chance; dashed: length-only ceiling.</p>")
+    acc_html += table_html(summary.tables["accuracy"]) + table_html(summary.tables["baselines"])
+    sections.append(("accuracy", "Accuracy", acc_html))
+
+    dep = table_html(summary.tables["deposits"])
+    for task in task_order(cells):
+        vmax = common_vmax(cells, task)
+        figs = []
+        for label in label_order(cells):
+            models = sorted((c for c in cells if c.label == label and c.task == task and c.ablation is not None),
+                            key=lambda c: c.seed)
+            if not models:
+                continue
+            base = sum(c.ablation.baseline for c in models) / len(models)
+            title = (f"{label} · {task} · " + (f"mean of {len(models)} seeds" if len(models) > 1 else f"seed {models[0].seed}")
+                     + f" · baseline {100 * base:.1f}%")
+            figs.append(model_heatmap(models, title, vmax=vmax))
+        if figs and all(figs):
+            dep += (f"<h3>{html.escape(task)}: accuracy drop per ablated head (flagged deposit heads outlined; "
+                    f"one colour scale, ±{100 * vmax:.0f} points)</h3>"
+                    "<div class='figs'>" + "".join(img(f, "ablation heatmap") for f in figs) + "</div>")
+        else:  # probes.plots unavailable: one combined figure drawn here
+            dep += img(ablation_heatmaps(cells, task), f"ablation heatmaps {task}")
+    lines = ""
+    for label in rotary_task1_labels(cells):
+        models = sorted((c for c in cells if c.label == label and c.task == "distance" and c.ablation is not None),
+                        key=lambda c: c.seed)
+        if models:
+            c = models[0]
+            lines += img(model_layer_lines(c, f"{label} · task 1 · seed {c.seed}: accuracy with one head ablated"),
+                         f"per-layer ablation {label}")
+    if lines:
+        dep += ("<h3>Per-layer head ablation of task-1 models with a rotary part (the paper's plots; lowest "
+                "seed)</h3>" + lines)
+    sections.append(("deposits", "Deposits: head ablation", dep))
+
+    dyn_html = ""
+    for label in label_order(cells):
+        for c in sorted((c for c in cells if c.label == label and c.task == "distance"), key=lambda c: c.seed)[:1]:
+            uri = model_dynamics(c, f"{label} · task 1 · seed {c.seed}: deposit dynamics, layer 0")
+            if uri:
+                dyn_html += img(uri, f"dynamics {label}")
+    if not dyn_html:
+        dyn_html = "<p class='note'>No deposit dynamics recorded (deposit_dynamics.jsonl) in these runs.</p>"
+    else:
+        dyn_html = ("<p class='note'>Single-head ablation drops of layer 0 measured during training on a fixed "
+                    "probe batch (`probes.deposit.DepositDynamics`): each head's drop, and the margin between "
+                    "the first and second head (C16), lowest seed of each task-1 model.</p>" + dyn_html)
+    sections.append(("dynamics", "Deposit dynamics", dyn_html))
+
+    sections.append(("patching", "Patching and positional heads", patching_section(cells) + positional_section(cells)))
+
+    widgets = InlineWidgets()
+    att = attention_section(cells, widgets)
+    att = ("<p class='note'>Attention patterns (circuitsvis) on held-out examples: every head of the "
+           "chosen layer, the chosen head first (★). Pick heads in the widget to compare.</p>"
+           + widgets.bundle_html() + att)
+    sections.append(("attention", "Attention patterns of deposit heads", att))
+
+    nav = "<nav>" + "".join(f"<a href='#{k}'>{html.escape(t)}</a>" for k, t, _ in sections) + "</nav>"
+    body = "".join(f"<section id='{k}'><h2>{html.escape(t)}</h2>{content}</section>" for k, t, content in sections)
+    title = f"pe-interp reproduction report: preset {html.escape(summary.preset)}"
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{title}</title><style>{CSS}</style></head>\n<body>"
+        f"<h1>{title}</h1>{header}{nav}{body}"
+        "<p class='note'>Generated by <code>pe_interp.report</code>. Self-contained: no network access needed.</p>"
+        "</body></html>\n"
+    )
+
+
+__all__ = ["render_html", "table_html"]

@@ -1,0 +1,82 @@
+"""Shared fixtures for the model tests: a tiny-config factory, token batches, and the list of
+encodings that model-level tests are parametrised over."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:  # so the tests run from any directory without installing the package
+    sys.path.insert(0, ROOT)
+
+from pe_interp import HookedPETransformer, ModelConfig  # noqa: E402
+
+# The test shapes are tiny: one intra-op thread is fastest, and on a shared, loaded 2-core machine
+# two OpenMP threads waiting on each other make every small op ~100x slower (measured).
+torch.set_num_threads(1)
+
+# Every built-in encoding in the configurations the tests care about (id -> ModelConfig.encoding).
+ENCODINGS: dict[str, object] = {
+    "nope": "nope",
+    "sinusoidal": "sinusoidal",
+    "learned": "learned",
+    "t5": "t5",
+    "t5-buckets8": {"name": "t5", "buckets": 8},
+    "alibi": "alibi",
+    "alibi-authors": {"name": "alibi", "slopes": "authors"},
+    "rope": "rope",
+    "rope-dim4": {"name": "rope", "rotary_dim": 4},
+    "rope-head0": {"name": "rope", "heads": (0,)},
+    "decoupled_rope": "decoupled_rope",
+    "sinusoidal+rope": "sinusoidal+rope",
+}
+
+# Small enough that a forward + backward takes milliseconds; d_head = 8.
+TINY = dict(n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=12, d_vocab=20, n_classes=5)
+
+
+@pytest.fixture(params=list(ENCODINGS), ids=list(ENCODINGS))
+def encoding(request: pytest.FixtureRequest):
+    """Each built-in encoding configuration in turn."""
+    return ENCODINGS[request.param]
+
+
+@pytest.fixture
+def make_config():
+    """``make_config(**overrides)``: a tiny valid ModelConfig."""
+
+    def make(**overrides) -> ModelConfig:
+        return ModelConfig(**{**TINY, **overrides})
+
+    return make
+
+
+@pytest.fixture
+def make_model(make_config):
+    """``make_model(**overrides)``: a tiny HookedPETransformer in eval mode."""
+
+    def make(**overrides) -> HookedPETransformer:
+        return HookedPETransformer(make_config(**overrides)).eval()
+
+    return make
+
+
+def random_tokens(
+    batch: int, n_pos: int, d_vocab: int = TINY["d_vocab"], seed: int = 0, lengths=None
+) -> torch.Tensor:
+    """Random real tokens in ``[1, d_vocab)``; row b right-padded with 0 after ``lengths[b]``."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(1, d_vocab, (batch, n_pos), generator=gen)
+    for row, length in enumerate(lengths or []):
+        tokens[row, length:] = 0
+    return tokens
+
+
+@pytest.fixture
+def tokens_fn():
+    """The :func:`random_tokens` helper, as a fixture."""
+    return random_tokens
