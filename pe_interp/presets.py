@@ -33,12 +33,12 @@ PRESETS: dict[str, Preset] = {
         train=dict(n_train=512, n_test=256, epochs=2, batch_size=64, lr=3e-3, eval_batch_size=256),
     ),
     "quick": Preset(
-        model=dict(n_layers=3, d_model=64, n_heads=8, d_mlp=128, dropout=0.0),
+        model=dict(n_layers=2, d_model=64, n_heads=8, d_mlp=128, dropout=0.0),
         task={
             "distance": dict(d_vocab=128, max_between=30, max_side=8, max_len=48),
             "count": dict(d_vocab=128, n_triggers=10, max_count=30, length=48),
         },
-        train=dict(n_train=20_000, n_test=2_000, epochs=12, batch_size=128, lr=2e-3, eval_batch_size=1000),
+        train=dict(n_train=12_288, n_test=2_000, epochs=6, batch_size=128, lr=3e-3, eval_batch_size=1000),
     ),
     "paper": Preset(
         model=dict(n_layers=6, d_model=256, n_heads=16, d_mlp=512, dropout=0.1),

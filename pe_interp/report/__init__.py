@@ -8,9 +8,21 @@ the tables and :mod:`pe_interp.report.claims` for the criteria behind each claim
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from pe_interp.checkpoint import atomic_write_bytes
+
+
+def json_safe(x):
+    """``x`` with NaN/inf floats replaced by None (strict JSON), tuples as lists."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_safe(v) for v in x]
+    return x
 
 
 def write_report(out_dir: str | Path, preset: str = "quick") -> None:
@@ -27,7 +39,8 @@ def write_report(out_dir: str | Path, preset: str = "quick") -> None:
     gradients = gradient_evidence(cells, out_dir)
     summary = build_summary(out_dir, preset, gradients=gradients, cells=cells, errors=errors)
     atomic_write_bytes(out_dir / "summary.md", summary.markdown().encode())
-    atomic_write_bytes(out_dir / "summary.json", (json.dumps(summary.to_dict(), indent=1, allow_nan=False) + "\n").encode())
+    data = json_safe(summary.to_dict())
+    atomic_write_bytes(out_dir / "summary.json", (json.dumps(data, indent=1, allow_nan=False) + "\n").encode())
     atomic_write_bytes(out_dir / "report.html", render_html(summary).encode())
 
 

@@ -291,8 +291,11 @@ def c7(ctx: Context) -> Claim:
         layer, head, drop = a.top()
         flags.append(len(big) == 1 and big[0][0] == 0)
         room = "" if a.baseline >= LARGE_DROP else ", baseline leaves no room for a 50-pt drop"
+        flag = c.flag
+        detector = "" if flag.found is None else (
+            "; probes.deposit flags " + (", ".join(f"L{x}H{y}" for x, y in flag.heads) if flag.heads else "none"))
         parts.append(f"seed {c.seed}: baseline {pct(a.baseline)}, top head L{layer}H{head} drop {pts(drop)} "
-                     f"({100 * drop / a.baseline:.0f}% of baseline), heads ≥ 50 pts: {len(big)}{room}")
+                     f"({100 * drop / a.baseline:.0f}% of baseline), heads ≥ 50 pts: {len(big)}{room}{detector}")
     return _judge(cl, flags, parts, skipped)
 
 
@@ -398,9 +401,8 @@ def c13(ctx: Context) -> Claim:
 
 def c14(ctx: Context) -> Claim:
     cl = Claim("C14", "The deposit is located in the shallowest layer (layer 0).", "[P][S]",
-               "in a majority of `rope` task-1 seeds, the single head whose ablation hurts most "
-               "(over all layers) is in layer 0, in a majority of qualifying seeds — whether or not "
-               "its drop reaches C7's 50 points.")
+               "in a majority of qualifying `rope` task-1 seeds, the single head whose ablation hurts "
+               "most (over all layers) is in layer 0 — whether or not its drop reaches C7's 50 points.")
     models, skipped = _rope_models(ctx, cl)
     if not models:
         return cl

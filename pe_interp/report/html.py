@@ -253,8 +253,9 @@ def render_html(summary: Summary) -> str:
 
     widgets = InlineWidgets()
     att = attention_section(cells, widgets)
-    att = ("<p class='note'>Attention patterns (circuitsvis) on held-out examples: every head of the "
-           "chosen layer, the chosen head first (★). Pick heads in the widget to compare.</p>"
+    att = ("<p class='note'>Attention patterns (circuitsvis) on held-out examples: the chosen head first, "
+           "then the other heads of its layer in order of ablation drop. Hover or click a head in the "
+           "widget to compare.</p>"
            + widgets.bundle_html() + att)
     sections.append(("attention", "Attention patterns of deposit heads", att))
 

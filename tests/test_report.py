@@ -1,0 +1,514 @@
+"""The reproduction report: summary.md / summary.json tables, claims, resume, and report.html
+(self-contained, circuitsvis bundle inlined once, and rendered without errors by headless
+Chromium driven over the DevTools protocol)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import io
+import json
+import os
+import re
+import select
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pe_interp.report.claims import (
+    NOT_MEASURED,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    STATUSES,
+    Context,
+    evaluate_claims,
+)
+from pe_interp.report.cvis import InlineWidgets, WidgetFormatError, split_local_src
+from pe_interp.report.data import AblationView, AccStat, CellInfo, deposit_flag
+
+ENCODINGS = ["nope", "rope"]
+CLAIM_IDS = [f"C{i}" for i in range(1, 18)]
+
+
+# ------------------------------------------------------------------------------------------------
+# the reproduce directory (built once for the module)
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def repro(tmp_path_factory):
+    """``reproduce(preset="smoke", seeds=1, encodings=["nope", "rope"])`` in a temp dir: 4 tiny
+    models, every probe (dynamics, ablation, patching, positional), then the report."""
+    from pe_interp.reproduce import reproduce
+
+    out = tmp_path_factory.mktemp("repro")
+    t0 = time.time()
+    summary, _ = reproduce(out, preset="smoke", seeds=1, encodings=ENCODINGS, progress=False, workers=1)
+    assert not summary.failed, summary.failed
+    return SimpleNamespace(out=Path(out), summary=summary, seconds=time.time() - t0)
+
+
+def md_section(md: str, title_start: str) -> str:
+    parts = re.split(r"^## ", md, flags=re.M)
+    for p in parts:
+        if p.startswith(title_start):
+            return p
+    raise AssertionError(f"no section '## {title_start}...' in summary.md")
+
+
+def md_table(section: str) -> list[list[str]]:
+    """The first Markdown table of a section, as rows of cells (escaped pipes kept as text)."""
+    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
+    assert lines, "no table in section"
+    rows = []
+    for ln in lines:
+        assert ln.endswith("|"), ln
+        cells = re.split(r"(?<!\\)\|", ln)[1:-1]
+        rows.append([c.strip().replace("\\|", "|") for c in cells])
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# summary.md / summary.json
+# ------------------------------------------------------------------------------------------------
+def test_summary_has_three_well_formed_tables(repro):
+    md = (repro.out / "summary.md").read_text()
+    assert "preset `smoke`" in md
+    assert "Failed cells**: none" in md
+    assert "2 layers, d_model 32, 4 heads" in md  # from the runs' config.json
+    for title in ("Accuracy by encoding", "Deposits", "Claims C1–C17", "Task baselines"):
+        rows = md_table(md_section(md, title))
+        n = len(rows[0])
+        assert all(len(r) == n for r in rows), f"{title}: ragged table"
+        assert set(rows[1]) == {"---"}
+        assert len(rows) > 2
+
+
+def test_accuracy_table_and_baselines(repro):
+    from pe_interp.tasks import task_from_dict
+
+    data = json.loads((repro.out / "summary.json").read_text())
+    acc = {r["encoding"]: r for r in data["tables"]["accuracy"]["records"]}
+    assert set(acc) == set(ENCODINGS)
+    assert acc["nope"]["kind"] == "none" and acc["rope"]["kind"] == "multiplicative"
+    assert acc["rope"]["distance_paper"] == "92.64" and acc["rope"]["count_paper"] == "69.43"
+    assert acc["nope"]["count_paper"] == "77.69"
+    for cell_dir in (repro.out / "cells").iterdir():
+        result = json.loads((cell_dir / "result.json").read_text())
+        rec = acc[result["params"]["encoding"]][result["params"]["task"]]
+        assert rec["n"] == 1 and rec["std"] == 0
+        assert rec["mean"] == pytest.approx(100 * result["final"]["test_acc"], abs=1e-4)
+    base = {r["task"]: r for r in data["tables"]["baselines"]["records"]}
+    for task in ("distance", "count"):
+        cfg = json.loads(next((repro.out / "cells").glob(f"*task-{task}*/run/config.json")).read_text())
+        t = task_from_dict(cfg["task"])
+        assert base[task]["chance"] == pytest.approx(100 * t.chance_accuracy(), abs=1e-4)
+        assert base[task]["length_only"] == pytest.approx(100 * t.length_only_accuracy(), abs=1e-4)
+    md = (repro.out / "summary.md").read_text()
+    assert "secondary summaries" in md and "unverified" in md
+
+
+def test_every_claim_has_a_status(repro):
+    md = (repro.out / "summary.md").read_text()
+    rows = md_table(md_section(md, "Claims C1–C17"))
+    header, body = rows[0], rows[2:]
+    ids = [r[0] for r in body]
+    assert ids == CLAIM_IDS
+    status = {r[0]: r[header.index("Status")].strip("*") for r in body}
+    assert all(s in STATUSES for s in status.values()), status
+    for r in body:
+        assert r[header.index("Criterion (fixed in advance)")], f"{r[0]} states no criterion"
+        assert r[header.index("Evidence (this run)")], f"{r[0]} gives no evidence"
+    # Independent of the training run: the paper-size baselines.
+    assert status["C17"] == REPRODUCED
+    assert status["C13"] == NOT_MEASURED
+
+
+def test_summary_json_matches_markdown(repro):
+    md = (repro.out / "summary.md").read_text()
+    data = json.loads((repro.out / "summary.json").read_text())
+    assert data["preset"] == "smoke"
+    for key, table in data["tables"].items():
+        rows = md_table(md_section(md, table["title"]))
+        assert rows[0] == table["columns"], key
+        assert rows[2:] == [[str(c).replace("\n", " ") for c in r] for r in table["rows"]], key
+    assert [c["id"] for c in data["claims"]] == CLAIM_IDS
+    md_status = {r[0]: r[3].strip("*") for r in md_table(md_section(md, "Claims C1–C17"))[2:]}
+    assert {c["id"]: c["status"] for c in data["claims"]} == md_status
+
+
+def test_deposit_table(repro):
+    data = json.loads((repro.out / "summary.json").read_text())
+    recs = data["tables"]["deposits"]["records"]
+    assert len(recs) == 4 and {r["encoding"] for r in recs} == set(ENCODINGS)
+    for r in recs:
+        assert r["measured"] and r["deposit_found"] in (True, False)
+        assert isinstance(r["layer"], int) and isinstance(r["head"], int)
+        assert r["ci"] is not None and r["ci"][0] <= r["drop"] + 1e-9 <= r["ci"][1] + 2e-9
+        assert 0.0 <= r["share"] <= 1.0
+
+
+def test_resume_skips_finished_cells(repro):
+    from pe_interp.reproduce import reproduce
+
+    before = {p: p.stat().st_mtime_ns for p in (repro.out / "cells").glob("*/result.json")}
+    summary, _ = reproduce(repro.out, preset="smoke", seeds=1, encodings=ENCODINGS, progress=False, workers=1)
+    assert sorted(summary.skipped) == sorted(p.parent.name for p in before)
+    assert not summary.done and not summary.failed
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+    assert (repro.out / "summary.md").is_file() and (repro.out / "report.html").is_file()
+
+
+def test_flagged_deposit_and_failed_cell_are_reported(repro, tmp_path):
+    """A deposit flagged by probes.deposit shows in the table and gets an attention widget; a
+    failed cell is listed plainly."""
+    from pe_interp.report import write_report
+
+    out = tmp_path / "copy"
+    shutil.copytree(repro.out, out)
+    path = next((out / "cells").glob("*rope*task-distance*/result.json"))
+    result = json.loads(path.read_text())
+    result["ablation"]["deposits"]["deposits"] = [[0, 1]]
+    path.write_text(json.dumps(result))
+    (out / "cells" / "broken-cell").mkdir()
+    (out / "cells" / "broken-cell" / "error.json").write_text(
+        json.dumps({"id": "broken-cell", "error": "RuntimeError: deliberate\ntraceback..."}))
+    write_report(out, preset="smoke")
+    md = (out / "summary.md").read_text()
+    assert "**Failed cells (1)**" in md and "`broken-cell`: RuntimeError: deliberate" in md
+    rows = md_table(md_section(md, "Deposits"))
+    row = next(r for r in rows[2:] if r[0] == "rope" and r[2] == "distance")
+    assert row[6] == "yes: L0H1" and (row[7], row[8]) == ("0", "1")
+    text = (out / "report.html").read_text()
+    assert "layer 0, head 1 (flagged deposit head)" in text
+    assert "broken-cell" in text
+
+
+# ------------------------------------------------------------------------------------------------
+# report.html, statically
+# ------------------------------------------------------------------------------------------------
+FETCHING = [
+    r"""\b(?:src|href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//""",  # attributes that load
+    r"""url\(\s*["']?\s*(?:https?:)?//""",  # CSS
+    r"""@import""",
+    r"""\bimport\s*(?:[\w{}*\s,]+from\s*)?["'](?:https?:)?//""",  # ES module imports
+    r"""\bimport\(\s*["'](?:https?:)?//""",
+]
+
+
+def external_refs(text: str) -> list[str]:
+    return [m.group(0) for pat in FETCHING for m in re.finditer(pat, text, flags=re.I)]
+
+
+def test_external_ref_detector():
+    assert external_refs('<img src="https://x.org/a.png">')
+    assert external_refs("<link href='//cdn.x/y.css'>")
+    assert external_refs('import { render } from "https://unpkg.com/circuitsvis/esm.js";')
+    assert external_refs("body { background: url(http://x/y.png) }")
+    assert not external_refs('<a title="see http://www.w3.org/2000/svg">')  # a string, not a load
+    assert not external_refs("<img src='data:image/png;base64,AAAA'>")
+
+
+def test_report_html_is_self_contained(repro):
+    text = (repro.out / "report.html").read_text()
+    assert text.startswith("<!DOCTYPE html>")
+    assert not external_refs(text)
+    imgs = re.findall(r"<img\b[^>]*\bsrc=['\"]([^'\"]+)['\"]", text)
+    assert imgs, "no figures"
+    from PIL import Image
+
+    for src in imgs:
+        assert src.startswith("data:image/png;base64,"), src[:60]
+        Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).verify()
+    for key in ("Claims C1–C17", "Accuracy by encoding and task", "Deposits: single-head ablation per model"):
+        assert key in text
+    assert "sourceMappingURL" not in text
+    # Bundle exactly once; one small render call per widget.
+    assert text.count("var CircuitsVis=") == 1
+    assert text.count('id="circuitsvis-bundle"') == 1
+    n_widgets = text.count('class="cv-widget"')
+    assert n_widgets >= 1  # the task-1 rope model's top layer-0 head, at least
+    assert text.count("CircuitsVis.render(") == n_widgets
+    assert len(text) < 1_300_000 + 1_000_000 + 150_000 * n_widgets
+
+
+def _widget(i: int = 0):
+    import circuitsvis.attention as cva
+
+    att = np.eye(3)[None].repeat(2, 0) * 0.5 + 0.5 / 3
+    return cva.attention_heads(attention=att.tolist(), tokens=["a", "b", f"c{i}"])
+
+
+def test_split_local_src_and_inline_once():
+    w = InlineWidgets()
+    parts = [w.add(_widget(i)) for i in range(3)]
+    assert all(parts) and w.count == 3 and w.error is None
+    page = w.bundle_html() + "".join(parts)
+    assert page.count("var CircuitsVis=") == 1
+    assert page.count("CircuitsVis.render(") == 3
+    split = split_local_src(_widget().local_src)
+    assert split.div_id in split.call and "CircuitsVis.render(" not in split.bundle
+
+
+def test_unexpected_circuitsvis_format_falls_back():
+    with pytest.raises(WidgetFormatError):
+        split_local_src("<div id='x'></div><script>render('x')</script>")
+    w = InlineWidgets()
+    assert w.add(SimpleNamespace(local_src="<p>something else</p>")) is None
+    assert w.error and w.bundle_html() == ""
+    assert w.add(_widget()) is None  # stays in fallback mode: no half-inlined page
+
+
+# ------------------------------------------------------------------------------------------------
+# claims logic on synthetic ablation grids
+# ------------------------------------------------------------------------------------------------
+def _cell(label, task, seed, acc, drops, kind="multiplicative", run_dir=Path("/nonexistent")):
+    drops = np.asarray(drops, dtype=float)
+    view = AblationView(acc, drops, drops - 0.01, drops + 0.01, "zero", "accuracy", 1000)
+    return CellInfo(f"{label}-{task}-{seed}", label, task, seed, kind, {}, {"test_acc": acc},
+                    Path(run_dir), None, view, None, None)
+
+
+def _ctx(cells):
+    from pe_interp.report.data import acc_stats
+
+    base = {"distance": {"chance": 0.0143, "length_only": 0.0537}, "count": {"chance": 0.01, "length_only": 0.01}}
+    return Context(cells=cells, acc=acc_stats(cells), baselines=base, preset="quick")
+
+
+def test_claims_on_a_clean_deposit(tmp_path):
+    dep = [[0.6, 0.01, 0.0, 0.02], [0.01, 0.0, 0.0, 0.01], [0.0, 0.0, 0.0, 0.0]]
+    flat = [[0.02, 0.01, 0.0, 0.02], [0.01, 0.0, 0.0, 0.01], [0.0, 0.0, 0.0, 0.0]]
+    # deposit dynamics as probes.deposit.DepositDynamics writes them: one line per (step, layer)
+    (tmp_path / "deposit_dynamics.jsonl").write_text("".join(
+        json.dumps({"step": step, "layer": 0, "drops": [m, 0.0, 0.0, 0.0], "margin": m}) + "\n"
+        for step, m in [(0, 0.01), (50, 0.2), (100, 0.55)]))
+    cells = [_cell("rope", "distance", s, 0.92, dep, run_dir=tmp_path) for s in range(3)]
+    cells += [_cell("nope", "distance", s, 0.05, flat, "none") for s in range(3)]
+    cells += [_cell("rope", "count", s, 0.69, flat) for s in range(3)]
+    cells += [_cell("nope", "count", s, 0.78, flat, "none") for s in range(3)]
+    claims = {c.id: c for c in evaluate_claims(_ctx(cells))}
+    assert set(claims) == set(CLAIM_IDS)
+    for cid in ("C4", "C7", "C8", "C9", "C14", "C16"):
+        assert claims[cid].status == REPRODUCED, (cid, claims[cid].evidence)
+    assert "layer-0 margin during training step 0: 1.0 → step 50: 20.0 → step 100: 55.0 pts" in claims["C16"].evidence
+    assert claims["C2"].status == NOT_MEASURED  # alibi was not run
+    assert claims["C5"].status == NOT_MEASURED and claims["C12"].status == NOT_MEASURED
+
+
+def test_claims_when_the_deposit_is_spread_or_the_model_failed():
+    spread = [[0.3, 0.3, 0.0, 0.02], [0.01, 0.0, 0.0, 0.01]]
+    cells = [_cell("rope", "distance", s, 0.92, spread) for s in range(2)]
+    claims = {c.id: c for c in evaluate_claims(_ctx(cells))}
+    assert claims["C7"].status == NOT_REPRODUCED and claims["C8"].status == NOT_REPRODUCED
+    assert "`pe-interp reproduce --preset paper`" in claims["C7"].evidence  # the size it would need
+    failed = [_cell("rope", "distance", 0, 0.05, spread)]  # at the length-only ceiling
+    claims = {c.id: c for c in evaluate_claims(_ctx(failed))}
+    assert claims["C7"].status == NOT_MEASURED and "did not learn" in claims["C7"].evidence
+    # a model below 50% cannot show a 50-point drop: "no deposit" is not informative
+    low = [_cell("nope", "distance", 0, 0.3, spread, "none"), _cell("rope", "count", 0, 0.4, spread)]
+    assert {c.id: c for c in evaluate_claims(_ctx(low))}["C9"].status == NOT_MEASURED
+
+
+def test_deposit_flag_reads_the_probe_schema():
+    assert deposit_flag(None).found is None
+    f = deposit_flag({"deposits": [[1, 2], [0, 3]], "layers": [], "thresholds": {"min_drop": 0.2}})
+    assert f.found and (f.layer, f.head) == (0, 3) and f.heads == ((0, 3), (1, 2))
+    assert deposit_flag({"deposits": [], "layers": []}).found is False
+    assert deposit_flag({"layers": [{"layer": 0, "top_head": 1, "is_deposit": True}]}).heads == ((0, 1),)
+    assert AccStat(0.5, 0.0, 1, (0.5,)).n == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# headless Chromium over the DevTools protocol (--remote-debugging-pipe)
+# ------------------------------------------------------------------------------------------------
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--window-size=1280,2400"]
+LOCAL_SCHEMES = ("file:", "data:", "about:", "blob:", "chrome:", "devtools:")
+
+
+def chromium_binary() -> str:
+    path = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (CI installs it with `apt-get install -y chromium`)")
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    return path
+
+
+class DevTools:
+    """A minimal Chrome DevTools Protocol client over ``--remote-debugging-pipe`` (fds 3 and 4,
+    NUL-terminated JSON messages): no websocket library, no port."""
+
+    def __init__(self, binary: str, timeout: float = 90.0):
+        self.profile = tempfile.mkdtemp(prefix="pe-interp-chromium-")
+        cmd_r, self._w = os.pipe()  # we write commands, chromium reads them on fd 3
+        self._r, evt_w = os.pipe()  # chromium writes on fd 4
+        # Move the child's ends to fds >= 10 so bash's "3<&N 4>&M" can never clobber one with the
+        # other, then let bash put them on fds 3 and 4 and exec chromium (no preexec_fn).
+        hi_r, hi_w = fcntl.fcntl(cmd_r, fcntl.F_DUPFD, 10), fcntl.fcntl(evt_w, fcntl.F_DUPFD, 10)
+        for fd in (cmd_r, evt_w):
+            os.close(fd)
+        argv = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}", "--remote-debugging-pipe", "about:blank"]
+        self.proc = subprocess.Popen(
+            ["bash", "-c", f'exec "$@" 3<&{hi_r} 4>&{hi_w} {hi_r}<&- {hi_w}>&-', "bash", *argv],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, pass_fds=(hi_r, hi_w),
+        )
+        os.close(hi_r)
+        os.close(hi_w)
+        self.timeout, self.buf, self.next_id, self.events = timeout, b"", 0, []
+
+    def _message(self, deadline: float) -> dict:
+        while b"\0" not in self.buf:
+            left = deadline - time.time()
+            if left <= 0:
+                raise TimeoutError
+            if select.select([self._r], [], [], left)[0]:
+                chunk = os.read(self._r, 1 << 20)
+                if not chunk:
+                    raise RuntimeError("chromium exited: " + self.proc.stderr.read().decode(errors="replace")[-2000:])
+                self.buf += chunk
+        msg, self.buf = self.buf.split(b"\0", 1)
+        return json.loads(msg)
+
+    def call(self, method: str, params: dict | None = None, session: str | None = None) -> dict:
+        self.next_id += 1
+        msg = {"id": self.next_id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._w, json.dumps(msg).encode() + b"\0")
+        deadline = time.time() + self.timeout
+        while True:
+            reply = self._message(deadline)
+            if reply.get("id") == self.next_id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+            self.events.append(reply)
+
+    def wait_for(self, method: str | None, seconds: float) -> bool:
+        """Collect events until ``method`` arrives (True) or ``seconds`` pass (False)."""
+        deadline = time.time() + seconds
+        if method and any(e.get("method") == method for e in self.events):
+            return True
+        try:
+            while True:
+                e = self._message(deadline)
+                self.events.append(e)
+                if method and e.get("method") == method:
+                    return True
+        except TimeoutError:
+            return False
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError, TimeoutError, OSError):
+            self.call("Browser.close")
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for fd in (self._r, self._w):
+            os.close(fd)
+        self.proc.stderr.close()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def browser_check(path: Path, widget_selector: str = ".cv-widget", settle: float = 1.0) -> dict:
+    """Load ``path`` in headless Chromium; return its uncaught exceptions, console/log errors,
+    non-local requests, the child count of each widget and a PNG screenshot of the viewport."""
+    dt = DevTools(chromium_binary())
+    try:
+        target = dt.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        sid = dt.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Runtime", "Log", "Network", "Page"):
+            dt.call(f"{domain}.enable", session=sid)
+        dt.events.clear()
+        dt.call("Page.navigate", {"url": path.resolve().as_uri()}, session=sid)
+        assert dt.wait_for("Page.loadEventFired", 60), "the page never finished loading"
+        widgets: list[int] = []
+        deadline = time.time() + 20
+        while True:  # React renders asynchronously after the module scripts ran
+            res = dt.call("Runtime.evaluate", {
+                "expression": f"Array.from(document.querySelectorAll({json.dumps(widget_selector)}))"
+                              ".map(d => d.childElementCount)", "returnByValue": True}, session=sid)
+            widgets = res["result"]["value"]
+            if all(widgets) or time.time() > deadline:
+                break
+            time.sleep(0.25)
+        dt.wait_for(None, settle)  # collect late events
+        shot = dt.call("Page.captureScreenshot", {"format": "png"}, session=sid)  # the 1280×2400 viewport
+        errors, external = [], []
+        for e in dt.events:
+            m, p = e.get("method"), e.get("params", {})
+            if m == "Runtime.exceptionThrown":
+                d = p["exceptionDetails"]
+                errors.append("uncaught: " + (d.get("exception", {}).get("description") or d.get("text", "")))
+            elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+                errors.append("console: " + " ".join(str(a.get("value", a.get("description", ""))) for a in p["args"]))
+            elif m == "Log.entryAdded" and p["entry"].get("level") == "error":
+                errors.append("log: " + p["entry"].get("text", ""))
+            elif m == "Network.requestWillBeSent":
+                url = p["request"]["url"]
+                if not url.startswith(LOCAL_SCHEMES):
+                    external.append(url)
+        return {"errors": errors, "external": external, "widgets": widgets,
+                "screenshot": base64.b64decode(shot["data"])}
+    finally:
+        dt.close()
+
+
+def is_flat(png: bytes) -> bool:
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    colors = img.getcolors(maxcolors=1 << 20) or []
+    top = max(n for n, _ in colors)
+    return len(colors) < 16 or top > 0.995 * img.width * img.height
+
+
+def test_browser_check_catches_a_broken_page(tmp_path):
+    page = tmp_path / "broken.html"
+    page.write_text(
+        "<!DOCTYPE html><html><body><h1>broken</h1>"
+        "<script>console.error('deliberate console error')</script>"
+        "<script type='module'>throw new Error('deliberate module failure')</script>"
+        "<img src='http://example.invalid/pixel.png'></body></html>"
+    )
+    res = browser_check(page, settle=0.5)
+    text = "\n".join(res["errors"])
+    assert "deliberate module failure" in text
+    assert "deliberate console error" in text
+    assert any("example.invalid" in u for u in res["external"])
+    blank = tmp_path / "blank.html"
+    blank.write_text("<!DOCTYPE html><html><body style='background:#fff'></body></html>")
+    clean = browser_check(blank, settle=0.2)
+    assert clean["errors"] == [] and clean["external"] == []
+    assert is_flat(clean["screenshot"])
+
+
+def test_report_renders_in_chromium(repro, tmp_path):
+    res = browser_check(repro.out / "report.html")
+    assert res["errors"] == [], res["errors"]
+    assert res["external"] == [], res["external"]
+    (tmp_path / "report.png").write_bytes(res["screenshot"])
+    assert not is_flat(res["screenshot"])
+    assert res["widgets"] and all(n > 0 for n in res["widgets"]), f"circuitsvis widgets not rendered: {res['widgets']}"
+
+
+def test_gradient_seed_verdict():
+    from pe_interp.report.gradients import judge
+
+    seeded = {"rope": {"values": [[[0.30, 0.10]], [[0.28, 0.1]]], "seeds": [0, 1]},
+              "alibi": {"values": [[[0.09, 0.08]], [[0.10, 0.07]]], "seeds": [0, 1]}}
+    assert judge(seeded, 128)["status"] == REPRODUCED  # 2/sqrt(128) = 0.177
+    same = {"rope": seeded["alibi"], "alibi": seeded["alibi"]}
+    assert judge(same, 128)["status"] == NOT_REPRODUCED
+    broken = {"rope": seeded["rope"], "alibi": {"values": [[[float("nan")]]], "seeds": [0]}}
+    assert judge(broken, 128)["status"] == NOT_MEASURED
