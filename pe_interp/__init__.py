@@ -1,10 +1,10 @@
 """pe-interp: hooked transformers with pluggable positional encodings, and the probes to study
 how position shapes attention (a reimplementation of arXiv 2505.13027)."""
 
+from pe_interp.checkpoint import Run, load_run
 from pe_interp.config import ModelConfig
 from pe_interp.encodings import EncodingSpec, available_encodings, register_encoding
 from pe_interp.model import HookedPETransformer
-from pe_interp.checkpoint import Run, load_run
 from pe_interp.training import TrainConfig, Trainer, evaluate, train
 
 __version__ = "0.1.0"

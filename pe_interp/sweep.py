@@ -30,12 +30,13 @@ import itertools
 import json
 import os
 import re
-import tomllib
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from pe_interp.checkpoint import atomic_write_json
 

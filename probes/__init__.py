@@ -9,10 +9,28 @@
 """
 
 from probes.ablation import AblationResult, ablate_heads, ablate_heads_naive, keep_only
-from probes.decomposition import LogitTerms, PositionalScores, logit_terms, positional_scores, toeplitz_score
-from probes.deposit import DepositDynamics, DepositReport, LayerDeposit, find_deposits, load_dynamics
-from probes.gradients import CoherenceResult, gradient_coherence
-from probes.patching import PatchResult, patch
+from probes.decomposition import (
+    LogitTerms,
+    PositionalScores,
+    logit_terms,
+    positional_scores,
+    toeplitz_score,
+)
+from probes.deposit import (
+    DepositDynamics,
+    DepositReport,
+    LayerDeposit,
+    find_deposits,
+    load_dynamics,
+)
+from probes.gradients import (
+    QK_PARAMS,
+    CoherenceResult,
+    coherence_report,
+    format_coherence_report,
+    gradient_coherence,
+)
+from probes.patching import SITES, PatchResult, normalized_logit_diff_metric, patch
 
 __all__ = [
     "AblationResult",
@@ -23,13 +41,19 @@ __all__ = [
     "LogitTerms",
     "PatchResult",
     "PositionalScores",
+    "QK_PARAMS",
+    "RopeTerms",
+    "SITES",
     "ablate_heads",
     "ablate_heads_naive",
+    "coherence_report",
     "find_deposits",
+    "format_coherence_report",
     "gradient_coherence",
     "keep_only",
     "load_dynamics",
     "logit_terms",
+    "normalized_logit_diff_metric",
     "patch",
     "positional_scores",
     "toeplitz_score",

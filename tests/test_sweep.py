@@ -9,7 +9,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pe_interp.sweep import CHAOS_ENV, aggregate, collect, format_table, load_grid, parse_grid, run_sweep
+from pe_interp.sweep import (
+    CHAOS_ENV,
+    aggregate,
+    collect,
+    format_table,
+    load_grid,
+    parse_grid,
+    run_sweep,
+)
 
 TINY = {
     "name": "tiny",

@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=int, nargs="+", default=None, help="layers to sweep (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seeds the bootstrap and resample sources")
     p.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap replicates for the CIs (0: none)")
-    p.add_argument("--batch-size", type=int, default=512, help="rows per forward")
+    p.add_argument("--batch-size", type=int, default=None, help="rows per forward (default 128 on CPU, 2048 on GPU)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--min-drop", type=float, default=None, help="deposit threshold (default 0.2 for accuracy)")
     p.add_argument("--min-share", type=float, default=0.5, help="deposit threshold on the top head's share")

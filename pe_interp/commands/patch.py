@@ -141,6 +141,12 @@ def run(args: argparse.Namespace) -> int:
         f"{args.run_dir}: patched {result.site} ({'by position' if result.by_position else 'all positions'}, "
         f"{result.direction}) on {result.n_examples} pairs, grid {list(result.shape)}, {elapsed:.1f} s"
     )
+    z = result.extra.get("denominator_z")
+    if z is not None and abs(z) < 3:  # None: no spread (one pair, or identical differences)
+        print(
+            f"  warning: the clean and corrupt logit differences barely differ (normaliser = {z:.1f} "
+            "standard errors), so normalised values are noisy; is the model trained?"
+        )
     for cell, value in result.top(5):
         where = " ".join(f"{k}={v}" for k, v in cell.items())
         print(f"  {where}: {value:+.3f}")

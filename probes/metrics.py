@@ -1,0 +1,152 @@
+"""Per-example metrics for ablation sweeps, and the paired bootstrap over examples.
+
+Every metric maps class logits ``[batch, n_classes]`` and labels ``[batch]`` to one number per
+example; a sweep's score is the mean over examples. Built-ins:
+
+========== ===================================== =================
+name       per example                           direction
+========== ===================================== =================
+accuracy   1.0 if ``argmax(logits) == label``    higher is better
+loss       cross-entropy of the true class       lower is better
+logit      the true class's logit                higher is better
+========== ===================================== =================
+
+A user callable ``metric(logits, labels) -> Tensor[batch]`` is higher-is-better unless the sweep
+is told otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+MetricFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def accuracy_per_example(logits: Tensor, labels: Tensor) -> Tensor:
+    return (logits.argmax(-1) == labels).to(torch.float64)
+
+
+def loss_per_example(logits: Tensor, labels: Tensor) -> Tensor:
+    return F.cross_entropy(logits.float(), labels, reduction="none").to(torch.float64)
+
+
+def logit_per_example(logits: Tensor, labels: Tensor) -> Tensor:
+    return logits.gather(1, labels[:, None])[:, 0].to(torch.float64)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A named per-example metric and its direction."""
+
+    name: str
+    fn: MetricFn
+    higher_is_better: bool = True
+
+    def __call__(self, logits: Tensor, labels: Tensor) -> Tensor:
+        out = self.fn(logits, labels)
+        if not isinstance(out, Tensor) or out.shape != labels.shape:
+            raise ValueError(
+                f"metric {self.name!r} must return a tensor of shape {tuple(labels.shape)} "
+                f"(one value per example), got {getattr(out, 'shape', type(out))}"
+            )
+        return out.detach().to(torch.float64)
+
+
+METRICS: dict[str, Metric] = {
+    "accuracy": Metric("accuracy", accuracy_per_example, True),
+    "loss": Metric("loss", loss_per_example, False),
+    "logit": Metric("logit", logit_per_example, True),
+}
+
+
+def resolve_metric(metric: str | MetricFn | Metric, higher_is_better: bool | None = None) -> Metric:
+    """A :class:`Metric` from a built-in name, a :class:`Metric`, or a callable."""
+    if isinstance(metric, Metric):
+        m = metric
+    elif isinstance(metric, str):
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(map(repr, METRICS))} or a callable")
+        m = METRICS[metric]
+    elif callable(metric):
+        name = getattr(metric, "__name__", type(metric).__name__)
+        m = Metric(name, metric, True)
+    else:
+        raise ValueError(f"metric must be a name or a callable, got {metric!r}")
+    if higher_is_better is not None and higher_is_better != m.higher_is_better:
+        m = Metric(m.name, m.fn, bool(higher_is_better))
+    return m
+
+
+def harm(baseline: np.ndarray | float, ablated: np.ndarray | float, higher_is_better: bool):
+    """The signed change that is positive when ablation hurt: ``baseline - ablated`` for a
+    higher-is-better metric, ``ablated - baseline`` for a lower-is-better one (loss)."""
+    diff = np.asarray(baseline) - np.asarray(ablated)
+    return diff if higher_is_better else -diff
+
+
+def paired_bootstrap(
+    baseline: np.ndarray,
+    ablated: np.ndarray,
+    *,
+    higher_is_better: bool = True,
+    n_bootstrap: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+    max_elements: int = 20_000_000,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap CI of the mean harm (see :func:`harm`), resampling examples jointly.
+
+    ``baseline`` is ``[n_examples]`` and ``ablated`` ``[..., n_examples]`` (per-example metric
+    values). Each replicate draws ``n_examples`` example indices with replacement (one seeded
+    ``torch.Generator``, so the result depends only on ``seed``) and uses the same draw for the
+    baseline and for every ablation, so the CI is that of a paired difference and the CIs of
+    different heads come from the same replicates. Rows of ``ablated`` that are all NaN give NaN.
+    Returns ``(low, high)`` with the shape of ``ablated.shape[:-1]``.
+    """
+    if not 0.0 < ci < 1.0:
+        raise ValueError(f"ci must be in (0, 1), got {ci!r}")
+    ablated = np.asarray(ablated, dtype=np.float64)
+    baseline = np.asarray(baseline, dtype=np.float64)
+    lead = ablated.shape[:-1]
+    n = ablated.shape[-1]
+    if baseline.shape != (n,):
+        raise ValueError(f"baseline must have shape ({n},), got {baseline.shape}")
+    flat = ablated.reshape(-1, n)
+    low = np.full(flat.shape[0], np.nan)
+    high = np.full(flat.shape[0], np.nan)
+    ok = ~np.isnan(flat).any(axis=1)
+    if n_bootstrap <= 0 or n == 0 or not ok.any():
+        return low.reshape(lead), high.reshape(lead)
+    diff = torch.from_numpy(harm(baseline[None, :], flat[ok], higher_is_better).copy())  # [U, n]
+    gen = torch.Generator().manual_seed(int(seed))
+    per_chunk = max(1, max_elements // max(n, 1))
+    reps = []
+    for start in range(0, n_bootstrap, per_chunk):
+        r = min(per_chunk, n_bootstrap - start)
+        idx = torch.randint(n, (r, n), generator=gen)
+        counts = torch.zeros(r, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones(r, n, dtype=torch.float64))
+        reps.append(diff @ counts.T / n)  # [U, r]
+    boot = torch.cat(reps, dim=1).numpy()
+    alpha = (1.0 - ci) / 2.0
+    low[ok] = np.quantile(boot, alpha, axis=1)
+    high[ok] = np.quantile(boot, 1.0 - alpha, axis=1)
+    return low.reshape(lead), high.reshape(lead)
+
+
+__all__ = [
+    "METRICS",
+    "Metric",
+    "MetricFn",
+    "accuracy_per_example",
+    "harm",
+    "logit_per_example",
+    "loss_per_example",
+    "paired_bootstrap",
+    "resolve_metric",
+]
