@@ -440,7 +440,7 @@ def _deposit_of(result: dict[str, Any]) -> tuple[bool, Any]:
     if not dep:
         return False, None
     layers = dep.get("layers", [])
-    flagged = [layer for layer in layers if layer.get("flag")]
+    flagged = [layer for layer in layers if layer.get("is_deposit")]
     return bool(flagged), flagged[0] if flagged else (layers[0] if layers else None)
 
 
@@ -450,7 +450,7 @@ def aggregate(results: list[dict[str, Any]], axes: list[str]) -> list[dict[str, 
 
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in results:
-        key = tuple((a, r["params"].get(a)) for a in axes)
+        key = tuple((a, r["params"].get(a, "(base)")) for a in axes)
         groups.setdefault(key, []).append(r)
     rows = []
     for key, members in sorted(groups.items(), key=lambda kv: str(kv[0])):
@@ -464,8 +464,9 @@ def aggregate(results: list[dict[str, Any]], axes: list[str]) -> list[dict[str, 
             row["deposit_seeds"] = sum(flag for flag, _ in deps)
             l0 = [d for _, d in deps if d is not None and d.get("layer") == 0]
             if l0:
-                row["l0_top_drop_mean"] = statistics.fmean(d["top_drop"] for d in l0)
-                row["l0_top_share_mean"] = statistics.fmean(d["share"] for d in l0)
+                row["l0_top_drop"] = statistics.fmean(d["top_drop"] for d in l0)
+                row["l0_second_drop"] = statistics.fmean(d["second_drop"] for d in l0)
+                row["l0_top_share"] = statistics.fmean(d["share"] for d in l0)
         rows.append(row)
     return rows
 
