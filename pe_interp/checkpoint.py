@@ -15,6 +15,7 @@ or the new file, never half of one. Nothing is ever unpickled.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -165,11 +166,17 @@ class Run:
 
     def test_set(self, n: int | None = None):
         """The held-out split used during training (its first ``n`` examples)."""
-        _, test = self.task.splits(self.train_cfg.n_train, self.train_cfg.n_test, seed=self.train_cfg.seed)
+        _, test = _splits(self.task, self.train_cfg.n_train, self.train_cfg.n_test, self.train_cfg.seed)
         return test if n is None else test[: min(n, len(test))]
 
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.run_dir / METRICS)
+
+
+@functools.lru_cache(maxsize=4)
+def _splits(task: Any, n_train: int, n_test: int, seed: int):
+    """A run's splits, generated once per process (tasks are frozen, hashable dataclasses)."""
+    return task.splits(n_train, n_test, seed=seed)
 
 
 def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
