@@ -2,14 +2,15 @@
 
 For a head h in layer l, with ``enc`` the model's encoding::
 
-    q, k, v = x_q W_Q + b_Q,  x_kv W_K + b_K,  x_kv W_V + b_V       hook_q, hook_k, hook_v
-    q, k    = enc.extend(x_q, x_kv, q, k)     decoupled RoPE appends a sub-space
+    q, k, v = x_q W_Q + b_Q,  x_k W_K + b_K,  x_v W_V + b_V         hook_q, hook_k, hook_v
+    q, k    = enc.extend(x_q, x_k, q, k)      decoupled RoPE appends a sub-space
     q, k    = enc.rotate(q, k)                multiplicative: RoPE        hook_rot_q, hook_rot_k
     logits  = (q . k) / sqrt(d_qk)
             + enc.bias()                      additive: T5, ALiBi          hook_pos_bias
             + mask                            causal, padding: -inf        hook_attn_scores
     pattern = softmax(logits)                                              hook_pattern
     z       = pattern v                                                    hook_z
+    out     = sum_h z_h W_O[h] + b_O                                      (hook_result per head)
 
 Absolute encodings (sinusoidal, learned) act earlier, on the residual stream (``hook_pos_embed``
 in :mod:`pe_interp.model`).
@@ -102,11 +103,21 @@ class Attention(nn.Module):
         self.hook_attn_scores = HookPoint()  # [batch, head, q_pos, k_pos]
         self.hook_pattern = HookPoint()
         self.hook_z = HookPoint()  # [batch, pos, head, d_head]
+        # TransformerLens' optional hooks (see pe_interp.model): [batch, pos, head, d_model]
+        self.hook_q_input = HookPoint()
+        self.hook_k_input = HookPoint()
+        self.hook_v_input = HookPoint()
+        self.hook_attn_in = HookPoint()
+        self.hook_result = HookPoint()
         for hp in (self.hook_attn_scores, self.hook_pattern):
             hp.pos_dim = -2
 
     @staticmethod
     def _project(x: Tensor, W: Tensor, b: Tensor) -> Float[Tensor, "batch pos head d"]:
+        """``x`` is ``[batch, pos, d_model]``, or ``[batch, pos, head, d_model]`` (a per-head
+        input: each head projects its own copy)."""
+        if x.ndim == 4:
+            return torch.einsum("bphm,hmd->bphd", x, W) + b
         H, M, D = W.shape
         out = x @ W.permute(1, 0, 2).reshape(M, H * D)
         return out.view(*x.shape[:-1], H, D) + b
@@ -129,14 +140,16 @@ class Attention(nn.Module):
     def forward(
         self,
         x_q: Float[Tensor, "batch pos d_model"],
-        x_kv: Float[Tensor, "batch pos d_model"],
+        x_k: Float[Tensor, "batch pos d_model"],
+        x_v: Float[Tensor, "batch pos d_model"],
         ctx: AttnContext,
     ) -> Float[Tensor, "batch pos d_model"]:
+        """Inputs are ``[batch, pos, d_model]`` or per-head ``[batch, pos, head, d_model]``."""
         enc, layer = ctx.encoding, self.layer
         q = self.hook_q(self._project(x_q, self.W_Q, self.b_Q))
-        k = self.hook_k(self._project(x_kv, self.W_K, self.b_K))
-        v = self.hook_v(self._project(x_kv, self.W_V, self.b_V))
-        q, k = enc.extend(x_q, x_kv, q, k, layer)
+        k = self.hook_k(self._project(x_k, self.W_K, self.b_K))
+        v = self.hook_v(self._project(x_v, self.W_V, self.b_V))
+        q, k = enc.extend(x_q, x_k, q, k, layer)
 
         backend = self.backend(ctx)
         if backend == "triton":
@@ -151,6 +164,9 @@ class Attention(nn.Module):
             run = self._eager if backend == "eager" else self._sdpa
             z = run(q, k, v, bias, ctx.mask)
         z = self.hook_z(z)
+        if self.cfg.use_attn_result:
+            result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
+            return result.sum(2) + self.b_O
         return torch.einsum("bphd,hdm->bpm", z, self.W_O) + self.b_O
 
     def _eager(self, q, k, v, bias, mask) -> Tensor:

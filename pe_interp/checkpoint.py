@@ -32,6 +32,7 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 TRAIN_STATE = "train_state.safetensors"
 METRICS = "metrics.jsonl"
+EVAL_SETS = ("test", "all")
 
 
 class CheckpointError(ValueError):
@@ -114,6 +115,11 @@ def check_state_dict(path: Path, loaded: dict[str, torch.Tensor], expected: dict
             raise CheckpointError(
                 f"{path}: tensor {key!r} has shape {tuple(loaded[key].shape)}, config expects {tuple(ref.shape)}"
             )
+        if loaded[key].dtype != ref.dtype:
+            raise CheckpointError(
+                f"{path}: tensor {key!r} is {str(loaded[key].dtype).removeprefix('torch.')}, "
+                f"the model expects {str(ref.dtype).removeprefix('torch.')}"
+            )
         if not torch.isfinite(loaded[key]).all() and loaded[key].is_floating_point():
             raise CheckpointError(f"{path}: tensor {key!r} contains non-finite values")
 
@@ -166,8 +172,24 @@ class Run:
 
     def test_set(self, n: int | None = None):
         """The held-out split used during training (its first ``n`` examples)."""
-        _, test = _splits(self.task, self.train_cfg.n_train, self.train_cfg.n_test, self.train_cfg.seed)
-        return test if n is None else test[: min(n, len(test))]
+        return self.examples("test", n)
+
+    def examples(self, on: str = "test", n: int | None = None):
+        """Evaluation examples: ``on="test"``, the held-out split used during training (the
+        default for every probe); ``on="all"``, the training and held-out sets together (the
+        authors' ablation protocol, digest §6). Rows of the class the run's loss ignores
+        (``TrainConfig.ignore_index``) are left out, as in the authors' accuracy. ``n`` keeps
+        the first ``n``."""
+        if on not in EVAL_SETS:
+            raise ValueError(f"on must be one of {', '.join(EVAL_SETS)}; got {on!r}")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"n must be a positive integer or None, got {n!r}")
+        train, test = _splits(self.task, self.train_cfg.n_train, self.train_cfg.n_test, self.train_cfg.seed)
+        batch = test if on == "test" else type(test).cat([train, test])
+        ignore = self.train_cfg.ignore_index
+        if ignore is not None:
+            batch = batch[batch.labels != ignore]
+        return batch if n is None else batch[: min(n, len(batch))]
 
     def metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.run_dir / METRICS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,11 @@ ATTENTION_DIRS = ("bidirectional", "causal")
 POOLINGS = ("mean", "first", "last")
 BACKENDS = ("auto", "eager", "sdpa", "triton")
 KV_SOURCES = ("residual", "embed")
+LR_SCHEDULES = ("warmup_cosine", "authors")
+INIT_MODES = ("normal", "torch")
+# TransformerLens' optional hook switches: runtime state of a model, not part of what defines it
+# (never saved, never compared). Set them with ``model.set_use_*``.
+RUNTIME_FLAGS = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in")
 
 
 def check_int(owner: str, name: str, value: Any, low: int = 1) -> None:
@@ -55,8 +61,21 @@ class ModelConfig:
     - ``kv_source`` (default ``"residual"``). ``"embed"`` computes every layer's keys and values
       from the layer-0 input (token embedding plus any residual positional encoding, not
       normalised), as the authors' code does; only queries read the residual stream.
-    - The authors' "rope" model is ``encoding="sinusoidal+rope"``; their ALiBi slopes are
-      ``{"name": "alibi", "slopes": "authors"}``.
+    - ``init_mode`` (default ``"normal"``: every weight N(0, ``init_std``), biases zero).
+      ``"torch"`` is PyTorch's default initialisation, as the authors' model gets it: token
+      embeddings N(0, 1), every projection's weight and bias U(±1/√fan_in), a learned absolute
+      position table N(0, 1), the T5 table N(0, 0.02).
+    - ``embed_dropout`` (default None: the same as ``dropout``). The authors drop out the
+      attention weights (``attn_dropout``), the attention output and the MLP output
+      (``dropout``), but not the embeddings (``embed_dropout=0``).
+    - ``act_fn="relu"`` and ``final_norm=False`` are the authors' MLP and readout.
+    - The authors' "rope" model is ``sinusoidal(layout=concat)+rope``; their ALiBi slopes are
+      ``{"name": "alibi", "slopes": "authors"}``. ``pe_interp.presets.AUTHORS_QUIRKS`` and
+      ``authors_quirks=True`` set all of these at once.
+
+    TransformerLens' optional per-head hooks (``attn.hook_result``, ``attn.hook_q/k/v_input``,
+    ``attn.hook_attn_in``, ``hook_mlp_in``) fire when their ``use_*`` flag is on; the flags are
+    runtime switches (``model.set_use_attn_result(True)``...), never saved with a run.
     """
 
     n_layers: int = 2
@@ -74,8 +93,10 @@ class ModelConfig:
     pooling: str = "mean"
     dropout: float = 0.0
     attn_dropout: float = 0.0
+    embed_dropout: float | None = None  # None: same as dropout
     seed: int = 0
     init_std: float = 0.02
+    init_mode: str = "normal"
     attn_backend: str = "auto"
     encoding: Any = "rope"
     mask_padding: bool = True
@@ -83,6 +104,10 @@ class ModelConfig:
     pad_id: int = 0
     eps: float = 1e-5
     device: str = field(default="cpu", compare=False)
+    use_attn_result: bool = field(default=False, compare=False)
+    use_split_qkv_input: bool = field(default=False, compare=False)
+    use_attn_in: bool = field(default=False, compare=False)
+    use_hook_mlp_in: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         own = "ModelConfig"
@@ -106,10 +131,18 @@ class ModelConfig:
         check_choice(own, "pooling", self.pooling, POOLINGS)
         check_choice(own, "attn_backend", self.attn_backend, BACKENDS)
         check_choice(own, "kv_source", self.kv_source, KV_SOURCES)
+        check_choice(own, "init_mode", self.init_mode, INIT_MODES)
+        for name in RUNTIME_FLAGS:
+            check_bool(own, name, getattr(self, name))
+        if self.use_attn_in and (self.use_split_qkv_input or self.kv_source == "embed"):
+            why = "use_split_qkv_input is on" if self.use_split_qkv_input else "kv_source='embed' gives k and v their own input"
+            raise ValueError(f"{own}.use_attn_in: q, k and v have no single shared input ({why})")
         check_bool(own, "final_norm", self.final_norm)
         check_bool(own, "mask_padding", self.mask_padding)
         check_float(own, "dropout", self.dropout, 0.0, 1.0, high_open=True)
         check_float(own, "attn_dropout", self.attn_dropout, 0.0, 1.0, high_open=True)
+        if self.embed_dropout is not None:
+            check_float(own, "embed_dropout", self.embed_dropout, 0.0, 1.0, high_open=True)
         check_float(own, "init_std", self.init_std, 1e-6, 10.0)
         check_float(own, "eps", self.eps, 0.0, 1.0)
         check_int(own, "seed", self.seed, low=0)
@@ -149,6 +182,11 @@ class ModelConfig:
         return combined_kind([get_encoding_class(s.name).kind for s in self.encoding])
 
     @property
+    def embed_dropout_p(self) -> float:
+        """The dropout probability applied to the embeddings."""
+        return self.dropout if self.embed_dropout is None else self.embed_dropout
+
+    @property
     def attn_only(self) -> bool:
         """TransformerLens compatibility (``ActivationCache.decompose_resid``): no MLPs."""
         return self.d_mlp == 0
@@ -160,7 +198,8 @@ class ModelConfig:
 
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "device"}
+        skip = {"device", *RUNTIME_FLAGS}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         out["encoding"] = [s.to_json() for s in self.encoding]
         return out
 
@@ -183,4 +222,96 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["ModelConfig", "EncodingSpec"]
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and data settings of one run (validated at construction).
+
+    ``lr_schedule``: ``"warmup_cosine"`` warms up linearly to ``lr`` over
+    ``round(warmup_frac * total_steps)`` steps, the first step already at ``lr / warm``, then
+    decays by a cosine to ``min_lr_frac * lr``. ``"authors"`` is the authors' ``LambdaLR``:
+    ``int(warmup_frac * total_steps)`` warm-up steps starting from 0 at the first step, then a
+    cosine to 0. Both are stepped per batch.
+
+    ``ignore_index``: a class index that neither the loss nor accuracy counts (the authors
+    ignore count 0 on task 2 with ``CrossEntropyLoss(ignore_index=0)``); None counts every class.
+    """
+
+    n_train: int = 20_000
+    n_test: int = 2_000
+    epochs: int = 10
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    warmup_frac: float = 0.06
+    min_lr_frac: float = 0.0
+    grad_clip: float = 1.0
+    eval_every: int = 0  # steps between evaluations; 0 = once per epoch
+    checkpoint_every: int = 0  # steps between checkpoints; 0 = once per epoch
+    eval_batch_size: int = 1024
+    seed: int = 0
+    device: str = "cpu"
+    amp: bool = True  # bfloat16 autocast on CUDA (ignored on CPU)
+    ignore_index: int | None = None  # a class left out of the loss and of accuracy
+    lr_schedule: str = "warmup_cosine"
+
+    def __post_init__(self) -> None:
+        own = "TrainConfig"
+        for name in ("n_train", "n_test", "epochs", "batch_size", "eval_batch_size"):
+            check_int(own, name, getattr(self, name))
+        for name in ("eval_every", "checkpoint_every", "seed"):
+            check_int(own, name, getattr(self, name), low=0)
+        check_float(own, "lr", self.lr, 1e-9, 10.0)
+        check_float(own, "weight_decay", self.weight_decay, 0.0, 10.0)
+        check_float(own, "warmup_frac", self.warmup_frac, 0.0, 1.0)
+        check_float(own, "min_lr_frac", self.min_lr_frac, 0.0, 1.0)
+        check_float(own, "grad_clip", self.grad_clip, 0.0, 1e6)
+        betas = tuple(self.betas)
+        if len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas):
+            raise ValueError(f"{own}.betas must be two numbers in [0, 1), got {self.betas!r}")
+        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+        if not isinstance(self.device, str) or self.device.split(":")[0] not in ("cpu", "cuda", "mps"):
+            raise ValueError(f"{own}.device must be 'cpu', 'cuda[:N]' or 'mps', got {self.device!r}")
+        check_bool(own, "amp", self.amp)
+        if self.ignore_index is not None:
+            check_int(own, "ignore_index", self.ignore_index, low=0)
+        check_choice(own, "lr_schedule", self.lr_schedule, LR_SCHEDULES)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(self.n_train / self.batch_size)
+
+    @property
+    def total_steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate for optimizer step ``step`` (0-based): linear warm-up, then cosine."""
+        if self.lr_schedule == "authors":
+            warm = int(self.warmup_frac * self.total_steps)
+            if step < warm:
+                return self.lr * step / warm
+            progress = (step - warm) / max(1, self.total_steps - warm)
+            return self.lr * 0.5 * (1 + math.cos(math.pi * progress))
+        warm = max(1, round(self.warmup_frac * self.total_steps)) if self.warmup_frac > 0 else 0
+        if step < warm:
+            return self.lr * (step + 1) / warm
+        progress = (step - warm) / max(1, self.total_steps - warm)
+        cos = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return self.lr * (self.min_lr_frac + (1 - self.min_lr_frac) * cos)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"TrainConfig: unknown field(s) {', '.join(unknown)}")
+        return cls(**data)
+
+
+__all__ = ["ModelConfig", "TrainConfig", "EncodingSpec"]

@@ -11,10 +11,29 @@ do on a ``HookedTransformer``::
     ─► ln_final ─► pool over real tokens ─► hook_pooled ─► W_U ─► class logits [batch, n_classes]
 
 Where each encoding enters the attention logit is in :mod:`pe_interp.attention`.
+
+TransformerLens' optional hooks fire when their flag is set (``set_use_attn_result``,
+``set_use_split_qkv_input``, ``set_use_attn_in``, ``set_use_hook_mlp_in``), with its semantics:
+``attn.hook_result`` is each head's ``z_h W_O[h]`` ``[batch, pos, head, d_model]``;
+``attn.hook_q/k/v_input`` (or one shared ``attn.hook_attn_in``) are per-head copies of the
+block's input before ``ln1``, normalised per head, so one head's input can be patched alone;
+``hook_mlp_in`` is the MLP's input before ``ln2``. With ``kv_source="embed"`` the k and v inputs
+are copies of the layer-0 input instead, which every layer's keys and values read.
+
+Seams for probes, so that none of them copies the forward:
+
+- ``forward(..., start_at_layer=l, residual=r)`` resumes from ``blocks.{l}.hook_resid_pre``;
+  with ``start_at="resid_mid"`` it resumes from ``blocks.{l}.hook_resid_mid`` (the block's
+  MLP half onward);
+- :meth:`HookedPETransformer.forward_unchecked` is the same function with the input checks done
+  once by the caller (:meth:`check_inputs`): no host syncs, and usable under ``torch.func.vmap``;
+- each block is ``attend`` (``resid_pre -> resid_mid``) then ``finish`` (``resid_mid ->
+  resid_post``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -27,6 +46,8 @@ from transformer_lens.hook_points import HookPoint
 from pe_interp.attention import Attention, AttnContext, build_mask
 from pe_interp.config import ModelConfig
 from pe_interp.encodings import build_encoding
+
+START_POINTS = ("resid_pre", "resid_mid")
 
 
 class Norm(nn.Module):
@@ -79,17 +100,46 @@ class TransformerBlock(nn.Module):
         self.hook_resid_pre = HookPoint()
         self.hook_attn_out = HookPoint()
         self.hook_resid_mid = HookPoint()
+        self.hook_mlp_in = HookPoint()  # fires when cfg.use_hook_mlp_in
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
 
     def forward(self, resid: Tensor, ctx: AttnContext) -> Tensor:
+        return self.finish(self.attend(resid, ctx))
+
+    def attention_inputs(self, resid: Tensor, ctx: AttnContext) -> tuple[Tensor, Tensor, Tensor]:
+        """The normalised q, k and v inputs of this block's attention, ``[batch, pos, d_model]``,
+        or ``[batch, pos, head, d_model]`` when a per-head fork (``use_split_qkv_input`` /
+        ``use_attn_in``) is on."""
+        cfg, attn = self.cfg, self.attn
+        kv = ctx.kv_input  # kv_source="embed": the layer-0 input, not normalised
+        if not (cfg.use_split_qkv_input or cfg.use_attn_in):
+            x = self.ln1(resid)
+            return (x, x, x) if kv is None else (x, kv, kv)
+
+        def per_head(x: Tensor) -> Tensor:
+            return x[:, :, None, :].expand(-1, -1, cfg.n_heads, -1).clone()
+
+        if cfg.use_attn_in:
+            x = self.ln1(attn.hook_attn_in(per_head(resid)))
+            return x, x, x
+        q = self.ln1(attn.hook_q_input(per_head(resid)))
+        if kv is None:
+            return q, self.ln1(attn.hook_k_input(per_head(resid))), self.ln1(attn.hook_v_input(per_head(resid)))
+        return q, attn.hook_k_input(per_head(kv)), attn.hook_v_input(per_head(kv))
+
+    def attend(self, resid: Tensor, ctx: AttnContext) -> Tensor:
+        """``resid_pre -> resid_mid`` (before ``hook_resid_mid``, which :meth:`finish` fires)."""
         resid = self.hook_resid_pre(resid)
-        x = self.ln1(resid)
-        x_kv = x if ctx.kv_input is None else ctx.kv_input
-        attn_out = self.hook_attn_out(F.dropout(self.attn(x, x_kv, ctx), self.cfg.dropout, self.training))
-        resid = self.hook_resid_mid(resid + attn_out)
+        attn_out = self.attn(*self.attention_inputs(resid, ctx), ctx)
+        return resid + self.hook_attn_out(F.dropout(attn_out, self.cfg.dropout, self.training))
+
+    def finish(self, resid: Tensor) -> Tensor:
+        """``resid_mid -> resid_post``: ``hook_resid_mid``, then the MLP half."""
+        resid = self.hook_resid_mid(resid)
         if self.mlp is not None:
-            mlp_out = F.dropout(self.mlp(self.ln2(resid)), self.cfg.dropout, self.training)
+            x = self.hook_mlp_in(resid.clone()) if self.cfg.use_hook_mlp_in else resid
+            mlp_out = F.dropout(self.mlp(self.ln2(x)), self.cfg.dropout, self.training)
             resid = resid + self.hook_mlp_out(mlp_out)
         return self.hook_resid_post(resid)
 
@@ -127,28 +177,43 @@ class HookedPETransformer(HookedRootModule):
 
     # ---- construction ------------------------------------------------------------------------
     def init_weights(self) -> None:
-        """Deterministic initialisation from ``cfg.seed``: every ``W_*`` ~ N(0, init_std), biases
-        zero, norm gains one; the encoding initialises its own parameters."""
+        """Deterministic initialisation from ``cfg.seed`` (``cfg.init_mode``).
+
+        ``normal``: every ``W_*`` ~ N(0, init_std), biases zero, norm gains one.
+        ``torch``: PyTorch's defaults, as the authors' ``nn.Embedding``/``nn.Linear`` get them:
+        ``W_E`` ~ N(0, 1), every other ``W_*`` and its bias ~ U(±1/√fan_in) (fan_in: the
+        projection's input width), norm gains one and biases zero.
+        The encoding initialises its own parameters (reading ``init_mode`` too)."""
         gen = torch.Generator().manual_seed(self.cfg.seed)
         std = self.cfg.init_std
+        torch_mode = self.cfg.init_mode == "torch"
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if name.startswith("encoding."):
                     continue
                 leaf = name.rsplit(".", 1)[-1]
-                if leaf.startswith("W_"):
-                    p.copy_(torch.randn(p.shape, generator=gen) * std)
-                elif leaf == "w":
-                    p.fill_(1.0)
+                if leaf in ("w", "b"):  # a norm's gain and bias
+                    p.fill_(1.0 if leaf == "w" else 0.0)
+                elif not torch_mode:
+                    p.copy_(torch.randn(p.shape, generator=gen) * std if leaf.startswith("W_") else torch.zeros(p.shape))
+                elif leaf == "W_E":
+                    p.copy_(torch.randn(p.shape, generator=gen))
                 else:
-                    p.zero_()
+                    bound = 1.0 / math.sqrt(self._fan_in(leaf))
+                    p.copy_(torch.rand(p.shape, generator=gen) * (2 * bound) - bound)
         self.encoding.init_parameters(gen, std)
+
+    def _fan_in(self, leaf: str) -> int:
+        """Input width of the projection a weight or bias belongs to (``init_mode="torch"``)."""
+        cfg = self.cfg
+        fan_in = {"O": cfg.n_heads * cfg.d_head, "out": cfg.d_mlp}
+        return fan_in.get(leaf.split("_", 1)[1], cfg.d_model)
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
         device = self.W_E.device
         if str(device) != self.cfg.device:
-            self.cfg = self.cfg.replace(device=str(device))
+            self._share_cfg(self.cfg.replace(device=str(device)))
         return out
 
     @property
@@ -213,28 +278,57 @@ class HookedPETransformer(HookedRootModule):
         start_at_layer: int = 0,
         stop_at_layer: int | None = None,
         residual: Float[Tensor, "batch pos d_model"] | None = None,
+        start_at: str = "resid_pre",
     ) -> Tensor:
         """Class logits ``[batch, n_classes]``.
 
-        ``start_at_layer``/``residual`` resume from a cached ``blocks.{l}.hook_resid_pre``;
-        ``stop_at_layer`` returns the residual stream before that block instead of logits
-        (as in TransformerLens). Embedding hooks fire only when starting at layer 0.
+        ``start_at_layer``/``residual`` resume from a cached ``blocks.{l}.hook_resid_pre``, or
+        from ``blocks.{l}.hook_resid_mid`` with ``start_at="resid_mid"``; ``stop_at_layer``
+        returns the residual stream before that block instead of logits (as in TransformerLens).
+        Embedding hooks fire only when starting at layer 0.
         """
         tokens, key_valid = self.check_inputs(tokens, pad_mask)
+        return self.forward_unchecked(
+            tokens, key_valid, start_at_layer=start_at_layer, stop_at_layer=stop_at_layer,
+            residual=residual, start_at=start_at,
+        )  # fmt: skip
+
+    def forward_unchecked(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        key_valid: Bool[Tensor, "batch pos"] | None,
+        *,
+        start_at_layer: int = 0,
+        stop_at_layer: int | None = None,
+        residual: Tensor | None = None,
+        start_at: str = "resid_pre",
+    ) -> Tensor:
+        """:meth:`forward` without the input checks: ``tokens`` and ``key_valid`` as
+        :meth:`check_inputs` returns them (int64 ids; None when every key is real). No host
+        syncs, so probes call it in inner loops and under ``torch.func.vmap``."""
         n_layers = self.cfg.n_layers
         stop = n_layers if stop_at_layer is None else stop_at_layer
         if not 0 <= start_at_layer <= stop <= n_layers:
             raise ValueError(f"need 0 <= start_at_layer <= stop_at_layer <= {n_layers}")
-        if start_at_layer == 0:
-            resid = F.dropout(self.embed_input(tokens), self.cfg.dropout, self.training)
+        if start_at not in START_POINTS:
+            raise ValueError(f"start_at must be one of {', '.join(START_POINTS)}; got {start_at!r}")
+        mid = start_at == "resid_mid"
+        if start_at_layer == 0 and not mid:
+            resid = F.dropout(self.embed_input(tokens), self.cfg.embed_dropout_p, self.training)
             kv_input = resid if self.cfg.kv_source == "embed" else None
         else:
             if residual is None:
-                raise ValueError("start_at_layer > 0 needs residual= (that layer's hook_resid_pre)")
+                raise ValueError(f"start_at_layer={start_at_layer}, start_at={start_at!r} needs residual= (that hook's value)")
+            if mid and start_at_layer >= stop:
+                raise ValueError("start_at='resid_mid' needs start_at_layer < stop_at_layer")
             resid = residual
             kv_input = self.embed_input(tokens, fire_hooks=False) if self.cfg.kv_source == "embed" else None
         ctx = self.context(tokens, key_valid, kv_input)
-        for block in self.blocks[start_at_layer:stop]:
+        first = start_at_layer
+        if mid:
+            resid = self.blocks[first].finish(resid)
+            first += 1
+        for block in self.blocks[first:stop]:
             resid = block(resid, ctx)
         if stop_at_layer is not None:
             return resid
@@ -257,6 +351,31 @@ class HookedPETransformer(HookedRootModule):
         return pooled @ self.W_U + self.b_U
 
     # ---- TransformerLens conveniences --------------------------------------------------------
+    def _share_cfg(self, cfg: ModelConfig) -> None:
+        """Give the model and every submodule that reads ``cfg`` the same (new) config."""
+        for module in self.modules():
+            if isinstance(getattr(module, "cfg", None), ModelConfig):
+                module.cfg = cfg
+
+    def _set_flag(self, name: str, value: bool) -> None:
+        self._share_cfg(self.cfg.replace(**{name: value}))  # replace() validates
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Fire ``attn.hook_result`` (each head's output ``z_h W_O[h]``), as in TransformerLens."""
+        self._set_flag("use_attn_result", use_attn_result)
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """Fire ``attn.hook_q_input``/``hook_k_input``/``hook_v_input`` (per-head inputs)."""
+        self._set_flag("use_split_qkv_input", use_split_qkv_input)
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        """Fire ``attn.hook_attn_in`` (one per-head input shared by q, k and v)."""
+        self._set_flag("use_attn_in", use_attn_in)
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """Fire ``hook_mlp_in`` (the MLP's input before ``ln2``)."""
+        self._set_flag("use_hook_mlp_in", use_hook_mlp_in)
+
     def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Tensor, ActivationCache]:
         """Like TransformerLens: returns ``(logits, ActivationCache)``."""
         out, cache = super().run_with_cache(*args, **kwargs)

@@ -9,9 +9,7 @@ a training process).
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,82 +34,11 @@ from pe_interp.checkpoint import (
     read_json,
     truncate_jsonl,
 )
-from pe_interp.config import ModelConfig, check_choice, check_float, check_int
+from pe_interp.config import ModelConfig, TrainConfig
 
 
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite; the last good checkpoint is left in place."""
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation and data settings of one run (validated at construction)."""
-
-    n_train: int = 20_000
-    n_test: int = 2_000
-    epochs: int = 10
-    batch_size: int = 128
-    lr: float = 1e-3
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.98)
-    warmup_frac: float = 0.06
-    min_lr_frac: float = 0.0
-    grad_clip: float = 1.0
-    eval_every: int = 0  # steps between evaluations; 0 = once per epoch
-    checkpoint_every: int = 0  # steps between checkpoints; 0 = once per epoch
-    eval_batch_size: int = 1024
-    seed: int = 0
-    device: str = "cpu"
-    amp: bool = True  # bfloat16 autocast on CUDA (ignored on CPU)
-
-    def __post_init__(self) -> None:
-        own = "TrainConfig"
-        for name in ("n_train", "n_test", "epochs", "batch_size", "eval_batch_size"):
-            check_int(own, name, getattr(self, name))
-        for name in ("eval_every", "checkpoint_every", "seed"):
-            check_int(own, name, getattr(self, name), low=0)
-        check_float(own, "lr", self.lr, 1e-9, 10.0)
-        check_float(own, "weight_decay", self.weight_decay, 0.0, 10.0)
-        check_float(own, "warmup_frac", self.warmup_frac, 0.0, 1.0)
-        check_float(own, "min_lr_frac", self.min_lr_frac, 0.0, 1.0)
-        check_float(own, "grad_clip", self.grad_clip, 0.0, 1e6)
-        betas = tuple(self.betas)
-        if len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas):
-            raise ValueError(f"{own}.betas must be two numbers in [0, 1), got {self.betas!r}")
-        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
-        if not isinstance(self.device, str) or self.device.split(":")[0] not in ("cpu", "cuda", "mps"):
-            raise ValueError(f"{own}.device must be 'cpu', 'cuda[:N]' or 'mps', got {self.device!r}")
-        check_choice(own, "amp", self.amp, (True, False))
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return math.ceil(self.n_train / self.batch_size)
-
-    @property
-    def total_steps(self) -> int:
-        return self.epochs * self.steps_per_epoch
-
-    def lr_at(self, step: int) -> float:
-        """Learning rate for optimizer step ``step`` (0-based): linear warm-up, then cosine."""
-        warm = max(1, round(self.warmup_frac * self.total_steps)) if self.warmup_frac > 0 else 0
-        if step < warm:
-            return self.lr * (step + 1) / warm
-        progress = (step - warm) / max(1, self.total_steps - warm)
-        cos = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-        return self.lr * (self.min_lr_frac + (1 - self.min_lr_frac) * cos)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["betas"] = list(self.betas)
-        return d
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"TrainConfig: unknown field(s) {', '.join(unknown)}")
-        return cls(**data)
 
 
 @dataclass
@@ -119,23 +46,35 @@ class TrainResult:
     final: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)
     run_dir: Path | None = None
+    model: Any = None  # the trained HookedPETransformer (set by ``train``)
 
 
 @torch.no_grad()
-def evaluate(model, batch, batch_size: int = 1024, amp: bool = False) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of ``model`` on a task batch (eval mode, restored after)."""
+def evaluate(
+    model, batch, batch_size: int = 1024, amp: bool = False, ignore_index: int | None = None
+) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of ``model`` on a task batch (eval mode, restored after).
+
+    Rows whose label is ``ignore_index`` count in neither (the authors' task-2 protocol)."""
+    if len(batch) == 0:
+        raise ValueError("evaluate: the batch is empty (need at least 1 example)")
     was_training = model.training
     model.eval()
     device = model.W_E.device
-    correct, loss_sum = 0, 0.0
+    correct, loss_sum, counted = 0, 0.0, 0
     for i in range(0, len(batch), batch_size):
         part = batch[i : i + batch_size].to(device)
         with _autocast(device, amp):
             logits = model(part.tokens, part.pad_mask).float()
-        loss_sum += F.cross_entropy(logits, part.labels, reduction="sum").item()
-        correct += (logits.argmax(-1) == part.labels).sum().item()
+        keep = part.labels != ignore_index if ignore_index is not None else slice(None)
+        logits, labels = logits[keep], part.labels[keep]
+        loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
+        correct += (logits.argmax(-1) == labels).sum().item()
+        counted += len(labels)
     model.train(was_training)
-    return {"acc": correct / len(batch), "loss": loss_sum / len(batch)}
+    if counted == 0:
+        raise ValueError(f"evaluate: every label is the ignored class {ignore_index}")
+    return {"acc": correct / counted, "loss": loss_sum / counted}
 
 
 def _autocast(device: torch.device, amp: bool):
@@ -172,6 +111,9 @@ class Trainer:
             self.model.parameters(), lr=train_cfg.lr, betas=train_cfg.betas, weight_decay=train_cfg.weight_decay
         )
         self.step = 0
+        # Training loss and accuracy summed since the last evaluation; saved with checkpoints so
+        # that the record after a resume covers the steps before the crash too.
+        self.running = {"loss": 0.0, "correct": 0, "seen": 0}
         self.train, self.test = task.splits(train_cfg.n_train, train_cfg.n_test, seed=train_cfg.seed)
 
     # ---- run directory -----------------------------------------------------------------------
@@ -199,14 +141,18 @@ class Trainer:
         if torch.cuda.is_available():
             for i, s in enumerate(torch.cuda.get_rng_state_all()):
                 tensors[f"rng.cuda.{i}"] = s
-        meta = {"step": str(self.step), "param_groups": json.dumps(opt["param_groups"])}
+        meta = {
+            "step": str(self.step),
+            "param_groups": json.dumps(opt["param_groups"]),
+            "running": json.dumps(self.running),
+        }
         atomic_save_tensors(self.run_dir / TRAIN_STATE, tensors, meta)
         atomic_save_tensors(self.run_dir / WEIGHTS, weights, {"step": str(self.step)})
 
     def load_checkpoint(self) -> None:
         assert self.run_dir is not None
-        saved = read_json(self.run_dir / CONFIG)
-        mine = json.loads(json.dumps(self.config_record()))
+        saved = _normalised(read_json(self.run_dir / CONFIG), self.run_dir / CONFIG)
+        mine = _normalised(json.loads(json.dumps(self.config_record())), self.run_dir / CONFIG)
         for part in ("model", "task", "train"):
             if saved.get(part) != mine[part]:
                 raise CheckpointError(
@@ -238,6 +184,8 @@ class Trainer:
             if cuda:
                 torch.cuda.set_rng_state_all(cuda)
         self.step = step
+        if "running" in meta:
+            self.running = json.loads(meta["running"])
 
     # ---- training ----------------------------------------------------------------------------
     def epoch_order(self, epoch: int) -> torch.Tensor:
@@ -273,7 +221,8 @@ class Trainer:
         model, opt = self.model, self.optimizer
         model.train()
         last_good = self.step
-        run_loss, run_correct, run_seen = 0.0, 0, 0
+        run = self.running
+        ignore = -100 if cfg.ignore_index is None else cfg.ignore_index
         t0 = time.time()
         try:
             while self.step < total:
@@ -285,7 +234,12 @@ class Trainer:
                     group["lr"] = cfg.lr_at(self.step)
                 with _autocast(self.device, cfg.amp):
                     logits = model(part.tokens, part.pad_mask)
-                loss = F.cross_entropy(logits.float(), part.labels)
+                counted = part.labels != ignore
+                n_counted = int(counted.sum())
+                if n_counted == 0:  # every label ignored: nothing to learn from this batch
+                    loss = logits.float().sum() * 0.0
+                else:
+                    loss = F.cross_entropy(logits.float(), part.labels, ignore_index=ignore)
                 if not torch.isfinite(loss):
                     where = f"; the last good checkpoint (step {last_good}) is in {self.run_dir}" if self.run_dir else ""
                     raise NonFiniteLossError(f"non-finite loss ({loss.item()}) at step {self.step + 1}{where}")
@@ -296,26 +250,26 @@ class Trainer:
                 opt.step()
                 self.step += 1
                 loss_value = loss.item()
-                run_loss += loss_value * len(idx)
-                run_correct += (logits.argmax(-1) == part.labels).sum().item()
-                run_seen += len(idx)
+                run["loss"] += loss_value * n_counted
+                run["correct"] += int(((logits.argmax(-1) == part.labels) & counted).sum())
+                run["seen"] += n_counted
                 for cb in self.callbacks:
                     cb.on_step(self, self.step, loss_value)
                 if bar is not None:
                     bar.update(1)
                 if self.step % eval_every == 0 or self.step == total:
-                    test = evaluate(model, self.test, cfg.eval_batch_size, cfg.amp)
+                    test = evaluate(model, self.test, cfg.eval_batch_size, cfg.amp, cfg.ignore_index)
                     record = {
                         "step": self.step,
                         "epoch": self.step / cfg.steps_per_epoch,
                         "lr": cfg.lr_at(self.step - 1),
-                        "train_loss": run_loss / max(run_seen, 1),
-                        "train_acc": run_correct / max(run_seen, 1),
+                        "train_loss": run["loss"] / max(run["seen"], 1),
+                        "train_acc": run["correct"] / max(run["seen"], 1),
                         "test_loss": test["loss"],
                         "test_acc": test["acc"],
                         "seconds": round(time.time() - t0, 3),
                     }
-                    run_loss, run_correct, run_seen = 0.0, 0, 0
+                    run.update(loss=0.0, correct=0, seen=0)
                     history.append(record)
                     if self.run_dir is not None:
                         append_jsonl(self.run_dir / METRICS, record)
@@ -331,8 +285,26 @@ class Trainer:
                 bar.close()
         for cb in self.callbacks:
             cb.on_train_end(self)
-        final = history[-1] if history else {"step": self.step, **_prefixed(evaluate(model, self.test, cfg.eval_batch_size, cfg.amp))}
+        final = history[-1] if history else {"step": self.step, **_prefixed(evaluate(model, self.test, cfg.eval_batch_size, cfg.amp, cfg.ignore_index))}
         return TrainResult(final=final, history=history, run_dir=self.run_dir)
+
+
+def _normalised(record: dict[str, Any], path: Path) -> dict[str, Any]:
+    """A config record with every part passed through its dataclass, so that fields added
+    after a run was written compare equal at their defaults."""
+    from pe_interp.tasks import task_from_dict
+
+    out = dict(record)
+    try:
+        if "model" in out:
+            out["model"] = ModelConfig.from_dict(out["model"]).to_dict()
+        if "train" in out:
+            out["train"] = TrainConfig.from_dict(out["train"]).to_dict()
+        if "task" in out:
+            out["task"] = task_from_dict(out["task"]).to_dict()
+    except (ValueError, TypeError) as err:
+        raise CheckpointError(f"{path}: invalid config ({err})") from None
+    return json.loads(json.dumps(out))
 
 
 def _prefixed(metrics: dict[str, float]) -> dict[str, float]:
@@ -380,5 +352,5 @@ def train(
         extra_config={"preset": preset, "authors_quirks": authors_quirks},
     )
     result = trainer.fit(resume=resume)
-    result.model = trainer.model  # type: ignore[attr-defined]
+    result.model = trainer.model
     return result

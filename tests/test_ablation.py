@@ -363,7 +363,8 @@ def test_cli_ablate_writes_outputs(tmp_path, monkeypatch, capsys):
         def __init__(self):
             self.model = model
 
-        def test_set(self, n=None):
+        def examples(self, on="test", n=None):
+            assert on == "test"
             n = 30 if n is None else n
             return SimpleNamespace(tokens=toks[:n], labels=labels[:n], pad_mask=pm[:n])
 

@@ -187,6 +187,12 @@ INVALID = {
     "dropout": bad_float(0.0, 1.0, high_open=True),
     "attn_dropout": bad_float(0.0, 1.0, high_open=True),
     "init_std": bad_float(1e-6, 10.0, high_open=False),
+    "init_mode": bad_choice(("normal", "torch")),
+    "embed_dropout": bad_float(0.0, 1.0, high_open=True).filter(lambda v: v is not None),
+    "use_attn_result": bad_bool(),
+    "use_split_qkv_input": bad_bool(),
+    "use_attn_in": bad_bool(),
+    "use_hook_mlp_in": bad_bool(),
     "eps": bad_float(0.0, 1.0, high_open=False),
     "device": st.one_of(
         st.text(max_size=6).filter(lambda s: s.split(":")[0] not in ("cpu", "cuda", "mps")),

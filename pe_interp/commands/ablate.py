@@ -1,6 +1,7 @@
 """``pe-interp ablate RUN_DIR``: the single-head ablation sweep of a trained run.
 
-Evaluates on the run's held-out split, writes ``RUN_DIR/ablation.json`` and
+Evaluates on the run's held-out split (``--on all``: training and held-out sets together, the
+authors' protocol), writes ``RUN_DIR/ablation.json`` and
 ``RUN_DIR/deposits.json``, draws ``RUN_DIR/figures/ablation_heatmap.png`` and
 ``ablation_layers.png``, and prints one row per layer.
 """
@@ -8,6 +9,7 @@ Evaluates on the run's held-out split, writes ``RUN_DIR/ablation.json`` and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -23,7 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `pe-interp train`")
     p.add_argument("--method", choices=["zero", "mean", "resample"], default="zero")
     p.add_argument("--metric", choices=["accuracy", "loss", "logit"], default="accuracy")
-    p.add_argument("--n", type=int, default=None, help="held-out examples to use (default: all)")
+    p.add_argument("--n", type=int, default=None, help="examples to use (default: all of the evaluation set)")
+    p.add_argument("--on", choices=["test", "all"], default="test", help="evaluate on the held-out split (default) or on train + test, as the authors did")
     p.add_argument("--layers", type=int, nargs="+", default=None, help="layers to sweep (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seeds the bootstrap and resample sources")
     p.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap replicates for the CIs (0: none)")
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     loaded = load_run(run_dir, device=device)
     model = loaded.model
-    test = loaded.test_set(args.n)
+    test = loaded.examples(args.on, args.n)
     t0 = time.perf_counter()
     result = ablate_heads(
         model, test.tokens, test.labels, pad_mask=test.pad_mask, method=args.method, metric=args.metric,
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )  # fmt: skip
     elapsed = time.perf_counter() - t0
+    result = dataclasses.replace(result, meta={**result.meta, "eval_set": args.on})
     report = find_deposits(result, min_drop=args.min_drop, min_share=args.min_share)
     result.save(run_dir / "ablation.json")
     tmp = run_dir / "deposits.json.tmp"
@@ -68,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
         fig_dir = run_dir / "figures"
         plot_drop_heatmap(result, fig_dir / "ablation_heatmap.png", deposits=report.deposits)
         plot_layer_lines(result, fig_dir / "ablation_layers.png")
-    print(f"{run_dir}: {result.n_examples} held-out examples, {model.cfg.encoding_name}, {elapsed:.1f} s")
+    where = "held-out" if args.on == "test" else "train + held-out"
+    print(f"{run_dir}: {result.n_examples} {where} examples, {model.cfg.encoding_name}, {elapsed:.1f} s")
     print(report.summary())
     found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits) or "none"
     print(f"deposits: {found}")

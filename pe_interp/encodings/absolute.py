@@ -71,8 +71,9 @@ class Learned(Encoding):
         return self.W_pos[:n_pos]
 
     def init_parameters(self, generator: torch.Generator, std: float) -> None:
+        # init_mode="torch": nn.Embedding's N(0, 1), as the authors' learned ("random") PE.
         with torch.no_grad():
-            self.W_pos.normal_(0.0, std, generator=generator)
+            self.W_pos.normal_(0.0, 1.0 if self.init_mode == "torch" else std, generator=generator)
 
 
 __all__ = ["NoPE", "Sinusoidal", "Learned", "sinusoidal_table"]

@@ -85,6 +85,7 @@ class Encoding(nn.Module):
         self.d_model = cfg.d_model
         self.n_layers = cfg.n_layers
         self.n_ctx = cfg.n_ctx
+        self.init_mode = cfg.init_mode
 
     # ---- the four hooks into the model -------------------------------------------------------
     def residual(self, n_pos: int) -> Float[Tensor, "pos d_model"] | None:
@@ -139,7 +140,10 @@ class Encoding(nn.Module):
         return FusedPE()
 
     def init_parameters(self, generator: torch.Generator, std: float) -> None:
-        """Deterministic initialisation of this encoding's parameters (normal(0, std) default)."""
+        """Deterministic initialisation of this encoding's parameters: N(0, std), or under
+        ``init_mode="torch"`` N(0, 0.02) (the authors' T5 table). Override to change it;
+        ``self.init_mode`` says which scheme the model uses."""
+        std = 0.02 if self.init_mode == "torch" else std
         with torch.no_grad():
             for p in self.parameters(recurse=False):
                 p.normal_(0.0, std, generator=generator)

@@ -8,6 +8,7 @@ content it is a function of the offset alone (tested).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -132,9 +133,24 @@ class DecoupledRoPE(Encoding):
     def extra_qk_dims(self) -> int:
         return self.d_rope
 
+    def init_parameters(self, generator: torch.Generator, std: float) -> None:
+        if self.init_mode != "torch":
+            return super().init_parameters(generator, std)
+        bound = 1.0 / math.sqrt(self.d_model)  # nn.Linear(d_model, ...)'s default
+        with torch.no_grad():
+            for p in (self.W_QR, self.W_KR):
+                p.copy_(torch.rand(p.shape, generator=generator) * (2 * bound) - bound)
+
     def extend(self, x_q, x_kv, q, k, layer):
-        q_r = torch.einsum("bpm,mhr->bphr", x_q, self.W_QR[layer])
-        k_r = (x_kv @ self.W_KR[layer])[:, :, None, :].expand(-1, -1, k.shape[2], -1)
+        # Inputs are [batch, pos, d_model], or per head [batch, pos, head, d_model] (split q/k/v).
+        if x_q.ndim == 4:
+            q_r = torch.einsum("bphm,mhr->bphr", x_q, self.W_QR[layer])
+        else:
+            q_r = torch.einsum("bpm,mhr->bphr", x_q, self.W_QR[layer])
+        if x_kv.ndim == 4:
+            k_r = torch.einsum("bphm,mr->bphr", x_kv, self.W_KR[layer])
+        else:
+            k_r = (x_kv @ self.W_KR[layer])[:, :, None, :].expand(-1, -1, k.shape[2], -1)
         return torch.cat([q, q_r], dim=-1), torch.cat([k, k_r], dim=-1)
 
     def rotate(self, q, k, layer):

@@ -22,6 +22,9 @@ KIND_ORDER = ("none", "additive", "multiplicative", "hybrid")
 # A drop is "large" from this many accuracy points on (the C7 threshold, fixed from the claim
 # text "about 60 points"; see claims.py).
 LARGE_DROP = 0.50
+# A drop is "small" (negligible) up to this many accuracy points (the C8 tolerance, "within a few
+# points of baseline").
+SMALL_DROP = 0.05
 
 
 def first(d: Any, *keys: str, default: Any = None) -> Any:
@@ -137,6 +140,60 @@ class AblationView:
 
     def margins(self) -> list[float]:
         return [self.layer_stats(layer).margin for layer in range(self.n_layers)]
+
+    def dominance(self) -> Dominance:
+        return dominance(self)
+
+
+@dataclass(frozen=True)
+class Dominance:
+    """Whether one model (one seed) has a **single dominant head**: the one definition of a
+    "deposit" / "single-head concentration" used by claims C7–C11, C14 and C16.
+
+    A model has a single dominant head when exactly one head of the whole model has a drop
+    ≥ :data:`LARGE_DROP` and every other head's drop is ≤ :data:`SMALL_DROP`.
+    """
+
+    layer: int  # the top head (largest drop in the whole model)
+    head: int
+    drop: float
+    runner_up: float  # largest drop among all other heads of the model
+    share: float  # top head's share of the model's total positive drop
+    n_large: int  # heads with a drop >= LARGE_DROP
+    baseline: float
+
+    @property
+    def top_large(self) -> bool:
+        return self.drop >= LARGE_DROP
+
+    @property
+    def others_small(self) -> bool:
+        return self.runner_up <= SMALL_DROP
+
+    @property
+    def single(self) -> bool:
+        """Exactly one head with a large drop, every other head's drop small."""
+        return self.top_large and self.n_large == 1 and self.others_small
+
+    @property
+    def room(self) -> bool:
+        """Could this model show a large drop at all (baseline ≥ LARGE_DROP)?"""
+        return self.baseline >= LARGE_DROP
+
+    def text(self) -> str:
+        return (f"top L{self.layer}H{self.head} drop {100 * self.drop:.1f} pts of baseline "
+                f"{100 * self.baseline:.1f}%, runner-up {100 * self.runner_up:.1f} pts, top share "
+                f"{100 * self.share:.0f}%, heads ≥ {100 * LARGE_DROP:.0f} pts: {self.n_large} → "
+                + ("single dominant head" if self.single else "no single dominant head"))
+
+
+def dominance(view: AblationView) -> Dominance:
+    """The :class:`Dominance` statistics of one single-head ablation grid."""
+    layer, head, drop = view.top()
+    pos = np.clip(np.nan_to_num(view.drops, nan=0.0), 0.0, None)
+    share = float(pos[layer, head] / pos.sum()) if pos.sum() > 0 else 0.0
+    return Dominance(layer, head, drop, view.max_other(layer, head), share,
+                     len(view.large_heads(LARGE_DROP)), view.baseline)
 
 
 # ------------------------------------------------------------------------------------------------

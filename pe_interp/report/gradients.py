@@ -31,6 +31,16 @@ CRITERION = (
 )
 
 
+def threshold(n: int) -> float:
+    """The coherence a head must reach to count as a coherent "seed": 2/√n (twice the noise level)."""
+    return 2 / math.sqrt(n)
+
+
+def criterion(n: int = N_EXAMPLES) -> str:
+    """C15's criterion, as :func:`judge` applies it (claims.py states this very text)."""
+    return CRITERION.format(n=n, noise=1 / math.sqrt(n), thr=threshold(n))
+
+
 def _compute(cfg_dict: dict[str, Any], task_dict: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
     from pe_interp.config import ModelConfig
     from pe_interp.tasks import task_from_dict
@@ -92,7 +102,8 @@ def layer0_max(record: dict[str, Any]) -> tuple[float, float]:
 
 
 def judge(results: dict[str, Any], n: int) -> dict[str, Any]:
-    noise, thr = 1 / math.sqrt(n), 2 / math.sqrt(n)
+    """C15's verdict: the one place its criterion (:func:`criterion`) is applied."""
+    thr = threshold(n)
     stats = {enc: layer0_max(r) for enc, r in results.items()}
     parts = [f"{enc}: {m:.3f} ± {s:.3f}" for enc, (m, s) in stats.items()]
     if "rope" not in stats or "alibi" not in stats or math.isnan(stats["rope"][0] + stats["alibi"][0]):
@@ -103,7 +114,8 @@ def judge(results: dict[str, Any], n: int) -> dict[str, Any]:
     return {
         "available": True,
         "status": status,
-        "criterion": CRITERION.format(n=n, noise=noise, thr=thr),
+        "criterion": criterion(n),
+        "n": n,
         "evidence": (f"largest layer-0 head coherence (mean ± std over init seeds {seeds}, n={n}): "
                      + "; ".join(parts) + f"; 2/√n = {thr:.3f}"),
         "layer0_max": {enc: {"mean": m, "std": s} for enc, (m, s) in stats.items()},

@@ -38,6 +38,7 @@ code { background: #f3f3f3; padding: 0 3px; border-radius: 3px; }
 .status-reproduced { background: #d9f2d9 !important; font-weight: 600; }
 .status-not-reproduced { background: #f8d7d7 !important; font-weight: 600; }
 .status-not-measured { background: #eeeeee !important; font-weight: 600; }
+.status-sanity-check { background: #dde8f6 !important; font-weight: 600; }
 .note { color: #555; font-size: 13px; max-width: 1100px; }
 .warn { color: #8a4b00; background: #fff4e0; padding: 6px 10px; border-left: 4px solid #e69500; }
 .caption { color: #444; font-size: 13px; margin: 6px 0 0 0; }

@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pe_interp.report.claims import PAPER_SETTING, STATUSES, Claim, Context, evaluate_claims
+from pe_interp.report.claims import (
+    CEILING,
+    DOMINANT,
+    PAPER_SETTING,
+    STATUSES,
+    Claim,
+    Context,
+    evaluate_claims,
+)
 from pe_interp.report.data import (
     KIND_ORDER,
     TASK_TITLES,
@@ -288,7 +296,9 @@ def deposit_table(cells: list[CellInfo]) -> Table:
         rec.update({"measured": True, "baseline": _num(a.baseline), "layer": layer, "head": head,
                     "drop": _num(drop), "share": round(share, 4), "ci": None if ci is None else [_num(ci[0]), _num(ci[1])],
                     "ci_level": level, "layer_top_head": st.top_head, "method": a.method, "metric": a.metric,
-                    "n_examples": a.n_examples, "max_drop": _num(a.top()[2]), "heads_ge_50": len(a.large_heads())})
+                    "n_examples": a.n_examples, "max_drop": _num(a.top()[2]), "heads_ge_50": len(a.large_heads()),
+                    "runner_up": _num(a.dominance().runner_up),
+                    "single_dominant_head": a.dominance().single})
         records.append(rec)
     thresholds = next((c.flag.thresholds for c in cells if c.flag.thresholds), {})
     rule = ""
@@ -297,7 +307,7 @@ def deposit_table(cells: list[CellInfo]) -> Table:
                 f"≥ {100 * float(thresholds.get('min_drop', 0)):.0f} points, its share of the layer's "
                 f"drop ≥ {100 * float(thresholds.get('min_share', 0)):.0f}%"
                 + (", and its CI lies above the runner-up's drop" if thresholds.get("require_separation") else "")
-                + ". The claims below use their own, fixed criteria (≥ 50 points).")
+                + f". The claims below use their own, fixed definition of a deposit: {DOMINANT}.")
     notes = [
         "Single-head ablation on held-out examples (`probes.ablation`, zero ablation of the head's "
         "output, = the authors' value-zeroing). **Deposit found?** is `probes.deposit`'s verdict, "
@@ -312,11 +322,14 @@ def deposit_table(cells: list[CellInfo]) -> Table:
 def claims_table(claims: list[Claim]) -> Table:
     cols = ["#", "Claim", "Source", "Status", "Criterion (fixed in advance)", "Evidence (this run)"]
     rows = [[c.id, c.text, c.source, f"**{c.status}**", c.criterion, c.evidence] for c in claims]
-    notes = ["Statuses: **reproduced**, **not reproduced**, **not measured**. Criteria are fixed in "
-             "`pe_interp/report/claims.py` from the claim text and the digest's tolerances (§10), "
-             "never from this run's numbers. Accuracy claims use seed means; a single-model "
-             "ablation claim holds when it holds in a strict majority of seeds; a “no deposit” "
-             "claim must hold in every seed; a large drop is ≥ 50 points."]
+    notes = ["Statuses: **reproduced**, **not reproduced**, **not measured** (not run, or no room to "
+             "test it), **sanity check** (holds by construction: it checks this code, not the paper). "
+             "Criteria are fixed in `pe_interp/report/claims.py` from the claim text and the digest's "
+             "tolerances (§10), never from this run's numbers. Accuracy claims use seed means, and an "
+             f"ordering is not measured when every encoding compared is at the ceiling (≥ {100 * CEILING:.0f}%). "
+             f"A deposit is {DOMINANT}; a model whose baseline is < 50% cannot show one and is not "
+             "judged. A single-model ablation claim holds when it holds in a strict majority of "
+             "seeds; a “no deposit” claim must hold in every seed."]
     return Table("claims", "Claims C1–C17 (paper digest §10)", cols, rows, [c.to_dict() for c in claims], notes)
 
 

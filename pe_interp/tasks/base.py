@@ -121,6 +121,8 @@ class SyntheticTask(ABC):
         """
         _check_call("splits", n_train=n_train, n_test=n_test, seed=seed)
         train = self._generate(n_train, self.generator("train", seed))
+        if getattr(self, "dedup", False):
+            train = self._without_duplicates(train, seed)
         train_keys = row_hashes(train.tokens)
         test = self._generate(n_test, self.generator("test", seed))
         test = test[~torch.isin(row_hashes(test.tokens), train_keys)]
@@ -138,6 +140,27 @@ class SyntheticTask(ABC):
                 stacklevel=2,
             )
         return train, test
+
+    def _without_duplicates(self, train: Batch, seed: int) -> Batch:
+        """``train`` with exact duplicate rows removed (first occurrences kept), refilled from a
+        stream of its own to its size (the authors' dedup of the generated set, §3)."""
+        n_train = len(train)
+        keep = first_occurrences(row_hashes(train.tokens))
+        refill_round = 0
+        while not bool(keep.all()) and refill_round < _MAX_REFILL_ROUNDS:
+            train = train[keep]
+            need = n_train - len(train)
+            extra = self._generate(max(2 * need, 64), self.generator("train-refill", seed, refill_round))
+            extra = extra[~torch.isin(row_hashes(extra.tokens), row_hashes(train.tokens))]
+            train = Batch.cat([train, extra[first_occurrences(row_hashes(extra.tokens))][:need]])
+            keep = first_occurrences(row_hashes(train.tokens))
+            refill_round += 1
+        if len(train) < n_train or not bool(keep.all()):
+            raise ValueError(
+                f"{type(self).__name__}.splits: cannot draw {n_train} distinct training rows; "
+                "the task's sequence space is too small"
+            )
+        return train
 
     def counterfactual_pairs(self, n: int, seed: int = 0) -> CounterfactualPairs:
         """``n`` clean/corrupt pairs for activation patching (see the task's docstring)."""
@@ -179,6 +202,17 @@ class SyntheticTask(ABC):
     # ----------------------------------------------------------------- shared helpers
     def _label_to_class(self) -> dict[int, int]:
         return {int(v): c for c, v in enumerate(self.label_values.tolist())}
+
+
+def first_occurrences(keys: Int[Tensor, " n"]) -> Tensor:
+    """True at the first occurrence of each key, False at later repeats."""
+    order = torch.argsort(keys, stable=True)
+    sorted_keys = keys[order]
+    first_sorted = torch.ones_like(sorted_keys, dtype=torch.bool)
+    first_sorted[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    out = torch.empty_like(first_sorted)
+    out[order] = first_sorted
+    return out
 
 
 def _check_call(method: str, **values: Any) -> None:

@@ -6,8 +6,12 @@ uniformly (with replacement) from the triggers and ``length - n`` fillers unifor
 non-trigger vocabulary, and shuffles them. Every sequence has exactly ``length`` tokens, so the
 length carries no information. The label is the total count of *any* trigger.
 
-The authors ignore label 0 in the loss and in accuracy; ``ignore_zero=True`` reproduces that by
-never generating ``n = 0`` (counts 1..max_count, class index ``n - 1``).
+The authors ignore label 0 in the loss and in accuracy. Two ways to follow them:
+``TrainConfig(ignore_index=0)`` keeps the count-0 rows in the data and leaves them out of the
+loss and of accuracy, exactly as their ``CrossEntropyLoss(ignore_index=0)`` (what
+``authors_quirks=True`` sets); ``ignore_zero=True`` instead never generates ``n = 0`` (counts
+1..max_count, class index ``n - 1``). ``dedup=True`` removes duplicate training rows (the authors
+do not, on this task).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class CountTask(SyntheticTask):
     max_count: int = 100
     length: int = 120
     ignore_zero: bool = False
+    dedup: bool = False
     seed: int = 0
 
     name: ClassVar[str] = "count"
@@ -41,6 +46,7 @@ class CountTask(SyntheticTask):
     def __post_init__(self) -> None:
         owner = type(self).__name__
         check_bool(owner, "ignore_zero", self.ignore_zero)
+        check_bool(owner, "dedup", self.dedup)
         check_int(owner, "n_triggers", self.n_triggers, 1)
         check_int(
             owner, "d_vocab", self.d_vocab, self.n_triggers + 2,

@@ -6,10 +6,15 @@ Follows the authors' ``dis_gen/data-gen.py`` (paper digest §3): one ordered tri
 ``max_len`` keeping the start. The label is ``distance = between + 1`` (2..max_between+1), class
 index ``distance - 2``.
 
-Deliberate differences from the authors' code: fillers are drawn with replacement (they used
-``random.sample`` per segment), and by default they exclude the triggers, so every sequence holds
-exactly one ``t1`` and one ``t2`` (set ``fillers_include_triggers=True`` for the authors'
-ambiguous variant; the label is then still the generator's true distance).
+By default fillers are drawn with replacement and exclude the triggers, so every sequence holds
+exactly one ``t1`` and one ``t2``. Each way the authors' generator differs is a switch:
+
+- ``fillers_include_triggers=True``: fillers can be the trigger ids (the authors' ambiguous
+  variant; the label is still the generator's true distance);
+- ``distinct_fillers=True``: the fillers of each segment (left, middle, right) are drawn without
+  replacement, as the authors' per-segment ``random.sample``;
+- ``dedup=True``: exact duplicate training sequences are removed (and refilled), as the authors
+  deduplicate their generated set. Test rows never repeat a training row in any case.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class DistanceTask(SyntheticTask):
     max_side: int = 25
     max_len: int = 120  # type: ignore[assignment]
     fillers_include_triggers: bool = False
+    distinct_fillers: bool = False
+    dedup: bool = False
     seed: int = 0
 
     name: ClassVar[str] = "distance"
@@ -45,6 +52,8 @@ class DistanceTask(SyntheticTask):
     def __post_init__(self) -> None:
         owner = type(self).__name__
         check_bool(owner, "fillers_include_triggers", self.fillers_include_triggers)
+        check_bool(owner, "distinct_fillers", self.distinct_fillers)
+        check_bool(owner, "dedup", self.dedup)
         check_int(owner, "d_vocab", self.d_vocab, 4, why="PAD + 2 triggers + at least 1 other id")
         check_int(owner, "max_between", self.max_between, 2, why="at least 2 distance classes")
         check_int(owner, "max_side", self.max_side, 1)
@@ -54,6 +63,12 @@ class DistanceTask(SyntheticTask):
             why=f"max_side + max_between + 2 = {need}, so truncation never cuts the second trigger",
         )
         check_int(owner, "seed", self.seed, 0)
+        pool = self.d_vocab - (1 if self.fillers_include_triggers else 3)
+        if self.distinct_fillers and pool < max(self.max_between, self.max_side):
+            raise ValueError(
+                f"{owner}.distinct_fillers: a segment of up to {max(self.max_between, self.max_side)} "
+                f"distinct fillers needs at least that many filler ids; d_vocab={self.d_vocab} gives {pool}"
+            )
 
     # ----------------------------------------------------------------- vocabulary
     @cached_property
@@ -94,10 +109,12 @@ class DistanceTask(SyntheticTask):
         left = torch.randint(1, self.max_side + 1, (n,), generator=gen)
         between = torch.randint(1, self.max_between + 1, (n,), generator=gen)
         right = torch.randint(1, self.max_side + 1, (n,), generator=gen)
-        tokens = draw_ids(self.filler_ids, (n, self.max_len), gen)
-
         first, second = left, left + between + 1
         pos = torch.arange(self.max_len)
+        if self.distinct_fillers:
+            tokens = self._distinct_segments(n, first, second, gen)
+        else:
+            tokens = draw_ids(self.filler_ids, (n, self.max_len), gen)
         t1, t2 = self.triggers
         tokens = torch.where(pos == first[:, None], t1, tokens)
         tokens = torch.where(pos == second[:, None], t2, tokens)
@@ -105,6 +122,24 @@ class DistanceTask(SyntheticTask):
         pad_mask = pos < length[:, None]
         tokens = torch.where(pad_mask, tokens, PAD_ID)
         return Batch(tokens, between - 1, pad_mask), first, second
+
+    def _distinct_segments(self, n: int, first: Tensor, second: Tensor, gen: torch.Generator) -> Tensor:
+        """Fillers with no repeat inside each of the three segments (positions ``< first``,
+        between the triggers, ``> second``); the trigger slots are overwritten by the caller."""
+        ids = self.filler_ids
+
+        def segment(size: int) -> Tensor:  # [n, size]: a uniform ordered sample without replacement
+            return ids[torch.rand(n, len(ids), generator=gen).topk(size, dim=1).indices]
+
+        left, middle, right = segment(self.max_side), segment(self.max_between), segment(self.max_side)
+        pos = torch.arange(self.max_len)[None, :]
+        tokens = torch.where(
+            pos < first[:, None],
+            left.gather(1, pos.clamp(max=self.max_side - 1).expand(n, -1)),
+            middle.gather(1, (pos - first[:, None] - 1).clamp(0, self.max_between - 1)),
+        )
+        after = right.gather(1, (pos - second[:, None] - 1).clamp(0, self.max_side - 1))
+        return torch.where(pos > second[:, None], after, tokens)
 
     def _generate(self, n: int, gen: torch.Generator) -> Batch:
         return self._draw(n, gen)[0]
