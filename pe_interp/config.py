@@ -22,6 +22,13 @@ INIT_MODES = ("normal", "torch")
 # TransformerLens' optional hook switches: runtime state of a model, not part of what defines it
 # (never saved, never compared). Set them with ``model.set_use_*``.
 RUNTIME_FLAGS = ("use_attn_result", "use_split_qkv_input", "use_attn_in", "use_hook_mlp_in")
+# Why TransformerLens' k/v edge tools refuse a kv_source="embed" model (one line).
+KV_EMBED_NO_EDGES = (
+    "kv_source='embed': every layer's keys and values read the layer-0 input, so no head or MLP "
+    "writes into a k/v input; TransformerLens' k/v direct-path patching, edge attribution and "
+    "faithfulness would patch or score edges that do not exist (q direct paths and node "
+    "attribution are available)"
+)
 
 
 def check_int(owner: str, name: str, value: Any, low: int = 1) -> None:
@@ -194,6 +201,21 @@ class ModelConfig:
     @property
     def n_key_value_heads(self) -> None:
         """TransformerLens compatibility: no grouped-query attention here."""
+        return None
+
+    @property
+    def per_layer_num_key_value_heads(self) -> None:
+        """TransformerLens compatibility: None (every layer has ``n_heads`` k/v heads).
+
+        TransformerLens reads this only before patching or scoring edges from the residual stream
+        into per-head k/v inputs (``get_act_patch_direct_path(component="k"/"v")``,
+        ``attribution_patch(granularity="edge")``, ``faithfulness``). With ``kv_source="embed"``
+        no such edge exists (keys and values read the layer-0 input), so it raises
+        :data:`KV_EMBED_NO_EDGES` instead of letting those tools patch or score edges that are not
+        in the model.
+        """
+        if self.kv_source == "embed":
+            raise ValueError(KV_EMBED_NO_EDGES)
         return None
 
     # ---- serialisation -------------------------------------------------------------------
