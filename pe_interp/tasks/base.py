@@ -1,9 +1,10 @@
 """What every synthetic task shares: seeded streams, splits, baselines, serialisation.
 
 A concrete task is a frozen dataclass that subclasses :class:`SyntheticTask` and supplies the
-generator (``_generate``), the counterfactual construction (``_counterfactual``), the class →
-label-value table (``label_values``) and the exact joint distribution of (sequence length, class)
-(``length_label_counts``). Everything else is defined here once.
+generator (``_generate``), the counterfactual constructions (``_counterfactual``,
+``_counterfactual_family``), the class → label-value table (``label_values``) and the exact joint
+distribution of (sequence length, class) (``length_label_counts``). Everything else is defined here
+once.
 
 Randomness: every public method draws from its own ``torch.Generator`` seeded from
 ``(task name, task seed, stream, seed, ...)`` through a hash, so ``sample``, the train split, the
@@ -28,6 +29,7 @@ from torch import Tensor
 from pe_interp.tasks.batch import Batch, CounterfactualPairs, row_hashes
 
 _MAX_REFILL_ROUNDS = 32
+COUNTERFACTUAL_KINDS = ("position", "content", "both")
 
 
 def derive_seed(*parts: object) -> int:
@@ -90,6 +92,11 @@ class SyntheticTask(ABC):
     @abstractmethod
     def _counterfactual(self, n: int, gen: torch.Generator) -> CounterfactualPairs:
         """``n`` clean/corrupt pairs, vectorised over the batch."""
+
+    @abstractmethod
+    def _counterfactual_family(self, n: int, kind: str, gen: torch.Generator) -> CounterfactualPairs:
+        """``n`` pairs of one family of :meth:`counterfactuals` (``kind`` already checked),
+        vectorised over the batch."""
 
     # ----------------------------------------------------------------- derived properties
     @property
@@ -166,6 +173,40 @@ class SyntheticTask(ABC):
         """``n`` clean/corrupt pairs for activation patching (see the task's docstring)."""
         _check_call("counterfactual_pairs", n=n, seed=seed)
         return self._counterfactual(n, self.generator("pairs", seed))
+
+    def counterfactuals(self, n: int, kind: str = "position", seed: int = 0) -> CounterfactualPairs:
+        """``n`` clean/corrupt pairs of one counterfactual family, with their labels.
+
+        A pure function of (task, ``n``, ``kind``, ``seed``), from a stream of its own. In every
+        family a corrupt row has its clean row's length and ``pad_mask``, so positions line up;
+        ``clean.labels`` and ``corrupt.labels`` are each row's true class.
+
+        - ``kind="position"``: the same tokens, with the triggers moved.
+        - ``kind="content"``: the same positions, with token identities changed.
+        - ``kind="both"``: both changes at once.
+
+        Exactly, per task (the task's ``_counterfactual_family`` has the details):
+
+        - :class:`~pe_interp.tasks.DistanceTask`. ``position``: the same multiset of tokens, ``t1``
+          and ``t2`` swapped into a new placement at another distance (uniform over the placements
+          the generator could produce at that length), at most four positions changed; the
+          label changes. ``content``: the same trigger positions and label, every filler redrawn
+          from the filler ids absent from the clean row. ``both``: the new placement with fillers
+          absent from the clean row; the label changes.
+        - :class:`~pe_interp.tasks.CountTask`. ``position``: the same tokens permuted so that the
+          set of trigger positions changes; the count and label stay. ``content``: the same
+          positions, a uniform subset of triggers turned into fillers or of fillers into
+          triggers so that the count becomes another uniform count; the label changes, every
+          other token stays. ``both``: that content change, then a uniform permutation.
+
+        :meth:`counterfactual_pairs` is a separate, unchanged construction.
+        """
+        _check_call("counterfactuals", n=n, seed=seed)
+        if kind not in COUNTERFACTUAL_KINDS:
+            raise ValueError(
+                f"counterfactuals: kind must be one of {', '.join(map(repr, COUNTERFACTUAL_KINDS))}; got {kind!r}"
+            )
+        return self._counterfactual_family(n, kind, self.generator("counterfactuals", kind, seed))
 
     # ----------------------------------------------------------------- exact baselines
     def chance_accuracy(self) -> float:

@@ -128,8 +128,10 @@ class CounterfactualPairs:
     """Clean/corrupt inputs for activation patching.
 
     Row ``i`` of ``clean`` and of ``corrupt`` have the same length and the same ``pad_mask`` (so
-    positions line up) and different labels; they differ only in the tokens the task's
-    counterfactual changes (see :attr:`changed`).
+    positions line up); they differ only in the tokens the task's counterfactual changes (see
+    :attr:`changed`). Their labels differ, except in the families of
+    :meth:`~pe_interp.tasks.base.SyntheticTask.counterfactuals` that keep the label by design
+    (distance ``"content"``, count ``"position"``).
     """
 
     clean: Batch

@@ -139,6 +139,62 @@ class CountTask(SyntheticTask):
         corrupt = Batch(corrupt_tokens, clean.labels - k, clean.pad_mask.clone())
         return CounterfactualPairs(clean, corrupt)
 
+    def _counterfactual_family(self, n: int, kind: str, gen: torch.Generator) -> CounterfactualPairs:
+        """The three families of :meth:`~pe_interp.tasks.base.SyntheticTask.counterfactuals`.
+
+        The count does not depend on where the triggers are, so here position keeps the label and
+        content changes it (the reverse of the distance task). Every corrupt row has the clean
+        row's length.
+
+        - ``"position"``: the same tokens, permuted uniformly at random given that the set of
+          trigger positions changes; the count and the label stay. The clean count is uniform on
+          ``max(min_count, 1) .. min(max_count, length - 1)`` (no triggers, or nothing else, has
+          no position to move to).
+        - ``"content"``: the same positions with ``|c' - c|`` tokens changing role and every other
+          token unchanged: a new count ``c'`` uniform over the other counts; for ``c' < c`` a
+          uniform subset of ``c - c'`` trigger positions gets fresh filler ids, for ``c' > c`` a
+          uniform subset of ``c' - c`` filler positions gets fresh trigger ids (uniform, as the
+          generator draws them). Label: ``c'``.
+        - ``"both"``: the ``"content"`` corrupt row, permuted uniformly at random, so the
+          triggers' positions change too. Label: ``c'``.
+        """
+        shape = (n, self.length)
+        if kind == "position":
+            low, high = max(self.min_count, 1), min(self.max_count, self.length - 1)
+            if low > high:
+                raise ValueError(
+                    f"{self}: no {kind!r} counterfactual exists, every allowed count leaves the "
+                    "triggers no other positions"
+                )
+            counts = torch.randint(low, high + 1, (n,), generator=gen)
+            clean = self._with_counts(counts, gen)
+            tokens = clean.tokens
+            is_trigger = torch.isin(tokens, self.trigger_ids)
+            corrupt_tokens = tokens.clone()
+            redo = torch.ones(n, dtype=torch.bool)
+            while bool(redo.any()):  # each round redraws the permutations that moved nothing
+                order = torch.rand(shape, generator=gen).argsort(dim=1)
+                moved = tokens.gather(1, order)
+                corrupt_tokens = torch.where(redo[:, None], moved, corrupt_tokens)
+                redo = (torch.isin(corrupt_tokens, self.trigger_ids) == is_trigger).all(dim=1)
+            return CounterfactualPairs(clean, Batch(corrupt_tokens, clean.labels.clone(), clean.pad_mask.clone()))
+
+        counts = torch.randint(self.min_count, self.max_count + 1, (n,), generator=gen)
+        clean = self._with_counts(counts, gen)
+        other = torch.randint(self.min_count, self.max_count, (n,), generator=gen)
+        new_counts = other + (other >= counts).long()  # uniform over the counts other than c
+        change = new_counts - counts
+        is_trigger = torch.isin(clean.tokens, self.trigger_ids)
+        to_filler = random_subset(is_trigger, (-change).clamp(min=0), gen)
+        to_trigger = random_subset(~is_trigger, change.clamp(min=0), gen)
+        fillers = draw_ids(self.filler_ids, shape, gen)
+        triggers = draw_ids(self.trigger_ids, shape, gen)
+        tokens = torch.where(to_filler, fillers, torch.where(to_trigger, triggers, clean.tokens))
+        if kind == "both":
+            tokens = tokens.gather(1, torch.rand(shape, generator=gen).argsort(dim=1))
+        corrupt = Batch(tokens, new_counts - self.min_count, clean.pad_mask.clone())
+        return CounterfactualPairs(clean, corrupt)
+
     # ----------------------------------------------------------------- exact baselines
     def length_label_counts(self) -> Int[Tensor, "len n_classes"]:
         """Every sequence has ``length`` tokens and the classes are uniform: one count each."""
