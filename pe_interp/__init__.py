@@ -1,13 +1,13 @@
 """pe-interp: hooked transformers with pluggable positional encodings, and the probes to study
 how position shapes attention (a reimplementation of arXiv 2505.13027)."""
 
+from pe_interp._version import __version__
+from pe_interp.api import train
 from pe_interp.checkpoint import Run, load_run
-from pe_interp.config import ModelConfig
+from pe_interp.config import ModelConfig, TrainConfig
 from pe_interp.encodings import EncodingSpec, available_encodings, register_encoding
 from pe_interp.model import HookedPETransformer
-from pe_interp.training import TrainConfig, Trainer, evaluate, train
-
-__version__ = "0.1.0"
+from pe_interp.training import Trainer, evaluate
 
 __all__ = [
     "EncodingSpec",

@@ -12,10 +12,20 @@ wrote after that step before the crash.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from pe_interp.training import Trainer
+from pe_interp.config import TrainConfig
+
+
+class Trainer(Protocol):
+    """What a callback may read of the :class:`~pe_interp.training.Trainer` that calls it."""
+
+    model: Any  # HookedPETransformer
+    task: Any  # SyntheticTask
+    train_cfg: TrainConfig
+    run_dir: Path | None
+    step: int
 
 
 class Callback:

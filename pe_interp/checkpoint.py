@@ -16,9 +16,6 @@ or the new file, never half of one. Nothing is ever unpickled.
 from __future__ import annotations
 
 import functools
-import json
-import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,62 +25,51 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from pe_interp import io
+from pe_interp.io import append_jsonl, atomic_write_bytes, atomic_write_json
+
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 TRAIN_STATE = "train_state.safetensors"
 METRICS = "metrics.jsonl"
 EVAL_SETS = ("test", "all")
 
+__all__ = [
+    "CONFIG",
+    "METRICS",
+    "TRAIN_STATE",
+    "WEIGHTS",
+    "CheckpointError",
+    "Run",
+    "append_jsonl",
+    "atomic_save_tensors",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "check_state_dict",
+    "load_run",
+    "load_tensors",
+    "read_json",
+    "read_jsonl",
+    "truncate_jsonl",
+]
+
 
 class CheckpointError(ValueError):
     """A run-directory file is missing, corrupt, or does not match its config."""
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
-
-
 def atomic_save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-        save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    with io.atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
 
 
 def read_json(path: Path) -> Any:
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
+    """A JSON file of a run directory; a one-line CheckpointError if missing or invalid."""
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from None
+        return io.read_json(path)
+    except (FileNotFoundError, io.CorruptFileError) as err:
+        raise CheckpointError(str(err)) from None
 
 
 def load_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -124,37 +110,20 @@ def check_state_dict(path: Path, loaded: dict[str, torch.Tensor], expected: dict
             raise CheckpointError(f"{path}: tensor {key!r} contains non-finite values")
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-
-
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.is_file():
-        return []
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            # A line cut short by a crash mid-write is the only way to get here; skip it only if
-            # it is the last line.
-            if i == len(path.read_text().splitlines()):
-                break
-            raise CheckpointError(f"{path}: invalid JSON on line {i}") from None
-    return out
+    """The records of a run's JSONL file ([] when missing; a torn last line is skipped, see
+    :func:`pe_interp.io.read_jsonl`); a CheckpointError for any other bad line."""
+    try:
+        return io.read_jsonl(path, missing_ok=True)
+    except io.CorruptFileError as err:
+        raise CheckpointError(str(err)) from None
 
 
 def truncate_jsonl(path: Path, max_step: int) -> None:
     """Keep only the records with ``step <= max_step`` (used when resuming)."""
     path = Path(path)
     if path.is_file():
-        kept = [r for r in read_jsonl(path) if r.get("step", 0) <= max_step]
-        atomic_write_bytes(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
+        io.write_jsonl(path, [r for r in read_jsonl(path) if r.get("step", 0) <= max_step])
 
 
 @dataclass(frozen=True)
@@ -203,10 +172,9 @@ def _splits(task: Any, n_train: int, n_test: int, seed: int):
 
 def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     """Load a run directory written by :func:`pe_interp.train`: the model (eval mode) and task."""
-    from pe_interp.config import ModelConfig
+    from pe_interp.config import ModelConfig, TrainConfig
     from pe_interp.model import HookedPETransformer
     from pe_interp.tasks import task_from_dict
-    from pe_interp.training import TrainConfig
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from pe_interp._version import __version__
 from pe_interp.callbacks import Callback
 from pe_interp.checkpoint import (
     CONFIG,
@@ -35,6 +36,9 @@ from pe_interp.checkpoint import (
     truncate_jsonl,
 )
 from pe_interp.config import ModelConfig, TrainConfig
+from pe_interp.model import HookedPETransformer
+from pe_interp.modes import eval_mode
+from pe_interp.tasks import task_from_dict
 
 
 class NonFiniteLossError(RuntimeError):
@@ -46,7 +50,7 @@ class TrainResult:
     final: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)
     run_dir: Path | None = None
-    model: Any = None  # the trained HookedPETransformer (set by ``train``)
+    model: Any = None  # the trained HookedPETransformer
 
 
 @torch.no_grad()
@@ -58,20 +62,18 @@ def evaluate(
     Rows whose label is ``ignore_index`` count in neither (the authors' task-2 protocol)."""
     if len(batch) == 0:
         raise ValueError("evaluate: the batch is empty (need at least 1 example)")
-    was_training = model.training
-    model.eval()
     device = model.W_E.device
     correct, loss_sum, counted = 0, 0.0, 0
-    for i in range(0, len(batch), batch_size):
-        part = batch[i : i + batch_size].to(device)
-        with _autocast(device, amp):
-            logits = model(part.tokens, part.pad_mask).float()
-        keep = part.labels != ignore_index if ignore_index is not None else slice(None)
-        logits, labels = logits[keep], part.labels[keep]
-        loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
-        correct += (logits.argmax(-1) == labels).sum().item()
-        counted += len(labels)
-    model.train(was_training)
+    with eval_mode(model):
+        for i in range(0, len(batch), batch_size):
+            part = batch[i : i + batch_size].to(device)
+            with _autocast(device, amp):
+                logits = model(part.tokens, part.pad_mask).float()
+            keep = part.labels != ignore_index if ignore_index is not None else slice(None)
+            logits, labels = logits[keep], part.labels[keep]
+            loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
+            correct += (logits.argmax(-1) == labels).sum().item()
+            counted += len(labels)
     if counted == 0:
         raise ValueError(f"evaluate: every label is the ignored class {ignore_index}")
     return {"acc": correct / counted, "loss": loss_sum / counted}
@@ -96,8 +98,6 @@ class Trainer:
         progress: bool = True,
         extra_config: dict[str, Any] | None = None,
     ):
-        from pe_interp.model import HookedPETransformer
-
         self.model_cfg, self.task, self.train_cfg = model_cfg, task, train_cfg
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.callbacks = list(callbacks)
@@ -118,8 +118,6 @@ class Trainer:
 
     # ---- run directory -----------------------------------------------------------------------
     def config_record(self) -> dict[str, Any]:
-        from pe_interp import __version__
-
         return {
             "model": self.model_cfg.to_dict(),
             "task": self.task.to_dict(),
@@ -286,14 +284,12 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_train_end(self)
         final = history[-1] if history else {"step": self.step, **_prefixed(evaluate(model, self.test, cfg.eval_batch_size, cfg.amp, cfg.ignore_index))}
-        return TrainResult(final=final, history=history, run_dir=self.run_dir)
+        return TrainResult(final=final, history=history, run_dir=self.run_dir, model=self.model)
 
 
 def _normalised(record: dict[str, Any], path: Path) -> dict[str, Any]:
     """A config record with every part passed through its dataclass, so that fields added
     after a run was written compare equal at their defaults."""
-    from pe_interp.tasks import task_from_dict
-
     out = dict(record)
     try:
         if "model" in out:
@@ -319,38 +315,4 @@ def _progress(total: int, initial: int, enabled: bool):
     return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True, leave=False)
 
 
-def train(
-    task: str = "distance",
-    encoding: Any = "rope",
-    preset: str = "quick",
-    seed: int = 0,
-    out: str | Path | None = None,
-    resume: bool = False,
-    callbacks: Sequence[Callback] = (),
-    progress: bool = True,
-    authors_quirks: bool = False,
-    **overrides: Any,
-) -> TrainResult:
-    """Train one model: ``pe_interp.train(task="distance", encoding="rope", preset="quick")``.
-
-    ``overrides`` are any ModelConfig, TrainConfig or task fields (``n_layers=4``, ``epochs=3``,
-    ``max_between=30``...). With ``out``, the run directory is written as it goes and
-    ``resume=True`` continues an interrupted run.
-    """
-    from pe_interp.presets import build_run_configs
-
-    model_cfg, task_obj, train_cfg = build_run_configs(
-        task, encoding, preset, seed, authors_quirks=authors_quirks, **overrides
-    )
-    trainer = Trainer(
-        model_cfg,
-        task_obj,
-        train_cfg,
-        run_dir=out,
-        callbacks=callbacks,
-        progress=progress,
-        extra_config={"preset": preset, "authors_quirks": authors_quirks},
-    )
-    result = trainer.fit(resume=resume)
-    result.model = trainer.model
-    return result
+__all__ = ["NonFiniteLossError", "TrainConfig", "TrainResult", "Trainer", "evaluate"]

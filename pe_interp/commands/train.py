@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from pe_interp.training import train
+    from pe_interp.api import train
 
     overrides = {dest: getattr(args, dest) for _, dest, _, _ in OVERRIDES}
     overrides["mask_padding"] = args.mask_padding

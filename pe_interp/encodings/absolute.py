@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
-from .base import Encoding, check_number, register_encoding
-
-if TYPE_CHECKING:
-    from pe_interp.config import ModelConfig
+from .base import Encoding, ModelShape, check_number, register_encoding
 
 
 @register_encoding("nope")
@@ -42,7 +37,7 @@ class Sinusoidal(Encoding):
 
     kind = "additive"
 
-    def __init__(self, cfg: ModelConfig, base: float = 10000.0, layout: str = "interleaved"):
+    def __init__(self, cfg: ModelShape, base: float = 10000.0, layout: str = "interleaved"):
         super().__init__(cfg)
         check_number("sinusoidal", "base", base, above=1)
         if layout not in ("interleaved", "concat"):
@@ -63,7 +58,7 @@ class Learned(Encoding):
 
     kind = "additive"
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelShape):
         super().__init__(cfg)
         self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model))
 

@@ -11,6 +11,12 @@ A fourth, rarer hook, ``extend(x_q, x_kv, q, k, layer)``, appends extra query/ke
 before rotation (MLA-style decoupled RoPE). ``pe_interp/attention.py`` is the one file where all
 of these enter the logit.
 
+What a probe or the kernel needs to know about an encoding, the encoding says here, so that a
+registered encoding works with every probe: :meth:`Encoding.fused` (the kernel's view),
+:meth:`Encoding.rotary_spans` (the rotated dimensions and their frequencies, for the
+per-frequency logit terms) and :meth:`Encoding.head_parameters` (the parameters that hold one
+slice per attention head, for per-head gradients). No probe looks at an encoding's class.
+
 Each encoding declares its ``kind`` (``none``, ``additive``, ``multiplicative`` or ``hybrid``),
 which is how reports group results, following the paper.
 
@@ -25,17 +31,56 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from pe_interp.config import ModelConfig
-
 Kind = Literal["none", "additive", "multiplicative", "hybrid"]
 KINDS: tuple[str, ...] = ("none", "additive", "multiplicative", "hybrid")
+
+
+class ModelShape(Protocol):
+    """What an encoding reads of the model config (:class:`pe_interp.ModelConfig` has all of it)."""
+
+    n_layers: int
+    n_heads: int
+    d_head: int
+    d_model: int
+    n_ctx: int
+    init_mode: str
+    encoding: Any  # the parsed specs, a tuple of EncodingSpec
+
+
+@dataclass(frozen=True)
+class RotarySpan:
+    """One rotated span of the q/k head vectors (see :meth:`Encoding.rotary_spans`).
+
+    Dims ``[start, start + dim)`` in **adjacent pairs** ``(start + 2i, start + 2i + 1)``; pair
+    ``i`` at position ``p`` is rotated by the angle ``p * theta[i]``, whose cosine and sine are
+    ``cos[p, i]`` and ``sin[p, i]`` (the tables the model itself uses). ``heads`` (bool
+    ``[n_heads]``) marks the heads that are rotated; None: all of them.
+    """
+
+    start: int
+    dim: int
+    theta: Tensor  # [dim // 2], float64, rad/token
+    cos: Tensor  # [n_ctx, dim // 2]
+    sin: Tensor
+    heads: Tensor | None = None
+
+    def rotates_head(self, head: int) -> bool:
+        return self.heads is None or bool(self.heads[head])
+
+
+@dataclass(frozen=True)
+class HeadAxes:
+    """Where a per-head parameter keeps its heads: ``head`` is the head axis, ``layer`` the
+    layer axis of a table stacked over layers (None: the parameter belongs to no one layer)."""
+
+    head: int
+    layer: int | None = None
 
 
 @dataclass(frozen=True)
@@ -78,7 +123,7 @@ class Encoding(nn.Module):
     registry_name: ClassVar[str] = ""
     kind: ClassVar[Kind] = "none"
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelShape):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.d_head = cfg.d_head
@@ -129,6 +174,22 @@ class Encoding(nn.Module):
     def extra_qk_dims(self) -> int:
         """How many dimensions ``extend`` appends to each q/k head vector."""
         return 0
+
+    def rotary_spans(self, layer: int) -> tuple[RotarySpan, ...] | None:
+        """The spans that ``rotate`` rotates in ``layer``, with their frequencies.
+
+        ``()`` for an encoding that does not rotate. An encoding that rotates but does not say
+        how returns None (the default): probes then leave out what needs the frequencies (the
+        per-frequency RoPE terms of :func:`probes.logit_terms`) and still do everything else.
+        """
+        return () if not self.rotates else None
+
+    def head_parameters(self) -> dict[str, HeadAxes]:
+        """This encoding's parameters that hold one slice per attention head, by name (relative
+        to the encoding), with their head and layer axes: e.g. the T5 table ``rel_bias
+        [layer, head, bucket]`` is ``{"rel_bias": HeadAxes(head=1, layer=0)}``. Parameters
+        shared by all heads are not listed. Per-head gradients (:mod:`probes.gradients`) read it."""
+        return {}
 
     def fused(self, layer: int, n_pos: int) -> FusedPE | None:
         """The kernel's view of this encoding in ``layer``; None when it cannot be fused.
@@ -279,7 +340,7 @@ class Composite(Encoding):
     The authors' "rope" model is ``sinusoidal+rope``.
     """
 
-    def __init__(self, cfg: ModelConfig, parts: list[Encoding]):
+    def __init__(self, cfg: ModelShape, parts: list[Encoding]):
         super().__init__(cfg)
         self.parts = nn.ModuleList(parts)
         if sum(p.extra_qk_dims() > 0 for p in parts) > 1:
@@ -299,6 +360,18 @@ class Composite(Encoding):
 
     def extra_qk_dims(self) -> int:
         return sum(p.extra_qk_dims() for p in self.parts)
+
+    def rotary_spans(self, layer: int) -> tuple[RotarySpan, ...] | None:
+        spans: list[RotarySpan] = []
+        for p in self.parts:
+            part = p.rotary_spans(layer)
+            if part is None:
+                return None
+            spans += part
+        return tuple(spans)
+
+    def head_parameters(self) -> dict[str, HeadAxes]:
+        return {f"parts.{i}.{name}": axes for i, p in enumerate(self.parts) for name, axes in p.head_parameters().items()}
 
     def residual(self, n_pos: int):
         terms = [r for p in self.parts if (r := p.residual(n_pos)) is not None]
@@ -341,7 +414,7 @@ class Composite(Encoding):
         return f"kind={self.kind}"
 
 
-def build_encoding(cfg: ModelConfig) -> Encoding:
+def build_encoding(cfg: ModelShape) -> Encoding:
     """Instantiate the encoding a config names (a :class:`Composite` for several parts)."""
     parts = [get_encoding_class(s.name)(cfg, **s.kwargs) for s in cfg.encoding]
     return parts[0] if len(parts) == 1 else Composite(cfg, parts)

@@ -6,16 +6,12 @@ Both bias matrices depend only on ``k_pos - q_pos``, so they are Toeplitz.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Encoding, FusedPE, check_number, register_encoding
-
-if TYPE_CHECKING:
-    from pe_interp.config import ModelConfig
+from .base import Encoding, FusedPE, HeadAxes, ModelShape, check_number, register_encoding
 
 
 def relative_positions(n_q: int, n_k: int, device=None) -> Tensor:
@@ -49,7 +45,7 @@ class T5Bias(Encoding):
 
     kind = "additive"
 
-    def __init__(self, cfg: ModelConfig, buckets: int | None = None, max_distance: int = 128):
+    def __init__(self, cfg: ModelShape, buckets: int | None = None, max_distance: int = 128):
         super().__init__(cfg)
         if buckets is not None:
             check_number("t5", "buckets", buckets, integer=True)
@@ -64,6 +60,9 @@ class T5Bias(Encoding):
         rel = relative_positions(cfg.n_ctx, cfg.n_ctx)
         index = rel + (cfg.n_ctx - 1) if buckets is None else t5_buckets(rel, buckets, max_distance)
         self.register_buffer("bucket_index", index, persistent=False)
+
+    def head_parameters(self) -> dict[str, HeadAxes]:
+        return {"rel_bias": HeadAxes(head=1, layer=0)}
 
     def bias(self, n_q: int, n_k: int, layer: int):
         # F.embedding rather than fancy indexing: its CPU backward is deterministic.
@@ -101,7 +100,7 @@ class ALiBi(Encoding):
 
     kind = "additive"
 
-    def __init__(self, cfg: ModelConfig, slopes: str = "standard"):
+    def __init__(self, cfg: ModelShape, slopes: str = "standard"):
         super().__init__(cfg)
         if slopes not in ("standard", "authors"):
             raise ValueError(f"alibi: slopes must be 'standard' or 'authors', got {slopes!r}")

@@ -3,48 +3,30 @@
 Pair layout, pinned: **adjacent (interleaved) pairs**, as in the authors' code and GPT-J. Pair i
 of a rotated span is dims ``(2i, 2i+1)``, rotated by angle ``pos * base^(-2i/dim)``. The logit
 between positions m and n then depends on ``(m - n)`` only through these rotations, so for equal
-content it is a function of the offset alone (tested).
+content it is a function of the offset alone (tested). The rotation itself is
+:func:`pe_interp.kernels.rope.apply_rope`, shared with the kernel's reference.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
-from jaxtyping import Float
-from torch import Tensor, nn
+from torch import nn
 
-from .base import Encoding, FusedPE, check_number, register_encoding
+from pe_interp.kernels.rope import apply_rope, rope_angles, rope_frequencies
 
-if TYPE_CHECKING:
-    from pe_interp.config import ModelConfig
+from .base import (
+    Encoding,
+    FusedPE,
+    HeadAxes,
+    ModelShape,
+    RotarySpan,
+    check_number,
+    register_encoding,
+)
 
-
-def rope_angles(n_pos: int, dim: int, base: float) -> tuple[Tensor, Tensor]:
-    """cos and sin tables, each ``[n_pos, dim // 2]`` (computed in float64, stored float32)."""
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    angles = torch.arange(n_pos, dtype=torch.float64)[:, None] * inv_freq
-    return angles.cos().float(), angles.sin().float()
-
-
-def apply_rope(
-    x: Float[Tensor, "batch pos head d"],
-    cos: Float[Tensor, "pos half"],
-    sin: Float[Tensor, "pos half"],
-    start: int = 0,
-    head_mask: Tensor | None = None,
-) -> Float[Tensor, "batch pos head d"]:
-    """Rotate dims ``[start, start + 2 * half)`` of every head (or of heads where ``head_mask``)."""
-    n_pos, dim = x.shape[1], 2 * cos.shape[-1]
-    c = cos[:n_pos, None, :].to(x.dtype)
-    s = sin[:n_pos, None, :].to(x.dtype)
-    span = x[..., start : start + dim]
-    x1, x2 = span[..., 0::2], span[..., 1::2]
-    rotated = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)
-    if head_mask is not None:
-        rotated = torch.where(head_mask[:, None], rotated, span)
-    return torch.cat([x[..., :start], rotated, x[..., start + dim :]], dim=-1)
+__all__ = ["DecoupledRoPE", "RoPE", "apply_rope", "rope_angles"]
 
 
 @register_encoding("rope")
@@ -60,7 +42,7 @@ class RoPE(Encoding):
 
     def __init__(
         self,
-        cfg: ModelConfig,
+        cfg: ModelShape,
         base: float = 10000.0,
         rotary_dim: int | None = None,
         heads: tuple[int, ...] | None = None,
@@ -77,8 +59,6 @@ class RoPE(Encoding):
         dim = cfg.d_head if rotary_dim is None else rotary_dim
         if not (0 < dim <= cfg.d_head) or dim % 2:
             raise ValueError(f"rope: rotary_dim must be even and in (0, d_head={cfg.d_head}], got {dim}")
-        if base <= 1:
-            raise ValueError(f"rope: base must be > 1, got {base}")
         self.base, self.rotary_dim, self.heads = base, dim, heads
         cos, sin = rope_angles(cfg.n_ctx, dim, base)
         self.register_buffer("cos", cos, persistent=False)
@@ -99,6 +79,10 @@ class RoPE(Encoding):
             apply_rope(k, self.cos, self.sin, 0, self.head_mask),
         )
 
+    def rotary_spans(self, layer: int) -> tuple[RotarySpan, ...]:
+        theta = rope_frequencies(self.rotary_dim, self.base)
+        return (RotarySpan(0, self.rotary_dim, theta, self.cos, self.sin, self.head_mask),)
+
     def fused(self, layer: int, n_pos: int) -> FusedPE:
         from pe_interp.kernels import RopeSpec
 
@@ -117,7 +101,7 @@ class DecoupledRoPE(Encoding):
 
     kind = "hybrid"
 
-    def __init__(self, cfg: ModelConfig, d_rope: int = 8, base: float = 10000.0):
+    def __init__(self, cfg: ModelShape, d_rope: int = 8, base: float = 10000.0):
         super().__init__(cfg)
         check_number("decoupled_rope", "d_rope", d_rope, integer=True)
         check_number("decoupled_rope", "base", base, above=1)
@@ -132,6 +116,13 @@ class DecoupledRoPE(Encoding):
 
     def extra_qk_dims(self) -> int:
         return self.d_rope
+
+    def rotary_spans(self, layer: int) -> tuple[RotarySpan, ...]:
+        theta = rope_frequencies(self.d_rope, self.base)
+        return (RotarySpan(self.d_head, self.d_rope, theta, self.cos, self.sin),)
+
+    def head_parameters(self) -> dict[str, HeadAxes]:
+        return {"W_QR": HeadAxes(head=2, layer=0)}  # W_KR is shared by all heads
 
     def init_parameters(self, generator: torch.Generator, std: float) -> None:
         if self.init_mode != "torch":

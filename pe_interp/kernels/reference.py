@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .rope import apply_rope as rotate
 from .specs import RelBiasSpec, RopeSpec, validate_attention_args
 
 __all__ = ["apply_rope", "attention_logits", "reference_attention", "rebuild_pattern"]
@@ -19,25 +20,15 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def apply_rope(x: Tensor, rope: RopeSpec | None) -> Tensor:
-    """Rotate interleaved pairs of ``x`` [B, H, S, D] (see :class:`RopeSpec`).
+    """Rotate interleaved pairs of ``x`` [B, H, S, D] (see :class:`RopeSpec`) with the model's own
+    rotation (:func:`pe_interp.kernels.rope.apply_rope`).
 
     The rotation runs in float32 (float64 for float64 input) and the result is cast back to
     ``x.dtype``, like the kernel does before its matmuls.
     """
     if rope is None:
         return x
-    S = x.shape[2]
-    st, R = rope.start, rope.dim
-    cdt = _compute_dtype(x.dtype)
-    cos = rope.cos[:S].to(cdt)  # [S, R/2] broadcasts over [B, H, S, R/2]
-    sin = rope.sin[:S].to(cdt)
-    seg = x[..., st : st + R]
-    pairs = seg.to(cdt).unflatten(-1, (R // 2, 2))
-    x0, x1 = pairs[..., 0], pairs[..., 1]
-    rot = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(x.dtype)
-    if rope.heads is not None:
-        rot = torch.where(rope.heads.view(1, -1, 1, 1), rot, seg)
-    return torch.cat((x[..., :st], rot, x[..., st + R :]), dim=-1)
+    return rotate(x, rope.cos, rope.sin, rope.start, rope.heads, heads_first=True, compute_dtype=_compute_dtype(x.dtype))
 
 
 def allowed_mask(S: int, device, *, causal: bool, key_valid: Tensor | None) -> Tensor:

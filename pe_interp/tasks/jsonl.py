@@ -12,19 +12,33 @@ import json
 import re
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
+from torch import Tensor
 
 from pe_interp.tasks.batch import PAD_ID, Batch
-
-if TYPE_CHECKING:
-    from pe_interp.tasks.base import SyntheticTask
 
 _WORD = re.compile(r"w(\d+)")
 
 
-def write_jsonl(task: SyntheticTask, batch: Batch, path: str | PathLike[str]) -> None:
+class JsonlTask(Protocol):
+    """What the format needs of a task (every :class:`pe_interp.tasks.SyntheticTask` has it)."""
+
+    name: str
+    jsonl_label_key: str
+    d_vocab: int
+
+    @property
+    def max_len(self) -> int: ...
+
+    @property
+    def label_values(self) -> Tensor: ...
+
+    def _label_to_class(self) -> dict[int, int]: ...
+
+
+def write_jsonl(task: JsonlTask, batch: Batch, path: str | PathLike[str]) -> None:
     """Write ``batch`` (on any device) to ``path``, one line per row."""
     batch = batch.to("cpu").validate(task.d_vocab)
     if batch.max_len > task.max_len:
@@ -41,7 +55,7 @@ def write_jsonl(task: SyntheticTask, batch: Batch, path: str | PathLike[str]) ->
             f.write(json.dumps({"text": text, key: values[label]}) + "\n")
 
 
-def read_jsonl(task: SyntheticTask, path: str | PathLike[str]) -> Batch:
+def read_jsonl(task: JsonlTask, path: str | PathLike[str]) -> Batch:
     """Read a JSONL file into a batch padded to ``task.max_len``. Blank lines are skipped.
 
     Raises ValueError naming the file and the line number for any malformed line: invalid JSON,

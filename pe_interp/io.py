@@ -1,0 +1,185 @@
+"""The one place where files are written and read: atomic writes, strict JSON, and JSONL.
+
+- **Atomic**: every file is written to a temporary name in its directory, flushed to disk and
+  renamed into place, so a reader sees the old file or the new one, never half of one.
+- **NaN ↔ null**: JSON has no NaN. :func:`to_json` turns NaN and ±inf floats (Python, NumPy or
+  torch, scalars or arrays) into ``null``; :func:`nan_array` and :func:`nan_float` turn ``null``
+  back into NaN when a result is loaded. Files written before this module existed may hold the
+  ``NaN`` literal, which :func:`read_json` still parses.
+- **JSONL**: one JSON object per line, appended as the run goes. A crash mid-append can leave a
+  torn last line; :func:`read_jsonl` skips an unparsable *last* line and raises on any other.
+
+Every probe result's ``save``/``load``, the run directory, the sweep and the report go through here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CorruptFileError",
+    "append_jsonl",
+    "atomic_path",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "nan_array",
+    "nan_float",
+    "read_json",
+    "read_jsonl",
+    "to_json",
+    "write_jsonl",
+]
+
+
+class CorruptFileError(ValueError):
+    """A file exists but cannot be parsed (the message names the file and the line)."""
+
+
+# ---- atomic writes ----------------------------------------------------------------------------
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary path in ``path``'s directory to write the file to; on a clean exit it is
+    flushed to disk and renamed onto ``path``, on an exception it is removed::
+
+        with atomic_path(run_dir / "model.safetensors") as tmp:
+            save_file(tensors, tmp)
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_path`); returns the path."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    return atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(
+    path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2, sort_keys: bool = True
+) -> Path:
+    """``obj`` as strict JSON (NaN/inf as null, see :func:`to_json`), atomically, ending in a
+    newline."""
+    text = json.dumps(to_json(obj), indent=indent, sort_keys=sort_keys, allow_nan=False)
+    return atomic_write_text(path, text + "\n")
+
+
+# ---- NaN <-> null ----------------------------------------------------------------------------
+def to_json(x: Any) -> Any:
+    """``x`` with NaN/inf floats as None, tuples as lists, NumPy/torch scalars and arrays as
+    Python numbers and nested lists, and dict keys as strings."""
+    if isinstance(x, bool) or x is None or isinstance(x, str | int):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): to_json(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [to_json(v) for v in x]
+    if isinstance(x, np.generic):
+        return to_json(x.item())
+    if isinstance(x, np.ndarray):
+        return to_json(x.tolist())
+    if hasattr(x, "detach") and hasattr(x, "tolist"):  # a torch tensor
+        return to_json(x.detach().cpu().tolist())
+    return x
+
+
+def nan_float(x: Any) -> float:
+    """A float from a loaded JSON value, with None as NaN."""
+    return math.nan if x is None else float(x)
+
+
+def nan_array(x: Any) -> np.ndarray | None:
+    """A float64 array from nested lists with None as NaN (None stays None)."""
+    if x is None:
+        return None
+
+    def fill(v: Any) -> Any:
+        if isinstance(v, list):
+            return [fill(u) for u in v]
+        return math.nan if v is None else v
+
+    return np.array(fill(x), dtype=np.float64)
+
+
+# ---- reading ------------------------------------------------------------------------------
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Parse a JSON file; FileNotFoundError if it is missing, CorruptFileError if unparsable."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise CorruptFileError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from None
+
+
+# ---- JSONL ---------------------------------------------------------------------------------
+def _lines(records: Iterable[dict[str, Any]]) -> str:
+    return "".join(json.dumps(to_json(r), allow_nan=False) + "\n" for r in records)
+
+
+def append_jsonl(path: str | os.PathLike[str], records: dict[str, Any] | Iterable[dict[str, Any]]) -> None:
+    """Append one record (or several) to a JSONL file, one line each, in one write."""
+    if isinstance(records, dict):
+        records = [records]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(_lines(records))
+        f.flush()
+
+
+def write_jsonl(path: str | os.PathLike[str], records: Iterable[dict[str, Any]]) -> Path:
+    """Replace a JSONL file atomically (e.g. when a resumed run drops records after its step)."""
+    return atomic_write_text(path, _lines(records))
+
+
+def read_jsonl(path: str | os.PathLike[str], *, missing_ok: bool = False) -> list[dict[str, Any]]:
+    """The records of a JSONL file. Blank lines are skipped; so is an unparsable **last** line
+    (the only line a crash mid-append can tear); any other bad line raises CorruptFileError. A
+    missing file is ``[]`` with ``missing_ok``, else FileNotFoundError."""
+    path = Path(path)
+    if not path.is_file():
+        if missing_ok:
+            return []
+        raise FileNotFoundError(f"{path}: file not found")
+    lines = path.read_text().splitlines()
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines):
+                break
+            raise CorruptFileError(f"{path}: invalid JSON on line {i}") from None
+    return out

@@ -1,0 +1,61 @@
+"""The one implementation of the rotary rotation, for the model (:mod:`pe_interp.encodings.rotary`)
+and the kernel's plain-torch reference (:mod:`pe_interp.kernels.reference`).
+
+Pair layout, pinned: **adjacent (interleaved) pairs**, as in the authors' code and GPT-J. Pair i
+of a rotated span ``[start, start + dim)`` is dims ``(start + 2i, start + 2i + 1)``, rotated at
+position p by the angle ``p * theta_i`` with ``theta_i = base^(-2i/dim)``::
+
+    x'[2i]   = x[2i] * cos - x[2i+1] * sin
+    x'[2i+1] = x[2i] * sin + x[2i+1] * cos
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["apply_rope", "rope_angles", "rope_frequencies"]
+
+
+def rope_frequencies(dim: int, base: float) -> Tensor:
+    """``theta_i = base^(-2i/dim)`` for the ``dim // 2`` pairs, float64 (rad/token)."""
+    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def rope_angles(n_pos: int, dim: int, base: float) -> tuple[Tensor, Tensor]:
+    """cos and sin tables, each ``[n_pos, dim // 2]`` (computed in float64, stored float32)."""
+    angles = torch.arange(n_pos, dtype=torch.float64)[:, None] * rope_frequencies(dim, base)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    start: int = 0,
+    head_mask: Tensor | None = None,
+    *,
+    heads_first: bool = False,
+    compute_dtype: torch.dtype | None = None,
+) -> Tensor:
+    """Rotate dims ``[start, start + 2 * cos.shape[-1])`` of every head (or of the heads where
+    ``head_mask``, bool ``[head]``) by position.
+
+    ``x`` is ``[batch, pos, head, d]`` (the model's layout) or, with ``heads_first``,
+    ``[batch, head, pos, d]`` (the kernel's). ``cos``/``sin`` are ``[n_pos >= pos, dim // 2]``.
+    The rotation runs in ``compute_dtype`` (default ``x.dtype``) and the result has ``x.dtype``.
+    """
+    n_pos = x.shape[2 if heads_first else 1]
+    dim = 2 * cos.shape[-1]
+    dtype = x.dtype if compute_dtype is None else compute_dtype
+    c = cos[:n_pos].to(dtype)
+    s = sin[:n_pos].to(dtype)
+    if not heads_first:  # [pos, 1, half] broadcasts over the head axis
+        c, s = c[:, None, :], s[:, None, :]
+    span = x[..., start : start + dim]
+    x1, x2 = span[..., 0::2].to(dtype), span[..., 1::2].to(dtype)
+    rotated = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2).to(x.dtype)
+    if head_mask is not None:
+        mask = head_mask[:, None, None] if heads_first else head_mask[:, None]
+        rotated = torch.where(mask, rotated, span)
+    return torch.cat([x[..., :start], rotated, x[..., start + dim :]], dim=-1)
