@@ -5,13 +5,19 @@
 - :mod:`probes.patching`: activation patching over heads, positions, q/k/v, pattern, residual.
 - :mod:`probes.decomposition`: attention-logit terms, Toeplitz score, positional score per head.
 - :mod:`probes.gradients`: gradient coherence per head at initialisation (the "seed").
+- :mod:`probes.patterns`: attention patterns of chosen heads.
 - :mod:`probes.plots`, :mod:`probes.viz`: matplotlib figures and offline circuitsvis HTML.
+
+Each result saves and loads itself (``save``/``load``, ``to_dict``/``from_dict``) through
+:mod:`pe_interp.io`. Probes run the model's own forward (its seams: ``start_at_layer``,
+``start_at="resid_mid"``, ``forward_unchecked``) and ask the encoding what is encoding-specific.
 """
 
 from probes.ablation import AblationResult, ablate_heads, ablate_heads_naive, keep_only
 from probes.decomposition import (
     LogitTerms,
     PositionalScores,
+    RopeTerms,
     logit_terms,
     positional_scores,
     toeplitz_score,
@@ -29,11 +35,15 @@ from probes.gradients import (
     coherence_report,
     format_coherence_report,
     gradient_coherence,
+    load_coherence,
+    save_coherence,
 )
 from probes.patching import SITES, PatchResult, normalized_logit_diff_metric, patch
+from probes.patterns import AttentionPatterns, attention_patterns
 
 __all__ = [
     "AblationResult",
+    "AttentionPatterns",
     "CoherenceResult",
     "DepositDynamics",
     "DepositReport",
@@ -46,15 +56,18 @@ __all__ = [
     "SITES",
     "ablate_heads",
     "ablate_heads_naive",
+    "attention_patterns",
     "coherence_report",
     "find_deposits",
     "format_coherence_report",
     "gradient_coherence",
     "keep_only",
+    "load_coherence",
     "load_dynamics",
     "logit_terms",
     "normalized_logit_diff_metric",
     "patch",
     "positional_scores",
+    "save_coherence",
     "toeplitz_score",
 ]

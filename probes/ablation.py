@@ -29,10 +29,7 @@ How the sweep is fast without approximating anything:
    an ablation in layer ``l`` cannot change. Layer ``l``'s own attention is not recomputed
    either: its input is the clean one, so the ablated ``hook_resid_mid`` is the cached clean one
    plus ``(replacement - z_h) @ W_O[h]`` for each ablated head ``h``; the forward resumes at that
-   block's MLP. (This shortcut is verified on the first chunk of every sweep, that
-   ``resid_mid = resid_pre + z W_O + b_O`` and that resuming from the clean ``resid_mid``
-   reproduces the clean logits; a model wired otherwise falls back to restarting at
-   ``resid_pre`` with a hook on ``hook_z``.)
+   block's MLP through the model's own seam (``forward_unchecked(..., start_at="resid_mid")``).
 3. Many ablations share one forward: the chunk is repeated ``k`` times along the batch axis and
    each copy removes a different head (set): through its own output change at the start layer,
    and through one hook per later layer on ``hook_z`` (for sets spanning layers) that
@@ -51,8 +48,6 @@ model's train/eval state is restored afterwards.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +57,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pe_interp.io import atomic_write_json, nan_array, read_json, to_json
+from pe_interp.modes import eval_mode
 from probes.metrics import Metric, MetricFn, harm, paired_bootstrap, resolve_metric
 
 Head = tuple[int, int]
@@ -71,19 +68,6 @@ METHODS = ("zero", "mean", "resample")
 # ------------------------------------------------------------------------------------------------
 # Result
 # ------------------------------------------------------------------------------------------------
-def _to_json_array(a: np.ndarray | None) -> Any:
-    if a is None:
-        return None
-    arr = np.asarray(a, dtype=np.float64)
-    return np.where(np.isnan(arr), None, arr).tolist() if arr.ndim else (None if math.isnan(arr) else float(arr))
-
-
-def _from_json_array(a: Any) -> np.ndarray | None:
-    if a is None:
-        return None
-    return np.array(a, dtype=np.float64)
-
-
 @dataclass(frozen=True, eq=False)
 class AblationResult:
     """The outcome of :func:`ablate_heads`.
@@ -151,10 +135,10 @@ class AblationResult:
         arrays, which can be large."""
         return {
             "baseline": self.baseline,
-            "values": _to_json_array(self.values),
-            "drops": _to_json_array(self.drops),
-            "ci_low": _to_json_array(self.ci_low),
-            "ci_high": _to_json_array(self.ci_high),
+            "values": to_json(self.values),
+            "drops": to_json(self.drops),
+            "ci_low": to_json(self.ci_low),
+            "ci_high": to_json(self.ci_high),
             "method": self.method,
             "metric": self.metric,
             "higher_is_better": self.higher_is_better,
@@ -162,8 +146,8 @@ class AblationResult:
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
             "head_sets": None if self.head_sets is None else [[list(h) for h in s] for s in self.head_sets],
-            "per_example": _to_json_array(self.per_example) if per_example else None,
-            "baseline_per_example": _to_json_array(self.baseline_per_example) if per_example else None,
+            "per_example": to_json(self.per_example) if per_example else None,
+            "baseline_per_example": to_json(self.baseline_per_example) if per_example else None,
             "n_bootstrap": self.n_bootstrap,
             "ci": self.ci,
             "seed": self.seed,
@@ -175,10 +159,10 @@ class AblationResult:
         sets = d.get("head_sets")
         return cls(
             baseline=float(d["baseline"]),
-            values=_from_json_array(d["values"]),
-            drops=_from_json_array(d["drops"]),
-            ci_low=_from_json_array(d["ci_low"]),
-            ci_high=_from_json_array(d["ci_high"]),
+            values=nan_array(d["values"]),
+            drops=nan_array(d["drops"]),
+            ci_low=nan_array(d["ci_low"]),
+            ci_high=nan_array(d["ci_high"]),
             method=d["method"],
             metric=d["metric"],
             higher_is_better=bool(d["higher_is_better"]),
@@ -186,8 +170,8 @@ class AblationResult:
             n_layers=int(d["n_layers"]),
             n_heads=int(d["n_heads"]),
             head_sets=None if sets is None else tuple(tuple((int(a), int(b)) for a, b in s) for s in sets),
-            per_example=_from_json_array(d.get("per_example")),
-            baseline_per_example=_from_json_array(d.get("baseline_per_example")),
+            per_example=nan_array(d.get("per_example")),
+            baseline_per_example=nan_array(d.get("baseline_per_example")),
             n_bootstrap=int(d.get("n_bootstrap", 0)),
             ci=float(d.get("ci", 0.95)),
             seed=int(d.get("seed", 0)),
@@ -195,16 +179,11 @@ class AblationResult:
         )
 
     def save(self, path: str | Path, per_example: bool = False) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(per_example=per_example), indent=1))
-        tmp.replace(path)
-        return path
+        return atomic_write_json(path, self.to_dict(per_example=per_example), indent=1, sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path) -> AblationResult:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        return cls.from_dict(read_json(path))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -219,23 +198,6 @@ def keep_only(model_or_n_heads: Any, layer: int, head: int) -> frozenset[Head]:
     if not 0 <= head < n_heads:
         raise ValueError(f"head {head} out of range [0, {n_heads})")
     return frozenset((layer, h) for h in range(n_heads) if h != head)
-
-
-class _EvalMode:
-    """Puts every module in eval mode and restores each module's own flag afterwards."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-
-    def __enter__(self):
-        self.modes = [(m, m.training) for m in self.model.modules()]
-        self.model.eval()
-        return self
-
-    def __exit__(self, *exc):
-        for m, mode in self.modes:
-            m.training = mode
-        return False
 
 
 def _as_inputs(ref: Any) -> tuple[Tensor, Tensor | None]:
@@ -297,7 +259,7 @@ def head_means(
     counts = torch.zeros(W, dtype=torch.float64, device=tokens.device)
     weights = _weights(model, pad_mask)
     need = _needed_width(model, pad_mask)
-    with _EvalMode(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad():
         for c0 in range(0, N, batch_size):
             sl = slice(c0, c0 + batch_size)
             w = int(need[sl].max())
@@ -447,32 +409,6 @@ def _replace_hook(mask: Tensor, repl: Tensor | None, k: int, B: int) -> Callable
 # ------------------------------------------------------------------------------------------------
 # The sweeps
 # ------------------------------------------------------------------------------------------------
-def _finish_from_mid(model, layer: int, resid_mid: Tensor, tokens: Tensor, pad_mask: Tensor, hooks) -> Tensor:
-    """Logits from ``blocks.{layer}.hook_resid_mid``: that block's MLP, then the later layers
-    (eval mode, so no dropout)."""
-    block = model.blocks[layer]
-    with model.hooks(fwd_hooks=hooks):
-        x = resid_mid
-        if block.mlp is not None:
-            x = x + block.hook_mlp_out(block.mlp(block.ln2(x)))
-        x = block.hook_resid_post(x)
-        return model(tokens, pad_mask, start_at_layer=layer + 1, residual=x)
-
-
-def _mid_path_ok(model, layer: int, cache: dict, toks: Tensor, pm: Tensor, logits: Tensor) -> bool:
-    """Check, on one chunk, the two facts the start-layer shortcut relies on:
-    ``resid_mid == resid_pre + z @ W_O + b_O`` and :func:`_finish_from_mid` reproducing the
-    clean logits. A model whose blocks are wired differently falls back to the plain restart."""
-    attn = model.blocks[layer].attn
-    mid = cache[("mid", layer)]
-    rebuilt = cache[("pre", layer)] + torch.einsum("bphd,hdm->bpm", cache[("z", layer)], attn.W_O) + attn.b_O
-    tol = 1e-4 * (1.0 + float(mid.abs().max()))
-    if not bool(((rebuilt - mid).abs() <= tol).all()):
-        return False
-    out = _finish_from_mid(model, layer, mid, toks, pm, [])
-    return bool(((out - logits).abs() <= 1e-4 * (1.0 + float(logits.abs().max()))).all())
-
-
 def _sweep_batched(model, tokens, labels, pad_mask, units, metric: Metric, repl: _Replacement, batch_size, progress):
     N, W = tokens.shape
     H = model.cfg.n_heads
@@ -486,7 +422,6 @@ def _sweep_batched(model, tokens, labels, pad_mask, units, metric: Metric, repl:
     base = torch.empty(N, dtype=torch.float64)
     vals = torch.full((len(units), N), float("nan"), dtype=torch.float64)
     starts = sorted(groups)
-    mid_ok: dict[int, bool] = {}  # start layer -> shortcut verified on the first chunk
     chunks = range(0, N, ex_chunk)
     if progress:
         from tqdm.auto import tqdm
@@ -498,30 +433,28 @@ def _sweep_batched(model, tokens, labels, pad_mask, units, metric: Metric, repl:
         B = len(idx)
         w = int(need[idx].max())
         toks, pm, lab = tokens[idx, :w], pad_mask[idx, :w], labels[idx]
+        key_valid = model.check_inputs(toks, pm)[1]  # once per chunk; the copies reuse it
         cache: dict[tuple[str, int], Tensor] = {}
 
         def save(x, hook, cache=cache):
             parts = hook.name.split(".")
-            kind = {"hook_resid_pre": "pre", "hook_resid_mid": "mid", "hook_z": "z"}[parts[-1]]
+            kind = {"hook_resid_mid": "mid", "hook_z": "z"}[parts[-1]]
             cache[(kind, int(parts[1]))] = x
             return None
 
-        names = ("hook_resid_pre", "hook_resid_mid", "attn.hook_z")
+        names = ("hook_resid_mid", "attn.hook_z")
         logits = model.run_with_hooks(toks, pm, fwd_hooks=[(f"blocks.{s}.{n}", save) for s in starts for n in names])
         base[idx_cpu] = metric(logits, lab).cpu()
         replacement = repl.for_chunk(idx, w)
         for s in starts:
-            if s not in mid_ok:
-                mid_ok[s] = _mid_path_ok(model, s, cache, toks, pm, logits)
             uids = groups[s]
             k = max(1, min(len(uids), batch_size // B))
-            if mid_ok[s]:
-                # Layer s's attention is the clean one in every copy except for the ablated
-                # heads: each adds its change of output, (replacement - z_h) @ W_O[h].
-                z = cache[("z", s)]
-                r = replacement[s]
-                diff = -z if r is None else (r.to(z.dtype) if r.ndim == 4 else r.to(z.dtype)[None]) - z
-                W_O = model.blocks[s].attn.W_O
+            # Layer s's attention is the clean one in every copy except for the ablated heads:
+            # each adds its change of output, (replacement - z_h) @ W_O[h].
+            z = cache[("z", s)]
+            r = replacement[s]
+            diff = -z if r is None else (r.to(z.dtype) if r.ndim == 4 else r.to(z.dtype)[None]) - z
+            W_O = model.blocks[s].attn.W_O
             for j0 in range(0, len(uids), k):
                 part = uids[j0 : j0 + k]
                 kk = len(part)
@@ -531,25 +464,22 @@ def _sweep_batched(model, tokens, labels, pad_mask, units, metric: Metric, repl:
                         if layer not in masks:
                             masks[layer] = torch.zeros(kk, H, dtype=torch.bool, device=tokens.device)
                         masks[layer][j, h] = True
-                later = {layer: m for layer, m in masks.items() if layer != s or not mid_ok[s]}
                 hooks = [
                     (f"blocks.{layer}.attn.hook_z", _replace_hook(m, replacement[layer], kk, B))
-                    for layer, m in later.items()
+                    for layer, m in masks.items()
+                    if layer != s
                 ]
-                rt, rpm = toks.repeat(kk, 1), pm.repeat(kk, 1)
-                if mid_ok[s]:
-                    hp = masks[s].any(0).nonzero()[:, 0]  # heads of layer s ablated in this batch
-                    sel = masks[s].to(diff.dtype)  # [kk, H]
-                    if len(hp) <= kk:  # one output change per head, then pick them per copy
-                        contrib = torch.einsum("bphd,hdm->hbpm", diff[:, :, hp], W_O[hp])
-                        delta = torch.einsum("kh,hbpm->kbpm", sel[:, hp], contrib)
-                    else:  # many heads per copy (e.g. keep-only sets): mask, then one product
-                        delta = torch.einsum("kbphd,hdm->kbpm", diff[None] * sel[:, None, None, :, None], W_O)
-                    mid = cache[("mid", s)][None] + delta
-                    out = _finish_from_mid(model, s, mid.reshape(kk * B, w, -1), rt, rpm, hooks)
-                else:
-                    resid = cache[("pre", s)].repeat(kk, 1, 1) if s > 0 else None
-                    out = model.run_with_hooks(rt, rpm, start_at_layer=s, residual=resid, fwd_hooks=hooks)
+                hp = masks[s].any(0).nonzero()[:, 0]  # heads of layer s ablated in this batch
+                sel = masks[s].to(diff.dtype)  # [kk, H]
+                if len(hp) <= kk:  # one output change per head, then pick them per copy
+                    contrib = torch.einsum("bphd,hdm->hbpm", diff[:, :, hp], W_O[hp])
+                    delta = torch.einsum("kh,hbpm->kbpm", sel[:, hp], contrib)
+                else:  # many heads per copy (e.g. keep-only sets): mask, then one product
+                    delta = torch.einsum("kbphd,hdm->kbpm", diff[None] * sel[:, None, None, :, None], W_O)
+                mid = (cache[("mid", s)][None] + delta).reshape(kk * B, w, -1)
+                kv = None if key_valid is None else key_valid.repeat(kk, 1)
+                with model.hooks(fwd_hooks=hooks):
+                    out = model.forward_unchecked(toks.repeat(kk, 1), kv, start_at_layer=s, residual=mid, start_at="resid_mid")
                 m = metric(out, lab.repeat(kk)).view(kk, B).cpu()
                 vals[torch.tensor(part)[:, None], idx_cpu[None, :]] = m
     return base, vals
@@ -634,7 +564,7 @@ def _run(
     if N == 0:
         raise ValueError("no examples to evaluate")
     needed_layers = {layer for unit in units for layer, _ in unit}
-    with _EvalMode(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad():
         repl = _Replacement(model, method, tokens, pad_mask, reference, needed_layers, seed, batch_size)
         base_pe, vals_pe = sweep(model, tokens, labels, pad_mask, units, m, repl, batch_size, progress)
     base_np = base_pe.numpy()

@@ -30,11 +30,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from pe_interp.config import ModelConfig
+from pe_interp.io import atomic_write_json, read_json
+from pe_interp.model import HookedPETransformer
+from pe_interp.modes import eval_mode
 
 ALL_PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "encoding")
 QK_PARAMS = ("W_Q", "W_K", "b_Q", "b_K", "encoding")
@@ -74,7 +80,9 @@ class HeadSlice:
         shape = g.shape[lead:]
         sq = g.double().pow(2)
         keep = {lead + self.head_axis} | ({lead + self.layer_axis} if self.layer_axis is not None else set())
-        sq = sq.sum(dim=tuple(d for d in range(lead, g.ndim) if d not in keep))  # [..., (L,) H] in axis order
+        summed = tuple(d for d in range(lead, g.ndim) if d not in keep)
+        if summed:  # (torch sums every dim for an empty tuple)
+            sq = sq.sum(dim=summed)  # [..., (L,) H] in axis order
         if self.layer_axis is not None:
             if self.layer_axis > self.head_axis:
                 sq = sq.transpose(-1, -2)
@@ -87,8 +95,6 @@ class HeadSlice:
 def head_slices(model, params: Sequence[str] = ALL_PARAMS) -> list[HeadSlice]:
     """The per-head parameter slices of ``model`` for the kinds in ``params`` (see the module
     docstring)."""
-    from pe_interp.encodings import DecoupledRoPE, T5Bias
-
     bad = [p for p in params if p not in ALL_PARAMS]
     if bad or not params:
         raise ValueError(f"params must be a non-empty subset of {ALL_PARAMS}, got {tuple(params)}")
@@ -100,36 +106,26 @@ def head_slices(model, params: Sequence[str] = ALL_PARAMS) -> list[HeadSlice]:
                 continue
             name = f"blocks.{layer}.attn.{leaf}"
             out.append(HeadSlice(name, named[name].ndim, head_axis=0, layer=layer))
-    if "encoding" in params:
-        for mod_name, mod in model.encoding.named_modules():
-            prefix = "encoding." + (f"{mod_name}." if mod_name else "")
-            if isinstance(mod, T5Bias):
-                out.append(HeadSlice(prefix + "rel_bias", 3, head_axis=1, layer_axis=0))
-            elif isinstance(mod, DecoupledRoPE):
-                out.append(HeadSlice(prefix + "W_QR", 4, head_axis=2, layer_axis=0))
+    if "encoding" in params:  # what the encoding says holds one slice per head
+        for name, axes in model.encoding.head_parameters().items():
+            full = f"encoding.{name}"
+            out.append(HeadSlice(full, named[full].ndim, head_axis=axes.head, layer_axis=axes.layer))
     return out
 
 
 # ---------------------------------------------------------------------------------------------
 # per-example gradients
 # ---------------------------------------------------------------------------------------------
-class _Forward(nn.Module):
-    """``HookedPETransformer.forward`` without its data-dependent input checks (which ``vmap``
-    cannot trace), always passing the padding mask (all-True rows give the same result)."""
+class _Unchecked(nn.Module):
+    """``model.forward_unchecked`` as a module's ``forward``, for ``torch.func.functional_call``
+    (``vmap`` cannot trace the data-dependent input checks of ``model.forward``)."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
-    def forward(self, tokens: Tensor, pad_mask: Tensor) -> Tensor:
-        m = self.model
-        key_valid = pad_mask if m.cfg.mask_padding else None
-        resid = m.embed_input(tokens, fire_hooks=False)
-        kv_input = resid if m.cfg.kv_source == "embed" else None
-        ctx = m.context(tokens, key_valid, kv_input)
-        for block in m.blocks:
-            resid = block(resid, ctx)
-        return m.readout(resid, key_valid)
+    def forward(self, tokens: Tensor, key_valid: Tensor | None) -> Tensor:
+        return self.model.forward_unchecked(tokens, key_valid)
 
 
 def _batch_parts(batch: Any, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -167,14 +163,15 @@ def per_example_grads(
         raise ValueError(f"per_example_grads: method must be 'vmap' or 'loop', got {method!r}")
     from torch.func import functional_call, grad, vmap
 
-    wrapper = _Forward(model)
+    wrapper = _Unchecked(model)
     frozen = {f"model.{k}": v.detach() for k, v in params.items() if k not in names}
     sub = {k: params[k].detach() for k in names}
+    mask_padding = model.cfg.mask_padding  # the padding mask is always passed (all-True rows give the same result)
 
     def loss_fn(sub_params, tok, pm, y):
         p = dict(frozen)
         p.update({f"model.{k}": v for k, v in sub_params.items()})
-        logits = functional_call(wrapper, p, (tok[None], pm[None]))
+        logits = functional_call(wrapper, p, (tok[None], pm[None] if mask_padding else None))
         return F.cross_entropy(logits, y[None])
 
     # An identity hook on hook_attn_scores makes every layer take the eager attention path,
@@ -207,9 +204,7 @@ def head_gradient_stats(
     L, H = cfg.n_layers, cfg.n_heads
     norm_sum = torch.zeros(L, H, dtype=torch.float64, device=device)
     grad_sum: dict[str, Tensor] = {}
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         for start in range(0, n, chunk_size):
             rows = slice(start, min(n, start + chunk_size))
             grads = per_example_grads(
@@ -221,8 +216,6 @@ def head_gradient_stats(
                 sq += s.sq_norms(g, L)
                 grad_sum[s.name] = grad_sum[s.name] + g.sum(0) if s.name in grad_sum else g.sum(0)
             norm_sum += sq.sqrt().sum(0)
-    finally:
-        model.train(was_training)
     mean_sq = torch.zeros(L, H, dtype=torch.float64, device=device)
     for s in slices:
         mean_sq += s.sq_norms(grad_sum[s.name] / n, L)
@@ -285,6 +278,31 @@ class CoherenceResult:
             "mean_norm": self.mean_norm.tolist(),
         }
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CoherenceResult:
+        """Invert :meth:`to_dict` (``mean``, ``std`` and ``random_baseline`` are recomputed)."""
+
+        def tensor(x: Any) -> Tensor:
+            return torch.tensor([[[math.nan if v is None else v for v in row] for row in seed] for seed in x],
+                                dtype=torch.float32)
+
+        return cls(
+            values=tensor(d["values"]),
+            norm_of_mean=tensor(d["norm_of_mean"]),
+            mean_norm=tensor(d["mean_norm"]),
+            seeds=tuple(int(s) for s in d["seeds"]),
+            encoding=d["encoding"],
+            n_examples=int(d["n_examples"]),
+            params=tuple(d.get("params", ALL_PARAMS)),
+        )
+
+    def save(self, path: str | Path) -> Path:
+        return atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> CoherenceResult:
+        return cls.from_dict(read_json(path))
+
 
 def gradient_coherence(
     model_or_cfg,
@@ -302,9 +320,6 @@ def gradient_coherence(
     from its config with each seed, on its device and dtype). ``batch``: a task ``Batch`` or a
     ``(tokens, labels[, pad_mask])`` tuple.
     """
-    from pe_interp.config import ModelConfig
-    from pe_interp.model import HookedPETransformer
-
     if isinstance(model_or_cfg, ModelConfig):
         cfg, base = model_or_cfg, None
         seeds = tuple(init_seeds) if init_seeds is not None else (0, 1, 2)
@@ -345,6 +360,20 @@ def gradient_coherence(
         n_examples=int(tokens.shape[0]),
         params=tuple(params),
     )
+
+
+def save_coherence(path: str | Path, results: dict[str, CoherenceResult], key: Any = None) -> Path:
+    """Several encodings' coherence results in one file ``{"key": key, "results": {encoding:
+    CoherenceResult.to_dict()}}`` (``key``: what they were computed from, for the writer to tell
+    whether they are current)."""
+    data = {"key": key, "results": {k: r.to_dict() for k, r in results.items()}}
+    return atomic_write_json(path, data, sort_keys=False)  # the encodings stay in their order
+
+
+def load_coherence(path: str | Path) -> tuple[dict[str, CoherenceResult], Any]:
+    """Invert :func:`save_coherence`: ``(results, key)``."""
+    stored = read_json(path)
+    return {k: CoherenceResult.from_dict(d) for k, d in stored["results"].items()}, stored.get("key")
 
 
 def coherence_report(
@@ -401,5 +430,7 @@ __all__ = [
     "gradient_coherence",
     "head_gradient_stats",
     "head_slices",
+    "load_coherence",
     "per_example_grads",
+    "save_coherence",
 ]

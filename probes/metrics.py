@@ -1,4 +1,5 @@
-"""Per-example metrics for ablation sweeps, and the paired bootstrap over examples.
+"""Per-example metrics for ablation sweeps, and the one bootstrap over examples (ablation and
+patching both use :func:`bootstrap_ci`).
 
 Every metric maps class logits ``[batch, n_classes]`` and labels ``[batch]`` to one number per
 example; a sweep's score is the mean over examples. Built-ins:
@@ -90,6 +91,60 @@ def harm(baseline: np.ndarray | float, ablated: np.ndarray | float, higher_is_be
     return diff if higher_is_better else -diff
 
 
+def bootstrap_ci(
+    values: np.ndarray | Tensor,
+    denominator: np.ndarray | Tensor | None = None,
+    *,
+    n_bootstrap: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+    max_elements: int = 20_000_000,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The one bootstrap of the probes: a percentile CI over examples.
+
+    ``values`` is ``[..., n_examples]`` (per-example numbers); the statistic is their mean, or,
+    with ``denominator [n_examples]``, the ratio ``mean(values) / mean(denominator)``, both
+    recomputed on each replicate. Each replicate draws ``n_examples`` example indices with
+    replacement from one seeded ``torch.Generator`` (so the result depends only on ``seed``), and
+    every row of ``values`` uses the same replicates, so rows that are paired differences get
+    the CI of a paired difference and different rows' CIs come from the same resamples. The
+    interval is NumPy's (linear) percentiles at ``(1 - ci) / 2`` and ``(1 + ci) / 2``. Rows that
+    contain NaN give NaN. Returns ``(low, high)`` of shape ``values.shape[:-1]`` (float64).
+    """
+    if not 0.0 < ci < 1.0:
+        raise ValueError(f"ci must be in (0, 1), got {ci!r}")
+    if isinstance(values, Tensor):
+        values = values.detach().cpu().double().numpy()
+    values = np.asarray(values, dtype=np.float64)
+    lead, n = values.shape[:-1], values.shape[-1]
+    flat = values.reshape(-1, n)
+    low = np.full(flat.shape[0], np.nan)
+    high = np.full(flat.shape[0], np.nan)
+    ok = ~np.isnan(flat).any(axis=1)
+    if n_bootstrap <= 0 or n == 0 or not ok.any():
+        return low.reshape(lead), high.reshape(lead)
+    rows = torch.from_numpy(flat[ok].copy())  # [U, n]
+    den = None
+    if denominator is not None:
+        if isinstance(denominator, Tensor):
+            denominator = denominator.detach().cpu().double().numpy()
+        den = torch.from_numpy(np.asarray(denominator, dtype=np.float64).reshape(n).copy())
+    gen = torch.Generator().manual_seed(int(seed))
+    per_chunk = max(1, max_elements // max(n, 1))
+    reps = []
+    for start in range(0, n_bootstrap, per_chunk):
+        r = min(per_chunk, n_bootstrap - start)
+        idx = torch.randint(n, (r, n), generator=gen)
+        counts = torch.zeros(r, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones(r, n, dtype=torch.float64))
+        sums = rows @ counts.T  # [U, r]: resampled sums
+        reps.append(sums / n if den is None else sums / (counts @ den)[None, :])
+    boot = torch.cat(reps, dim=1).numpy()
+    alpha = (1.0 - ci) / 2.0
+    low[ok] = np.quantile(boot, alpha, axis=1)
+    high[ok] = np.quantile(boot, 1.0 - alpha, axis=1)
+    return low.reshape(lead), high.reshape(lead)
+
+
 def paired_bootstrap(
     baseline: np.ndarray,
     ablated: np.ndarray,
@@ -100,43 +155,23 @@ def paired_bootstrap(
     seed: int = 0,
     max_elements: int = 20_000_000,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Percentile bootstrap CI of the mean harm (see :func:`harm`), resampling examples jointly.
+    """Percentile bootstrap CI of the mean harm (see :func:`harm`), resampling examples jointly:
+    :func:`bootstrap_ci` of the per-example harm.
 
     ``baseline`` is ``[n_examples]`` and ``ablated`` ``[..., n_examples]`` (per-example metric
-    values). Each replicate draws ``n_examples`` example indices with replacement (one seeded
-    ``torch.Generator``, so the result depends only on ``seed``) and uses the same draw for the
-    baseline and for every ablation, so the CI is that of a paired difference and the CIs of
-    different heads come from the same replicates. Rows of ``ablated`` that are all NaN give NaN.
-    Returns ``(low, high)`` with the shape of ``ablated.shape[:-1]``.
+    values); the same replicates serve the baseline and every ablation, so the CI is that of a
+    paired difference. Rows of ``ablated`` that are all NaN give NaN. Returns ``(low, high)``
+    with the shape of ``ablated.shape[:-1]``.
     """
     if not 0.0 < ci < 1.0:
         raise ValueError(f"ci must be in (0, 1), got {ci!r}")
     ablated = np.asarray(ablated, dtype=np.float64)
     baseline = np.asarray(baseline, dtype=np.float64)
-    lead = ablated.shape[:-1]
     n = ablated.shape[-1]
     if baseline.shape != (n,):
         raise ValueError(f"baseline must have shape ({n},), got {baseline.shape}")
-    flat = ablated.reshape(-1, n)
-    low = np.full(flat.shape[0], np.nan)
-    high = np.full(flat.shape[0], np.nan)
-    ok = ~np.isnan(flat).any(axis=1)
-    if n_bootstrap <= 0 or n == 0 or not ok.any():
-        return low.reshape(lead), high.reshape(lead)
-    diff = torch.from_numpy(harm(baseline[None, :], flat[ok], higher_is_better).copy())  # [U, n]
-    gen = torch.Generator().manual_seed(int(seed))
-    per_chunk = max(1, max_elements // max(n, 1))
-    reps = []
-    for start in range(0, n_bootstrap, per_chunk):
-        r = min(per_chunk, n_bootstrap - start)
-        idx = torch.randint(n, (r, n), generator=gen)
-        counts = torch.zeros(r, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones(r, n, dtype=torch.float64))
-        reps.append(diff @ counts.T / n)  # [U, r]
-    boot = torch.cat(reps, dim=1).numpy()
-    alpha = (1.0 - ci) / 2.0
-    low[ok] = np.quantile(boot, alpha, axis=1)
-    high[ok] = np.quantile(boot, 1.0 - alpha, axis=1)
-    return low.reshape(lead), high.reshape(lead)
+    diff = harm(baseline, ablated, higher_is_better)
+    return bootstrap_ci(diff, n_bootstrap=n_bootstrap, ci=ci, seed=seed, max_elements=max_elements)
 
 
 __all__ = [
@@ -144,6 +179,7 @@ __all__ = [
     "Metric",
     "MetricFn",
     "accuracy_per_example",
+    "bootstrap_ci",
     "harm",
     "logit_per_example",
     "loss_per_example",

@@ -57,10 +57,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from pe_interp.io import atomic_write_json, nan_array, read_json
+from pe_interp.modes import eval_mode
+from probes.metrics import bootstrap_ci
 
 HEAD_VECTOR_SITES = ("z", "q", "k", "v")
 HEAD_SITES = (*HEAD_VECTOR_SITES, "pattern")
@@ -161,6 +166,48 @@ class PatchResult:
             out["per_example"] = lst(self.per_example)
         return out
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PatchResult:
+        """Invert :meth:`to_dict` (tensors come back as float64; keys it does not know, such as
+        what ``pe-interp patch`` adds, land in ``extra``)."""
+
+        def tensor(x: Any) -> Tensor | None:
+            return None if x is None else torch.from_numpy(nan_array(x))
+
+        return cls(
+            values=tensor(d["values"]),
+            per_example=tensor(d.get("per_example")),
+            ci_low=tensor(d.get("ci_low")),
+            ci_high=tensor(d.get("ci_high")),
+            site=d["site"],
+            by_position=bool(d["by_position"]),
+            direction=d["direction"],
+            layers=tuple(int(i) for i in d["layers"]),
+            axis_names=tuple(d["axis_names"]),
+            metric_name=d["metric"],
+            clean_value=float(d["clean_value"]),
+            corrupt_value=float(d["corrupt_value"]),
+            n_examples=int(d["n_examples"]),
+            n_bootstrap=int(d["n_bootstrap"]),
+            ci_level=float(d.get("ci_level", 0.95)),
+            extra={k: v for k, v in d.items() if k not in _SAVED_FIELDS},
+        )
+
+    def save(self, path: str | Path, per_example: bool = False) -> Path:
+        return atomic_write_json(path, self.to_dict(per_example=per_example))
+
+    @classmethod
+    def load(cls, path: str | Path) -> PatchResult:
+        return cls.from_dict(read_json(path))
+
+
+# the keys PatchResult.to_dict writes for its own fields (the rest of a saved dict is ``extra``)
+_SAVED_FIELDS = {
+    "site", "by_position", "direction", "layers", "axis_names", "shape", "metric", "clean_value",
+    "corrupt_value", "n_examples", "n_bootstrap", "ci_level", "values", "ci_low", "ci_high", "top",
+    "per_example",
+}
+
 
 # ---------------------------------------------------------------------------------------------
 # cell layouts
@@ -219,32 +266,20 @@ def _mix(mask: Tensor, src: Tensor, recv: Tensor) -> Tensor:
     return out.reshape(-1, *src.shape[1:])
 
 
-def _standard_block(block: Any) -> bool:
-    from pe_interp.model import TransformerBlock
-
-    return type(block) is TransformerBlock
-
-
-def _finish_block(block: Any, resid_pre: Tensor, attn_out: Tensor) -> Tensor:
-    """The rest of ``TransformerBlock.forward`` (eval mode) given the attention output."""
-    resid = block.hook_resid_mid(resid_pre + block.hook_attn_out(attn_out))
-    if block.mlp is not None:
-        resid = resid + block.hook_mlp_out(block.mlp(block.ln2(resid)))
-    return block.hook_resid_post(resid)
-
-
 class _Patcher:
     """Patched forwards of one example chunk: caches both runs once, then runs cell groups."""
 
     def __init__(self, model, site: str, layers: Sequence[int], src_tokens, recv_tokens, src_mask, recv_mask):
         self.model, self.site = model, site
-        self.recv_tokens, self.recv_mask = recv_tokens, recv_mask
-        self.fast = site in ("z", "attn_out", "mlp_out") and all(_standard_block(model.blocks[i]) for i in layers)
+        self.recv_tokens, self.key_valid = model.check_inputs(recv_tokens, recv_mask)
+        # z, attn_out and mlp_out resume after the patched layer's attention (or MLP): the
+        # layer's own input is the receiving run's, so only its output changes.
+        self.late = site in ("z", "attn_out", "mlp_out")
         src_names, recv_names = set(), set()
         for layer in layers:
             recv_names.add(f"blocks.{layer}.hook_resid_pre")
             src_names.add(hook_name(site, layer))
-            if self.fast:
+            if self.late:
                 recv_names.add(hook_name(site, layer))
                 if site == "mlp_out":
                     recv_names.add(f"blocks.{layer}.hook_resid_mid")
@@ -257,26 +292,27 @@ class _Patcher:
         """Logits ``[cells * n, n_classes]`` of the cells selected by ``mask`` in ``layer``."""
         model, site, g = self.model, self.site, mask.shape[0]
         tokens = _repeat(self.recv_tokens, g)
-        pad = _repeat(self.recv_mask, g)
+        key_valid = _repeat(self.key_valid, g)
         name = hook_name(site, layer)
         src = self.src[name]
-        if self.fast:
-            block = model.blocks[layer]
-            if site == "mlp_out":
-                mid = _repeat(self.recv[f"blocks.{layer}.hook_resid_mid"], g)
-                resid = block.hook_resid_post(mid + _mix(mask, src, self.recv[name]))
+
+        def resume(at: int, residual: Tensor, start_at: str = "resid_pre") -> Tensor:
+            return model.forward_unchecked(tokens, key_valid, start_at_layer=at, residual=residual, start_at=start_at)
+
+        if site == "mlp_out":  # resid_post = resid_mid + mlp_out: the next layer's input
+            mid = _repeat(self.recv[f"blocks.{layer}.hook_resid_mid"], g)
+            return resume(layer + 1, mid + _mix(mask, src, self.recv[name]))
+        if self.late:  # resid_mid = resid_pre + attn_out; the block's MLP half onward
+            attn = model.blocks[layer].attn
+            if site == "z":
+                z = _mix(mask, src, self.recv[name])
+                attn_out = torch.einsum("bphd,hdm->bpm", z, attn.W_O) + attn.b_O
             else:
-                resid_pre = _repeat(self.recv[f"blocks.{layer}.hook_resid_pre"], g)
-                if site == "z":
-                    z = _mix(mask, src, self.recv[name])
-                    attn_out = torch.einsum("bphd,hdm->bpm", z, block.attn.W_O) + block.attn.b_O
-                else:
-                    attn_out = _mix(mask, src, self.recv[name])
-                resid = _finish_block(block, resid_pre, attn_out)
-            return model(tokens, pad, start_at_layer=layer + 1, residual=resid)
+                attn_out = _mix(mask, src, self.recv[name])
+            resid_pre = _repeat(self.recv[f"blocks.{layer}.hook_resid_pre"], g)
+            return resume(layer, resid_pre + attn_out, "resid_mid")
         if site == "resid_pre" and layer > 0:
-            resid = _mix(mask, src, self.recv[name])
-            return model(tokens, pad, start_at_layer=layer, residual=resid)
+            return resume(layer, _mix(mask, src, self.recv[name]))
 
         def hook(act: Tensor, hook: Any) -> Tensor:
             recv = act.reshape(g, -1, *act.shape[1:])
@@ -285,56 +321,24 @@ class _Patcher:
 
         residual = None if layer == 0 else _repeat(self.recv[f"blocks.{layer}.hook_resid_pre"], g)
         with model.hooks(fwd_hooks=[(name, hook)]):
-            return model(tokens, pad, start_at_layer=layer, residual=residual)
+            return resume(layer, residual)
 
 
 # ---------------------------------------------------------------------------------------------
 # statistics
 # ---------------------------------------------------------------------------------------------
-def _resample_weights(n: int, n_bootstrap: int, seed: int, device) -> Tensor:
-    """``[n_bootstrap, n]`` multiplicities of each example in each bootstrap resample."""
-    gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(n, (n_bootstrap, n), generator=gen)
-    w = torch.zeros(n_bootstrap, n, dtype=torch.float64)
-    w.scatter_add_(1, idx, torch.ones_like(w))
-    return w.to(device)
-
-
-def _percentiles(samples: Tensor, level: float) -> tuple[Tensor, Tensor]:
-    """Percentile interval along the last axis (NaN-free input)."""
-    s = samples.sort(dim=-1).values
-    b = s.shape[-1]
-    lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
-
-    def at(q: float) -> Tensor:
-        pos = q * (b - 1)
-        i0 = int(math.floor(pos))
-        i1 = min(i0 + 1, b - 1)
-        frac = pos - i0
-        return s[..., i0] * (1 - frac) + s[..., i1] * frac
-
-    return at(lo_q), at(hi_q)
-
-
 def bootstrap_ratio_ci(
     numer: Tensor, denom: Tensor | None, n_bootstrap: int, seed: int, level: float = 0.95
 ) -> tuple[Tensor, Tensor]:
-    """Percentile-bootstrap interval of ``mean(numer) / mean(denom)`` (or of ``mean(numer)``).
+    """Percentile-bootstrap interval of ``mean(numer) / mean(denom)`` (or of ``mean(numer)``):
+    :func:`probes.metrics.bootstrap_ci`, as tensors of ``numer``'s dtype and device.
 
     ``numer``: ``[..., n]`` per-example values; ``denom``: ``[n]`` or None. All cells share the same
     resamples of the examples.
     """
-    n = numer.shape[-1]
-    w = _resample_weights(n, n_bootstrap, seed, numer.device)
-    flat = numer.reshape(-1, n).double()
-    stats = flat @ w.T  # [cells, B]: resampled sums
-    if denom is not None:
-        stats = stats / (w @ denom.double())[None, :]
-    else:
-        stats = stats / n
-    lo, hi = _percentiles(stats, level)
-    shape = numer.shape[:-1]
-    return lo.reshape(shape).to(numer.dtype), hi.reshape(shape).to(numer.dtype)
+    lo, hi = bootstrap_ci(numer, denom, n_bootstrap=n_bootstrap, ci=level, seed=seed)
+    return (torch.as_tensor(lo, device=numer.device).to(numer.dtype),
+            torch.as_tensor(hi, device=numer.device).to(numer.dtype))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,40 +459,35 @@ def patch(
     chunk = n if not default_metric else min(n, batch_size)
     group = max(1, batch_size // chunk)
 
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            ld_cells = None  # default metric: [len(layers), n_cells, n] patched logit differences
-            custom_vals: list[list[Tensor]] = [[None] * n_cells for _ in layers]  # type: ignore[list-item]
-            src_logits_all, recv_logits_all = [], []
-            if default_metric:
-                ld_cells = torch.empty(len(layers), n_cells, n, dtype=torch.float64, device=device)
-            for start in range(0, n, chunk):
-                rows = slice(start, min(n, start + chunk))
-                m = None if pad_mask is None else pad_mask[rows]
-                patcher = _Patcher(model, site, layers, src_tokens[rows], recv_tokens[rows], m, m)
-                src_logits_all.append(patcher.src_logits)
-                recv_logits_all.append(patcher.recv_logits)
-                k = rows.stop - rows.start
-                for li, layer in enumerate(layers):
-                    for c0 in range(0, n_cells, group):
-                        c1 = min(n_cells, c0 + group)
-                        logits = patcher.run(layer, masks[c0:c1]).reshape(c1 - c0, k, -1)
-                        if default_metric:
-                            good = clean_labels[rows].expand(c1 - c0, k)
-                            bad = corrupt_labels[rows].expand(c1 - c0, k)
-                            ld_cells[li, c0:c1, rows] = logit_diff(logits, good, bad).double()
-                        else:
-                            for c in range(c1 - c0):
-                                custom_vals[li][c0 + c] = torch.as_tensor(metric(logits[c])).detach()
-            src_logits = torch.cat(src_logits_all)
-            recv_logits = torch.cat(recv_logits_all)
-            clean_logits, corrupt_logits = (
-                (src_logits, recv_logits) if direction == "clean_to_corrupt" else (recv_logits, src_logits)
-            )
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        ld_cells = None  # default metric: [len(layers), n_cells, n] patched logit differences
+        custom_vals: list[list[Tensor]] = [[None] * n_cells for _ in layers]  # type: ignore[list-item]
+        src_logits_all, recv_logits_all = [], []
+        if default_metric:
+            ld_cells = torch.empty(len(layers), n_cells, n, dtype=torch.float64, device=device)
+        for start in range(0, n, chunk):
+            rows = slice(start, min(n, start + chunk))
+            m = None if pad_mask is None else pad_mask[rows]
+            patcher = _Patcher(model, site, layers, src_tokens[rows], recv_tokens[rows], m, m)
+            src_logits_all.append(patcher.src_logits)
+            recv_logits_all.append(patcher.recv_logits)
+            k = rows.stop - rows.start
+            for li, layer in enumerate(layers):
+                for c0 in range(0, n_cells, group):
+                    c1 = min(n_cells, c0 + group)
+                    logits = patcher.run(layer, masks[c0:c1]).reshape(c1 - c0, k, -1)
+                    if default_metric:
+                        good = clean_labels[rows].expand(c1 - c0, k)
+                        bad = corrupt_labels[rows].expand(c1 - c0, k)
+                        ld_cells[li, c0:c1, rows] = logit_diff(logits, good, bad).double()
+                    else:
+                        for c in range(c1 - c0):
+                            custom_vals[li][c0 + c] = torch.as_tensor(metric(logits[c])).detach()
+        src_logits = torch.cat(src_logits_all)
+        recv_logits = torch.cat(recv_logits_all)
+        clean_logits, corrupt_logits = (
+            (src_logits, recv_logits) if direction == "clean_to_corrupt" else (recv_logits, src_logits)
+        )
 
     grid = (len(layers), *cell_shape)
     ci_low = ci_high = None

@@ -11,32 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
-PAD_LABEL = "·"
-
-
-# ---------------------------------------------------------------------------------------------
-# tokens
-# ---------------------------------------------------------------------------------------------
-def token_labels(tokens: Tensor, pad_mask: Tensor | None = None, task: Any = None, pad_id: int = 0) -> list[str]:
-    """Readable labels for one row of token ids: ``"<id>"``, triggers of ``task`` (an object with a
-    ``triggers`` tuple) as ``"T<k>:<id>"``, pads as ``"·"``. Labels are made unique with a
-    position suffix because circuitsvis keys tokens by text."""
-    ids = [int(t) for t in tokens.tolist()]
-    real = [i != pad_id for i in ids] if pad_mask is None else [bool(m) for m in pad_mask.tolist()]
-    triggers = tuple(getattr(task, "triggers", ()) or ())
-    out = []
-    for pos, (i, r) in enumerate(zip(ids, real)):
-        if not r:
-            label = PAD_LABEL
-        elif i in triggers:
-            label = f"T{triggers.index(i) + 1}:{i}" if len(triggers) <= 4 else f"T:{i}"
-        else:
-            label = str(i)
-        out.append(f"{label}@{pos}")
-    return out
+from pe_interp.io import atomic_write_text
+from probes.patterns import PAD_LABEL, AttentionPatterns, attention_patterns, token_labels  # noqa: F401 (PAD_LABEL)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,10 +37,7 @@ def save_html(rendered: Any, path: str | Path, title: str | None = None) -> Path
     body = offline_html(rendered)
     if title:
         body = f"<h3 style='font-family:sans-serif'>{title}</h3>\n{body}"
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'></head><body>\n{body}\n</body></html>\n")
-    return path
+    return atomic_write_text(path, f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'></head><body>\n{body}\n</body></html>\n")
 
 
 def colored_tokens_html(labels: Sequence[str], values: Tensor | Sequence[float], **kwargs: Any) -> str:
@@ -137,36 +114,20 @@ def attention_html(
 ) -> str:
     """circuitsvis ``attention_heads`` of the chosen ``(layer, head)`` pairs on one example, as
     offline HTML. Padding is cropped (pads attend nowhere useful) unless ``crop_padding=False``."""
+    patterns = attention_patterns(model, tokens, heads, example=example, pad_mask=pad_mask, task=task,
+                                  token_names=labels, crop_padding=crop_padding)
+    return patterns_html(patterns)
+
+
+def patterns_html(patterns: AttentionPatterns, heads: Sequence[tuple[int, int]] | None = None) -> str:
+    """circuitsvis ``attention_heads`` of stored :class:`~probes.patterns.AttentionPatterns` (all
+    its heads, or ``heads`` in that order), as offline HTML."""
     import circuitsvis.attention
 
-    if not heads:
-        raise ValueError("attention_html: no heads given")
-    tokens = tokens if tokens.ndim == 2 else tokens[None]
-    device = model.W_E.device
-    row = tokens[example : example + 1].to(device)
-    pm = None if pad_mask is None else (pad_mask if pad_mask.ndim == 2 else pad_mask[None])[example : example + 1].to(device)
-    layers = sorted({int(layer) for layer, _ in heads})
-    names = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            _, cache = model.run_with_cache(row, pm, names_filter=names)
-    finally:
-        model.train(was_training)
-    pattern = torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"][0, h] for layer, h in heads])  # [H, q, k]
-    n = row.shape[1]
-    if crop_padding:
-        real = (row[0] != model.cfg.pad_id) if pm is None else pm[0]
-        k = int(real.sum())
-        if k > 0 and bool(real[:k].all()):  # right-padded: keep the real prefix
-            n = k
-    if labels is None:
-        labels = token_labels(row[0], None if pm is None else pm[0], task, model.cfg.pad_id)
-    labels = list(labels)[:n]
-    pattern = pattern[:, :n, :n].float().cpu()
+    heads = list(patterns.heads if heads is None else heads)
+    pattern = torch.from_numpy(np.stack([patterns.head(*h) for h in heads])).float()
     rendered = circuitsvis.attention.attention_heads(
-        attention=pattern, tokens=labels, attention_head_names=[f"L{layer}H{h}" for layer, h in heads]
+        attention=pattern, tokens=list(patterns.tokens), attention_head_names=[f"L{layer}H{h}" for layer, h in heads]
     )
     return offline_html(rendered)
 
@@ -307,6 +268,7 @@ __all__ = [
     "colored_tokens_html",
     "offline_html",
     "patching_tokens_html",
+    "patterns_html",
     "plot_logit_terms",
     "plot_patching",
     "plot_rope_terms",

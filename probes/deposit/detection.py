@@ -1,46 +1,28 @@
-"""The single-head deposit pattern: detecting it in an ablation sweep, and watching it form.
+"""Detecting the single-head deposit pattern in an ablation sweep.
 
 :func:`find_deposits` reads an :class:`~probes.ablation.AblationResult` layer by layer and says
 whether one head carries (almost) all of what the layer contributes: the paper's "single-head
 deposit pattern" (digest §6), which the paper itself judged by eye from per-layer line plots.
-
-:class:`DepositDynamics` is a training callback that repeats the layer-0 zero-ablation sweep on a
-fixed probe batch every few steps, recording each head's drop and the margin between the first
-and second head: the quantity of the paper's Theorem 6.1, which the paper never measured over
-training.
+:func:`layer_stats` is the one definition of a layer's deposit statistics (top head, runner-up,
+margin, share, entropy, Gini), used by detection, by the dynamics callback, by the report and by
+the claims.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from pe_interp.callbacks import Callback
-from probes.ablation import AblationResult, Head, ablate_heads
+from pe_interp.io import atomic_write_json, nan_float, read_json, to_json
+from probes.ablation import AblationResult, Head
 
 DEFAULT_MIN_DROP_ACCURACY = 0.2
 DEFAULT_MIN_SHARE = 0.5
-DYNAMICS_FILE = "deposit_dynamics.jsonl"
-
-
-def _f(x: Any) -> float | None:
-    """float for JSON, with NaN as None."""
-    if x is None:
-        return None
-    x = float(x)
-    return None if math.isnan(x) else x
-
-
-def _nan(x: Any) -> float:
-    return float("nan") if x is None else float(x)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -94,14 +76,14 @@ class LayerDeposit:
         return {
             "layer": self.layer,
             "top_head": self.top_head,
-            "top_drop": _f(self.top_drop),
-            "top_ci": [_f(self.top_ci[0]), _f(self.top_ci[1])],
+            "top_drop": to_json(self.top_drop),
+            "top_ci": [to_json(self.top_ci[0]), to_json(self.top_ci[1])],
             "second_head": self.second_head,
-            "second_drop": _f(self.second_drop),
-            "margin": _f(self.margin),
-            "share": _f(self.share),
-            "entropy": _f(self.entropy),
-            "gini": _f(self.gini),
+            "second_drop": to_json(self.second_drop),
+            "margin": to_json(self.margin),
+            "share": to_json(self.share),
+            "entropy": to_json(self.entropy),
+            "gini": to_json(self.gini),
             "ci_separated": self.ci_separated,
             "is_deposit": self.is_deposit,
             "failed": list(self.failed),
@@ -112,14 +94,14 @@ class LayerDeposit:
         return cls(
             layer=int(d["layer"]),
             top_head=int(d["top_head"]),
-            top_drop=_nan(d["top_drop"]),
-            top_ci=(_nan(d["top_ci"][0]), _nan(d["top_ci"][1])),
+            top_drop=nan_float(d["top_drop"]),
+            top_ci=(nan_float(d["top_ci"][0]), nan_float(d["top_ci"][1])),
             second_head=d["second_head"],
-            second_drop=_nan(d["second_drop"]),
-            margin=_nan(d["margin"]),
-            share=_nan(d["share"]),
-            entropy=_nan(d["entropy"]),
-            gini=_nan(d["gini"]),
+            second_drop=nan_float(d["second_drop"]),
+            margin=nan_float(d["margin"]),
+            share=nan_float(d["share"]),
+            entropy=nan_float(d["entropy"]),
+            gini=nan_float(d["gini"]),
             ci_separated=d["ci_separated"],
             is_deposit=bool(d["is_deposit"]),
             failed=tuple(d.get("failed", ())),
@@ -224,6 +206,18 @@ class DepositReport:
             require_separation=bool(t["require_separation"]),
         )
 
+    def save(self, path: str | Path) -> Path:
+        return atomic_write_json(path, self.to_dict(), indent=1, sort_keys=False)
+
+    @classmethod
+    def load(cls, path: str | Path) -> DepositReport:
+        return cls.from_dict(read_json(path))
+
+    @property
+    def first(self) -> Head | None:
+        """The flagged head of the shallowest flagged layer, None when nothing is flagged."""
+        return min(self.deposits) if self.deposits else None
+
     def summary(self) -> str:
         """A short fixed-width table, one row per layer."""
         rows = [
@@ -295,207 +289,13 @@ def find_deposits(
     )
 
 
-# ------------------------------------------------------------------------------------------------
-# Dynamics over training
-# ------------------------------------------------------------------------------------------------
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def load_dynamics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The records of a ``deposit_dynamics.jsonl`` file (a run dir is accepted too); a torn last
-    line (a crash mid-write) is skipped."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / DYNAMICS_FILE
-    records = []
-    lines = path.read_text().splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                break
-            raise
-    return records
-
-
-def dynamics_arrays(records: Sequence[dict[str, Any]], layer: int = 0) -> dict[str, np.ndarray]:
-    """One layer's records as arrays sorted by step: ``steps [T]``, ``drops [T, H]``,
-    ``values [T, H]``, ``baseline [T]``, ``margin [T]``, ``share [T]``, ``top_head [T]``."""
-    rows = sorted((r for r in records if r["layer"] == layer), key=lambda r: r["step"])
-    if not rows:
-        raise ValueError(f"no dynamics records for layer {layer}")
-
-    def arr(key):
-        return np.array([[_nan(x) for x in r[key]] if isinstance(r[key], list) else _nan(r[key]) for r in rows])
-
-    return {
-        "steps": np.array([r["step"] for r in rows]),
-        "drops": arr("drops"),
-        "values": arr("values"),
-        "baseline": arr("baseline"),
-        "margin": arr("margin"),
-        "share": arr("share"),
-        "top_head": np.array([r["top_head"] for r in rows]),
-    }
-
-
-class DepositDynamics(Callback):
-    """Training callback: the per-head ablation drops of some layers, every ``every`` steps.
-
-    On a fixed probe batch (``probe``: anything with ``tokens``, ``labels``, ``pad_mask``; by
-    default ``n_probe`` examples sampled once from ``trainer.task`` with ``probe_seed``) it runs
-    :func:`~probes.ablation.ablate_heads` on ``layers`` (default ``[0]``) and records, per
-    layer, each head's drop and the first-to-second margin (plus baseline, share, entropy). With
-    ``at_start`` it also records step 0 (initialisation, where the theory's "seed" lives), and
-    with ``at_end`` the final step when it is not a multiple of ``every``. Early in training,
-    when accuracy sits near chance, ``metric="loss"`` gives a smoother curve.
-
-    It does not change training: it runs under ``torch.no_grad()`` in eval mode (each module's
-    train/eval flag is restored), and inside ``torch.random.fork_rng`` so the global RNG
-    (dropout, shuffling) is left exactly as it was. Records go to ``.records`` and, when
-    ``trainer.run_dir`` is set, are appended to ``run_dir / "deposit_dynamics.jsonl"`` (one JSON
-    object per step and layer). On resume (``trainer.step > 0`` at ``on_train_start``) records
-    after ``trainer.step`` are dropped from the file and the rest are loaded.
-    """
-
-    def __init__(
-        self,
-        every: int = 100,
-        layers: Sequence[int] = (0,),
-        *,
-        probe: Any = None,
-        n_probe: int = 512,
-        probe_seed: int = 20250519,
-        metric: str = "accuracy",
-        method: str = "zero",
-        batch_size: int | None = None,
-        at_start: bool = True,
-        at_end: bool = True,
-        filename: str = DYNAMICS_FILE,
-    ):
-        if not isinstance(every, int) or every < 1:
-            raise ValueError(f"DepositDynamics.every must be a positive integer, got {every!r}")
-        self.every = every
-        self.layers = [int(x) for x in layers]
-        self.probe = probe
-        self.n_probe = n_probe
-        self.probe_seed = probe_seed
-        self.metric = metric
-        self.method = method
-        self.batch_size = batch_size
-        self.at_start = at_start
-        self.at_end = at_end
-        self.filename = filename
-        self.records: list[dict[str, Any]] = []
-        self._probe_dev: Any = None
-
-    # ---- helpers ----------------------------------------------------------------------------
-    def path(self, trainer) -> Path | None:
-        run_dir = getattr(trainer, "run_dir", None)
-        return None if run_dir is None else Path(run_dir) / self.filename
-
-    @staticmethod
-    def _rng_devices(model) -> list[int]:
-        dev = model.W_E.device
-        if dev.type != "cuda":
-            return []
-        return [dev.index if dev.index is not None else torch.cuda.current_device()]
-
-    def _get_probe(self, trainer):
-        model = trainer.model
-        dev = model.W_E.device
-        if self._probe_dev is None or self._probe_dev[0] != dev:
-            if self.probe is None:
-                with torch.random.fork_rng(devices=self._rng_devices(model)):
-                    self.probe = trainer.task.sample(self.n_probe, seed=self.probe_seed)
-            p = self.probe
-            self._probe_dev = (dev, p.tokens.to(dev), p.labels.to(dev), p.pad_mask.to(dev))
-        return self._probe_dev[1:]
-
-    def measure(self, trainer, step: int) -> list[dict[str, Any]]:
-        """Run the sweep now and return (and keep, and write) this step's records."""
-        model = trainer.model
-        tokens, labels, pad_mask = self._get_probe(trainer)
-        with torch.random.fork_rng(devices=self._rng_devices(model)), torch.no_grad():
-            res = ablate_heads(
-                model, tokens, labels, pad_mask=pad_mask, method=self.method, metric=self.metric,
-                layers=self.layers, n_bootstrap=0, batch_size=self.batch_size,
-            )  # fmt: skip
-        new = []
-        for layer in self.layers:
-            s = layer_stats(res.drops[layer], layer=layer, require_separation=False)
-            new.append(
-                {
-                    "step": int(step),
-                    "layer": layer,
-                    "method": res.method,
-                    "metric": res.metric,
-                    "n_probe": res.n_examples,
-                    "baseline": res.baseline,
-                    "values": [_f(x) for x in res.values[layer]],
-                    "drops": [_f(x) for x in res.drops[layer]],
-                    "top_head": s.top_head,
-                    "top_drop": _f(s.top_drop),
-                    "second_head": s.second_head,
-                    "second_drop": _f(s.second_drop),
-                    "margin": _f(s.margin),
-                    "share": _f(s.share),
-                    "entropy": _f(s.entropy),
-                }
-            )
-        self.records.extend(new)
-        path = self.path(trainer)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in new))
-                f.flush()
-        return new
-
-    # ---- callback interface -----------------------------------------------------------------
-    def on_train_start(self, trainer) -> None:
-        path = self.path(trainer)
-        self.records = []
-        if trainer.step > 0:
-            if path is not None and path.exists():
-                kept = [r for r in load_dynamics(path) if r["step"] <= trainer.step]
-                _atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
-                self.records = kept
-            return
-        if path is not None and path.exists():
-            path.unlink()  # a fresh run starts a fresh file
-        if self.at_start:
-            self.measure(trainer, 0)
-
-    def on_step(self, trainer, step: int, loss: float) -> None:
-        if step % self.every == 0:
-            self.measure(trainer, step)
-
-    def on_train_end(self, trainer) -> None:
-        if self.at_end and trainer.step > 0 and not any(r["step"] == trainer.step for r in self.records):
-            self.measure(trainer, trainer.step)
-
-
 __all__ = [
     "DEFAULT_MIN_DROP_ACCURACY",
     "DEFAULT_MIN_SHARE",
-    "DYNAMICS_FILE",
-    "DepositDynamics",
     "DepositReport",
     "LayerDeposit",
-    "dynamics_arrays",
     "find_deposits",
     "layer_stats",
-    "load_dynamics",
     "normalized_entropy",
     "normalized_gini",
 ]

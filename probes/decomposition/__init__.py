@@ -1,0 +1,75 @@
+"""Decomposition of a head's pre-softmax attention logits into content and position terms.
+
+Paper digest §2. For head h of layer l, with ``s = 1/sqrt(d_qk)``, the logit the model computes is
+
+    L[i, j] = s * rot(q_i) . rot(k_j) + B[i, j]          (then + mask, then softmax)
+
+where ``rot`` is the encoding's rotation (RoPE; identity otherwise) and ``B`` its relative bias
+(T5, ALiBi; zero otherwise). See :mod:`pe_interp.attention`.
+
+**Layer 0, any encoding** (:func:`logit_terms`). The layer's input is ``x = c + p``: token embedding
+``c`` (``hook_embed``) plus the absolute positional vector ``p`` (``hook_pos_embed``; absent for
+relative and rotary encodings). LayerNorm is made linear by freezing its scale at the value the
+model actually used (``ln1.hook_scale``, as TransformerLens does when it folds LayerNorm), so
+
+    LN(x_i) = (x_i - mean(x_i)) / scale_i * w + b
+            = [centre(c_i)/scale_i * w] + [centre(p_i)/scale_i * w] + b
+            =        content_i          +        position_i         + offset
+
+The **offset** component collects everything that is the same at every position and for every
+token: LayerNorm's bias ``b``; the projections' biases ``b_Q``/``b_K`` are added to it too (so
+``q^offset = b W_Q + b_Q``). Keeping it separate (rather than folding it into content) keeps the
+content terms purely token-driven. Each component goes through the (linear) projection, extension
+(decoupled RoPE) and rotation separately, which gives 3 x 3 Gram terms ``"{query}-{key}"``, e.g.
+``"content-position"`` = ``s * rot(q^content_i) . rot(k^position_j)``, plus ``"relative_bias"``.
+Terms whose component does not exist (``position`` without an absolute encoding,
+``relative_bias`` without a bias encoding) are left out. With ``kv_source="embed"`` the keys read
+the raw, un-normalised input, so the key side has no LayerNorm and an offset of ``b_K`` alone.
+The terms sum to the model's logits (tested to 1e-4 for every encoding).
+
+Note: a term that depends only on the query (e.g. ``"content-offset"``: ``q^content_i . k^offset``)
+shifts a whole row and so cannot change the attention pattern.
+
+**Layers > 0**: the residual stream has no clean content/position split; the terms are ``"qk"``
+(``s * rot(q) . rot(k)``) and ``"relative_bias"``.
+
+**Rotary encodings, any layer** (:class:`RopeTerms`): writing each rotated pair k of the
+(un-rotated) head vectors as a complex number, ``q_m^(k)``, ``k_n^(k)``,
+
+    s * rot(q_m) . rot(k_n) = s * Re sum_k  q_m^(k) conj(k_n^(k)) e^{i (m - n) theta_k}  + unrotated
+                            = s * Re sum_k  (G^(k) o E^(k))[m, n]                     + unrotated
+
+with the complex content Gram matrix ``G^(k)_{mn} = q_m^(k) conj(k_n^(k))`` and the Toeplitz,
+rank-one, unit-diagonal relative-position kernel ``E^(k)_{mn} = e^{i (m-n) theta_k}`` (the paper's
+Hadamard form). ``unrotated`` holds dimensions the encoding does not rotate (partial RoPE, the
+content path of decoupled RoPE). Pairs are RoPE's **adjacent (interleaved)** pairs
+``(2k, 2k+1)`` of each rotated span.
+
+:func:`toeplitz_score` measures how much of a ``[q, k]`` matrix is a function of ``j - i`` alone,
+and :func:`positional_scores` scores every head of a model for position-only structure.
+
+One idea per module: :mod:`~probes.decomposition.toeplitz` (the Toeplitz score),
+:mod:`~probes.decomposition.rope` (the per-frequency RoPE terms), :mod:`~probes.decomposition.terms`
+(the logit terms of one head) and :mod:`~probes.decomposition.positional` (positional scores of
+every head). What they need to know about the encoding (its rotated spans and their frequencies)
+they ask the encoding (:meth:`pe_interp.encodings.Encoding.rotary_spans`); the projections, the
+norm and the rotation they run are the model's own.
+"""
+
+from probes.decomposition.positional import PositionalScores, positional_scores
+from probes.decomposition.rope import RopeSpan, RopeTerms, rope_spans, rope_terms
+from probes.decomposition.terms import LogitTerms, logit_terms
+from probes.decomposition.toeplitz import diagonal_means, toeplitz_score
+
+__all__ = [
+    "LogitTerms",
+    "PositionalScores",
+    "RopeSpan",
+    "RopeTerms",
+    "diagonal_means",
+    "logit_terms",
+    "positional_scores",
+    "rope_spans",
+    "rope_terms",
+    "toeplitz_score",
+]

@@ -1,0 +1,141 @@
+"""Positional scores of every head: how much of its logits is a function of positions alone."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pe_interp.io import atomic_write_json, nan_array, read_json
+from pe_interp.modes import eval_mode
+from probes.decomposition.toeplitz import toeplitz_score
+
+__all__ = ["PositionalScores", "positional_scores"]
+
+DEFINITION = "split-half R^2 of a position-only (query, key) template; toeplitz = mean per-example Toeplitz R^2"
+
+
+@dataclass(frozen=True, eq=False)
+class PositionalScores:
+    """Position-only structure of every head's pre-softmax logits, ``[n_layers, n_heads]``.
+
+    - ``scores`` (primary) = ``template``: the share of a head's logit variance (over examples
+      and allowed (query, key) entries) explained by a **position-only template** ``T[i, j]``, the
+      mean logit at (i, j) over examples. Whatever depends only on positions, absolute or relative
+      (a Toeplitz RoPE/ALiBi/T5 pattern, "attend to position 0", ``p_i^T W p_j``) is common to all
+      examples and lands in the template; what depends on the tokens varies between examples and
+      does not. The template is estimated on one half of the examples and scored on the other
+      (split-half R^2, both ways, averaged), so noise does not inflate the score (fitting the
+      template in-sample would give about ``1/n_examples`` even to a pure-content head); clipped
+      at 0. A head whose logits are exactly position-only scores 1.
+    - ``toeplitz``: the mean over examples of :func:`toeplitz_score` of the head's logits on each
+      example (the part that is a function of ``j - i`` alone within one example); high for
+      relative-position heads even when content modulates them per example.
+
+    Both are defined for every head of any model and need no knowledge of the encoding; NaN
+    only where a head's logits are constant.
+    """
+
+    scores: Tensor
+    toeplitz: Tensor
+    n_examples: int
+
+    @property
+    def template(self) -> Tensor:
+        return self.scores
+
+    def argmax(self, layer: int | None = None) -> tuple[int, int]:
+        """(layer, head) with the highest score (within ``layer`` if given)."""
+        s = torch.nan_to_num(self.scores, nan=-math.inf)
+        if layer is not None:
+            return layer, int(s[layer].argmax())
+        i = int(s.flatten().argmax())
+        return divmod(i, s.shape[1])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scores": self.scores.tolist(),
+            "toeplitz": self.toeplitz.tolist(),
+            "n_examples": self.n_examples,
+            "definition": DEFINITION,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PositionalScores:
+        return cls(
+            scores=torch.from_numpy(nan_array(d["scores"])).float(),
+            toeplitz=torch.from_numpy(nan_array(d["toeplitz"])).float(),
+            n_examples=int(d["n_examples"]),
+        )
+
+    def save(self, path: str | Path) -> Path:
+        return atomic_write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> PositionalScores:
+        return cls.from_dict(read_json(path))
+
+
+def positional_scores(
+    model, tokens: Tensor, *, pad_mask: Tensor | None = None, batch_size: int = 8
+) -> PositionalScores:
+    """:class:`PositionalScores` of every head on ``tokens [n, pos]`` (n >= 2)."""
+    cfg = model.cfg
+    n, n_pos = tokens.shape
+    if n < 2:
+        raise ValueError("positional_scores: need at least 2 examples (the template is split-half)")
+    device = model.W_E.device
+    L, H = cfg.n_layers, cfg.n_heads
+    names = [f"blocks.{layer}.attn.hook_attn_scores" for layer in range(L)]
+    f64 = torch.float64
+    # per half: sums and sums of squares per (layer, head, i, j), counts per (i, j)
+    s1 = torch.zeros(2, L, H, n_pos, n_pos, dtype=f64, device=device)
+    s2 = torch.zeros_like(s1)
+    cnt = torch.zeros(2, n_pos, n_pos, dtype=f64, device=device)
+    toep_sum = torch.zeros(L, H, dtype=f64, device=device)
+    toep_n = torch.zeros(L, H, dtype=f64, device=device)
+    half_of = torch.arange(n) % 2
+    with eval_mode(model), torch.no_grad():
+        for start in range(0, n, batch_size):
+            rows = slice(start, min(n, start + batch_size))
+            toks = tokens[rows].to(device)
+            pm = None if pad_mask is None else pad_mask[rows].to(device)
+            _, cache = model.run_with_cache(toks, pm, names_filter=names)
+            scores = torch.stack([cache[nm] for nm in names], 1).to(f64)  # [b, L, H, q, k]
+            finite = torch.isfinite(scores)
+            if cfg.mask_padding:
+                qv = (toks != cfg.pad_id) if pm is None else pm
+                finite = finite & qv[:, None, None, :, None]
+            scores = torch.where(finite, scores, torch.zeros((), dtype=f64, device=device))
+            valid = finite[:, 0, 0]  # [b, q, k]: the same for every head
+            t = toeplitz_score(scores, finite)
+            ok = torch.isfinite(t)
+            toep_sum += torch.where(ok, t, torch.zeros_like(t)).sum(0)
+            toep_n += ok.sum(0)
+            for hf in (0, 1):
+                sel = (half_of[rows] == hf).to(device)
+                if not bool(sel.any()):
+                    continue
+                s1[hf] += scores[sel].sum(0)
+                s2[hf] += (scores[sel] ** 2).sum(0)
+                cnt[hf] += valid[sel].to(f64).sum(0)
+
+    r2 = []
+    for a, b in ((0, 1), (1, 0)):
+        both = (cnt[a] > 0) & (cnt[b] > 0)
+        t_a = s1[a] / cnt[a].clamp(min=1)
+        w = both.to(f64)
+        n_b = (cnt[b] * w).sum()
+        sum_b = (s1[b] * w).sum((-2, -1))
+        sq_b = (s2[b] * w).sum((-2, -1))
+        ss_tot = sq_b - sum_b**2 / n_b.clamp(min=1)
+        ss_res = (w * (s2[b] - 2 * t_a * s1[b] + cnt[b] * t_a**2)).sum((-2, -1))
+        deg = ss_tot <= 1e-20 * sq_b.clamp(min=1e-300)
+        r2.append(torch.where(deg, torch.full_like(ss_tot, math.nan), 1 - ss_res / ss_tot.clamp(min=1e-300)))
+    template = ((r2[0] + r2[1]) / 2).clamp(min=0.0, max=1.0)
+    toeplitz = torch.where(toep_n > 0, toep_sum / toep_n.clamp(min=1), torch.full_like(toep_sum, math.nan))
+    return PositionalScores(scores=template.float().cpu(), toeplitz=toeplitz.float().cpu(), n_examples=n)
