@@ -1,13 +1,26 @@
-"""The ``pe-interp`` command line: one sub-command per module in :mod:`pe_interp.commands`."""
+"""The ``pe-interp`` command line: an explicit table of sub-commands (:data:`COMMANDS`).
+
+Each entry is a module of :mod:`pe_interp.commands` whose ``add_parser(subparsers)`` adds its
+sub-command(s) and sets ``run`` on them. A module that fails to import fails the command line
+loudly; nothing is discovered at run time.
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-# Each module has add_parser(subparsers), and its parsers set_defaults(run=...).
-COMMANDS = ["train", "ablate", "patch", "decompose", "reproduce", "sweep"]
+from pe_interp.commands import ablate, decompose, patch, reproduce, sweep, train
+
+# module -> the sub-commands it adds, in the order ``pe-interp --help`` lists them
+COMMANDS = {
+    train: ("train", "eval"),
+    ablate: ("ablate",),
+    patch: ("patch",),
+    decompose: ("decompose",),
+    reproduce: ("reproduce",),
+    sweep: ("sweep", "sweep-report"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,13 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pe-interp", description="Train and probe transformers with pluggable positional encodings."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"pe_interp.commands.{name}")
-        except ModuleNotFoundError as err:
-            if err.name == f"pe_interp.commands.{name}":
-                continue  # not built yet
-            raise
+    for module in COMMANDS:
         module.add_parser(sub)
     return parser
 
@@ -29,11 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler = getattr(args, "run", None)
-    if handler is None:  # a module that sets run only on its sub-parsers
-        handler = args.func
     try:
-        return int(handler(args) or 0)
+        return int(args.run(args) or 0)
     except (ValueError, FileNotFoundError) as err:
         print(f"pe-interp {args.command}: error: {err}", file=sys.stderr)
         return 2

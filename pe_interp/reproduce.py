@@ -4,7 +4,9 @@ Runs go through the sweep runner (:mod:`pe_interp.sweep`), so a rerun skips fini
 failed run is reported rather than stopping the rest. Every model gets held-out accuracy, the
 full head-ablation sweep with deposit detection, and deposit dynamics recorded during training;
 task-1 models with a rotary part (multiplicative or hybrid) also get head patching with distance
-counterfactuals and per-head positional scores.
+counterfactuals and per-head positional scores; the heads the report shows get their attention
+patterns stored; and the sweep measures the gradient "seeds" at initialisation (C15). The report
+then only reads.
 """
 
 from __future__ import annotations
@@ -12,31 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pe_interp.report import write_report
+from pe_interp.report.labels import ENCODINGS, encoding_label
 from pe_interp.sweep import Grid, SweepSummary, parse_grid, run_sweep
 
-# (label, encoding spec) in the order the tables list them.
-ENCODINGS: list[tuple[str, Any]] = [
-    ("nope", "nope"),
-    ("sinusoidal", "sinusoidal"),
-    ("learned", "learned"),
-    ("t5", "t5"),
-    ("alibi", "alibi"),
-    ("rope", "rope"),
-    ("sinusoidal+rope", "sinusoidal+rope"),
-    ("rope (1 head)", {"name": "rope", "heads": [0]}),
-    ("rope (2 heads)", {"name": "rope", "heads": [0, 1]}),
-    ("decoupled_rope", "decoupled_rope"),
-]
 SMOKE_ENCODINGS = ["nope", "sinusoidal", "rope"]
 DEFAULT_SEEDS = {"smoke": 1, "quick": 3, "paper": 3}
-PROBES = ("dynamics", "ablation", "patching", "positional")
-
-
-def encoding_label(spec: Any) -> str:
-    for label, s in ENCODINGS:
-        if s == spec:
-            return label
-    return spec if isinstance(spec, str) else str(spec)
+PROBES = ("dynamics", "ablation", "patching", "positional", "attention", "gradients")
 
 
 def reproduce_grid(
@@ -76,10 +60,11 @@ def reproduce(
     overrides: dict[str, Any] | None = None,
 ) -> tuple[SweepSummary, Path]:
     """Run (or finish) the reproduction into ``out`` and write ``summary.md`` and ``report.html``."""
-    from pe_interp.report import write_report
-
     grid = reproduce_grid(preset, seeds, encodings, tasks, overrides)
     out = Path(out)
     summary = run_sweep(grid, out, backend=backend, workers=workers, progress=progress)
     write_report(out, preset=preset)
     return summary, out
+
+
+__all__ = ["DEFAULT_SEEDS", "ENCODINGS", "PROBES", "SMOKE_ENCODINGS", "encoding_label", "reproduce", "reproduce_grid"]

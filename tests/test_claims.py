@@ -23,11 +23,11 @@ from pe_interp.report.claims import (
 from pe_interp.report.data import (
     LARGE_DROP,
     SMALL_DROP,
-    AblationView,
     CellInfo,
     acc_stats,
     dominance,
 )
+from probes import AblationResult
 
 N_LAYERS, N_HEADS = 2, 8
 BASE = {"distance": {"chance": 0.0143, "length_only": 0.0537}, "count": {"chance": 0.01, "length_only": 0.01}}
@@ -57,9 +57,9 @@ FLAT = grid(rest=0.01)
 
 def cell(label: str, task: str, seed: int, acc: float, drops, kind: str = "multiplicative") -> CellInfo:
     d = np.asarray(drops, dtype=float)
-    view = AblationView(acc, d, d - 0.01, d + 0.01, "zero", "accuracy", 1000)
+    result = AblationResult(acc, acc - d, d, d - 0.01, d + 0.01, "zero", "accuracy", True, 1000, *d.shape)
     return CellInfo(f"{label}-{task}-{seed}", label, task, seed, kind, {}, {"test_acc": acc},
-                    Path("/nonexistent"), None, view, None, None)
+                    Path("/nonexistent"), None, result, None, None)
 
 
 def judge(cells: list[CellInfo], gradients=None) -> dict:

@@ -32,10 +32,12 @@ from pe_interp.report.claims import (
     evaluate_claims,
 )
 from pe_interp.report.cvis import InlineWidgets, WidgetFormatError, split_local_src
-from pe_interp.report.data import AblationView, AccStat, CellInfo, deposit_flag
+from pe_interp.report.data import AccStat, CellInfo
+from probes import AblationResult, DepositReport
 
-ENCODINGS = ["nope", "rope"]
+ENCODINGS = ["nope", "sinusoidal", "rope"]  # the smoke preset's
 CLAIM_IDS = [f"C{i}" for i in range(1, 18)]
+GOLDEN = Path(__file__).parent / "golden" / "smoke_summary.json"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -43,15 +45,36 @@ CLAIM_IDS = [f"C{i}" for i in range(1, 18)]
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def repro(tmp_path_factory):
-    """``reproduce(preset="smoke", seeds=1, encodings=["nope", "rope"])`` in a temp dir: 4 tiny
-    models, every probe (dynamics, ablation, patching, positional), then the report."""
+    """``pe-interp reproduce --preset smoke`` in a temp dir (``reproduce(preset="smoke")``, one
+    worker): 6 tiny models (nope, sinusoidal, rope x both tasks, seed 0), every probe (dynamics,
+    ablation, patching, positional, attention, gradients), then the report."""
     from pe_interp.reproduce import reproduce
 
     out = tmp_path_factory.mktemp("repro")
     t0 = time.time()
-    summary, _ = reproduce(out, preset="smoke", seeds=1, encodings=ENCODINGS, progress=False, workers=1)
+    summary, _ = reproduce(out, preset="smoke", progress=False, workers=1)
     assert not summary.failed, summary.failed
     return SimpleNamespace(out=Path(out), summary=summary, seconds=time.time() - t0)
+
+
+def test_smoke_summary_matches_the_golden_file(repro):
+    """The numbers do not move: ``summary.json`` of the smoke reproduction equals
+    ``tests/golden/smoke_summary.json`` exactly (every table, record, claim and the C15 evidence),
+    except ``out_dir``, which names the machine's temporary directory.
+
+    When a change is *meant* to move numbers, regenerate the golden file in a commit of its own
+    that says why (one thread, as CI runs)::
+
+        OMP_NUM_THREADS=1 .venv/bin/pe-interp reproduce --preset smoke --out /tmp/golden
+        .venv/bin/python tests/golden/update.py /tmp/golden/summary.json
+    """
+    got = json.loads((repro.out / "summary.json").read_text())
+    got.pop("out_dir")
+    want = json.loads(GOLDEN.read_text())
+    if got != want:
+        diffs = [k for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k)]
+        pytest.fail(f"summary.json differs from {GOLDEN.name} in {diffs} (see the docstring to regenerate "
+                    "it when numbers are meant to change)")
 
 
 def md_section(md: str, title_start: str) -> str:
@@ -146,7 +169,7 @@ def test_summary_json_matches_markdown(repro):
 def test_deposit_table(repro):
     data = json.loads((repro.out / "summary.json").read_text())
     recs = data["tables"]["deposits"]["records"]
-    assert len(recs) == 4 and {r["encoding"] for r in recs} == set(ENCODINGS)
+    assert len(recs) == 2 * len(ENCODINGS) and {r["encoding"] for r in recs} == set(ENCODINGS)
     for r in recs:
         assert r["measured"] and r["deposit_found"] in (True, False)
         assert isinstance(r["layer"], int) and isinstance(r["head"], int)
@@ -158,11 +181,36 @@ def test_resume_skips_finished_cells(repro):
     from pe_interp.reproduce import reproduce
 
     before = {p: p.stat().st_mtime_ns for p in (repro.out / "cells").glob("*/result.json")}
-    summary, _ = reproduce(repro.out, preset="smoke", seeds=1, encodings=ENCODINGS, progress=False, workers=1)
+    summary, _ = reproduce(repro.out, preset="smoke", progress=False, workers=1)
     assert sorted(summary.skipped) == sorted(p.parent.name for p in before)
     assert not summary.done and not summary.failed
     assert {p: p.stat().st_mtime_ns for p in before} == before
     assert (repro.out / "summary.md").is_file() and (repro.out / "report.html").is_file()
+
+
+def test_a_rerun_gives_a_finished_cell_the_probes_it_lacks(repro, tmp_path):
+    """A directory from before a probe existed (here: a cell without attention patterns) gets
+    that probe on the next ``reproduce``, without training again; the report then shows it."""
+    from pe_interp.reproduce import reproduce
+
+    out = tmp_path / "old"
+    shutil.copytree(repro.out, out)
+    cell = next((out / "cells").glob("*rope*task-distance*"))
+    result = json.loads((cell / "result.json").read_text())
+    assert "attention" in result["probes_run"]
+    for key in ("attention", "probes_run"):
+        result.pop(key)
+    (cell / "result.json").write_text(json.dumps(result))
+    (cell / "run" / "attention.json").unlink()
+    weights = (cell / "run" / "model.safetensors").stat().st_mtime_ns
+    summary, _ = reproduce(out, preset="smoke", progress=False, workers=1)
+    assert summary.done == [cell.name] and not summary.failed
+    assert (cell / "run" / "attention.json").is_file()
+    assert (cell / "run" / "model.safetensors").stat().st_mtime_ns == weights  # not trained again
+    assert "attention" in json.loads((cell / "result.json").read_text())["probes_run"]
+    got = json.loads((out / "summary.json").read_text())
+    want = json.loads((repro.out / "summary.json").read_text())
+    assert {k: v for k, v in got.items() if k != "out_dir"} == {k: v for k, v in want.items() if k != "out_dir"}
 
 
 def test_flagged_deposit_and_failed_cell_are_reported(repro, tmp_path):
@@ -268,11 +316,16 @@ def test_unexpected_circuitsvis_format_falls_back():
 # ------------------------------------------------------------------------------------------------
 # claims logic on synthetic ablation grids
 # ------------------------------------------------------------------------------------------------
+def grid_result(baseline: float, drops) -> AblationResult:
+    """A single-head zero-ablation grid with these accuracy ``drops`` and CIs ±0.01."""
+    d = np.asarray(drops, dtype=float)
+    L, H = d.shape
+    return AblationResult(baseline, baseline - d, d, d - 0.01, d + 0.01, "zero", "accuracy", True, 1000, L, H)
+
+
 def _cell(label, task, seed, acc, drops, kind="multiplicative", run_dir=Path("/nonexistent")):
-    drops = np.asarray(drops, dtype=float)
-    view = AblationView(acc, drops, drops - 0.01, drops + 0.01, "zero", "accuracy", 1000)
     return CellInfo(f"{label}-{task}-{seed}", label, task, seed, kind, {}, {"test_acc": acc},
-                    Path(run_dir), None, view, None, None)
+                    Path(run_dir), None, grid_result(acc, drops), None, None)
 
 
 def _ctx(cells):
@@ -287,7 +340,10 @@ def test_claims_on_a_clean_deposit(tmp_path):
     flat = [[0.02, 0.01, 0.0, 0.02], [0.01, 0.0, 0.0, 0.01], [0.0, 0.0, 0.0, 0.0]]
     # deposit dynamics as probes.deposit.DepositDynamics writes them: one line per (step, layer)
     (tmp_path / "deposit_dynamics.jsonl").write_text("".join(
-        json.dumps({"step": step, "layer": 0, "drops": [m, 0.0, 0.0, 0.0], "margin": m}) + "\n"
+        json.dumps({"step": step, "layer": 0, "method": "zero", "metric": "accuracy", "n_probe": 512,
+                    "baseline": 0.9, "values": [0.9 - m, 0.9, 0.9, 0.9], "drops": [m, 0.0, 0.0, 0.0],
+                    "top_head": 0, "top_drop": m, "second_head": 1, "second_drop": 0.0, "margin": m,
+                    "share": 1.0, "entropy": 0.0}) + "\n"
         for step, m in [(0, 0.01), (50, 0.2), (100, 0.55)]))
     cells = [_cell("rope", "distance", s, 0.92, dep, run_dir=tmp_path) for s in range(3)]
     cells += [_cell("nope", "distance", s, 0.05, flat, "none") for s in range(3)]
@@ -316,12 +372,16 @@ def test_claims_when_the_deposit_is_spread_or_the_model_failed():
     assert {c.id: c for c in evaluate_claims(_ctx(low))}["C9"].status == NOT_MEASURED
 
 
-def test_deposit_flag_reads_the_probe_schema():
-    assert deposit_flag(None).found is None
-    f = deposit_flag({"deposits": [[1, 2], [0, 3]], "layers": [], "thresholds": {"min_drop": 0.2}})
-    assert f.found and (f.layer, f.head) == (0, 3) and f.heads == ((0, 3), (1, 2))
-    assert deposit_flag({"deposits": [], "layers": []}).found is False
-    assert deposit_flag({"layers": [{"layer": 0, "top_head": 1, "is_deposit": True}]}).heads == ((0, 1),)
+def test_cells_read_the_deposit_report_schema():
+    """The report reads ``probes.deposit``'s DepositReport with its own ``from_dict``."""
+    cell = _cell("rope", "distance", 0, 0.9, [[0.6, 0.0], [0.0, 0.0]])
+    assert cell.found is None and cell.flagged == ()
+    report = {"deposits": [[1, 2], [0, 3]], "layers": [], "metric": "accuracy", "method": "zero", "baseline": 0.9,
+              "thresholds": {"min_drop": 0.2, "min_share": 0.5, "require_separation": True}}
+    cell.deposits = DepositReport.from_dict(report)
+    assert cell.found and cell.flagged == ((0, 3), (1, 2)) and cell.deposits.first == (0, 3)
+    cell.deposits = DepositReport.from_dict({**report, "deposits": []})
+    assert cell.found is False and cell.deposits.first is None
     assert AccStat(0.5, 0.0, 1, (0.5,)).n == 1
 
 

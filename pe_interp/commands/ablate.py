@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -63,9 +62,7 @@ def run(args: argparse.Namespace) -> int:
     result = dataclasses.replace(result, meta={**result.meta, "eval_set": args.on})
     report = find_deposits(result, min_drop=args.min_drop, min_share=args.min_share)
     result.save(run_dir / "ablation.json")
-    tmp = run_dir / "deposits.json.tmp"
-    tmp.write_text(json.dumps(report.to_dict(), indent=1))
-    tmp.replace(run_dir / "deposits.json")
+    report.save(run_dir / "deposits.json")
     if not args.no_figures:
         from probes.plots import plot_drop_heatmap, plot_layer_lines
 

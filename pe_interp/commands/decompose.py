@@ -50,7 +50,7 @@ def decompose_run(
     figures: bool = True,
 ) -> tuple[Any, Any, dict[str, Path]]:
     """The work of ``pe-interp decompose`` on a model and a batch (``tokens``, ``pad_mask``)."""
-    from pe_interp.checkpoint import atomic_write_json
+    from pe_interp.io import atomic_write_json
     from probes.decomposition import logit_terms, positional_scores
 
     cfg = model.cfg

@@ -64,7 +64,7 @@ def patch_run(
     figures: bool = True,
 ) -> tuple[Any, dict[str, Path]]:
     """The work of ``pe-interp patch`` on a model and task; returns the result and written files."""
-    from pe_interp.checkpoint import atomic_write_json
+    from pe_interp.io import atomic_write_json
     from probes.patching import patch
 
     if n < 1:

@@ -47,7 +47,7 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
 
 
 def write_report(sweep_dir: Path, axes: list[str]) -> str:
-    from pe_interp.checkpoint import atomic_write_bytes, atomic_write_json
+    from pe_interp.io import atomic_write_json, atomic_write_text
     from pe_interp.sweep import aggregate, collect, format_table
 
     results, errors = collect(sweep_dir)
@@ -56,16 +56,18 @@ def write_report(sweep_dir: Path, axes: list[str]) -> str:
     if errors:
         table += "\nFailed cells:\n" + "".join(f"- {e['id']}: {e['error']}\n" for e in errors)
     atomic_write_json(sweep_dir / "report.json", {"axes": axes, "rows": rows, "errors": errors})
-    atomic_write_bytes(sweep_dir / "report.md", table.encode())
+    atomic_write_text(sweep_dir / "report.md", table)
     return table
 
 
 def run_report_cmd(args: argparse.Namespace) -> int:
+    from pe_interp.io import read_json
+
     sweep_dir = Path(args.sweep_dir)
     grid_file = sweep_dir / "grid.json"
     if not grid_file.is_file():
         raise ValueError(f"{grid_file}: not a sweep directory (no grid.json)")
-    grid = json.loads(grid_file.read_text())
+    grid = read_json(grid_file)
     axes = args.by if args.by is not None else grid.get("varying", list(grid["axes"]))
     print(write_report(sweep_dir, axes), end="")
     return 0

@@ -43,19 +43,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pe_interp.presets import build_run_configs
+from pe_interp.report import gradients as grad
 from pe_interp.report.data import (
     LARGE_DROP,
+    NOT_MEASURED,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    SANITY_CHECK,
     SMALL_DROP,
+    STATUSES,
     AccStat,
     CellInfo,
     Dominance,
-    read_dynamics,
+    dominance,
+    margin_over_training,
+    margins,
 )
-
-REPRODUCED, NOT_REPRODUCED, NOT_MEASURED = "reproduced", "not reproduced", "not measured"
-# A check that holds by construction (C17): it tests this code, not the paper.
-SANITY_CHECK = "sanity check"
-STATUSES = (REPRODUCED, NOT_REPRODUCED, NOT_MEASURED, SANITY_CHECK)
 
 # An encoding's task mean at or above this is "at the ceiling" (within 2 points of 100%).
 CEILING = 0.98
@@ -346,7 +350,7 @@ def _rope_models(ctx: Context, cl: Claim) -> tuple[list[CellInfo], list[str]]:
         if not _learned(ctx, c):
             skipped.append(f"seed {c.seed} left out: baseline {pct(c.ablation.baseline)} ≤ length-only ceiling "
                            f"{pct(lo)} + 5 pts (did not learn the task)")
-        elif not c.ablation.dominance().room:
+        elif not dominance(c.ablation).room:
             skipped.append(f"seed {c.seed} left out: baseline {pct(c.ablation.baseline)} < "
                            f"{100 * LARGE_DROP:.0f}% leaves no room for a {100 * LARGE_DROP:.0f}-point drop")
         else:
@@ -364,9 +368,8 @@ def _judge(cl: Claim, flags: list[bool], parts: list[str], skipped: list[str], w
 
 
 def _detector(c: CellInfo) -> str:
-    flag = c.flag
-    return "" if flag.found is None else (
-        "; probes.deposit flags " + (", ".join(f"L{x}H{y}" for x, y in flag.heads) if flag.heads else "none"))
+    return "" if c.found is None else (
+        "; probes.deposit flags " + (", ".join(f"L{x}H{y}" for x, y in c.flagged) if c.flagged else "none"))
 
 
 def c7(ctx: Context) -> Claim:
@@ -381,7 +384,7 @@ def c7(ctx: Context) -> Claim:
         return cl
     flags, parts = [], []
     for c in models:
-        d = c.ablation.dominance()
+        d = dominance(c.ablation)
         flags.append(d.single and d.layer == 0)
         parts.append(f"seed {c.seed}: {d.text()}{'' if d.layer == 0 else ' (not in layer 0)'}{_detector(c)}")
     return _judge(cl, flags, parts, skipped)
@@ -401,7 +404,7 @@ def c8(ctx: Context) -> Claim:
         return cl
     flags, parts, none = [], [], []
     for c in models:
-        d = c.ablation.dominance()
+        d = dominance(c.ablation)
         if d.others_small and d.drop <= SMALL_DROP:
             none.append(f"seed {c.seed} left out: no head matters (top L{d.layer}H{d.head} drops only "
                         f"{pts(d.drop)}), so no head is singled out")
@@ -430,7 +433,7 @@ def _no_deposit_claim(cl: Claim, ctx: Context, pairs: list[tuple[str, str]],
         judged = (label, task) in pairs
         texts = []
         for c in models:
-            d = c.ablation.dominance()
+            d = dominance(c.ablation)
             if judged and d.room:
                 ok = (not d.single) if ok is None else (ok and not d.single)
             texts.append(f"s{c.seed} {d.text()}" + ("" if d.room else " (baseline < 50%: no room, not judged)"))
@@ -509,7 +512,7 @@ def _deposit_models(ctx: Context, cl: Claim) -> tuple[list[tuple[CellInfo, Domin
         return [], []
     keep, out = [], list(skipped)
     for c in models:
-        d = c.ablation.dominance()
+        d = dominance(c.ablation)
         if d.single:
             keep.append((c, d))
         else:
@@ -543,7 +546,7 @@ def c14(ctx: Context) -> Claim:
     for c, d in found:
         flags.append(d.layer == 0)
         parts.append(f"seed {c.seed}: deposit at L{d.layer}H{d.head} ({pts(d.drop)}, runner-up {pts(d.runner_up)})")
-    controls = [(lab, c, c.ablation.dominance()) for lab in CONTROLS + ("sinusoidal+rope",)
+    controls = [(lab, c, dominance(c.ablation)) for lab in CONTROLS + ("sinusoidal+rope",)
                 for c in _ablated(ctx, lab, "distance")]
     if controls:
         parts.append("for information, top heads elsewhere on task 1: " + ", ".join(
@@ -559,8 +562,6 @@ def c14(ctx: Context) -> Claim:
 
 def c15(ctx: Context) -> Claim:
     # One criterion: the one `report.gradients.judge` applies, stated by `report.gradients.criterion`.
-    from pe_interp.report import gradients as grad
-
     g = ctx.gradients or {}
     n = int(g.get("n", grad.N_EXAMPLES))
     cl = Claim("C15", "(Theory) Under RoPE the positional gradient has a deterministic non-zero seed at init; "
@@ -591,14 +592,13 @@ def c16(ctx: Context) -> Claim:
         return cl
     flags, parts = [], []
     for c, _ in found:
-        m = c.ablation.margins()
+        m = margins(c.ablation)
         ok = all(m[i] >= m[i + 1] for i in range(len(m) - 1)) and m[0] > m[-1]
         flags.append(ok)
         ratios = [f"{m[i] / m[i + 1]:.2f}" if m[i + 1] > 1e-9 else "∞" for i in range(len(m) - 1)]
         text = (f"seed {c.seed}: margins by layer " + ", ".join(f"{100 * x:.1f}" for x in m)
                 + f" pts (γ_l = margin_l/margin_l+1: {', '.join(ratios)})")
-        dyn = read_dynamics(c.run_dir)
-        trend = _margin_trend(dyn)
+        trend = _margin_trend(margin_over_training(c, 0))
         if trend:
             text += f"; layer-0 margin during training {trend}"
         parts.append(text)
@@ -610,13 +610,8 @@ def c16(ctx: Context) -> Claim:
     return _judge(cl, flags, parts, others, "seeds with a deposit")
 
 
-def _margin_trend(dyn: list[dict[str, Any]]) -> str:
-    if len(dyn) < 2:
-        return ""
-    from pe_interp.report.figures import layer_margin
-
-    vals = [(d["step"], layer_margin(d, 0)) for d in dyn]
-    vals = [(s, v) for s, v in vals if v is not None and not math.isnan(v)]
+def _margin_trend(vals: list[tuple[int, float]]) -> str:
+    """``(step, margin)`` pairs as "step a: x → step b: y → step c: z pts" (first, middle, last)."""
     if len(vals) < 2:
         return ""
     (s0, v0), (s1, v1) = vals[0], vals[-1]
@@ -633,8 +628,6 @@ def c17(ctx: Context) -> Claim:
                "the generator) equal 1.43% and 5.37% to two decimals, “not reproduced” (the code is "
                "wrong) when they do not.")
     try:
-        from pe_interp.presets import build_run_configs
-
         _, task, _ = build_run_configs("distance", "nope", "paper")
         ch, lo = task.chance_accuracy(), task.length_only_accuracy()
     except Exception as err:  # noqa: BLE001 - reported as not measured
@@ -665,3 +658,19 @@ def evaluate_claims(ctx: Context) -> list[Claim]:
             claim.evidence += f". Not reproduced at preset `{ctx.preset}`; {PAPER_SETTING}."
         out.append(claim)
     return out
+
+
+__all__ = [
+    "CEILING",
+    "CLAIMS",
+    "DOMINANT",
+    "NOT_MEASURED",
+    "NOT_REPRODUCED",
+    "PAPER_SETTING",
+    "REPRODUCED",
+    "SANITY_CHECK",
+    "STATUSES",
+    "Claim",
+    "Context",
+    "evaluate_claims",
+]

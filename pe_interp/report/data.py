@@ -1,8 +1,9 @@
-"""Reading a reproduce directory: one :class:`CellInfo` per finished cell, with the probe outputs
-turned into arrays (:class:`AblationView`) whatever optional keys a probe left out.
+"""Reading a reproduce directory: one :class:`CellInfo` per finished cell, holding the probe
+results as the probes' own types, loaded with their own ``from_dict`` / ``load``.
 
-Everything here reads JSON written by the sweep runner and the probes; nothing is recomputed
-except small statistics of the ablation grid (top head, share of the layer's drop, margins).
+Nothing here computes anything about a model: it reads what the sweep stored
+(:mod:`pe_interp.sweep.probing`) and takes statistics of the stored numbers (a layer's deposit
+statistics are :func:`probes.deposit.layer_stats`, the one definition).
 """
 
 from __future__ import annotations
@@ -16,6 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from pe_interp.config import ModelConfig
+from pe_interp.encodings import combined_kind, get_encoding_class, parse_encoding
+from pe_interp.io import read_json
+from pe_interp.report.labels import ENCODINGS, encoding_label
+from pe_interp.sweep import collect
+from pe_interp.sweep.probing import ATTENTION, AttentionRecord
+from probes import AblationResult, DepositReport, PatchResult, PositionalScores
+from probes.deposit import LayerDeposit, dynamics_arrays, layer_stats, load_dynamics
+
 TASK_ORDER = ("distance", "count")
 TASK_TITLES = {"distance": "Task 1 (distance)", "count": "Task 2 (count)"}
 KIND_ORDER = ("none", "additive", "multiplicative", "hybrid")
@@ -26,123 +36,48 @@ LARGE_DROP = 0.50
 # points of baseline").
 SMALL_DROP = 0.05
 
-
-def first(d: Any, *keys: str, default: Any = None) -> Any:
-    """The value of the first of ``keys`` present (and not None) in mapping ``d``."""
-    if not isinstance(d, dict):
-        return default
-    for k in keys:
-        if d.get(k) is not None:
-            return d[k]
-    return default
-
-
-def as_array(x: Any) -> np.ndarray | None:
-    """A float array from nested lists with None for NaN (as the probes write them)."""
-    if x is None:
-        return None
-    try:
-        return np.array(x, dtype=np.float64)
-    except (TypeError, ValueError):
-        return np.array([[math.nan if v is None else v for v in row] for row in x], dtype=np.float64)
+# A claim's verdict (see claims.py).
+REPRODUCED, NOT_REPRODUCED, NOT_MEASURED = "reproduced", "not reproduced", "not measured"
+# A check that holds by construction (C17): it tests this code, not the paper.
+SANITY_CHECK = "sanity check"
+STATUSES = (REPRODUCED, NOT_REPRODUCED, NOT_MEASURED, SANITY_CHECK)
 
 
 # ------------------------------------------------------------------------------------------------
-# ablation grids
+# statistics of a single-head ablation grid (an AblationResult with drops [n_layers, n_heads])
 # ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LayerStats:
-    layer: int
-    top_head: int
-    top_drop: float  # fraction (accuracy), positive = ablation hurt
-    runner_up: float  # second-largest drop in the layer
-    share: float  # top head's share of the layer's total positive drop
-    ci: tuple[float, float] | None
-
-    @property
-    def margin(self) -> float:
-        return self.top_drop - self.runner_up
+def layer_deposit(a: AblationResult, layer: int) -> LayerDeposit | None:
+    """One layer's deposit statistics (:func:`probes.deposit.layer_stats`)."""
+    return layer_stats(a.drops[layer], a.ci_low[layer], a.ci_high[layer], layer=layer, require_separation=False)
 
 
-@dataclass(frozen=True)
-class AblationView:
-    """The ``[n_layers, n_heads]`` drops of a single-head ablation sweep."""
+def top(a: AblationResult) -> tuple[int, int, float]:
+    """(layer, head, drop) of the most harmful single-head ablation in the model."""
+    filled = np.nan_to_num(a.drops, nan=-math.inf)
+    layer, head = np.unravel_index(int(np.argmax(filled)), filled.shape)
+    return int(layer), int(head), float(a.drops[layer, head])
 
-    baseline: float
-    drops: np.ndarray
-    ci_low: np.ndarray | None
-    ci_high: np.ndarray | None
-    method: str
-    metric: str
-    n_examples: int
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> AblationView | None:
-        if not isinstance(d, dict) or d.get("head_sets"):
-            return None
-        drops = as_array(d.get("drops"))
-        if drops is None or drops.ndim != 2:
-            return None
-        lo, hi = as_array(d.get("ci_low")), as_array(d.get("ci_high"))
-        if lo is not None and lo.shape != drops.shape:
-            lo = None
-        if hi is not None and hi.shape != drops.shape:
-            hi = None
-        return cls(
-            baseline=float(d.get("baseline", math.nan)),
-            drops=drops,
-            ci_low=lo,
-            ci_high=hi,
-            method=str(d.get("method", "?")),
-            metric=str(d.get("metric", "?")),
-            n_examples=int(d.get("n_examples", 0) or 0),
-        )
+def ci_of(a: AblationResult, layer: int, head: int) -> tuple[float, float] | None:
+    lo, hi = float(a.ci_low[layer, head]), float(a.ci_high[layer, head])
+    return None if math.isnan(lo) or math.isnan(hi) else (lo, hi)
 
-    @property
-    def n_layers(self) -> int:
-        return self.drops.shape[0]
 
-    @property
-    def n_heads(self) -> int:
-        return self.drops.shape[1]
+def large_heads(a: AblationResult, threshold: float = LARGE_DROP) -> list[tuple[int, int]]:
+    ls, hs = np.nonzero(np.nan_to_num(a.drops, nan=-math.inf) >= threshold)
+    return [(int(x), int(y)) for x, y in zip(ls, hs)]
 
-    def ci(self, layer: int, head: int) -> tuple[float, float] | None:
-        if self.ci_low is None or self.ci_high is None:
-            return None
-        lo, hi = float(self.ci_low[layer, head]), float(self.ci_high[layer, head])
-        return None if math.isnan(lo) or math.isnan(hi) else (lo, hi)
 
-    def layer_stats(self, layer: int) -> LayerStats:
-        row = self.drops[layer]
-        filled = np.nan_to_num(row, nan=-math.inf)
-        order = np.argsort(-filled, kind="stable")
-        top = int(order[0])
-        runner = float(row[order[1]]) if len(row) > 1 and np.isfinite(filled[order[1]]) else 0.0
-        pos = np.clip(np.nan_to_num(row, nan=0.0), 0.0, None)
-        share = float(pos[top] / pos.sum()) if pos.sum() > 0 else 0.0
-        return LayerStats(layer, top, float(row[top]), runner, share, self.ci(layer, top))
+def max_other(a: AblationResult, layer: int, head: int) -> float:
+    """The largest drop among all heads except (layer, head)."""
+    d = np.nan_to_num(a.drops.copy(), nan=-math.inf)
+    d[layer, head] = -math.inf
+    return float(d.max()) if np.isfinite(d.max()) else 0.0
 
-    def top(self) -> tuple[int, int, float]:
-        """(layer, head, drop) of the most harmful single-head ablation in the model."""
-        filled = np.nan_to_num(self.drops, nan=-math.inf)
-        layer, head = np.unravel_index(int(np.argmax(filled)), filled.shape)
-        return int(layer), int(head), float(self.drops[layer, head])
 
-    def large_heads(self, threshold: float = LARGE_DROP) -> list[tuple[int, int]]:
-        ls, hs = np.nonzero(np.nan_to_num(self.drops, nan=-math.inf) >= threshold)
-        return [(int(a), int(b)) for a, b in zip(ls, hs)]
-
-    def max_other(self, layer: int, head: int) -> float:
-        """The largest drop among all heads except (layer, head)."""
-        d = np.nan_to_num(self.drops.copy(), nan=-math.inf)
-        d[layer, head] = -math.inf
-        return float(d.max()) if np.isfinite(d.max()) else 0.0
-
-    def margins(self) -> list[float]:
-        return [self.layer_stats(layer).margin for layer in range(self.n_layers)]
-
-    def dominance(self) -> Dominance:
-        return dominance(self)
+def margins(a: AblationResult) -> list[float]:
+    """Each layer's top-minus-runner-up drop (:attr:`probes.deposit.LayerDeposit.margin`)."""
+    return [s.margin if (s := layer_deposit(a, layer)) is not None else math.nan for layer in range(a.n_layers)]
 
 
 @dataclass(frozen=True)
@@ -187,49 +122,13 @@ class Dominance:
                 + ("single dominant head" if self.single else "no single dominant head"))
 
 
-def dominance(view: AblationView) -> Dominance:
+def dominance(a: AblationResult) -> Dominance:
     """The :class:`Dominance` statistics of one single-head ablation grid."""
-    layer, head, drop = view.top()
-    pos = np.clip(np.nan_to_num(view.drops, nan=0.0), 0.0, None)
+    layer, head, drop = top(a)
+    pos = np.clip(np.nan_to_num(a.drops, nan=0.0), 0.0, None)
     share = float(pos[layer, head] / pos.sum()) if pos.sum() > 0 else 0.0
-    return Dominance(layer, head, drop, view.max_other(layer, head), share,
-                     len(view.large_heads(LARGE_DROP)), view.baseline)
-
-
-# ------------------------------------------------------------------------------------------------
-# the deposit report written by probes.deposit (schema read defensively)
-# ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DepositFlag:
-    found: bool | None  # None: no deposit report for this cell
-    layer: int | None = None
-    head: int | None = None
-    heads: tuple[tuple[int, int], ...] = ()  # every flagged (layer, head)
-    thresholds: dict[str, Any] = field(default_factory=dict)
-
-
-def deposit_flag(report: Any) -> DepositFlag:
-    """Read a ``DepositReport.to_dict()`` (``probes.deposit``): whether it flags a deposit, where.
-
-    The current schema lists the flagged heads under ``deposits`` (``[[layer, head], ...]``);
-    per-layer records marked ``is_deposit`` are accepted too.
-    """
-    if not isinstance(report, dict):
-        return DepositFlag(None)
-    thresholds = report.get("thresholds") if isinstance(report.get("thresholds"), dict) else {}
-    heads: list[tuple[int, int]] = []
-    if isinstance(report.get("deposits"), list):
-        heads = [(int(x[0]), int(x[1])) for x in report["deposits"] if isinstance(x, list | tuple) and len(x) == 2]
-    elif isinstance(report.get("layers"), list):
-        for x in report["layers"]:
-            if isinstance(x, dict) and first(x, "is_deposit", "flag") and "layer" in x:
-                heads.append((int(x["layer"]), int(first(x, "top_head", "head", default=0))))
-    else:
-        return DepositFlag(None)
-    heads.sort()
-    if not heads:
-        return DepositFlag(False, thresholds=thresholds)
-    return DepositFlag(True, heads[0][0], heads[0][1], tuple(heads), thresholds)
+    return Dominance(layer, head, drop, max_other(a, layer, head), share,
+                     len(large_heads(a, LARGE_DROP)), a.baseline)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,11 +145,11 @@ class CellInfo:
     final: dict[str, Any]
     run_dir: Path
     config: dict[str, Any] | None
-    ablation: AblationView | None = None
-    ablation_raw: dict[str, Any] | None = None
-    deposits: dict[str, Any] | None = None
-    patching: Any = None
-    positional: Any = None
+    ablation: AblationResult | None = None  # a layers x heads grid
+    deposits: DepositReport | None = None
+    patching: PatchResult | None = None
+    positional: PositionalScores | None = None
+    attention: AttentionRecord | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -258,101 +157,91 @@ class CellInfo:
         return float(self.final.get("test_acc", math.nan))
 
     @property
-    def flag(self) -> DepositFlag:
-        return deposit_flag(self.deposits)
+    def found(self) -> bool | None:
+        """Did ``probes.deposit`` flag a deposit (None: no deposit report for this cell)?"""
+        return None if self.deposits is None else bool(self.deposits.deposits)
+
+    @property
+    def flagged(self) -> tuple[tuple[int, int], ...]:
+        """Every flagged (layer, head), shallowest first."""
+        return () if self.deposits is None else tuple(sorted(self.deposits.deposits))
+
+    def dynamics(self) -> list[dict[str, Any]]:
+        """The run's deposit-dynamics records ([] when it has none)."""
+        path = self.run_dir / "deposit_dynamics.jsonl"
+        return load_dynamics(path) if path.is_file() else []
+
+
+def margin_over_training(cell: CellInfo, layer: int = 0) -> list[tuple[int, float]]:
+    """(step, margin) of ``layer`` over training, from the deposit dynamics (finite values only)."""
+    records = cell.dynamics()
+    if not any(r.get("layer") == layer for r in records):
+        return []
+    a = dynamics_arrays(records, layer)
+    return [(int(s), float(m)) for s, m in zip(a["steps"], a["margin"]) if not math.isnan(m)]
 
 
 def _kind(spec: Any, config: dict[str, Any] | None) -> str:
-    from pe_interp.encodings import combined_kind, get_encoding_class, parse_encoding
-
-    try:
-        if config and "model" in config:
-            from pe_interp.config import ModelConfig
-
-            return ModelConfig.from_dict(config["model"]).encoding_kind
-    except (ValueError, TypeError, KeyError):
-        pass
-    try:
-        return combined_kind([get_encoding_class(s.name).kind for s in parse_encoding(spec)])
-    except ValueError:
-        return "none"
+    if config and "model" in config:
+        return ModelConfig.from_dict(config["model"]).encoding_kind
+    return combined_kind([get_encoding_class(s.name).kind for s in parse_encoding(spec)])
 
 
 def _varying(results: list[dict[str, Any]]) -> list[str]:
     """Settings other than task/encoding/preset that differ between cells (grid variants)."""
     keys: set[str] = set()
     for r in results:
-        keys |= set(r.get("params", {}))
+        keys |= set(r["params"])
     out = []
     for k in sorted(keys - {"task", "encoding", "preset"}):
-        values = {json.dumps(r.get("params", {}).get(k), sort_keys=True) for r in results}
+        values = {json.dumps(r["params"].get(k), sort_keys=True) for r in results}
         if len(values) > 1:
             out.append(k)
     return out
 
 
 def cell_label(params: dict[str, Any], varying: list[str]) -> str:
-    from pe_interp.reproduce import encoding_label
-
     label = encoding_label(params.get("encoding"))
     extra = [f"{k}={params.get(k)}" for k in varying]
     return f"{label} [{', '.join(extra)}]" if extra else label
 
 
+def load_cell(r: dict[str, Any], out_dir: Path, varying: list[str]) -> CellInfo:
+    """One finished cell from its ``result.json`` record and its run directory."""
+    params = dict(r["params"])
+    run_dir = out_dir / "cells" / str(r["id"]) / "run"
+    config = read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else None
+    abl = r.get("ablation")
+    ablation = AblationResult.from_dict(abl["ablation"]) if abl else None
+    attention = AttentionRecord.load(run_dir / ATTENTION) if (run_dir / ATTENTION).is_file() else None
+    return CellInfo(
+        id=str(r["id"]),
+        label=cell_label(params, varying),
+        task=str(params["task"]),
+        seed=int(r["seed"]),
+        kind=_kind(params.get("encoding"), config),
+        params=params,
+        final=dict(r["final"]),
+        run_dir=run_dir,
+        config=config,
+        ablation=ablation if ablation is not None and ablation.is_grid else None,
+        deposits=DepositReport.from_dict(abl["deposits"]) if abl else None,
+        patching=PatchResult.from_dict(r["patching"]) if r.get("patching") else None,
+        positional=PositionalScores.from_dict(r["positional"]) if r.get("positional") else None,
+        attention=attention,
+    )
+
+
 def load_cells(out_dir: str | Path) -> tuple[list[CellInfo], list[dict[str, Any]]]:
     """Every finished cell of a reproduce directory, and the error records of failed ones."""
-    from pe_interp.sweep import collect
-
     out_dir = Path(out_dir)
     results, errors = collect(out_dir)
     varying = _varying(results)
-    cells = []
-    for r in results:
-        params = dict(r.get("params", {}))
-        cell_dir = out_dir / "cells" / str(r.get("id"))
-        run_dir = cell_dir / "run"
-        config = None
-        if (run_dir / "config.json").is_file():
-            try:
-                config = json.loads((run_dir / "config.json").read_text())
-            except json.JSONDecodeError:
-                config = None
-        abl = r.get("ablation") or {}
-        abl_raw = abl.get("ablation") if isinstance(abl, dict) and "ablation" in abl else None
-        if abl_raw is None and isinstance(abl, dict) and "drops" in abl:
-            abl_raw = abl
-        deposits = abl.get("deposits") if isinstance(abl, dict) else None
-        positional = r.get("positional")
-        if isinstance(positional, dict) and isinstance(positional.get("positional"), dict):
-            positional = positional["positional"]
-        patching = r.get("patching")
-        if isinstance(patching, dict) and isinstance(patching.get("patching"), dict):
-            patching = patching["patching"]
-        cells.append(
-            CellInfo(
-                id=str(r.get("id")),
-                label=cell_label(params, varying),
-                task=str(params.get("task", "?")),
-                seed=int(r.get("seed", 0)),
-                kind=_kind(params.get("encoding"), config),
-                params=params,
-                final=dict(r.get("final") or {}),
-                run_dir=run_dir,
-                config=config,
-                ablation=AblationView.from_dict(abl_raw),
-                ablation_raw=abl_raw,
-                deposits=deposits if isinstance(deposits, dict) else None,
-                patching=patching,
-                positional=positional,
-            )
-        )
-    return cells, errors
+    return [load_cell(r, out_dir, varying) for r in results], errors
 
 
 def label_order(cells: list[CellInfo]) -> list[str]:
     """Encoding labels grouped by kind, each kind in the order of the reproduce table."""
-    from pe_interp.reproduce import ENCODINGS
-
     known = [label for label, _ in ENCODINGS]
     labels = list(dict.fromkeys(c.label for c in cells))
     kind_of = {c.label: c.kind for c in cells}
@@ -391,75 +280,26 @@ def acc_stats(cells: list[CellInfo]) -> dict[tuple[str, str], AccStat]:
     }
 
 
-def load_dynamics_records(run_dir: Path) -> list[dict[str, Any]]:
-    """The raw records of ``run_dir/deposit_dynamics.jsonl`` ([] when absent or unreadable)."""
-    path = Path(run_dir) / "deposit_dynamics.jsonl"
-    if not path.is_file():
-        return []
-    try:
-        from probes.deposit import load_dynamics
-    except ImportError:
-        load_dynamics = None
-    if load_dynamics is not None:
-        try:
-            return list(load_dynamics(path))
-        except (json.JSONDecodeError, OSError):
-            return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
-
-
-def read_dynamics(run_dir: Path) -> list[dict[str, Any]]:
-    """Deposit dynamics of a run as ``[{"step": s, "drops": [L, H] array, "margin": [L] | None}]``.
-
-    Reads ``deposit_dynamics.jsonl`` (one line per step and layer, as ``probes.deposit``'s
-    ``DepositDynamics`` writes it: ``{"step", "layer", "drops", "margin", ...}``); a drops grid per
-    line (``drops``) or a list of per-layer records (``layers``) is accepted too.
-    """
-    records = load_dynamics_records(run_dir)
-    by_step: dict[int, dict[int, np.ndarray]] = {}
-    margins: dict[int, dict[int, float]] = {}
-    for rec in records:
-        step = first(rec, "step")
-        if step is None:
-            continue
-        step = int(step)
-        grid = as_array(first(rec, "drops", "head_drops"))
-        if grid is not None and grid.ndim == 2 and "layer" not in rec:
-            for layer, row in enumerate(grid):
-                by_step.setdefault(step, {})[layer] = row
-        elif grid is not None and grid.ndim == 1 and "layer" in rec:
-            by_step.setdefault(step, {})[int(rec["layer"])] = grid
-        for lrec in rec.get("layers", []) if isinstance(rec.get("layers"), list) else []:
-            d = as_array(first(lrec, "drops", "head_drops"))
-            if d is not None and d.ndim == 1 and "layer" in lrec:
-                by_step.setdefault(step, {})[int(lrec["layer"])] = d
-            if first(lrec, "margin") is not None and "layer" in lrec:
-                margins.setdefault(step, {})[int(lrec["layer"])] = float(lrec["margin"])
-        m = first(rec, "margin", "margins")
-        if isinstance(m, list):
-            for layer, v in enumerate(m):
-                if v is not None:
-                    margins.setdefault(step, {})[layer] = float(v)
-        elif m is not None and "layer" in rec:
-            margins.setdefault(step, {})[int(rec["layer"])] = float(m)
-    out = []
-    for step in sorted(by_step):
-        layers = by_step[step]
-        n_layers = max(layers) + 1
-        n_heads = max(len(v) for v in layers.values())
-        grid = np.full((n_layers, n_heads), math.nan)
-        for layer, row in layers.items():
-            grid[layer, : len(row)] = row
-        marg = margins.get(step)
-        out.append({
-            "step": step,
-            "drops": grid,
-            "margin": [marg.get(layer, math.nan) for layer in range(n_layers)] if marg else None,
-        })
-    return out
+__all__ = [
+    "LARGE_DROP",
+    "NOT_MEASURED",
+    "NOT_REPRODUCED",
+    "REPRODUCED",
+    "SANITY_CHECK",
+    "SMALL_DROP",
+    "STATUSES",
+    "AccStat",
+    "CellInfo",
+    "Dominance",
+    "acc_stats",
+    "ci_of",
+    "dominance",
+    "label_order",
+    "large_heads",
+    "layer_deposit",
+    "load_cells",
+    "margins",
+    "max_other",
+    "task_order",
+    "top",
+]

@@ -1,25 +1,22 @@
-"""C15 evidence: gradient "seeds" at initialisation, measured with ``probes.gradients``.
+"""C15's verdict from the gradient "seeds" the sweep measured at initialisation.
 
-For RoPE, ALiBi, T5 and sinusoidal at the runs' own model size, on one batch of task-1 examples,
-over the runs' seeds as initialisation seeds: the coherence of each head's per-example gradients
-(``||mean g|| / mean ||g||``; about ``1/sqrt(n)`` for independent directions, 1 when every example
-agrees). The result is cached in ``OUT/gradients.json`` (keyed by the model config, the batch
-size and the seeds), so rebuilding the report does not recompute it.
+The sweep (:func:`pe_interp.sweep.probing.sweep_gradients`) stores, in ``OUT/gradients.json``,
+the coherence of each head's per-example gradients (``||mean g|| / mean ||g||``; about
+``1/sqrt(n)`` for independent directions, 1 when every example agrees) for RoPE, ALiBi, T5 and
+sinusoidal at the runs' own model size, on one batch of task-1 examples, over the runs' seeds as
+initialisation seeds. This module reads it and applies C15's criterion.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from pe_interp.report.claims import NOT_MEASURED, NOT_REPRODUCED, REPRODUCED
+from pe_interp.report.data import NOT_MEASURED, NOT_REPRODUCED, REPRODUCED
+from pe_interp.sweep.probing import GRADIENT_N, load_gradients
 
-ENCODINGS = ("rope", "alibi", "t5", "sinusoidal")
-N_EXAMPLES = 128
-BATCH_SEED = 15  # the task batch is task.sample(N_EXAMPLES, seed=BATCH_SEED)
-CACHE = "gradients.json"
+N_EXAMPLES = GRADIENT_N
 
 CRITERION = (
     "`probes.gradients.gradient_coherence` at initialisation (this run's model size, {n} task-1 "
@@ -41,54 +38,12 @@ def criterion(n: int = N_EXAMPLES) -> str:
     return CRITERION.format(n=n, noise=1 / math.sqrt(n), thr=threshold(n))
 
 
-def _compute(cfg_dict: dict[str, Any], task_dict: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
-    from pe_interp.config import ModelConfig
-    from pe_interp.tasks import task_from_dict
-    from probes.gradients import gradient_coherence
-
-    base = ModelConfig.from_dict(cfg_dict).replace(dropout=0.0, attn_dropout=0.0)
-    batch = task_from_dict(task_dict).sample(N_EXAMPLES, seed=BATCH_SEED)
-    out = {}
-    for enc in ENCODINGS:
-        r = gradient_coherence(base.replace(encoding=enc), batch, init_seeds=seeds)
-        out[enc] = r.to_dict()
-    return out
-
-
-def gradient_evidence(cells: list[Any], out_dir: str | Path | None = None) -> dict[str, Any]:
-    """The C15 verdict and evidence (``{"available": False, "reason": ...}`` when not measurable)."""
-    try:
-        import probes.gradients  # noqa: F401
-    except ImportError as err:
-        return {"available": False, "reason": f"probes.gradients is not available ({err})"}
-    task1 = [c for c in cells if c.task == "distance" and c.config]
-    if not task1:
-        return {"available": False, "reason": "needs a task-1 run (its model size and task)"}
-    cfg = dict(task1[0].config["model"])
-    cfg.pop("encoding", None)
-    cfg["encoding"] = "rope"
-    task_dict = task1[0].config["task"]
-    seeds = sorted({c.seed for c in cells})
-    key = {"model": cfg, "task": task_dict, "seeds": seeds, "n": N_EXAMPLES, "batch_seed": BATCH_SEED,
-           "encodings": list(ENCODINGS)}
-    cache = Path(out_dir) / CACHE if out_dir is not None else None
-    results = None
-    if cache is not None and cache.is_file():
-        try:
-            stored = json.loads(cache.read_text())
-            if stored.get("key") == json.loads(json.dumps(key)):
-                results = stored["results"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            results = None
+def gradient_evidence(out_dir: str | Path) -> dict[str, Any]:
+    """The C15 verdict and evidence from ``OUT/gradients.json`` (``{"available": False,
+    "reason": ...}`` when the sweep has none)."""
+    results, why = load_gradients(out_dir)
     if results is None:
-        try:
-            results = _compute(cfg, task_dict, seeds)
-        except Exception as err:  # noqa: BLE001 - reported as not measured, with the reason
-            return {"available": False, "reason": f"probes.gradients failed: {type(err).__name__}: {err}"}
-        if cache is not None:
-            from pe_interp.checkpoint import atomic_write_json
-
-            atomic_write_json(cache, {"key": key, "results": results})
+        return {"available": False, "reason": why}
     return judge(results, N_EXAMPLES)
 
 

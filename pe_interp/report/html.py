@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any
 
 import numpy as np
 
+from pe_interp.report.attention import attention_section
 from pe_interp.report.cvis import InlineWidgets
-from pe_interp.report.data import CellInfo, as_array, label_order, task_order
+from pe_interp.report.data import CellInfo, acc_stats, label_order, task_order
 from pe_interp.report.figures import (
-    ablation_heatmaps,
     accuracy_bars,
     common_vmax,
     grid_heatmap,
@@ -25,6 +24,7 @@ from pe_interp.report.figures import (
     rotary_task1_labels,
 )
 from pe_interp.report.summary import SOURCE_NOTE, Summary, Table
+from probes.decomposition.positional import DEFINITION
 
 CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0 auto; max-width: 1400px;
@@ -83,21 +83,6 @@ def img(uri: str | None, alt: str) -> str:
 # ------------------------------------------------------------------------------------------------
 # patching and positional scores
 # ------------------------------------------------------------------------------------------------
-def find_patch_results(obj: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
-    """Every ``PatchResult.to_dict()``-like mapping (``values`` + ``axis_names``) inside ``obj``."""
-    found = []
-    if isinstance(obj, dict):
-        if "values" in obj and "axis_names" in obj:
-            found.append((path or obj.get("site", "patching"), obj))
-        else:
-            for k, v in obj.items():
-                found += find_patch_results(v, f"{path}.{k}" if path else str(k))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            found += find_patch_results(v, f"{path}[{i}]")
-    return found
-
-
 def colored_tokens(values: np.ndarray, tokens: list[str] | None, title: str) -> str:
     v = np.nan_to_num(np.asarray(values, dtype=np.float64))
     lim = float(np.abs(v).max()) or 1.0
@@ -123,36 +108,28 @@ def lowest_seeds(cells: list[CellInfo], has) -> list[CellInfo]:
 
 def patching_section(cells: list[CellInfo]) -> str:
     parts = []
-    for c in lowest_seeds(cells, lambda c: bool(c.patching)):
-        results = find_patch_results(c.patching)
-        if not results:
-            continue
+    for c in lowest_seeds(cells, lambda c: c.patching is not None):
+        r = c.patching
         parts.append(f"<h3>{html.escape(c.label)} · {html.escape(c.task)} · seed {c.seed}</h3>")
-        for name, r in results:
-            axes = list(r.get("axis_names", []))
-            vals = as_array(r.get("values"))
-            if vals is None:
-                continue
-            layers = r.get("layers") or list(range(vals.shape[0]))
-            metric = r.get("metric", "metric")
-            desc = f"{name}: site {r.get('site', '?')}, {r.get('direction', '')}, {metric}, {r.get('n_examples', '?')} pairs"
-            if axes == ["layer", "head"]:
-                parts.append(img(grid_heatmap(vals, desc, metric, center=True, yticks=layers), desc))
-            elif axes == ["layer", "pos", "head"]:
-                for li, layer in enumerate(layers):
-                    row = vals[li]
-                    h = int(np.nanargmax(np.abs(np.nan_to_num(row)).max(0)))
-                    parts.append(colored_tokens(row[:, h], r.get("tokens"),
-                                                f"{desc}; layer {layer}, head {h} (largest), by position"))
-            elif axes == ["layer", "pos"]:
-                for li, layer in enumerate(layers):
-                    parts.append(colored_tokens(vals[li], r.get("tokens"), f"{desc}; layer {layer}, by position"))
-            elif axes == ["layer", "head", "dest_pos"]:
-                parts.append(img(grid_heatmap(np.nanmean(vals, -1), desc + " (mean over positions)", metric,
-                                              center=True), desc))
-            elif vals.ndim == 2:
-                fig = grid_heatmap(vals, desc, metric, center=True, xlabel=axes[-1] if axes else "")
-                parts.append(img(fig, desc))
+        axes = list(r.axis_names)
+        vals = r.values.double().numpy()
+        layers = list(r.layers)
+        desc = f"{r.site}: site {r.site}, {r.direction}, {r.metric_name}, {r.n_examples} pairs"
+        if axes == ["layer", "head"]:
+            parts.append(img(grid_heatmap(vals, desc, r.metric_name, center=True, yticks=layers), desc))
+        elif axes == ["layer", "pos", "head"]:
+            for li, layer in enumerate(layers):
+                row = vals[li]
+                h = int(np.nanargmax(np.abs(np.nan_to_num(row)).max(0)))
+                parts.append(colored_tokens(row[:, h], None, f"{desc}; layer {layer}, head {h} (largest), by position"))
+        elif axes == ["layer", "pos"]:
+            for li, layer in enumerate(layers):
+                parts.append(colored_tokens(vals[li], None, f"{desc}; layer {layer}, by position"))
+        elif axes == ["layer", "head", "dest_pos"]:
+            parts.append(img(grid_heatmap(np.nanmean(vals, -1), desc + " (mean over positions)", r.metric_name,
+                                          center=True), desc))
+        elif vals.ndim == 2:
+            parts.append(img(grid_heatmap(vals, desc, r.metric_name, center=True, xlabel=axes[-1]), desc))
     if not parts:
         return "<p class='note'>No patching results (patching runs on task-1 models with a rotary part).</p>"
     return ("<p class='note'>Activation patching with distance counterfactuals (lowest seed of each model): "
@@ -162,25 +139,18 @@ def patching_section(cells: list[CellInfo]) -> str:
 
 def positional_section(cells: list[CellInfo]) -> str:
     parts = []
-    for c in lowest_seeds(cells, lambda c: isinstance(c.positional, dict)):
-        pos = c.positional
-        scores = as_array(pos.get("scores"))
-        if scores is None or scores.ndim != 2:
-            continue
+    for c in lowest_seeds(cells, lambda c: c.positional is not None):
+        scores = c.positional.scores.double().numpy()
         title = f"{c.label} · {c.task} · seed {c.seed}: positional score per head"
         parts.append(img(grid_heatmap(scores, title, "position-only R²", cmap="viridis", vmin=0.0, vmax=1.0), title))
     if not parts:
         return ""
-    note = next((c.positional.get("definition") for c in cells if isinstance(c.positional, dict)), "")
-    return (f"<h3>Positional scores (lowest seed of each model)</h3><p class='note'>{html.escape(str(note or ''))}</p>"
+    return (f"<h3>Positional scores (lowest seed of each model)</h3><p class='note'>{html.escape(DEFINITION)}</p>"
             + "<div class='figs'>" + "".join(parts) + "</div>")
 
 
 # ------------------------------------------------------------------------------------------------
 def render_html(summary: Summary) -> str:
-    from pe_interp.report.attention import attention_section
-    from pe_interp.report.data import acc_stats
-
     cells = summary.cells
     acc = acc_stats(cells)
     baselines = {r["task"]: {"chance": r["chance"] / 100, "length_only": r["length_only"] / 100}
@@ -217,12 +187,10 @@ def render_html(summary: Summary) -> str:
             title = (f"{label} · {task} · " + (f"mean of {len(models)} seeds" if len(models) > 1 else f"seed {models[0].seed}")
                      + f" · baseline {100 * base:.1f}%")
             figs.append(model_heatmap(models, title, vmax=vmax))
-        if figs and all(figs):
+        if figs:
             dep += (f"<h3>{html.escape(task)}: accuracy drop per ablated head (flagged deposit heads outlined; "
                     f"one colour scale, ±{100 * vmax:.0f} points)</h3>"
                     "<div class='figs'>" + "".join(img(f, "ablation heatmap") for f in figs) + "</div>")
-        else:  # probes.plots unavailable: one combined figure drawn here
-            dep += img(ablation_heatmaps(cells, task), f"ablation heatmaps {task}")
     lines = ""
     for label in rotary_task1_labels(cells):
         models = sorted((c for c in cells if c.label == label and c.task == "distance" and c.ablation is not None),

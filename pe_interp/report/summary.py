@@ -8,13 +8,12 @@ same tables: every Markdown row is ``table["rows"]``, with the numbers behind it
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pe_interp.io import read_json
 from pe_interp.report.claims import (
     CEILING,
     DOMINANT,
@@ -30,38 +29,23 @@ from pe_interp.report.data import (
     AccStat,
     CellInfo,
     acc_stats,
+    ci_of,
+    dominance,
     label_order,
+    large_heads,
+    layer_deposit,
     load_cells,
     task_order,
+    top,
 )
+from pe_interp.report.labels import paper_acc
+from pe_interp.tasks import task_from_dict
 
 SOURCE_NOTE = (
     "Paper numbers come from secondary summaries of the paper (papernotes, opennovelty; digest §5, "
     "tag [S]) and are unverified; the paper's own tables were not available. Words in quotes are "
     "the summaries' qualitative statements."
 )
-
-# label -> task -> what the summaries report (digest §5).
-PAPER_ACC: dict[str, dict[str, str]] = {
-    "rope": {"distance": "92.64", "count": "69.43"},
-    "sinusoidal+rope": {"distance": "92.64 (if the paper's RoPE is the authors' APE+RoPE)",
-                        "count": "69.43 (same caveat)"},
-    "decoupled_rope": {"distance": "88.34 (MLA)", "count": "97.41 (MLA)"},
-    "nope": {"distance": "“fails” (qualitative)", "count": "77.69"},
-    "sinusoidal": {"distance": "“second best” (qualitative, “Absolute”)",
-                   "count": "“moderate” (qualitative, “Absolute”)"},
-    "learned": {"distance": "not reported (“Absolute” may mean this)",
-                "count": "not reported (“Absolute” may mean this)"},
-    "alibi": {"distance": "“fails” (qualitative)", "count": "“worst” (qualitative)"},
-    "t5": {"distance": "not reported", "count": "not reported"},
-    "rope (1 head)": {"distance": "≈90 (qualitative)", "count": "not reported"},
-    "rope (2 heads)": {"distance": "≈90+ (qualitative)", "count": "not reported"},
-}
-
-
-def paper_acc(label: str, task: str) -> str:
-    return PAPER_ACC.get(label.split(" [")[0], {}).get(task, "not reported")
-
 
 @dataclass
 class Table:
@@ -172,8 +156,7 @@ def _header(cells: list[CellInfo], out_dir: Path) -> dict[str, Any]:
     }
     grid = out_dir / "grid.json"
     if grid.is_file():
-        with contextlib.suppress(json.JSONDecodeError):
-            h["grid"] = json.loads(grid.read_text()).get("name")
+        h["grid"] = read_json(grid).get("name")
     if config:
         m, tr = config.get("model", {}), config.get("train", {})
         h["run_preset"] = config.get("preset")
@@ -200,8 +183,6 @@ def _header(cells: list[CellInfo], out_dir: Path) -> dict[str, Any]:
 
 def task_baselines(cells: list[CellInfo]) -> dict[str, dict[str, float]]:
     """Exact chance and length-only accuracies of each task, from the task objects of the runs."""
-    from pe_interp.tasks import task_from_dict
-
     out: dict[str, dict[str, float]] = {}
     for t in task_order(cells):
         cfg = next((c.config for c in cells if c.task == t and c.config and "task" in c.config), None)
@@ -265,48 +246,45 @@ def deposit_table(cells: list[CellInfo]) -> Table:
     tasks = task_order(cells)
     rows, records = [], []
     for c in sorted(cells, key=lambda c: (tasks.index(c.task), order[c.label], c.seed)):
-        a, flag = c.ablation, c.flag
+        a = c.ablation
         rec: dict[str, Any] = {"id": c.id, "encoding": c.label, "kind": c.kind, "task": c.task, "seed": c.seed,
-                               "test_acc": _num(c.test_acc), "deposit_found": flag.found,
-                               "flagged_heads": [list(h) for h in flag.heads]}
+                               "test_acc": _num(c.test_acc), "deposit_found": c.found,
+                               "flagged_heads": [list(h) for h in c.flagged]}
         if a is None:
             rows.append([c.label, c.kind, c.task, str(c.seed), _fmt_pct(c.test_acc), "—", "not measured",
                          "—", "—", "—", "—", "—"])
             rec["measured"] = False
             records.append(rec)
             continue
-        if flag.found and flag.layer is not None:
-            layer = flag.layer
-            head = flag.head if flag.head is not None else a.layer_stats(layer).top_head
-        else:
-            layer, head, _ = a.top()
-        st = a.layer_stats(layer)
+        layer, head = c.flagged[0] if c.found else top(a)[:2]
+        st = layer_deposit(a, layer)
         drop = float(a.drops[layer, head])
         pos = [max(0.0, x) for x in a.drops[layer] if not math.isnan(x)]
         share = drop / sum(pos) if sum(pos) > 0 and drop > 0 else 0.0
-        ci = a.ci(layer, head)
-        if flag.found:
-            found = "yes: " + ", ".join(f"L{a}H{b}" for a, b in flag.heads)
+        ci = ci_of(a, layer, head)
+        if c.found:
+            found = "yes: " + ", ".join(f"L{x}H{y}" for x, y in c.flagged)
         else:
-            found = {False: "no (strongest head shown)", None: "n/a (no deposit report)"}[flag.found]
-        level = c.ablation_raw.get("ci", 0.95) if c.ablation_raw else 0.95
+            found = {False: "no (strongest head shown)", None: "n/a (no deposit report)"}[c.found]
+        level = a.ci
+        d = dominance(a)
         rows.append([c.label, c.kind, c.task, str(c.seed), _fmt_pct(c.test_acc), _fmt_pct(a.baseline), found,
                      str(layer), str(head), f"{100 * drop:.1f}", f"{100 * share:.0f}%",
                      "—" if ci is None else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}] ({100 * level:.0f}%)"])
         rec.update({"measured": True, "baseline": _num(a.baseline), "layer": layer, "head": head,
                     "drop": _num(drop), "share": round(share, 4), "ci": None if ci is None else [_num(ci[0]), _num(ci[1])],
                     "ci_level": level, "layer_top_head": st.top_head, "method": a.method, "metric": a.metric,
-                    "n_examples": a.n_examples, "max_drop": _num(a.top()[2]), "heads_ge_50": len(a.large_heads()),
-                    "runner_up": _num(a.dominance().runner_up),
-                    "single_dominant_head": a.dominance().single})
+                    "n_examples": a.n_examples, "max_drop": _num(top(a)[2]), "heads_ge_50": len(large_heads(a)),
+                    "runner_up": _num(d.runner_up),
+                    "single_dominant_head": d.single})
         records.append(rec)
-    thresholds = next((c.flag.thresholds for c in cells if c.flag.thresholds), {})
+    report = next((c.deposits for c in cells if c.deposits is not None), None)
     rule = ""
-    if thresholds:
+    if report is not None:
         rule = (" Its rule (`probes.deposit.find_deposits`): a layer's top head is flagged when its drop "
-                f"≥ {100 * float(thresholds.get('min_drop', 0)):.0f} points, its share of the layer's "
-                f"drop ≥ {100 * float(thresholds.get('min_share', 0)):.0f}%"
-                + (", and its CI lies above the runner-up's drop" if thresholds.get("require_separation") else "")
+                f"≥ {100 * report.min_drop:.0f} points, its share of the layer's "
+                f"drop ≥ {100 * report.min_share:.0f}%"
+                + (", and its CI lies above the runner-up's drop" if report.require_separation else "")
                 + f". The claims below use their own, fixed definition of a deposit: {DOMINANT}.")
     notes = [
         "Single-head ablation on held-out examples (`probes.ablation`, zero ablation of the head's "

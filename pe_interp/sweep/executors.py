@@ -1,0 +1,204 @@
+"""Running a grid's cells: one cell (train, probes, ``result.json``), and the executors that run
+many, in local processes or on Ray (see :mod:`pe_interp.sweep`)."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pe_interp.api import train
+from pe_interp.checkpoint import load_run
+from pe_interp.io import atomic_write_json, read_json
+from pe_interp.sweep.aggregate import collect
+from pe_interp.sweep.grid import CELL, ERROR, PROBES_RUN, RESULT, Cell, Grid
+from pe_interp.sweep.probing import CALLBACKS, PROBES, SWEEP_PROBES
+
+__all__ = ["CHAOS_ENV", "SweepSummary", "missing_probes", "run_cell", "run_sweep"]
+
+
+# ---- one cell ---------------------------------------------------------------------------------
+def missing_probes(result: dict[str, Any], probes: tuple[str, ...]) -> list[str]:
+    """The per-cell probes of ``probes`` that a finished cell's result has not run yet (a cell
+    finished before a probe was added to the sweep gets it on the next run)."""
+    done = set(result.get(PROBES_RUN, [k for k in result if k in PROBES]))
+    return [name for name in probes if name in PROBES and name not in done]
+
+
+def _run_probes(run: Any, names: list[str], result: dict[str, Any]) -> None:
+    for name in names:
+        if (record := PROBES[name](run)) is not None:
+            result[name] = record
+    result[PROBES_RUN] = [*result.get(PROBES_RUN, []), *names]
+
+
+def run_cell(cell: Cell, sweep_dir: str | Path, probes: tuple[str, ...] = (), threads: int | None = None) -> dict[str, Any]:
+    """Train one cell (resuming its own checkpoint if any), run its probes, write result.json.
+
+    A finished cell is not trained again; only the probes it has not run yet are run."""
+    if threads:
+        torch.set_num_threads(threads)
+    cell_dir = Path(sweep_dir) / "cells" / cell.id
+    run_dir = cell_dir / "run"
+    if (cell_dir / RESULT).is_file():
+        result = read_json(cell_dir / RESULT)
+        missing = missing_probes(result, probes)
+        if missing:
+            _run_probes(load_run(run_dir), missing, result)
+            atomic_write_json(cell_dir / RESULT, result)
+        return result
+    atomic_write_json(cell_dir / CELL, {"id": cell.id, "params": cell.kwargs, "seed": cell.seed})
+    (cell_dir / ERROR).unlink(missing_ok=True)
+    kwargs = cell.kwargs
+    callbacks = [CALLBACKS[name](cell) for name in probes if name in CALLBACKS]
+    train(seed=cell.seed, out=run_dir, resume=True, progress=False, callbacks=callbacks, **kwargs)
+    run = load_run(run_dir)
+    final = run.metrics()[-1]
+    result: dict[str, Any] = {"id": cell.id, "params": kwargs, "seed": cell.seed, "final": final}
+    _run_probes(run, [name for name in probes if name in PROBES], result)
+    atomic_write_json(cell_dir / RESULT, result)
+    return result
+
+
+CHAOS_ENV = "PE_INTERP_CHAOS_KILL_ONCE"
+
+
+def _safe_run_cell(cell: Cell, sweep_dir: str, probes: tuple[str, ...], threads: int | None) -> dict[str, Any]:
+    """run_cell, turning an exception into an error.json record (so the sweep goes on).
+
+    Fault injection for tests: when ``$PE_INTERP_CHAOS_KILL_ONCE`` names a file that does not
+    exist yet, the first cell to get here creates it and kills its own process mid-cell, the way
+    a lost worker dies.
+    """
+    marker = os.environ.get(CHAOS_ENV)
+    if marker:
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            pass
+        else:
+            os.close(fd)
+            os.kill(os.getpid(), 9)
+    try:
+        return run_cell(cell, sweep_dir, probes, threads)
+    except Exception as err:  # noqa: BLE001 - recorded, reported, not swallowed
+        record = {"id": cell.id, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        atomic_write_json(Path(sweep_dir) / "cells" / cell.id / ERROR, record)
+        return record
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    done: list[str]
+    skipped: list[str]
+    failed: dict[str, str]
+
+
+def run_sweep(
+    grid: Grid,
+    sweep_dir: str | Path,
+    backend: str = "local",
+    workers: int | None = None,
+    address: str | None = None,
+    max_retries: int = 3,
+    progress: bool = True,
+) -> SweepSummary:
+    """Run every unfinished cell of ``grid`` into ``sweep_dir`` (resumable)."""
+    if backend not in ("local", "ray"):
+        raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
+    sweep_dir = Path(sweep_dir)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(sweep_dir / "grid.json", grid.to_dict())
+    cells = grid.cells()
+    skipped = [c.id for c in cells if _finished(sweep_dir / "cells" / c.id, grid.probes)]
+    todo = [c for c in cells if c.id not in set(skipped)]
+    cpus = os.cpu_count() or 1
+    threads = int(grid.resources.get("cpus", 1)) or 1
+    if backend == "local":
+        outcomes = _run_local(todo, str(sweep_dir), grid.probes, workers or max(1, cpus // threads), threads, progress)
+    else:
+        outcomes = _run_ray(todo, str(sweep_dir), grid, address, max_retries, progress)
+    failed = {o["id"]: o["error"] for o in outcomes if "error" in o}
+    done = [o["id"] for o in outcomes if "error" not in o]
+    sweep_probes = [SWEEP_PROBES[name] for name in grid.probes if name in SWEEP_PROBES]
+    if sweep_probes:
+        results, _ = collect(sweep_dir)
+        for probe in sweep_probes:
+            probe(sweep_dir, results)
+    return SweepSummary(done=done, skipped=skipped, failed=failed)
+
+
+def _finished(cell_dir: Path, probes: tuple[str, ...]) -> bool:
+    """Trained, with every per-cell probe of ``probes`` run."""
+    return (cell_dir / RESULT).is_file() and not missing_probes(read_json(cell_dir / RESULT), probes)
+
+
+def _bar(total: int, enabled: bool):
+    if not enabled or total == 0:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="cells", unit="cell", dynamic_ncols=True)
+
+
+def _run_local(cells, sweep_dir, probes, workers, threads, progress) -> list[dict[str, Any]]:
+    bar = _bar(len(cells), progress)
+    outcomes = []
+    if workers <= 1 or len(cells) <= 1:
+        for cell in cells:
+            outcomes.append(_safe_run_cell(cell, sweep_dir, probes, threads))
+            if bar:
+                bar.update(1)
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        ctx = mp.get_context("spawn")  # no forked torch thread pools
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            futures = [pool.submit(_safe_run_cell, c, sweep_dir, probes, threads) for c in cells]
+            for fut in as_completed(futures):
+                outcomes.append(fut.result())
+                if bar:
+                    bar.update(1)
+    if bar:
+        bar.close()
+    return outcomes
+
+
+def _run_ray(cells, sweep_dir, grid: Grid, address, max_retries, progress) -> list[dict[str, Any]]:
+    try:  # an optional extra: the error says how to install it
+        import ray
+    except ImportError:
+        raise ValueError("the ray backend needs Ray: pip install 'pe-interp[ray]'") from None
+    started = False
+    if not ray.is_initialized():
+        env = {k: v for k, v in os.environ.items() if k.startswith("PE_INTERP_")}
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": env} if env else None)
+        started = True
+    try:
+        cpus = float(grid.resources.get("cpus", 1))
+        gpus = float(grid.resources.get("gpus", 0))
+        remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries)(_safe_run_cell)
+        pending = [remote.remote(c, sweep_dir, grid.probes, max(1, int(cpus))) for c in cells]
+        bar = _bar(len(cells), progress)
+        outcomes = []
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                try:
+                    outcomes.append(ray.get(ref))
+                except Exception as err:  # noqa: BLE001 - worker lost beyond its retries
+                    outcomes.append({"id": "?", "error": f"{type(err).__name__}: {err}"})
+                if bar:
+                    bar.update(1)
+        if bar:
+            bar.close()
+        return outcomes
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,262 @@
+"""What a sweep measures besides training: probes per cell, callbacks during training, and probes
+over the whole sweep. Each writes its result with the result type's own ``save`` (or
+``to_dict``, into the cell's ``result.json``), and the report reads them back with ``load`` /
+``from_dict``.
+
+- :data:`PROBES`: ``fn(run) -> record | None`` after a cell has trained (None: not applicable);
+- :data:`CALLBACKS`: ``fn(cell) -> Callback`` that watch a cell while it trains;
+- :data:`SWEEP_PROBES`: ``fn(sweep_dir, results)`` once the cells are done (idempotent: each
+  recomputes only when what it depends on changed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pe_interp.config import ModelConfig
+from pe_interp.io import atomic_write_json, read_json
+from pe_interp.presets import build_run_configs
+from pe_interp.tasks import task_from_dict
+from probes import (
+    AblationResult,
+    AttentionPatterns,
+    DepositDynamics,
+    DepositReport,
+    ablate_heads,
+    attention_patterns,
+    find_deposits,
+    gradient_coherence,
+    load_coherence,
+    patch,
+    positional_scores,
+    save_coherence,
+)
+
+if TYPE_CHECKING:
+    from pe_interp.checkpoint import Run
+
+ABLATION, DEPOSITS, PATCHING, POSITIONAL, ATTENTION = (
+    "ablation.json", "deposits.json", "patching.json", "positional.json", "attention.json",
+)
+ROTARY_KINDS = ("multiplicative", "hybrid")
+
+__all__ = [
+    "ATTENTION",
+    "CALLBACKS",
+    "GRADIENTS",
+    "GRADIENT_ENCODINGS",
+    "GRADIENT_N",
+    "PROBES",
+    "SWEEP_PROBES",
+    "AttentionRecord",
+]
+
+
+# ---- per cell -------------------------------------------------------------------------------
+def _probe_ablation(run: Run, n: int = 2000) -> dict[str, Any]:
+    """Zero-ablation of every head on the held-out split, and deposit detection."""
+    test = run.test_set(n)
+    result = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, method="zero")
+    report = find_deposits(result)
+    result.save(run.run_dir / ABLATION)
+    report.save(run.run_dir / DEPOSITS)
+    return {"ablation": result.to_dict(per_example=False), "deposits": report.to_dict()}
+
+
+def _rotary_task1(run: Run) -> bool:
+    return run.task.name == "distance" and run.model.cfg.encoding_kind in ROTARY_KINDS
+
+
+def _probe_patching(run: Run, n: int = 256) -> dict[str, Any] | None:
+    """Head-output patching with distance counterfactuals (task-1 rotary models only)."""
+    if not _rotary_task1(run):
+        return None
+    pairs = run.task.counterfactual_pairs(n, seed=run.train_cfg.seed + 7919)
+    result = patch(
+        run.model, pairs.clean.tokens, pairs.corrupt.tokens, site="z", pad_mask=pairs.clean.pad_mask,
+        clean_labels=pairs.clean.labels, corrupt_labels=pairs.corrupt.labels,
+    )
+    result.save(run.run_dir / PATCHING)
+    return result.to_dict()
+
+
+def _probe_positional(run: Run, n: int = 128) -> dict[str, Any] | None:
+    """Per-head positional scores (task-1 rotary models only)."""
+    if not _rotary_task1(run):
+        return None
+    test = run.test_set(n)
+    result = positional_scores(run.model, test.tokens, pad_mask=test.pad_mask)
+    result.save(run.run_dir / POSITIONAL)
+    return result.to_dict()
+
+
+# Attention patterns for the report's widgets: on this many held-out examples; all heads of the
+# chosen layer when heads x n x n stays below MAX_WEIGHTS, else the chosen head and the three other
+# heads of its layer whose ablation hurts most (so paper-size pages stay a few MB); rounded to
+# DECIMALS (what the widgets show).
+ATTENTION_EXAMPLES = 2
+MAX_WEIGHTS = 60_000
+DECIMALS = 3
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionRecord:
+    """A cell's ``attention.json``: the head the report shows (``layer``, ``head``; ``why`` it
+    was chosen) and its layer's patterns on a few held-out examples (the chosen head first, the
+    others in order of ablation drop)."""
+
+    layer: int
+    head: int
+    why: str
+    examples: tuple[AttentionPatterns, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "head": self.head, "why": self.why,
+                "examples": [e.to_dict() for e in self.examples]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AttentionRecord:
+        return cls(int(d["layer"]), int(d["head"]), str(d["why"]),
+                   tuple(AttentionPatterns.from_dict(e) for e in d["examples"]))
+
+    def save(self, path: str | Path) -> Path:
+        return atomic_write_json(path, self.to_dict(), indent=None)
+
+    @classmethod
+    def load(cls, path: str | Path) -> AttentionRecord:
+        return cls.from_dict(read_json(path))
+
+
+def choose_head(ablation: AblationResult, deposits: DepositReport, task: str, kind: str) -> tuple[int, int, str] | None:
+    """The head whose attention the report shows for a cell: its flagged deposit head (the
+    shallowest), else for a task-1 model with a rotary part the layer-0 head whose ablation hurts
+    most; None otherwise."""
+    if deposits.first is not None:
+        layer, head = deposits.first
+        return layer, head, "flagged deposit head"
+    if task == "distance" and kind in ROTARY_KINDS:
+        top = deposits.layer(0)
+        return 0, top.top_head, f"no deposit flagged; top layer-0 head (drop {100 * top.top_drop:.1f} pts)"
+    return None
+
+
+def _probe_attention(run: Run) -> dict[str, Any] | None:
+    """Attention patterns of the head :func:`choose_head` picks (needs the ablation probe first)."""
+    if not (run.run_dir / ABLATION).is_file():
+        return None
+    ablation = AblationResult.load(run.run_dir / ABLATION)
+    if not ablation.is_grid:
+        return None
+    picked = choose_head(ablation, DepositReport.load(run.run_dir / DEPOSITS), run.task.name,
+                         run.model.cfg.encoding_kind)
+    if picked is None:
+        return None
+    layer, head, why = picked
+    model, test = run.model, run.test_set(ATTENTION_EXAMPLES)
+    H = model.cfg.n_heads
+    drops = np.nan_to_num(ablation.drops[layer], nan=-np.inf)
+    others = sorted((h for h in range(H) if h != head), key=lambda h: -drops[h])
+    examples = []
+    for i in range(len(test)):
+        n = int(test.pad_mask[i].sum()) if model.cfg.mask_padding else test.tokens.shape[1]
+        shown = [head] + (others if H * n * n <= MAX_WEIGHTS else others[:3])
+        examples.append(attention_patterns(
+            model, test.tokens, [(layer, h) for h in shown], example=i, pad_mask=test.pad_mask, task=run.task,
+            labels=test.labels, decimals=DECIMALS,
+        ))
+    record = AttentionRecord(layer, head, why, tuple(examples))
+    record.save(run.run_dir / ATTENTION)
+    return {"file": ATTENTION, "layer": layer, "head": head, "why": why}
+
+
+def _dynamics_callback(cell: Any) -> DepositDynamics:
+    """Deposit dynamics of layer 0, recorded about 20 times over training (``cell``: a
+    :class:`~pe_interp.sweep.Cell`)."""
+    _, _, train_cfg = build_run_configs(seed=cell.seed, **cell.kwargs)
+    return DepositDynamics(every=max(1, train_cfg.total_steps // 20), layers=(0,), n_probe=512)
+
+
+PROBES: dict[str, Callable[[Any], dict[str, Any] | None]] = {
+    "ablation": _probe_ablation,
+    "patching": _probe_patching,
+    "positional": _probe_positional,
+    "attention": _probe_attention,
+}
+CALLBACKS: dict[str, Callable[[Any], Any]] = {"dynamics": _dynamics_callback}
+
+
+# ---- over the whole sweep -----------------------------------------------------------------------
+# C15's evidence: gradient coherence at initialisation for these encodings, at the size of the
+# sweep's task-1 model, on one batch of task-1 examples, with the sweep's seeds as init seeds.
+GRADIENT_ENCODINGS = ("rope", "alibi", "t5", "sinusoidal")
+GRADIENT_N = 128
+GRADIENT_BATCH_SEED = 15  # the batch is task.sample(GRADIENT_N, seed=GRADIENT_BATCH_SEED)
+GRADIENTS = "gradients.json"
+
+
+def _gradients_key(sweep_dir: Path, results: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(what the gradients depend on, the first task-1 run's config), or None without one."""
+    for r in results:
+        config = sweep_dir / "cells" / str(r.get("id")) / "run" / "config.json"
+        if r.get("params", {}).get("task") == "distance" and config.is_file():
+            run_config = read_json(config)
+            cfg = dict(run_config["model"])
+            cfg.pop("encoding", None)
+            cfg["encoding"] = "rope"
+            seeds = sorted({int(x.get("seed", 0)) for x in results})
+            key = {"model": cfg, "task": run_config["task"], "seeds": seeds, "n": GRADIENT_N,
+                   "batch_seed": GRADIENT_BATCH_SEED, "encodings": list(GRADIENT_ENCODINGS)}
+            return json.loads(json.dumps(key)), run_config
+    return None
+
+
+def sweep_gradients(sweep_dir: str | Path, results: list[dict[str, Any]]) -> None:
+    """Write ``SWEEP_DIR/gradients.json`` (:func:`probes.gradients.save_coherence`), unless it is
+    there already for the same model size, task, seeds and batch. A failure is recorded in the
+    file (``error``) for the report to show."""
+    sweep_dir = Path(sweep_dir)
+    found = _gradients_key(sweep_dir, results)
+    if found is None:
+        return
+    key, _ = found
+    path = sweep_dir / GRADIENTS
+    if path.is_file():
+        try:
+            stored = read_json(path)
+        except ValueError:
+            stored = {}
+        if stored.get("key") == key and ("results" in stored or "error" in stored):
+            return
+    try:
+        base = ModelConfig.from_dict(key["model"]).replace(dropout=0.0, attn_dropout=0.0)
+        batch = task_from_dict(key["task"]).sample(GRADIENT_N, seed=GRADIENT_BATCH_SEED)
+        coherence = {}
+        for enc in GRADIENT_ENCODINGS:
+            coherence[enc] = gradient_coherence(base.replace(encoding=enc), batch, init_seeds=key["seeds"])
+    except Exception as err:  # noqa: BLE001 - recorded; the report says why C15 is not measured
+        atomic_write_json(path, {"key": key, "error": f"probes.gradients failed: {type(err).__name__}: {err}"})
+        return
+    save_coherence(path, coherence, key=key)
+
+
+def load_gradients(sweep_dir: str | Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(results, None)`` from ``SWEEP_DIR/gradients.json`` (each encoding's
+    :class:`~probes.CoherenceResult` as a dict), or ``(None, why)`` when there are none."""
+    path = Path(sweep_dir) / GRADIENTS
+    if not path.is_file():
+        return None, ("needs a task-1 run (its model size and task); the sweep writes gradients.json "
+                      "(rerun `pe-interp reproduce` on a directory from before it did)")
+    stored = read_json(path)
+    if "error" in stored:
+        return None, stored["error"]
+    coherence, _ = load_coherence(path)
+    return {enc: r.to_dict() for enc, r in coherence.items()}, None
+
+
+SWEEP_PROBES: dict[str, Callable[[Path, list[dict[str, Any]]], None]] = {"gradients": sweep_gradients}
