@@ -23,6 +23,7 @@ demo: setup
 
 lint: setup
 	$(VENV)/bin/ruff check pe_interp probes tests benchmarks
+	$(VENV)/bin/lint-imports
 
 bench: setup
 	$(PY) benchmarks/model_step.py
