@@ -228,8 +228,8 @@ def test_triton_without_attention_dropout():
 @pytest.mark.parametrize("field", ["final_norm", "mask_padding"])
 @pytest.mark.parametrize("value", [1, 0, 1.0])
 def test_bool_fields_reject_numbers(field, value):
-    """BUG: ``check_choice(own, "final_norm", v, (True, False))`` uses ``in``, and ``1 == True``,
-    so 1, 0 and 1.0 pass validation and are stored (and serialised) as numbers."""
+    """Regression (fixed): ``check_choice(own, "final_norm", v, (True, False))`` used ``in``, and
+    ``1 == True``, so 1, 0 and 1.0 passed validation and were stored (and serialised) as numbers."""
     assert_rejected(field, **{field: value})
 
 
@@ -356,6 +356,6 @@ def test_sinusoidal_needs_even_d_model():
     ids=lambda p: ",".join(f"{k}={v!r}" for k, v in p.items()),
 )
 def test_encoding_parameters_of_wrong_type_or_value(params):
-    """BUG: encoding constructors compare/iterate parameters without type checks, so a wrong type
-    escapes ``ModelConfig`` as TypeError, and NaN/negative bases are accepted."""
+    """Regression (fixed): encoding constructors compared/iterated parameters without type checks,
+    so a wrong type escaped ``ModelConfig`` as TypeError, and NaN/negative bases were accepted."""
     assert_rejected("encoding", encoding=params)

@@ -141,9 +141,9 @@ def test_hooking_pattern_forces_eager_on_that_layer(make_model, tokens_fn):
 
 
 def test_plain_torch_hook_on_pattern_is_not_silently_skipped(make_model, tokens_fn):
-    """BUG: ``attention._has_hooks`` only looks at TransformerLens' ``fwd_hooks``/``bwd_hooks``
-    lists, so a hook added with plain ``register_forward_hook`` on ``hook_pattern`` never fires
-    on the sdpa backend (the module docstring promises hooks never silently miss)."""
+    """Regression (fixed): ``attention._has_hooks`` looked only at TransformerLens' ``fwd_hooks``/
+    ``bwd_hooks`` lists, so a hook added with plain ``register_forward_hook`` on ``hook_pattern``
+    never fired on the sdpa backend (the module docstring promises hooks never silently miss)."""
     model = make_model(encoding="rope", attn_backend="sdpa")
     seen = []
     handle = model.blocks[0].attn.hook_pattern.register_forward_hook(
@@ -279,9 +279,9 @@ def test_bad_inputs_raise_value_error(make_model, case):
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.uint8])
 def test_accepted_integer_dtypes_give_the_same_logits(make_model, tokens_fn, dtype):
-    """BUG (int16, uint8): check_inputs accepts them, then F.embedding raises a RuntimeError
-    (only int64/int32 indices are supported); with the old ``W_E[tokens]`` a uint8 tensor was
-    even read as a boolean mask."""
+    """Regression (fixed; int16, uint8): check_inputs accepted them, then F.embedding raised a
+    RuntimeError (only int64/int32 indices are supported); with the old ``W_E[tokens]`` a uint8
+    tensor was even read as a boolean mask."""
     model = make_model(encoding="rope")
     tokens = tokens_fn(3, 6)
     torch.testing.assert_close(model(tokens.to(dtype)), model(tokens), atol=0, rtol=0)
@@ -379,7 +379,7 @@ def test_cache_without_batch_dim(make_model, tokens_fn):
 def test_activation_cache_helpers(make_model, tokens_fn, d_mlp):
     """ActivationCache's residual decompositions work on our model and add up.
 
-    BUG: ``decompose_resid`` reads ``model.cfg.attn_only``, which ModelConfig lacks."""
+    Regression (fixed): ``decompose_resid`` reads ``model.cfg.attn_only``, which ModelConfig lacked."""
     model = make_model(encoding="sinusoidal+rope", init_std=0.3, d_mlp=d_mlp)
     _, cache = model.run_with_cache(tokens_fn(3, 7, lengths=[7, 3, 5]))
     final = cache["blocks.1.hook_resid_post"]
