@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test demo lint bench clean
+.PHONY: setup test demo lint bench gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,10 @@ bench: setup
 	$(PY) benchmarks/tasks.py
 	$(PY) benchmarks/ablation.py
 	$(PY) benchmarks/patching.py
+
+# Wheels for benchmarks/gpu_check.sh on the lent GPU machine (carry [".gpu-wheels"]).
+gpu-wheels:
+	PYTHON=$(PYTHON) bash benchmarks/gpu_wheels.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -12,11 +12,19 @@ in the same run. Achieved GFLOP/s are analytic training FLOPs (see ``train_flops
 the median step time, and are shown as a fraction of the median fp32 1024^3 matmul rate.
 
     python benchmarks/model_step.py [--steps 2] [--repeats 5] [--json out.json]
+
+On a GPU (``--device cuda``, usually with ``--amp``: bfloat16 autocast, as training runs there)
+the fused Triton kernel (``attn_backend="triton"``) is a contender too, steps are timed with
+the device synchronised, and the peak is the median bf16 (fp32 without ``--amp``) 8192^3 matmul
+rate::
+
+    python benchmarks/model_step.py --device cuda --amp --batch 512 --seq 120 --steps 10
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import platform
@@ -113,28 +121,43 @@ def train_flops(n_layers, d_model, d_mlp, n_ctx, batch, n_classes, **_) -> float
     return float(dense + attention + head)
 
 
-def matmul_gflops(n: int = 1024, reps: int = 5) -> float:
-    """Median fp32 ``n x n @ n x n`` rate over ``reps`` products (after one warm-up)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_gflops(n: int = 1024, reps: int = 5, device: str = "cpu", dtype=torch.float32) -> float:
+    """Median ``n x n @ n x n`` rate over ``reps`` products (after one warm-up)."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     a @ b
+    sync(device)
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         a @ b
+        sync(device)
         times.append(time.perf_counter() - t0)
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def make_step(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor):
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_step(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor, amp: bool = False):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98))
     model.train()
+    cuda = tokens.device.type == "cuda"
 
-    def step() -> float:
+    def autocast():
+        if amp and cuda:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def step() -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(tokens), labels)
+        with autocast():
+            logits = model(tokens)
+        loss = F.cross_entropy(logits.float(), labels)
         loss.backward()
         opt.step()
-        return loss.item()
+        return loss.detach()  # no .item(): on a GPU that would sync every step
 
     return step
 
@@ -147,63 +170,103 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda")
+    ap.add_argument("--amp", action="store_true", help="bfloat16 autocast (CUDA only), as training on a GPU")
+    ap.add_argument("--contenders", default=None,
+                    help="comma list of baseline, eager, sdpa, triton, auto "
+                         "(default: baseline,eager,sdpa, plus triton on CUDA)")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("model_step.py: --device cuda, but torch sees no CUDA device")
+    amp = bool(args.amp and cuda)
     torch.manual_seed(0)
 
     size = {**PAPER, "n_ctx": args.seq}
     tokens = torch.randint(1, size["d_vocab"], (args.batch, args.seq))  # no pads: pure compute
     labels = torch.randint(0, size["n_classes"], (args.batch,))
-    models: dict[str, nn.Module] = {
-        "baseline": PlainClassifier(**size),
-        "eager": HookedPETransformer(ModelConfig(**size, encoding="rope", attn_backend="eager")),
-        "sdpa": HookedPETransformer(ModelConfig(**size, encoding="rope", attn_backend="sdpa")),
-    }
+    tokens, labels = tokens.to(device), labels.to(device)
+    names = (args.contenders.split(",") if args.contenders
+             else ["baseline", "eager", "sdpa"] + (["triton"] if cuda else []))
+    models: dict[str, nn.Module] = {}
+    for name in names:
+        if name == "baseline":
+            models[name] = PlainClassifier(**size)
+        elif name in ("eager", "sdpa", "triton", "auto"):
+            models[name] = HookedPETransformer(ModelConfig(**size, encoding="rope", attn_backend=name))
+        else:
+            raise SystemExit(f"model_step.py: unknown contender {name!r}")
+    models = {name: m.to(device) for name, m in models.items()}
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
     flops = train_flops(batch=args.batch, **size)
+    where = torch.cuda.get_device_name(device) if cuda else (platform.processor() or platform.machine())
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}"
+        f"{', bf16 autocast' if amp else ''}; "
         f"batch {args.batch} x {args.seq} tokens, {size['n_layers']} layers, d_model {size['d_model']}, "
         f"{size['n_heads']} heads, d_mlp {size['d_mlp']}; params "
         + ", ".join(f"{k} {v:,}" for k, v in params.items())
         + f"; {flops / 1e9:.1f} GFLOP per training step (analytic)"
     )
 
-    steps = {name: make_step(m, tokens, labels) for name, m in models.items()}
-    for name, step in steps.items():
-        for _ in range(args.warmup):
-            loss = step()
-        print(f"warm-up {name}: loss {loss:.3f}", flush=True)
+    steps = {name: make_step(m, tokens, labels, amp) for name, m in models.items()}
+    first_s: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    for name, step in list(steps.items()):
+        t0 = time.perf_counter()
+        try:
+            for _ in range(max(1, args.warmup)):
+                loss = step()
+            loss = loss.item()
+        except Exception as e:  # e.g. a kernel that does not compile: report, go on without it
+            errors[name] = f"{type(e).__name__}: {e}"[:500]
+            print(f"warm-up {name}: FAILED {errors[name]}", flush=True)
+            del steps[name]
+            continue
+        first_s[name] = time.perf_counter() - t0  # includes Triton's compilation on a GPU
+        print(f"warm-up {name}: loss {loss:.3f} ({first_s[name]:.1f} s)", flush=True)
+    if not steps:
+        raise SystemExit("model_step.py: every contender failed")
 
+    if cuda:
+        peak_args = dict(n=8192, reps=10, device=device, dtype=torch.bfloat16 if amp else torch.float32)
+    else:
+        peak_args = {}
     times: dict[str, list[float]] = {name: [] for name in steps}
     peaks: list[float] = []
     for rep in range(args.repeats):
-        peaks.append(matmul_gflops())
+        peaks.append(matmul_gflops(**peak_args))
         for name, step in steps.items():
+            sync(device)
             t0 = time.perf_counter()
             for _ in range(args.steps):
                 step()
+            sync(device)
             times[name].append((time.perf_counter() - t0) / args.steps)
         print(
             f"repeat {rep + 1}/{args.repeats}: "
-            + ", ".join(f"{n} {t[-1]:.2f} s/step" for n, t in times.items())
+            + ", ".join(f"{n} {t[-1] * 1e3:.1f} ms/step" for n, t in times.items())
             + f", matmul {peaks[-1]:.1f} GFLOP/s",
             flush=True,
         )
 
     peak = statistics.median(peaks)
-    base = statistics.median(times["baseline"])
+    ref = "baseline" if "baseline" in times else next(iter(times))
+    base = statistics.median(times[ref])
     results = {}
-    print(f"\nmatmul peak (median fp32 1024^3): {peak:.1f} GFLOP/s")
+    peak_name = (f"{'bf16' if amp else 'fp32'} 8192^3") if cuda else "fp32 1024^3"
+    print(f"\nmatmul peak (median {peak_name}): {peak:.1f} GFLOP/s")
     print(
-        f"{'contender':<10} {'steps/s':>8} {'s/step':>8} {'vs baseline':>12} {'GFLOP/s':>8} {'of peak':>8}"
+        f"{'contender':<10} {'steps/s':>8} {'ms/step':>9} {'vs ' + ref:>12} {'GFLOP/s':>8} {'of peak':>8}"
     )
     for name, t in times.items():
         med = statistics.median(t)
         # Paired ratio per repeat is more robust to drifts in machine load than ratio of medians.
-        paired = statistics.median(b / x for b, x in zip(times["baseline"], t))
+        paired = statistics.median(b / x for b, x in zip(times[ref], t))
         achieved = flops / med / 1e9
         results[name] = {
             "steps_per_s": 1 / med,
@@ -213,12 +276,17 @@ def main(argv: list[str] | None = None) -> dict:
             "speed_vs_baseline_paired": paired,
             "gflops": achieved,
             "fraction_of_matmul_peak": achieved / peak,
+            "first_steps_s": first_s[name],
         }
         print(
-            f"{name:<10} {1 / med:>8.3f} {med:>8.2f} {base / med:>11.2f}x {achieved:>8.1f} {achieved / peak:>7.0%}"
+            f"{name:<10} {1 / med:>8.3f} {med * 1e3:>9.1f} {base / med:>11.2f}x {achieved:>8.1f} {achieved / peak:>7.0%}"
         )
     out = {
         "config": {**size, "batch": args.batch, "encoding": "rope", "optimizer": "AdamW"},
+        "device": where,
+        "amp_bf16": amp,
+        "baseline": ref,
+        "matmul_peak": peak_name,
         "steps": args.steps,
         "repeats": args.repeats,
         "threads": torch.get_num_threads(),
@@ -228,6 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
         "matmul_gflops": peak,
         "matmul_gflops_all": peaks,
         "results": results,
+        "errors": errors,
     }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

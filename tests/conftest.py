@@ -3,6 +3,7 @@ encodings that model-level tests are parametrised over."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,22 @@ import torch
 ROOT = str(Path(__file__).resolve().parents[1])
 if ROOT not in sys.path:  # so the tests run from any directory without installing the package
     sys.path.insert(0, ROOT)
+
+# Where the fused-kernel tests (tests/test_kernels.py) run: PE_INTERP_TEST_DEVICE=cuda (an error
+# without a CUDA device, so a GPU check never passes on CPU by accident), cpu (the Triton
+# interpreter, also on a GPU machine), or auto (default: cuda when available, else cpu).
+# The interpreter must be switched on here, before pe_interp is imported: Triton decorates its
+# own library functions when triton is first imported, and importing pe_interp can import it
+# (transformers -> torch._dynamo -> triton).
+KERNEL_TEST_DEVICE = os.environ.get("PE_INTERP_TEST_DEVICE", "auto").strip().lower() or "auto"
+if KERNEL_TEST_DEVICE not in ("auto", "cpu", "cuda"):
+    raise pytest.UsageError(f"PE_INTERP_TEST_DEVICE must be auto, cpu or cuda, got {KERNEL_TEST_DEVICE!r}")
+if KERNEL_TEST_DEVICE == "cuda" and not torch.cuda.is_available():
+    raise pytest.UsageError("PE_INTERP_TEST_DEVICE=cuda, but torch sees no CUDA device")
+if KERNEL_TEST_DEVICE == "auto":
+    KERNEL_TEST_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+if KERNEL_TEST_DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from pe_interp import HookedPETransformer, ModelConfig  # noqa: E402
 

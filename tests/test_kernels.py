@@ -1,27 +1,22 @@
 """Fused flash-attention kernel (pe_interp.kernels) against the float64 torch reference.
 
-Without CUDA the Triton kernels run on CPU tensors under the Triton interpreter. Triton reads
-TRITON_INTERPRET when the kernels are decorated, which pe_interp.kernels defers to the first
-fused_attention call, so setting it here works even if another test module imported
-pe_interp.kernels earlier.
+On CUDA the kernels run compiled on the GPU; without CUDA (or with PE_INTERP_TEST_DEVICE=cpu)
+they run on CPU tensors under the Triton interpreter. The device is chosen, and TRITON_INTERPRET
+set, in conftest.py: it has to be set before anything imports triton (see the note there), and
+importing pe_interp can.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import zlib
 
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import zlib  # noqa: E402
-
-import pytest  # noqa: E402
-
-from pe_interp.kernels import (  # noqa: E402
+from pe_interp.kernels import (
     RelBiasSpec,
     RopeSpec,
     fused_attention,
@@ -29,10 +24,13 @@ from pe_interp.kernels import (  # noqa: E402
     reference_attention,
     triton_available,
 )
-from pe_interp.kernels import flash as flash_mod  # noqa: E402
-from pe_interp.kernels.reference import attention_logits  # noqa: E402
+from pe_interp.kernels import flash as flash_mod
+from pe_interp.kernels.reference import attention_logits
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# conftest.py resolved PE_INTERP_TEST_DEVICE (auto | cpu | cuda) to cpu or cuda.
+DEVICE = os.environ.get("PE_INTERP_TEST_DEVICE", "auto").strip().lower() or "auto"
+if DEVICE == "auto":
+    DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed")
 
 ENCODINGS = ["nope", "rope", "rope_partial", "rope_heads", "alibi", "t5", "alibi_t5", "decoupled"]
@@ -259,7 +257,7 @@ def test_lse_and_rebuild_pattern(gen, enc):
     assert pattern.shape == (B, H, S, S)
     assert (pattern.double() - ref_pattern).abs().max().item() < 1e-5
     # rows sum to one, masked entries are exactly zero
-    assert torch.allclose(pattern.sum(-1), torch.ones(B, H, S), atol=1e-5)
+    assert torch.allclose(pattern.sum(-1), torch.ones(B, H, S, device=pattern.device), atol=1e-5)
     assert (pattern.triu(1) == 0).all()
 
 
@@ -312,9 +310,14 @@ def test_reference_accepts_float64_and_masks_like_spec():
 
 
 def test_package_import_does_not_import_triton():
+    # The kernels are not built on import. Triton itself may still be in sys.modules when a
+    # dependency imported it (transformers -> torch._dynamo -> triton, e.g. with transformers
+    # 5.17 and torch 2.11), but never through pe_interp alone.
     code = (
         "import sys, pe_interp.kernels as K; "
-        "assert 'triton' not in sys.modules, 'triton imported eagerly'; "
+        "assert 'pe_interp.kernels._triton_flash' not in sys.modules, 'kernels built on import'; "
+        "assert 'triton' not in sys.modules or 'torch._dynamo' in sys.modules, "
+        "'triton imported eagerly'; "
         "print(K.triton_available())"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -385,9 +388,10 @@ def test_model_trained_with_triton_matches_eager(encoding):
     tokens = torch.randint(1, 20, (3, 11), generator=gen)
     tokens[0, 8:] = 0  # a padded row
     labels = torch.randint(0, 3, (3,), generator=gen)
+    tokens, labels = tokens.to(DEVICE), labels.to(DEVICE)
     finals = {}
     for backend in ("eager", "triton"):
-        model = HookedPETransformer(base.replace(attn_backend=backend))
+        model = HookedPETransformer(base.replace(attn_backend=backend)).to(DEVICE)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         for _ in range(3):
             loss = torch.nn.functional.cross_entropy(model(tokens), labels)
