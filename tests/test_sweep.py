@@ -61,11 +61,48 @@ def test_grid_file_yaml_and_toml(tmp_path):
         ({"probes": ["ablaton"]}, "unknown probe 'ablaton'"),
         ({"base": {"preset": "huge"}}, "preset must be one of"),
         ({"base": {"max_betwen": 3}}, "base.max_betwen is not a setting; did you mean max_between"),
+        ({"variants": [{"seeds": []}]}, r"variants\[0\].seeds must be a non-empty list"),
+        ({"variants": [{"seeds": [True]}]}, r"variants\[0\].seeds must be a non-empty list"),
+        ({"probe_options": {"ablation": {"m": 3}}}, r"probe_options.ablation: unknown option\(s\) \['m'\]"),
+        ({"probe_options": {"ablaton": {"n": 3}}}, "probe_options.ablaton: not a probe with options"),
+        ({"probe_options": {"ablation": 5}}, "probe_options.ablation must be a mapping"),
     ],
 )
 def test_bad_grids_fail_with_a_clear_error(change, message):
     with pytest.raises(ValueError, match=message):
         parse_grid({**TINY, **change}, "bad.yaml")
+
+
+def test_variant_seeds_replace_the_grid_seeds():
+    grid = parse_grid({**TINY, "axes": {}, "variants": [{}, {"encoding": "alibi", "seeds": [4]}]})
+    cells = [(c.kwargs.get("encoding", "rope"), c.seed) for c in grid.cells()]
+    assert cells == [("rope", 0), ("rope", 1), ("alibi", 4)]
+    assert grid.varying == ["encoding"]  # "seeds" is not a setting
+
+
+def test_probe_options_reach_the_probes(tmp_path):
+    grid = parse_grid({**TINY, "axes": {}, "seeds": [0], "probes": ["ablation", "dynamics"],
+                       "probe_options": {"ablation": {"n": 40}, "dynamics": {"points": 2, "n_probe": 16}}})
+    run_sweep(grid, tmp_path, backend="local", workers=1, progress=False)
+    (result,), _ = collect(tmp_path)
+    assert result["ablation"]["ablation"]["n_examples"] == 40
+    assert set(result["seconds"]) == {"train", "ablation"}
+    steps = {json.loads(line)["step"] for line in
+             (tmp_path / "cells" / result["id"] / "run" / "deposit_dynamics.jsonl").read_text().splitlines()}
+    assert steps == {0, 1, 2}  # every total_steps // 2 = 1 step of 2, plus the start
+
+
+def test_progress_lines_count_cells_and_estimate_the_rest():
+    from pe_interp.sweep.executors import Progress
+
+    now = [100.0]
+    progress = Progress(total=5, workers=2, enabled=True, clock=lambda: now[0], stream=None)
+    now[0] += 600  # two cells finished after 10 minutes with 2 workers: 10 min per cell
+    progress.done = 1
+    progress.done += 1
+    line = progress.line({"id": "c", "final": {"test_acc": 0.5}})
+    assert line.startswith("[2/5] c: held-out acc 0.500; 10.0 min elapsed, 10.0 min/cell, ETA 15 min")
+    assert "FAILED: boom" in progress.line({"id": "d", "error": "boom"})
 
 
 def test_unparseable_file(tmp_path):

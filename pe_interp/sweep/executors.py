@@ -4,6 +4,8 @@ many, in local processes or on Ray (see :mod:`pe_interp.sweep`)."""
 from __future__ import annotations
 
 import os
+import sys
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,17 +31,29 @@ def missing_probes(result: dict[str, Any], probes: tuple[str, ...]) -> list[str]
     return [name for name in probes if name in PROBES and name not in done]
 
 
-def _run_probes(run: Any, names: list[str], result: dict[str, Any]) -> None:
+def _run_probes(run: Any, names: list[str], result: dict[str, Any], options: dict[str, dict[str, Any]]) -> None:
+    seconds = result.setdefault("seconds", {})
     for name in names:
-        if (record := PROBES[name](run)) is not None:
+        t0 = time.time()
+        if (record := PROBES[name](run, **options.get(name, {}))) is not None:
             result[name] = record
+        seconds[name] = round(time.time() - t0, 1)
     result[PROBES_RUN] = [*result.get(PROBES_RUN, []), *names]
 
 
-def run_cell(cell: Cell, sweep_dir: str | Path, probes: tuple[str, ...] = (), threads: int | None = None) -> dict[str, Any]:
+def run_cell(
+    cell: Cell,
+    sweep_dir: str | Path,
+    probes: tuple[str, ...] = (),
+    threads: int | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Train one cell (resuming its own checkpoint if any), run its probes, write result.json.
 
-    A finished cell is not trained again; only the probes it has not run yet are run."""
+    A finished cell is not trained again; only the probes it has not run yet are run.
+    ``options`` are the grid's ``probe_options`` (keyword arguments per probe). The result
+    records the seconds spent training and in each probe."""
+    options = options or {}
     if threads:
         torch.set_num_threads(threads)
     cell_dir = Path(sweep_dir) / "cells" / cell.id
@@ -48,18 +62,20 @@ def run_cell(cell: Cell, sweep_dir: str | Path, probes: tuple[str, ...] = (), th
         result = read_json(cell_dir / RESULT)
         missing = missing_probes(result, probes)
         if missing:
-            _run_probes(load_run(run_dir), missing, result)
+            _run_probes(load_run(run_dir), missing, result, options)
             atomic_write_json(cell_dir / RESULT, result)
         return result
     atomic_write_json(cell_dir / CELL, {"id": cell.id, "params": cell.kwargs, "seed": cell.seed})
     (cell_dir / ERROR).unlink(missing_ok=True)
     kwargs = cell.kwargs
-    callbacks = [CALLBACKS[name](cell) for name in probes if name in CALLBACKS]
+    callbacks = [CALLBACKS[name](cell, **options.get(name, {})) for name in probes if name in CALLBACKS]
+    t0 = time.time()
     train(seed=cell.seed, out=run_dir, resume=True, progress=False, callbacks=callbacks, **kwargs)
+    seconds = {"train": round(time.time() - t0, 1)}  # this process's share, after any resume
     run = load_run(run_dir)
     final = run.metrics()[-1]
-    result: dict[str, Any] = {"id": cell.id, "params": kwargs, "seed": cell.seed, "final": final}
-    _run_probes(run, [name for name in probes if name in PROBES], result)
+    result: dict[str, Any] = {"id": cell.id, "params": kwargs, "seed": cell.seed, "final": final, "seconds": seconds}
+    _run_probes(run, [name for name in probes if name in PROBES], result, options)
     atomic_write_json(cell_dir / RESULT, result)
     return result
 
@@ -67,7 +83,9 @@ def run_cell(cell: Cell, sweep_dir: str | Path, probes: tuple[str, ...] = (), th
 CHAOS_ENV = "PE_INTERP_CHAOS_KILL_ONCE"
 
 
-def _safe_run_cell(cell: Cell, sweep_dir: str, probes: tuple[str, ...], threads: int | None) -> dict[str, Any]:
+def _safe_run_cell(
+    cell: Cell, sweep_dir: str, probes: tuple[str, ...], threads: int | None, options: dict | None = None
+) -> dict[str, Any]:
     """run_cell, turning an exception into an error.json record (so the sweep goes on).
 
     Fault injection for tests: when ``$PE_INTERP_CHAOS_KILL_ONCE`` names a file that does not
@@ -84,7 +102,7 @@ def _safe_run_cell(cell: Cell, sweep_dir: str, probes: tuple[str, ...], threads:
             os.close(fd)
             os.kill(os.getpid(), 9)
     try:
-        return run_cell(cell, sweep_dir, probes, threads)
+        return run_cell(cell, sweep_dir, probes, threads, options)
     except Exception as err:  # noqa: BLE001 - recorded, reported, not swallowed
         record = {"id": cell.id, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
         atomic_write_json(Path(sweep_dir) / "cells" / cell.id / ERROR, record)
@@ -118,8 +136,11 @@ def run_sweep(
     todo = [c for c in cells if c.id not in set(skipped)]
     cpus = os.cpu_count() or 1
     threads = int(grid.resources.get("cpus", 1)) or 1
+    if progress:
+        print(f"{grid.name}: {len(cells)} cells, {len(skipped)} already finished, {len(todo)} to run", file=sys.stderr)
     if backend == "local":
-        outcomes = _run_local(todo, str(sweep_dir), grid.probes, workers or max(1, cpus // threads), threads, progress)
+        workers = workers or max(1, cpus // threads)
+        outcomes = _run_local(todo, str(sweep_dir), grid.probes, workers, threads, progress, grid.probe_options)
     else:
         outcomes = _run_ray(todo, str(sweep_dir), grid, address, max_retries, progress)
     failed = {o["id"]: o["error"] for o in outcomes if "error" in o}
@@ -137,35 +158,49 @@ def _finished(cell_dir: Path, probes: tuple[str, ...]) -> bool:
     return (cell_dir / RESULT).is_file() and not missing_probes(read_json(cell_dir / RESULT), probes)
 
 
-def _bar(total: int, enabled: bool):
-    if not enabled or total == 0:
-        return None
-    from tqdm.auto import tqdm
+class Progress:
+    """Overall progress of a sweep, one line per finished cell: cells done of total, the
+    outcome, minutes per cell, and an ETA for the rest (at the measured rate, with ``workers``
+    cells in flight)."""
 
-    return tqdm(total=total, desc="cells", unit="cell", dynamic_ncols=True)
+    def __init__(self, total: int, workers: int, enabled: bool, clock=time.time, stream=None):
+        self.total, self.workers, self.enabled = total, max(1, min(workers, total or 1)), enabled
+        self.clock, self.stream, self.done = clock, stream, 0
+        self.t0 = clock()
+
+    def line(self, outcome: dict[str, Any]) -> str:
+        elapsed = self.clock() - self.t0
+        per_cell = elapsed * self.workers / self.done
+        eta = per_cell * (self.total - self.done) / self.workers
+        acc = outcome.get("final", {}).get("test_acc")
+        status = "FAILED: " + str(outcome["error"])[:80] if "error" in outcome else (
+            f"held-out acc {acc:.3f}" if isinstance(acc, float) else "done")
+        return (f"[{self.done}/{self.total}] {outcome.get('id', '?')}: {status}; "
+                f"{elapsed / 60:.1f} min elapsed, {per_cell / 60:.1f} min/cell, ETA {eta / 60:.0f} min")
+
+    def update(self, outcome: dict[str, Any]) -> None:
+        self.done += 1
+        if self.enabled:
+            print(self.line(outcome), file=self.stream or sys.stderr, flush=True)
 
 
-def _run_local(cells, sweep_dir, probes, workers, threads, progress) -> list[dict[str, Any]]:
-    bar = _bar(len(cells), progress)
+def _run_local(cells, sweep_dir, probes, workers, threads, progress, options=None) -> list[dict[str, Any]]:
+    bar = Progress(len(cells), workers, progress)
     outcomes = []
     if workers <= 1 or len(cells) <= 1:
         for cell in cells:
-            outcomes.append(_safe_run_cell(cell, sweep_dir, probes, threads))
-            if bar:
-                bar.update(1)
+            outcomes.append(_safe_run_cell(cell, sweep_dir, probes, threads, options))
+            bar.update(outcomes[-1])
     else:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         ctx = mp.get_context("spawn")  # no forked torch thread pools
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futures = [pool.submit(_safe_run_cell, c, sweep_dir, probes, threads) for c in cells]
+            futures = [pool.submit(_safe_run_cell, c, sweep_dir, probes, threads, options) for c in cells]
             for fut in as_completed(futures):
                 outcomes.append(fut.result())
-                if bar:
-                    bar.update(1)
-    if bar:
-        bar.close()
+                bar.update(outcomes[-1])
     return outcomes
 
 
@@ -184,8 +219,9 @@ def _run_ray(cells, sweep_dir, grid: Grid, address, max_retries, progress) -> li
         cpus = float(grid.resources.get("cpus", 1))
         gpus = float(grid.resources.get("gpus", 0))
         remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries)(_safe_run_cell)
-        pending = [remote.remote(c, sweep_dir, grid.probes, max(1, int(cpus))) for c in cells]
-        bar = _bar(len(cells), progress)
+        pending = [remote.remote(c, sweep_dir, grid.probes, max(1, int(cpus)), grid.probe_options) for c in cells]
+        slots = max(1, int(ray.cluster_resources().get("CPU", 1) // max(cpus, 1e-9)))
+        bar = Progress(len(cells), slots, progress)
         outcomes = []
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
@@ -194,10 +230,7 @@ def _run_ray(cells, sweep_dir, grid: Grid, address, max_retries, progress) -> li
                     outcomes.append(ray.get(ref))
                 except Exception as err:  # noqa: BLE001 - worker lost beyond its retries
                     outcomes.append({"id": "?", "error": f"{type(err).__name__}: {err}"})
-                if bar:
-                    bar.update(1)
-        if bar:
-            bar.close()
+                bar.update(outcomes[-1])
         return outcomes
     finally:
         if started:

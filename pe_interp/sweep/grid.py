@@ -15,12 +15,12 @@ import yaml
 
 from pe_interp.config import ModelConfig, TrainConfig
 from pe_interp.presets import build_run_configs
-from pe_interp.sweep.probing import CALLBACKS, PROBES, SWEEP_PROBES
+from pe_interp.sweep.probing import CALLBACKS, PROBE_OPTIONS, PROBES, SWEEP_PROBES
 from pe_interp.tasks import TASKS
 
 __all__ = ["CELL", "ERROR", "GRID_KEYS", "PROBES_RUN", "RESULT", "RUN_KEYS", "Cell", "Grid", "load_grid", "parse_grid"]
 
-GRID_KEYS = {"name", "base", "axes", "variants", "seeds", "probes", "resources"}
+GRID_KEYS = {"name", "base", "axes", "variants", "seeds", "probes", "probe_options", "resources"}
 RUN_KEYS = {"task", "encoding", "preset", "authors_quirks"}
 # A cell's directory, SWEEP_DIR/cells/<id>/: its settings, then its result or its error.
 RESULT, ERROR, CELL = "result.json", "error.json", "cell.json"
@@ -67,23 +67,26 @@ class Grid:
     probes: tuple[str, ...] = ()
     resources: dict[str, float] = field(default_factory=dict)
     variants: tuple[dict[str, Any], ...] = ({},)
+    probe_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def varying(self) -> list[str]:
         """The settings that differ between cells (axes first, then variant keys)."""
         keys = list(self.axes)
         for v in self.variants:
-            keys += [k for k in v if k not in keys]
+            keys += [k for k in v if k not in keys and k != "seeds"]
         return keys
 
     def cells(self) -> list[Cell]:
+        """Every cell, in grid order; a variant's own ``seeds`` replace the grid's for it."""
         names = self.varying
         out = []
         for values in itertools.product(*self.axes.values()):
             for variant in self.variants:
-                setting = {**self.base, **dict(zip(self.axes, values)), **variant}
+                settings = {k: v for k, v in variant.items() if k != "seeds"}
+                setting = {**self.base, **dict(zip(self.axes, values)), **settings}
                 order = sorted(setting.items(), key=lambda kv: (kv[0] not in names, kv[0]))
-                for seed in self.seeds:
+                for seed in variant.get("seeds", self.seeds):
                     out.append(Cell(tuple(order), seed))
         return out
 
@@ -111,22 +114,22 @@ def parse_grid(data: dict[str, Any], source: str = "grid") -> Grid:
     sections = [("base", base), ("axes", axes)] + [(f"variants[{i}]", v) for i, v in enumerate(variants)]
     for section, mapping in sections:
         for key in mapping:
+            if key == "seeds" and section.startswith("variants"):
+                _check_seeds(mapping[key], f"{source}: {section}.seeds", allow_count=False)
+                continue
             if key not in allowed:
                 close = sorted(allowed, key=lambda a: _distance(a, key))[:3]
                 raise ValueError(f"{source}: {section}.{key} is not a setting; did you mean {', '.join(close)}?")
     for key, values in axes.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"{source}: axes.{key} must be a non-empty list, got {values!r}")
-    seeds = data.get("seeds", [0])
-    if isinstance(seeds, int):
-        seeds = list(range(seeds))
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
-        raise ValueError(f"{source}: seeds must be a count or a non-empty list of integers >= 0, got {seeds!r}")
+    seeds = _check_seeds(data.get("seeds", [0]), f"{source}: seeds", allow_count=True)
     probes = data.get("probes") or []
     known = sorted(PROBES) + sorted(CALLBACKS) + sorted(SWEEP_PROBES)
     for p in probes:
         if p not in known:
             raise ValueError(f"{source}: probes: unknown probe {p!r}; allowed: {known}")
+    options = _check_probe_options(data.get("probe_options") or {}, source)
     grid = Grid(
         name=str(data.get("name", Path(source).stem)),
         base=dict(base),
@@ -135,6 +138,7 @@ def parse_grid(data: dict[str, Any], source: str = "grid") -> Grid:
         probes=tuple(probes),
         resources=dict(data.get("resources") or {}),
         variants=tuple(dict(v) for v in variants),
+        probe_options=options,
     )
     ids = [c.id for c in grid.cells()]
     if len(set(ids)) != len(ids):
@@ -146,6 +150,31 @@ def parse_grid(data: dict[str, Any], source: str = "grid") -> Grid:
         except (ValueError, TypeError) as err:
             raise ValueError(f"{source}: cell {cell.id}: {err}") from None
     return grid
+
+
+def _check_seeds(seeds: Any, where: str, allow_count: bool) -> list[int]:
+    if allow_count and isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
+        return list(range(seeds))
+    ok = isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
+    if not ok:
+        what = "a count or a non-empty list" if allow_count else "a non-empty list"
+        raise ValueError(f"{where} must be {what} of integers >= 0, got {seeds!r}")
+    return list(seeds)
+
+
+def _check_probe_options(options: Any, source: str) -> dict[str, dict[str, Any]]:
+    """``probe_options: {probe: {option: value}}``, each option a keyword of that probe."""
+    if not isinstance(options, dict):
+        raise ValueError(f"{source}: probe_options must be a mapping of probe name to options")
+    for probe, opts in options.items():
+        if probe not in PROBE_OPTIONS:
+            raise ValueError(f"{source}: probe_options.{probe}: not a probe with options; allowed: {sorted(PROBE_OPTIONS)}")
+        if not isinstance(opts, dict):
+            raise ValueError(f"{source}: probe_options.{probe} must be a mapping, got {opts!r}")
+        bad = sorted(set(opts) - PROBE_OPTIONS[probe])
+        if bad:
+            raise ValueError(f"{source}: probe_options.{probe}: unknown option(s) {bad}; allowed: {sorted(PROBE_OPTIONS[probe])}")
+    return {k: dict(v) for k, v in options.items()}
 
 
 def _distance(a: str, b: str) -> int:

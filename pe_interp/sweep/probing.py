@@ -50,6 +50,7 @@ __all__ = [
     "ATTENTION",
     "CALLBACKS",
     "GRADIENTS",
+    "PROBE_OPTIONS",
     "GRADIENT_ENCODINGS",
     "GRADIENT_N",
     "PROBES",
@@ -59,9 +60,10 @@ __all__ = [
 
 
 # ---- per cell -------------------------------------------------------------------------------
-def _probe_ablation(run: Run, n: int = 2000) -> dict[str, Any]:
-    """Zero-ablation of every head on the held-out split, and deposit detection."""
-    test = run.test_set(n)
+def _probe_ablation(run: Run, n: int = 2000, on: str = "test") -> dict[str, Any]:
+    """Zero-ablation of every head on the held-out split (``on="all"``: train + test, the
+    authors' protocol), and deposit detection."""
+    test = run.examples(on, n)
     result = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, method="zero")
     report = find_deposits(result)
     result.save(run.run_dir / ABLATION)
@@ -175,11 +177,13 @@ def _probe_attention(run: Run) -> dict[str, Any] | None:
     return {"file": ATTENTION, "layer": layer, "head": head, "why": why}
 
 
-def _dynamics_callback(cell: Any) -> DepositDynamics:
-    """Deposit dynamics of layer 0, recorded about 20 times over training (``cell``: a
-    :class:`~pe_interp.sweep.Cell`)."""
+def _dynamics_callback(
+    cell: Any, points: int = 20, n_probe: int = 512, layers: tuple[int, ...] = (0,)
+) -> DepositDynamics:
+    """Deposit dynamics of ``layers`` (default layer 0), recorded about ``points`` times over
+    training (``cell``: a :class:`~pe_interp.sweep.Cell`)."""
     _, _, train_cfg = build_run_configs(seed=cell.seed, **cell.kwargs)
-    return DepositDynamics(every=max(1, train_cfg.total_steps // 20), layers=(0,), n_probe=512)
+    return DepositDynamics(every=max(1, train_cfg.total_steps // points), layers=tuple(layers), n_probe=n_probe)
 
 
 PROBES: dict[str, Callable[[Any], dict[str, Any] | None]] = {
@@ -189,6 +193,13 @@ PROBES: dict[str, Callable[[Any], dict[str, Any] | None]] = {
     "attention": _probe_attention,
 }
 CALLBACKS: dict[str, Callable[[Any], Any]] = {"dynamics": _dynamics_callback}
+# The keyword options a grid's ``probe_options`` may pass to each probe or callback.
+PROBE_OPTIONS: dict[str, set[str]] = {
+    "ablation": {"n", "on"},
+    "patching": {"n"},
+    "positional": {"n"},
+    "dynamics": {"points", "n_probe", "layers"},
+}
 
 
 # ---- over the whole sweep -----------------------------------------------------------------------
