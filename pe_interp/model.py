@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from pe_interp.attention import Attention, AttnContext, build_mask
+from pe_interp.attention import Attention, AttnContext, _has_hooks, build_mask
 from pe_interp.config import ModelConfig
 from pe_interp.encodings import build_encoding
 
@@ -65,11 +65,22 @@ class Norm(nn.Module):
         self.hook_normalized = HookPoint()
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        # The fused kernel computes the output; the scale is materialised only for a hook on it,
+        # and used only if that hook replaced it (e.g. frozen for a linear decomposition). So a
+        # cached or hooked forward gives the same numbers as a plain one.
+        shape = (x.shape[-1],)
         if self.center:
-            x = x - x.mean(-1, keepdim=True)
-        scale = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        x = x / scale * self.w
-        return self.hook_normalized(x + self.b if self.b is not None else x)
+            out = F.layer_norm(x, shape, self.w, self.b, self.eps)
+        else:
+            out = F.rms_norm(x, shape, self.w, self.eps)
+        if _has_hooks(self.hook_scale):
+            centred = x - x.mean(-1, keepdim=True) if self.center else x
+            scale = (centred.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
+            given = self.hook_scale(scale)
+            if given is not scale:
+                out = centred / given * self.w
+                out = out + self.b if self.b is not None else out
+        return self.hook_normalized(out)
 
 
 class MLP(nn.Module):
