@@ -154,18 +154,21 @@ def model_step_table(out: Path) -> list[str]:
     data = load(out / "model_step_gpu.json")
     if not data or not data.get("results"):
         return []
+    peaks = data.get("matmul_gflops", {})  # {precision: GFLOP/s}
+    precision, peak = next(iter(peaks.items()), ("", 0.0))
+    base = (data.get("baselines") or ["baseline"])[0]
     lines = [
         "",
         f"training step ({data.get('device', '?')}, bf16 autocast {data.get('amp_bf16')}, "
         f"batch {data['config'].get('batch')} x {data['config'].get('n_ctx')}, "
-        f"{data.get('train_gflop_per_step', 0):.0f} GFLOP/step; matmul peak "
-        f"{data.get('matmul_gflops', 0) / 1e3:.0f} TFLOP/s {data.get('matmul_peak', '')})",
-        f"{'contender':<10}{'ms/step':>10}{'TFLOP/s':>10}{'of peak':>9}{'vs ' + data.get('baseline', 'baseline'):>14}",
+        f"{data.get('train_gflop_per_step', 0):.0f} GFLOP/step; {precision} matmul peak "
+        f"{peak / 1e3:.0f} TFLOP/s)",
+        f"{'contender':<10}{'ms/step':>10}{'TFLOP/s':>10}{'of peak':>9}{'vs ' + base:>14}",
     ]
     for k, v in data["results"].items():
         lines.append(
             f"{k:<10}{v['s_per_step'] * 1e3:>10.2f}{v['gflops'] / 1e3:>10.1f}"
-            f"{v['fraction_of_matmul_peak']:>9.1%}{v['speed_vs_baseline']:>13.2f}x"
+            f"{v['fraction_of_matmul_peak'][precision]:>9.1%}{v['speed_vs'][base]:>13.2f}x"
         )
     return lines
 

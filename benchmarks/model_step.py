@@ -2,6 +2,14 @@
 classifier of the same size, at the paper's size (6 layers, d_model 256, 16 heads, d_mlp 512,
 128 tokens, batch 64, RoPE, AdamW; forward + backward + optimizer step).
 
+On a CPU, ``--amp`` adds bf16 contenders: the plain model and ours under
+``torch.autocast("cpu", dtype=torch.bfloat16)`` (fp32 master weights), with ratios against the
+plain model in fp32 and in bf16 and the fraction of the measured bf16 matmul peak. Without
+``--amp`` they are added only when :func:`pe_interp.hardware.cpu_has_bf16` finds native bf16
+(AVX512-BF16 / AMX); without it bf16 runs emulated and many times slower, which is why
+training does not autocast there. ``--threads 1,0`` repeats everything at 1 thread and at
+torch's default.
+
 The baseline is a minimal nanoGPT-style model written here: a fused qkv ``nn.Linear``, manual
 softmax attention with RoPE (the same adjacent-pair layout), no hooks, no encoding plug-ins.
 
@@ -143,11 +151,11 @@ def sync(device) -> None:
 def make_step(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor, amp: bool = False):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98))
     model.train()
-    cuda = tokens.device.type == "cuda"
+    kind = tokens.device.type
 
     def autocast():
-        if amp and cuda:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
+        if amp:  # forced here, whatever pe_interp.hardware would choose: this is the measurement
+            return torch.autocast(kind, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def step() -> torch.Tensor:
@@ -169,51 +177,73 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per contender first")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--threads", default="0", help="comma list of torch thread counts (0: torch's default)")
     ap.add_argument("--device", default="cpu", help="cpu | cuda")
-    ap.add_argument("--amp", action="store_true", help="bfloat16 autocast (CUDA only), as training on a GPU")
+    ap.add_argument("--amp", action="store_true",
+                    help="bfloat16: on CUDA every contender autocasts; on a CPU bf16 contenders are added")
     ap.add_argument("--contenders", default=None,
-                    help="comma list of baseline, eager, sdpa, triton, auto "
-                         "(default: baseline,eager,sdpa, plus triton on CUDA)")
+                    help="comma list of baseline, baseline-bf16, eager, sdpa, sdpa-bf16, triton, auto")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    cuda = device.type == "cuda"
-    if cuda and not torch.cuda.is_available():
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("model_step.py: --device cuda, but torch sees no CUDA device")
-    amp = bool(args.amp and cuda)
-    torch.manual_seed(0)
+    runs = []
+    for threads in [int(t) for t in str(args.threads).split(",")]:
+        if threads:
+            torch.set_num_threads(threads)
+        runs.append(measure(args, device))
+    out = runs[0] if len(runs) == 1 else {"runs": runs}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json}")
+    return out
 
+
+def measure(args: argparse.Namespace, device: torch.device) -> dict:
+    from pe_interp.hardware import cpu_has_bf16
+
+    cuda = device.type == "cuda"
+    amp_all = bool(args.amp and cuda)  # CUDA: every contender in bf16, as training runs there
+    cpu_bf16 = not cuda and (args.amp or cpu_has_bf16())
+    torch.manual_seed(0)
     size = {**PAPER, "n_ctx": args.seq}
     tokens = torch.randint(1, size["d_vocab"], (args.batch, args.seq))  # no pads: pure compute
     labels = torch.randint(0, size["n_classes"], (args.batch,))
     tokens, labels = tokens.to(device), labels.to(device)
-    names = (args.contenders.split(",") if args.contenders
-             else ["baseline", "eager", "sdpa"] + (["triton"] if cuda else []))
+    if args.contenders:
+        names = args.contenders.split(",")
+    else:
+        names = ["baseline", "eager", "sdpa"] + (["triton"] if cuda else []) + (["baseline-bf16", "sdpa-bf16"] if cpu_bf16 else [])
     models: dict[str, nn.Module] = {}
+    amp_of: dict[str, bool] = {}
     for name in names:
-        if name == "baseline":
+        kind, _, precision = name.partition("-")
+        if precision not in ("", "bf16"):
+            raise SystemExit(f"model_step.py: unknown contender {name!r}")
+        if kind == "baseline":
             models[name] = PlainClassifier(**size)
-        elif name in ("eager", "sdpa", "triton", "auto"):
-            models[name] = HookedPETransformer(ModelConfig(**size, encoding="rope", attn_backend=name))
+        elif kind in ("eager", "sdpa", "triton", "auto"):
+            models[name] = HookedPETransformer(ModelConfig(**size, encoding="rope", attn_backend=kind))
         else:
             raise SystemExit(f"model_step.py: unknown contender {name!r}")
+        amp_of[name] = amp_all or precision == "bf16"
     models = {name: m.to(device) for name, m in models.items()}
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
     flops = train_flops(batch=args.batch, **size)
     where = torch.cuda.get_device_name(device) if cuda else (platform.processor() or platform.machine())
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}"
-        f"{', bf16 autocast' if amp else ''}; "
+        f"{', bf16 autocast' if amp_all else ''}"
+        f"{'' if cuda else f', native CPU bf16: {cpu_has_bf16()}'}; "
         f"batch {args.batch} x {args.seq} tokens, {size['n_layers']} layers, d_model {size['d_model']}, "
         f"{size['n_heads']} heads, d_mlp {size['d_mlp']}; params "
         + ", ".join(f"{k} {v:,}" for k, v in params.items())
         + f"; {flops / 1e9:.1f} GFLOP per training step (analytic)"
     )
 
-    steps = {name: make_step(m, tokens, labels, amp) for name, m in models.items()}
+    steps = {name: make_step(m, tokens, labels, amp_of[name]) for name, m in models.items()}
     first_s: dict[str, float] = {}
     errors: dict[str, str] = {}
     for name, step in list(steps.items()):
@@ -232,14 +262,14 @@ def main(argv: list[str] | None = None) -> dict:
     if not steps:
         raise SystemExit("model_step.py: every contender failed")
 
-    if cuda:
-        peak_args = dict(n=8192, reps=10, device=device, dtype=torch.bfloat16 if amp else torch.float32)
-    else:
-        peak_args = {}
+    precisions = ["bf16" if amp_all else "fp32"] + (["bf16"] if cpu_bf16 else [])
+    n_peak = 8192 if cuda else 1024
     times: dict[str, list[float]] = {name: [] for name in steps}
-    peaks: list[float] = []
+    peaks: dict[str, list[float]] = {p: [] for p in precisions}
     for rep in range(args.repeats):
-        peaks.append(matmul_gflops(**peak_args))
+        for p in peaks:
+            dtype = torch.bfloat16 if p == "bf16" else torch.float32
+            peaks[p].append(matmul_gflops(n=n_peak, reps=10 if cuda else 5, device=device, dtype=dtype))
         for name, step in steps.items():
             sync(device)
             t0 = time.perf_counter()
@@ -250,43 +280,41 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"repeat {rep + 1}/{args.repeats}: "
             + ", ".join(f"{n} {t[-1] * 1e3:.1f} ms/step" for n, t in times.items())
-            + f", matmul {peaks[-1]:.1f} GFLOP/s",
+            + ", matmul " + ", ".join(f"{p} {v[-1]:.1f}" for p, v in peaks.items()) + " GFLOP/s",
             flush=True,
         )
 
-    peak = statistics.median(peaks)
-    ref = "baseline" if "baseline" in times else next(iter(times))
-    base = statistics.median(times[ref])
+    peak = {p: statistics.median(v) for p, v in peaks.items()}
+    refs = [r for r in ("baseline", "baseline-bf16") if r in times] or [next(iter(times))]
+    print("\nmatmul peak (median " + ", ".join(f"{p} {n_peak}^3 {v:.1f}" for p, v in peak.items()) + " GFLOP/s)")
+    header = f"{'contender':<14} {'ms/step':>9}" + "".join(f" {'vs ' + r:>18}" for r in refs)
+    header += f" {'GFLOP/s':>8}" + "".join(f" {'of ' + p + ' peak':>13}" for p in peak)
+    print(header)
     results = {}
-    peak_name = (f"{'bf16' if amp else 'fp32'} 8192^3") if cuda else "fp32 1024^3"
-    print(f"\nmatmul peak (median {peak_name}): {peak:.1f} GFLOP/s")
-    print(
-        f"{'contender':<10} {'steps/s':>8} {'ms/step':>9} {'vs ' + ref:>12} {'GFLOP/s':>8} {'of peak':>8}"
-    )
     for name, t in times.items():
         med = statistics.median(t)
-        # Paired ratio per repeat is more robust to drifts in machine load than ratio of medians.
-        paired = statistics.median(b / x for b, x in zip(times[ref], t))
         achieved = flops / med / 1e9
+        # Paired ratio per repeat is more robust to drifts in machine load than ratio of medians.
+        vs = {r: statistics.median(b / x for b, x in zip(times[r], t)) for r in refs}
         results[name] = {
             "steps_per_s": 1 / med,
             "s_per_step": med,
             "s_per_step_all": t,
-            "speed_vs_baseline": base / med,
-            "speed_vs_baseline_paired": paired,
+            "bf16_autocast": amp_of[name],
+            "speed_vs": vs,
+            "speed_vs_baseline": vs.get("baseline"),
             "gflops": achieved,
-            "fraction_of_matmul_peak": achieved / peak,
+            "fraction_of_matmul_peak": {p: achieved / v for p, v in peak.items()},
             "first_steps_s": first_s[name],
         }
-        print(
-            f"{name:<10} {1 / med:>8.3f} {med * 1e3:>9.1f} {base / med:>11.2f}x {achieved:>8.1f} {achieved / peak:>7.0%}"
-        )
-    out = {
+        print(f"{name:<14} {med * 1e3:>9.1f}" + "".join(f" {vs[r]:>17.2f}x" for r in refs)
+              + f" {achieved:>8.1f}" + "".join(f" {achieved / v:>12.0%}" for v in peak.values()))
+    return {
         "config": {**size, "batch": args.batch, "encoding": "rope", "optimizer": "AdamW"},
         "device": where,
-        "amp_bf16": amp,
-        "baseline": ref,
-        "matmul_peak": peak_name,
+        "amp_bf16": amp_all,
+        "native_cpu_bf16": None if cuda else cpu_has_bf16(),
+        "baselines": refs,
         "steps": args.steps,
         "repeats": args.repeats,
         "threads": torch.get_num_threads(),
@@ -298,11 +326,6 @@ def main(argv: list[str] | None = None) -> dict:
         "results": results,
         "errors": errors,
     }
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2))
-        print(f"wrote {args.json}")
-    return out
 
 
 if __name__ == "__main__":

@@ -72,6 +72,15 @@ def build_mask(
     return zeros.masked_fill(~allowed, float("-inf"))
 
 
+def affine(x: Tensor, W: Tensor, b: Tensor) -> Tensor:
+    """``x @ W + b`` (``W``: ``[in, out]``). Under autocast it is one ``F.linear``, so the output
+    stays in the autocast dtype (a separate fp32 bias add would promote it back to fp32 and cast
+    again at the next matmul); in fp32 the plain form, whose numbers the tests pin."""
+    if torch.is_autocast_enabled(x.device.type):
+        return F.linear(x, W.T, b)
+    return x @ W + b
+
+
 def _has_hooks(*points: HookPoint) -> bool:
     # TransformerLens' add_hook registers plain torch hooks too; look at those, so no hook is missed.
     return any(p.fwd_hooks or p.bwd_hooks or p._forward_hooks or p._forward_pre_hooks or p._backward_hooks for p in points)
@@ -119,6 +128,9 @@ class Attention(nn.Module):
         if x.ndim == 4:
             return torch.einsum("bphm,hmd->bphd", x, W) + b
         H, M, D = W.shape
+        if torch.is_autocast_enabled(x.device.type):
+            out = affine(x, W.permute(1, 0, 2).reshape(M, H * D), b.reshape(H * D))
+            return out.view(*x.shape[:-1], H, D)
         out = x @ W.permute(1, 0, 2).reshape(M, H * D)
         return out.view(*x.shape[:-1], H, D) + b
 
@@ -167,6 +179,8 @@ class Attention(nn.Module):
         if self.cfg.use_attn_result:
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
             return result.sum(2) + self.b_O
+        if torch.is_autocast_enabled(z.device.type):
+            return affine(z.reshape(*z.shape[:2], -1), self.W_O.reshape(-1, self.W_O.shape[-1]), self.b_O)
         return torch.einsum("bphd,hdm->bpm", z, self.W_O) + self.b_O
 
     def _eager(self, q, k, v, bias, mask) -> Tensor:

@@ -273,7 +273,7 @@ class TrainConfig:
     eval_batch_size: int = 1024
     seed: int = 0
     device: str = "cpu"
-    amp: bool = True  # bfloat16 autocast on CUDA (ignored on CPU)
+    amp: bool = True  # bf16 autocast where the device runs bf16 natively (pe_interp.hardware)
     ignore_index: int | None = None  # a class left out of the loss and of accuracy
     lr_schedule: str = "warmup_cosine"
 

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from pe_interp.attention import Attention, AttnContext, _has_hooks, build_mask
+from pe_interp.attention import Attention, AttnContext, _has_hooks, affine, build_mask
 from pe_interp.config import ModelConfig
 from pe_interp.encodings import build_encoding
 
@@ -95,8 +95,8 @@ class MLP(nn.Module):
         self.hook_post = HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
-        pre = self.hook_pre(x @ self.W_in + self.b_in)
-        return self.hook_post(self.act(pre)) @ self.W_out + self.b_out
+        pre = self.hook_pre(affine(x, self.W_in, self.b_in))
+        return affine(self.hook_post(self.act(pre)), self.W_out, self.b_out)
 
 
 class TransformerBlock(nn.Module):
@@ -359,7 +359,7 @@ class HookedPETransformer(HookedRootModule):
 
     def readout(self, resid: Tensor, key_valid: Tensor | None) -> Float[Tensor, "batch n_classes"]:
         pooled = self.hook_pooled(self.pool(self.ln_final(resid), key_valid))
-        return pooled @ self.W_U + self.b_U
+        return affine(pooled, self.W_U, self.b_U)
 
     # ---- TransformerLens conveniences --------------------------------------------------------
     def _share_cfg(self, cfg: ModelConfig) -> None:

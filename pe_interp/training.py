@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from pe_interp import hardware
 from pe_interp._version import __version__
 from pe_interp.callbacks import Callback
 from pe_interp.checkpoint import (
@@ -80,9 +81,8 @@ def evaluate(
 
 
 def _autocast(device: torch.device, amp: bool):
-    if amp and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
+    """bf16 autocast when ``amp`` and the device runs bf16 natively (:mod:`pe_interp.hardware`)."""
+    return hardware.autocast(device, amp)
 
 
 class Trainer:

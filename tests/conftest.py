@@ -30,6 +30,10 @@ if KERNEL_TEST_DEVICE == "auto":
 if KERNEL_TEST_DEVICE == "cpu":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Tests are exact in fp32 whatever the CPU: bf16 autocast (TrainConfig.amp) would switch on by
+# itself on a CPU with native bf16 and change every number. Tests of the bf16 path set it to 1.
+os.environ["PE_INTERP_CPU_BF16"] = "0"
+
 from pe_interp import HookedPETransformer, ModelConfig  # noqa: E402
 
 # The test shapes are tiny: one intra-op thread is fastest, and on a shared, loaded 2-core machine

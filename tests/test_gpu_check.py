@@ -48,9 +48,9 @@ def test_summary_reads_results(tmp_path):
     (out / "model_step_gpu.json").write_text(json.dumps({
         "device": "NVIDIA H200", "amp_bf16": True, "baseline": "baseline",
         "config": {"batch": 512, "n_ctx": 120}, "train_gflop_per_step": 1296,
-        "matmul_gflops": 780000, "matmul_peak": "bf16 8192^3",
-        "results": {"baseline": dict(s_per_step=0.02, gflops=64800, fraction_of_matmul_peak=0.08,
-                                     speed_vs_baseline=1.0)}}))
+        "matmul_gflops": {"bf16": 780000}, "baselines": ["baseline"],
+        "results": {"baseline": dict(s_per_step=0.02, gflops=64800, fraction_of_matmul_peak={"bf16": 0.08},
+                                     speed_vs={"baseline": 1.0})}}))
     (out / "train_rope.json").write_text(json.dumps({
         "metrics": [{"test_acc": 0.1, "seconds": 9.0}, {"test_acc": 0.3, "seconds": 12.0}],
         "seconds_per_epoch": [9.0, 3.0]}))

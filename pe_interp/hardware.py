@@ -1,0 +1,64 @@
+"""What the hardware can do fast: whether bfloat16 autocast pays on this device.
+
+On a CPU, bf16 matmuls are fast only with native bf16 instructions (AVX512-BF16 or AMX-BF16);
+without them oneDNN emulates bf16 and a bf16 matmul runs many times *slower* than fp32 (measured
+on this project's AVX2-only machine: a 2048x256x1024 matmul took 861 ms in bf16 against 16 ms in
+fp32). So ``TrainConfig.amp`` autocasts on a CPU only when :func:`cpu_has_bf16` says the CPU has
+them, and on CUDA only when the GPU supports bf16.
+
+``PE_INTERP_CPU_BF16=1`` (or ``0``) overrides the CPU detection, for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+ENV_OVERRIDE = "PE_INTERP_CPU_BF16"
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux ``/proc/cpuinfo``; empty where that is not readable)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_has_bf16() -> bool:
+    """True when the CPU executes bf16 matmuls natively (so bf16 autocast is faster than fp32)."""
+    forced = os.environ.get(ENV_OVERRIDE)
+    if forced in ("0", "1"):
+        return forced == "1"
+    return any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)
+
+
+def bf16_autocast_pays(device: torch.device | str) -> bool:
+    """Whether bf16 autocast should be used on ``device`` when a config asks for it."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return cpu_has_bf16()
+    return False
+
+
+def autocast(device: torch.device | str, amp: bool):
+    """``torch.autocast`` in bf16 when ``amp`` and the device runs bf16 fast; otherwise a no-op
+    context (fp32). Master weights, the loss and the optimizer stay fp32 either way."""
+    device = torch.device(device)
+    if amp and bf16_autocast_pays(device):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return torch.autocast(device.type if device.type in ("cpu", "cuda") else "cpu", enabled=False)
+
+
+__all__ = ["BF16_CPU_FLAGS", "ENV_OVERRIDE", "autocast", "bf16_autocast_pays", "cpu_flags", "cpu_has_bf16"]
