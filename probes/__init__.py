@@ -6,6 +6,9 @@
 - :mod:`probes.decomposition`: attention-logit terms, Toeplitz score, positional score per head.
 - :mod:`probes.gradients`: gradient coherence per head at initialisation (the "seed").
 - :mod:`probes.patterns`: attention patterns of chosen heads.
+- :mod:`probes.attribution`, :mod:`probes.path_patching`, :mod:`probes.circuits`: attribution
+  patching (AtP, AtP*, EAP-IG) of nodes and edges, exact path patching, circuits and their
+  faithfulness, over the residual-stream graph of :mod:`probes.graph`.
 - :mod:`probes.plots`, :mod:`probes.viz`: matplotlib figures and offline circuitsvis HTML.
 
 Each result saves and loads itself (``save``/``load``, ``to_dict``/``from_dict``) through
@@ -14,6 +17,8 @@ Each result saves and loads itself (``save``/``load``, ``to_dict``/``from_dict``
 """
 
 from probes.ablation import AblationResult, ablate_heads, ablate_heads_naive, keep_only
+from probes.attribution import Attribution, attribute
+from probes.circuits import Circuit, circuit, faithfulness_curve, family_attributions
 from probes.decomposition import (
     LogitTerms,
     PositionalScores,
@@ -39,17 +44,21 @@ from probes.gradients import (
     save_coherence,
 )
 from probes.patching import SITES, PatchResult, normalized_logit_diff_metric, patch
+from probes.path_patching import PathPatch, path_patch
 from probes.patterns import AttentionPatterns, attention_patterns
 
 __all__ = [
     "AblationResult",
     "AttentionPatterns",
+    "Attribution",
+    "Circuit",
     "CoherenceResult",
     "DepositDynamics",
     "DepositReport",
     "LayerDeposit",
     "LogitTerms",
     "PatchResult",
+    "PathPatch",
     "PositionalScores",
     "QK_PARAMS",
     "RopeTerms",
@@ -57,7 +66,11 @@ __all__ = [
     "ablate_heads",
     "ablate_heads_naive",
     "attention_patterns",
+    "attribute",
+    "circuit",
     "coherence_report",
+    "faithfulness_curve",
+    "family_attributions",
     "find_deposits",
     "format_coherence_report",
     "gradient_coherence",
@@ -67,6 +80,7 @@ __all__ = [
     "logit_terms",
     "normalized_logit_diff_metric",
     "patch",
+    "path_patch",
     "positional_scores",
     "save_coherence",
     "toeplitz_score",

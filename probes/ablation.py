@@ -48,6 +48,7 @@ model's train/eval state is restored afterwards.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,7 @@ from probes.metrics import Metric, MetricFn, harm, paired_bootstrap, resolve_met
 
 Head = tuple[int, int]
 METHODS = ("zero", "mean", "resample")
+ENGINES = ("exact", "attribution")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -622,6 +624,53 @@ def _run(
     )
 
 
+def _ranked(model, tokens, labels, *, pad_mask, method, metric, layers, heads, reference, verify_top, seed,
+            **kwargs) -> AblationResult:
+    """``engine="attribution"`` of :func:`ablate_heads`."""
+    from pe_interp.tasks.batch import Batch
+    from probes.attribution import attribute
+
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(map(repr, METHODS))}")
+    if not isinstance(verify_top, int) or verify_top < 1:
+        raise ValueError(f"verify_top must be a positive integer, got {verify_top!r}")
+    units, _ = _units(model, layers, heads, None)
+    tokens, pad_mask = _prepare(model, tokens, pad_mask)
+    labels = torch.as_tensor(labels).to(tokens.device).long()
+    clean = Batch(tokens.long(), labels, pad_mask)
+    stand_in = "logit" if resolve_metric(metric).name == "logit" else "logprob"
+    corrupt, ablation, ref = None, "zero" if method == "zero" else "mean", None
+    if method == "mean" and reference is not None:
+        rt, rp = _as_inputs(reference)
+        rt, rp = _prepare(model, rt, rp)
+        ref = Batch(rt.long(), torch.zeros(len(rt), dtype=torch.long, device=rt.device), rp)
+    if method == "resample":
+        rt, rp = (tokens, pad_mask) if reference is None else _prepare(model, *_as_inputs(reference))
+        src = resample_sources(len(tokens), None if reference is None else len(rt), seed).to(tokens.device)
+        corrupt = Batch(rt[src].long(), labels, rp[src])
+    est = attribute(model, clean, corrupt, metric=stand_in, ablation=ablation, reference=ref, direction="noise")
+    grid = est.head_scores()
+    order = sorted(units, key=lambda u: -grid[u[0]])[:verify_top]
+    exact = _run(_sweep_batched, model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric,
+                 layers=None, heads=None, head_sets=order, reference=reference, seed=seed, **kwargs)  # fmt: skip
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+
+    def place(x: np.ndarray | None) -> np.ndarray | None:
+        if x is None:
+            return None
+        out = np.full((L, H) + x.shape[1:], np.nan)
+        for i, ((layer, h),) in enumerate(order):
+            out[layer, h] = x[i]
+        return out
+
+    meta = {**exact.meta, "engine": "attribution", "stand_in": stand_in, "attribution": grid.tolist(),
+            "verified": [list(u[0]) for u in order]}  # fmt: skip
+    return dataclasses.replace(
+        exact, values=place(exact.values), drops=place(exact.drops), ci_low=place(exact.ci_low),
+        ci_high=place(exact.ci_high), per_example=place(exact.per_example), head_sets=None, meta=meta,
+    )  # fmt: skip
+
+
 def ablate_heads(
     model,
     tokens: Tensor,
@@ -641,6 +690,8 @@ def ablate_heads(
     batch_size: int | None = None,
     progress: bool = False,
     higher_is_better: bool | None = None,
+    engine: str = "exact",
+    verify_top: int = 3,
 ) -> AblationResult:
     """Ablate attention heads one at a time (or in sets) and measure ``metric`` each time.
 
@@ -664,10 +715,28 @@ def ablate_heads(
         batch_size: most rows per forward (examples x stacked ablations); bounds memory.
             Default :func:`default_batch_size` (128 on CPU, 2048 on GPU).
         progress: show a tqdm bar.
+        engine: ``"exact"`` ablates every head of the grid. ``"attribution"`` ranks every head
+            of the grid by attribution patching (:func:`probes.attribute`, ``method="atp"``, the
+            same ablation; a differentiable stand-in for the metric: the true class's logit for
+            ``"logit"``, its log-probability otherwise), then ablates the ``verify_top`` heads
+            estimated to hurt most exactly. The result is a grid with those heads' exact values
+            and NaN elsewhere; ``meta`` holds the estimates (``"attribution"``, in the
+            stand-in's units), the stand-in and the verified heads.
 
     Returns:
         An :class:`AblationResult`; its ``drops`` are positive when an ablation hurt.
     """
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(map(repr, ENGINES))}")
+    if engine == "attribution":
+        if head_sets is not None:
+            raise ValueError("engine='attribution' ranks single heads; it takes layers/heads, not head_sets")
+        return _ranked(
+            model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric, layers=layers,
+            heads=heads, reference=reference, per_example=per_example, n_bootstrap=n_bootstrap, ci=ci,
+            seed=seed, batch_size=batch_size, progress=progress, higher_is_better=higher_is_better,
+            verify_top=verify_top,
+        )  # fmt: skip
     return _run(
         _sweep_batched, model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric,
         layers=layers, heads=heads, head_sets=head_sets, reference=reference,
@@ -708,6 +777,7 @@ def ablate_heads_naive(
 
 
 __all__ = [
+    "ENGINES",
     "METHODS",
     "AblationResult",
     "Head",

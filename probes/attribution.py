@@ -1,0 +1,392 @@
+"""Attribution patching: first-order estimates of patching every node or edge, batched over
+examples.
+
+:func:`attribute` scores the graph of :mod:`probes.graph` (writers, and writer -> reader edges
+with positions summed). For a node or edge with activation ``a``, every method estimates
+
+    effect = m(with a at its clean value) - m(with a at its other value)
+
+where "other" is the corrupt run's activation (``corrupt`` given), zero or the mean over a
+reference set (``corrupt=None``: zero or mean ablation, so the effect is the drop the ablation
+causes). The metric ``m`` is per example (``"logprob"`` of the clean label, ``"logit_diff"``
+between the clean and the corrupt label, ``"logit"``, or ``fn(logits, clean_labels,
+corrupt_labels) -> [n]``); scores are means over examples.
+
+- ``"atp"`` (Nanda 2022; TransformerLens' ``attribution_patch``): ``(a_clean - a_other) . g`` with
+  ``g`` the metric's gradient at the base run: the corrupt run (``direction="denoise"``, as
+  TransformerLens) or the clean one (``"noise"``, and always for ablation). An edge's ``g`` is
+  the gradient at the reader's input (its per-head fork), its delta the writer's residual term.
+- ``"atp*"`` (Kramár et al. 2024, arXiv 2403.00745): for edges into a query or key input the
+  attention softmax is recomputed exactly, by the model's own attention code with the writer's
+  delta added to that input (at every position), and only the step from the attention pattern
+  on is linearised: ``sum (A' - A) . dm/dA``. Node scores are the sums of their edges (for
+  ``"atp"`` that sum is the node score exactly). GradDrop: the same estimate with the gradient
+  through block ``l``'s output (``hook_attn_out``, ``hook_mlp_out``) dropped, for each ``l``;
+  ``magnitude = sum_l |estimate_l| / (L - 1)`` (of the means over examples) catches effects that
+  cancel between paths. ``scores`` holds the signed estimate without GradDrop.
+- ``"eap-ig"`` (Hanna et al. 2024): the gradient averaged over ``steps`` runs whose token
+  embedding goes from corrupt to clean, ``corrupt + k/steps (clean - corrupt)``, ``k = 1..steps``.
+
+Where the metric is linear in the activation between the two values (a readout without a final
+norm; a value input of the last layer of a model without norms or MLPs; a query or key input
+there for ``"atp*"``) the estimate is the exact effect, and ``tests/test_attribution.py`` holds
+it to exact patching there and to TransformerLens' ``attribution_patch`` everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pe_interp.io import atomic_write_json, nan_array, read_json, to_json
+from pe_interp.modes import eval_mode
+from probes.engine import (
+    Run,
+    as_pair,
+    as_run,
+    attend_with,
+    capture,
+    contributions,
+    forks,
+    mean_metric,
+    pair_labels,
+    position_means,
+    reader_hooks,
+    resolve,
+    writer_hooks,
+)
+from probes.graph import Graph, build_graph, head_name, parse
+
+METHODS = ("atp", "atp*", "eap-ig")
+GRANULARITIES = ("node", "edge")
+ABLATIONS = ("zero", "mean")
+DIRECTIONS = ("denoise", "noise")
+
+
+@dataclass(frozen=True, eq=False)
+class Attribution:
+    """What :func:`attribute` returns. ``scores`` is ``[writers]`` (node) or ``[readers, writers]``
+    (edge, NaN where there is no edge); ``by_position`` adds a last axis of positions;
+    ``magnitude`` (``"atp*"``) is the GradDrop magnitude with ``scores``' shape."""
+
+    method: str
+    granularity: str
+    mode: str  # denoise | noise | zero | mean
+    metric: str
+    writers: tuple[str, ...]
+    readers: tuple[str, ...]
+    scores: np.ndarray
+    n_examples: int
+    n_layers: int
+    n_heads: int
+    steps: int = 1
+    clean_metric: float = float("nan")
+    corrupt_metric: float = float("nan")
+    by_position: np.ndarray | None = None
+    magnitude: np.ndarray | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ranking(self) -> np.ndarray:
+        """What orders nodes or edges: ``magnitude`` for ``"atp*"``, else ``|scores|``."""
+        return self.magnitude if self.magnitude is not None else np.abs(self.scores)
+
+    def node_scores(self) -> dict[str, float]:
+        """Each writer's score (for edges: the sum of its outgoing edges)."""
+        s = self.scores if self.granularity == "node" else np.nansum(self.scores, axis=0)
+        return dict(zip(self.writers, s.tolist()))
+
+    def head_scores(self) -> np.ndarray:
+        """``[n_layers, n_heads]`` node scores of the heads."""
+        nodes = self.node_scores()
+        return np.array([[nodes[head_name(layer, h)] for h in range(self.n_heads)] for layer in range(self.n_layers)])
+
+    def edge(self, writer: str, reader: str) -> float:
+        self._need_edges()
+        return float(self.scores[self.readers.index(reader), self.writers.index(writer)])
+
+    def edge_scores(self) -> dict[tuple[str, str], float]:
+        """``{(writer, reader): score}`` over the edges that exist."""
+        self._need_edges()
+        r, w = np.nonzero(~np.isnan(self.scores))
+        return {(self.writers[j], self.readers[i]): float(self.scores[i, j]) for i, j in zip(r, w)}
+
+    def top_edges(self, k: int = 10) -> list[tuple[str, str, float]]:
+        """The ``k`` edges that rank highest (see :attr:`ranking`), as ``(writer, reader, score)``."""
+        self._need_edges()
+        rank = np.nan_to_num(self.ranking, nan=-np.inf).ravel()
+        out = []
+        for i in np.argsort(-rank, kind="stable")[:k]:
+            r, w = divmod(int(i), len(self.writers))
+            out.append((self.writers[w], self.readers[r], float(self.scores[r, w])))
+        return out
+
+    def _need_edges(self) -> None:
+        if self.granularity != "edge":
+            raise ValueError("this Attribution holds node scores; run attribute(..., granularity='edge')")
+
+    def to_dict(self, by_position: bool = False) -> dict[str, Any]:
+        return {
+            "method": self.method, "granularity": self.granularity, "mode": self.mode, "metric": self.metric,
+            "writers": list(self.writers), "readers": list(self.readers), "scores": to_json(self.scores),
+            "n_examples": self.n_examples, "n_layers": self.n_layers, "n_heads": self.n_heads,
+            "steps": self.steps, "clean_metric": to_json(self.clean_metric),
+            "corrupt_metric": to_json(self.corrupt_metric),
+            "by_position": to_json(self.by_position) if by_position else None,
+            "magnitude": to_json(self.magnitude), "meta": to_json(self.meta),
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Attribution:
+        nan = float("nan")
+        return cls(
+            method=d["method"], granularity=d["granularity"], mode=d["mode"], metric=d["metric"],
+            writers=tuple(d["writers"]), readers=tuple(d["readers"]), scores=nan_array(d["scores"]),
+            n_examples=int(d["n_examples"]), n_layers=int(d["n_layers"]), n_heads=int(d["n_heads"]),
+            steps=int(d.get("steps", 1)),
+            clean_metric=nan if d.get("clean_metric") is None else float(d["clean_metric"]),
+            corrupt_metric=nan if d.get("corrupt_metric") is None else float(d["corrupt_metric"]),
+            by_position=nan_array(d.get("by_position")), magnitude=nan_array(d.get("magnitude")),
+            meta=dict(d.get("meta") or {}),
+        )  # fmt: skip
+
+    def save(self, path: str | Path, by_position: bool = False) -> Path:
+        return atomic_write_json(path, self.to_dict(by_position), indent=None, sort_keys=False)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Attribution:
+        return cls.from_dict(read_json(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# the reader groups of the edge sweep
+# ---------------------------------------------------------------------------------------------
+def _groups(graph: Graph) -> list[tuple[str, list[int], int, int | None]]:
+    """``(hook, reader indices, writers read (a prefix), head axis or None)`` per reader hook."""
+    H, L = graph.n_heads, graph.n_layers
+    per_layer = H + (1 if graph.has_mlp else 0)
+    out = []
+    for layer in range(L):
+        before = 1 + layer * per_layer
+        for c in "qkv":
+            idx = [graph.reader_index(f"{head_name(layer, h)}.{c}") for h in range(H)]
+            nw = 1 if (graph.kv_embed and c != "q") else before
+            out.append((f"blocks.{layer}.attn.hook_{c}_input", idx, nw, 2))
+        if graph.has_mlp:
+            out.append((f"blocks.{layer}.hook_mlp_in", [graph.reader_index(f"MLP{layer}")], before + H, None))
+    out.append((f"blocks.{L - 1}.hook_resid_post", [graph.reader_index("logits")], len(graph.writers), None))
+    return out
+
+
+def _node_by_pos(graph: Graph, delta: dict[str, Tensor], grads: dict[str, Tensor]) -> Tensor:
+    """``[writers, pos]`` sums over the chunk of ``delta . grad`` at each writer's hook."""
+    rows = [(delta["hook_embed"] * grads["hook_embed"]).sum((0, -1))[None]]
+    for layer in range(graph.n_layers):
+        z = f"blocks.{layer}.attn.hook_z"
+        rows.append((delta[z] * grads[z]).sum((0, -1)).T)
+        if graph.has_mlp:
+            m = f"blocks.{layer}.hook_mlp_out"
+            rows.append((delta[m] * grads[m]).sum((0, -1))[None])
+    return torch.cat(rows).double()
+
+
+def _edge_by_pos(graph: Graph, contrib: Tensor, grads: dict[str, Tensor]) -> Tensor:
+    """``[readers, writers, pos]`` sums over the chunk of ``contribution . reader gradient``."""
+    P = contrib.shape[1]
+    out = contrib.new_zeros((len(graph.readers), len(graph.writers), P), dtype=torch.float64)
+    for hook, idx, nw, head_axis in _groups(graph):
+        g = grads[hook] if head_axis is not None else grads[hook][:, :, None]
+        out[idx, :nw] = torch.einsum("bpwd,bprd->rwp", contrib[:, :, :nw], g).double()
+    return out
+
+
+def _qk_fix(model, graph: Graph, base: Run, acts: dict, contrib: Tensor, gpat: list[dict], sign: float, rows: int):
+    """Edges into q/k inputs with the softmax recomputed: ``{(layer, c): [variants, nw, H]}``, each
+    ``sign * sum_b sum (A(x + sign * delta_w) - A(x)) . dm/dA``."""
+    out = {}
+    b = len(base)
+    for layer in range(graph.n_layers):
+        resid = acts[f"blocks.{layer}.hook_resid_pre"]
+        kv_in = acts["blocks.0.hook_resid_pre"] if model.cfg.kv_source == "embed" else None
+        # the unperturbed pattern by the same code path as the perturbed ones
+        base_pattern = attend_with(model, layer, base, resid, kv_in, "q", torch.zeros_like(resid), ["hook_pattern"])["hook_pattern"]
+        for c in "qk":
+            nw = 1 if (graph.kv_embed and c == "k") else 1 + layer * (graph.n_heads + int(graph.has_mlp))
+            total = torch.zeros(len(gpat), nw, graph.n_heads, dtype=torch.float64, device=resid.device)
+            step = max(1, rows // b)
+            for w0 in range(0, nw, step):
+                d = contrib[:, :, w0 : min(nw, w0 + step)].permute(2, 0, 1, 3) * sign  # [k, b, p, d]
+                k = d.shape[0]
+                seen = attend_with(model, layer, base, resid.repeat(k, 1, 1), kv_in, c,
+                                   d.reshape(-1, *d.shape[2:]), ["hook_pattern"])  # fmt: skip
+                dA = seen["hook_pattern"].view(k, b, *base_pattern.shape[1:]) - base_pattern[None]
+                for v, g in enumerate(gpat):
+                    gA = g[f"blocks.{layer}.attn.hook_pattern"]
+                    total[v, w0 : w0 + k] = sign * torch.einsum("kbhqs,bhqs->kh", dA, gA).double()
+            out[layer, c] = total
+    return out
+
+
+def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, edges, steps, fn, rows):
+    """Summed (not yet averaged) scores of one chunk of examples, for each gradient variant."""
+    W = writer_hooks(graph)
+    R = reader_hooks(graph) if edges else []
+    good, bad = pair_labels(clean, other)
+    sign = 1.0 if mode == "denoise" else -1.0
+    base = other if mode == "denoise" else clean
+    extra: list[str] = []
+    if method == "atp*":
+        extra = [f"blocks.{layer}.{n}" for layer in range(graph.n_layers) for n in ("hook_resid_pre", "attn.hook_pattern")]
+
+    def metric(n_rep: int = 1):
+        return lambda logits: fn(logits, good.repeat(n_rep), bad.repeat(n_rep))
+
+    a_clean = capture(model, clean, W)[0] if base is not clean else None
+    if other is not None and base is not other:
+        a_other = capture(model, other, W)[0]
+    variants = [()] + ([tuple(f"blocks.{layer}.{h}" for h in ("hook_attn_out", "hook_mlp_out")) for layer in range(graph.n_layers)]
+                       if method == "atp*" else [])  # fmt: skip
+    if method == "eap-ig":
+        a_clean, a_other = capture(model, clean, W)[0], capture(model, other, W)[0]
+        e_c, e_k = a_clean["hook_embed"], a_other["hook_embed"]
+        summed: dict[str, Tensor] = {}
+        per = max(1, rows // len(clean))
+        for s0 in range(0, steps, per):
+            alpha = torch.arange(s0 + 1, min(steps, s0 + per) + 1, device=e_c.device, dtype=e_c.dtype) / steps
+            m = len(alpha)
+            interp = (e_k[None] + alpha[:, None, None, None] * (e_c - e_k)[None]).reshape(-1, *e_c.shape[1:])
+            _, g, _ = capture(model, other, [], metric=metric(m), grad_names=W + R, repeat=m,
+                              replace={"hook_embed": lambda x, interp=interp: interp})  # fmt: skip
+            for n, t in g.items():
+                t = t.view(m, -1, *t.shape[1:]).sum(0)
+                summed[n] = t if n not in summed else summed[n] + t
+        delta = {n: a_clean[n] - a_other[n] for n in W}
+        with torch.no_grad():
+            return [_scores(graph, delta, {n: t / steps for n, t in summed.items()}, edges, model)]
+    results, patterns = [], []
+    pattern_names = [n for n in extra if "pattern" in n]
+    for drop in variants:  # one gradient at a time: the readers' gradients are large
+        acts, g, _ = capture(model, base, [] if drop else W + extra, metric=metric(), grad_names=W + R + pattern_names,
+                             detach=drop)  # fmt: skip
+        if not drop:
+            base_acts = acts
+            if base is clean:
+                a_clean = acts
+            else:
+                a_other = acts
+            if other is None:
+                a_other = {n: (torch.zeros_like(a_clean[n]) if mode == "zero"
+                               else means[n][None, : a_clean[n].shape[1]].expand_as(a_clean[n])) for n in W}  # fmt: skip
+            delta = {n: a_clean[n] - a_other[n] for n in W}
+        patterns.append({n: g.pop(n) for n in pattern_names})
+        with torch.no_grad():
+            results.append(_scores(graph, delta, g, edges, model))
+        del g
+    if method == "atp*":
+        with torch.no_grad():
+            contrib = contributions(model, graph, delta)
+            qk = _qk_fix(model, graph, base, base_acts, contrib, patterns, sign, rows)
+        for v, e in enumerate(results):  # replace the linearised q/k edges (positions summed)
+            for (layer, c), t in qk.items():
+                idx = [graph.reader_index(f"{head_name(layer, h)}.{c}") for h in range(graph.n_heads)]
+                e[idx, : t.shape[1]] = 0.0
+                e[idx, : t.shape[1], 0] = t[v].T
+    return results
+
+
+def _scores(graph, delta, grads, edges, model) -> Tensor:
+    if not edges:
+        return _node_by_pos(graph, delta, grads)
+    return _edge_by_pos(graph, contributions(model, graph, delta), grads)
+
+
+def attribute(
+    model,
+    clean: Any,
+    corrupt: Any = None,
+    *,
+    granularity: str = "node",
+    method: str = "atp",
+    steps: int = 8,
+    metric: Any = "logprob",
+    ablation: str = "zero",
+    reference: Any = None,
+    direction: str = "denoise",
+    by_position: bool = False,
+    batch_size: int | None = None,
+) -> Attribution:
+    """Attribution scores of every node (``granularity="node"``) or edge (``"edge"``).
+
+    ``clean`` is a ``Batch`` or ``CounterfactualPairs`` (then ``corrupt`` is its corrupt side);
+    ``corrupt`` a ``Batch`` with the same shape, or None for ``ablation="zero"|"mean"`` (means per
+    position over ``reference``, default the clean batch). ``steps``: EAP-IG's integration steps.
+    ``by_position`` keeps a last axis of positions (``"atp"``, ``"eap-ig"``). ``batch_size``: most
+    rows per forward (examples x steps or x writers). See the module docstring."""
+    for name, value, allowed in (("method", method, METHODS), ("granularity", granularity, GRANULARITIES),
+                                 ("ablation", ablation, ABLATIONS), ("direction", direction, DIRECTIONS)):  # fmt: skip
+        if value not in allowed:
+            raise ValueError(f"attribute: {name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"attribute: steps must be a positive integer, got {steps!r}")
+    graph = build_graph(model.cfg)
+    c, k = as_pair(model, clean, corrupt)
+    if method == "eap-ig" and k is None:
+        raise ValueError("attribute: method='eap-ig' integrates from the corrupt input to the clean one; pass corrupt= (or use 'atp'/'atp*' for ablation)")
+    if method == "eap-ig" and not torch.equal(c.pad_mask, k.pad_mask):
+        raise ValueError("attribute: method='eap-ig' needs clean and corrupt rows with the same pad_mask")
+    if method == "atp*" and by_position:
+        raise ValueError("attribute: by_position is not available with method='atp*' (its key fix patches every position at once)")
+    if method == "atp*" and graph.n_layers < 2:
+        raise ValueError("attribute: method='atp*' (GradDrop over layers) needs a model with at least 2 layers")
+    mode = direction if k is not None else ablation
+    metric_name, fn = resolve(metric)
+    edges = granularity == "edge" or method == "atp*"
+    rows = batch_size or (256 if model.W_E.device.type == "cpu" else 4096)
+    cfg = model.cfg
+    # examples per chunk: the forked forward keeps ~[pos, heads, d_model] per reader hook and example
+    per_example = c.tokens.shape[1] * cfg.d_model * (3 * cfg.n_heads + 2) * cfg.n_layers * 8 if edges else 0
+    chunk = max(1, min(rows, int(2e8 // per_example))) if edges else rows
+    n, P = len(c), c.tokens.shape[1]
+    with eval_mode(model), forks(model, on=edges):
+        means = None
+        if k is None and ablation == "mean":
+            ref = c if reference is None else as_run(model, reference, what="reference")
+            if ref.tokens.shape[1] < P:
+                raise ValueError(f"attribute: the reference is shorter ({ref.tokens.shape[1]}) than the examples ({P})")
+            means = position_means(model, ref, writer_hooks(graph), rows)
+        totals: list[Tensor] | None = None
+        for c0 in range(0, n, chunk):
+            sl = slice(c0, c0 + chunk)
+            part = _chunk(model, graph, c.rows(sl), None if k is None else k.rows(sl), means, mode=mode,
+                          method=method, edges=edges, steps=steps, fn=fn, rows=rows)  # fmt: skip
+            totals = part if totals is None else [a + b for a, b in zip(totals, part)]
+        good, bad = pair_labels(c, k)
+        m_clean = mean_metric(model, c, fn, good, bad, rows)
+        m_corrupt = float("nan") if k is None else mean_metric(model, k, fn, good, bad, rows)
+    per_pos = [t.cpu().numpy() / n for t in totals]
+    if edges:
+        mask = graph.valid[..., None]
+        per_pos = [np.where(mask, t, np.nan) for t in per_pos]
+    summed = [t.sum(-1) if not edges else np.where(graph.valid, np.nansum(t, -1), np.nan) for t in per_pos]
+    magnitude = None
+    if method == "atp*":
+        magnitude = sum(np.abs(s) for s in summed[1:]) / (graph.n_layers - 1)
+    scores = summed[0]
+    if edges and granularity == "node":  # atp*: a node is the sum of its edges
+        scores = np.nansum(scores, axis=0)
+        magnitude = sum(np.abs(np.nansum(s, axis=0)) for s in summed[1:]) / (graph.n_layers - 1)
+    return Attribution(
+        method=method, granularity=granularity, mode=mode, metric=metric_name, writers=graph.writers,
+        readers=graph.readers if granularity == "edge" else (), scores=scores, n_examples=n,
+        n_layers=graph.n_layers, n_heads=graph.n_heads, steps=steps if method == "eap-ig" else 1,
+        clean_metric=m_clean, corrupt_metric=m_corrupt, by_position=per_pos[0] if by_position else None,
+        magnitude=magnitude, meta={"encoding": model.cfg.encoding_name, "kv_source": model.cfg.kv_source},
+    )  # fmt: skip
+
+
+__all__ = ["ABLATIONS", "DIRECTIONS", "GRANULARITIES", "METHODS", "Attribution", "attribute", "parse"]

@@ -1,0 +1,339 @@
+"""What attribution, path patching and circuits share: their inputs, their metrics, the per-head
+forks, and one forward (and backward) through the model's own code that reads activations and
+their gradients at named hooks.
+
+Nothing here copies the forward: runs go through :meth:`HookedPETransformer.forward_unchecked`
+with TransformerLens hooks; a writer's residual term is read at its hook (a head's is
+``hook_z @ W_O[h]``, which is what the attention layer adds for that head).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from probes.graph import COMPONENTS, Graph
+
+PerExample = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics: logits [n, C], clean labels [n], corrupt labels [n] -> [n], differentiable
+# ---------------------------------------------------------------------------------------------
+def _logit_diff(logits: Tensor, good: Tensor, bad: Tensor) -> Tensor:
+    return logits.gather(1, good[:, None])[:, 0] - logits.gather(1, bad[:, None])[:, 0]
+
+
+def _logprob(logits: Tensor, good: Tensor, bad: Tensor) -> Tensor:
+    return logits.log_softmax(-1).gather(1, good[:, None])[:, 0]
+
+
+def _logit(logits: Tensor, good: Tensor, bad: Tensor) -> Tensor:
+    return logits.gather(1, good[:, None])[:, 0]
+
+
+def _margin(logits: Tensor, good: Tensor, bad: Tensor) -> Tensor:
+    """The clean label's logit minus the largest other logit (> 0 exactly when it is predicted)."""
+    own = logits.gather(1, good[:, None])[:, 0]
+    others = logits.scatter(1, good[:, None], float("-inf"))
+    return own - others.max(1).values
+
+
+METRICS: dict[str, PerExample] = {"logit_diff": _logit_diff, "logprob": _logprob, "logit": _logit, "margin": _margin}
+
+
+def resolve(metric: str | PerExample) -> tuple[str, PerExample]:
+    """``(name, fn)`` of a built-in metric name or a callable ``fn(logits, clean_labels,
+    corrupt_labels) -> [n]``."""
+    if isinstance(metric, str):
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)} or a callable")
+        return metric, METRICS[metric]
+    if callable(metric):
+        return getattr(metric, "__name__", "custom"), metric
+    raise ValueError(f"metric must be a name or a callable, got {metric!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Run:
+    """Checked inputs of one side (clean or corrupt): int64 tokens, the model's key mask (None
+    when every key is real), the pad mask and the labels, on the model's device."""
+
+    tokens: Tensor
+    key_valid: Tensor | None
+    pad_mask: Tensor
+    labels: Tensor
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def rows(self, sl: slice) -> Run:
+        kv = None if self.key_valid is None else self.key_valid[sl]
+        return Run(self.tokens[sl], kv, self.pad_mask[sl], self.labels[sl])
+
+
+def as_run(model, x: Any, labels: Tensor | None = None, what: str = "clean") -> Run:
+    """A :class:`Run` from a ``Batch`` (tokens, labels, pad_mask) or a token tensor (then
+    ``labels`` default to zeros: pass them for the built-in metrics)."""
+    device = model.W_E.device
+    if hasattr(x, "tokens") and hasattr(x, "pad_mask"):
+        tokens, pad_mask = x.tokens, x.pad_mask
+        labels = x.labels if labels is None else labels
+    elif isinstance(x, Tensor):
+        tokens, pad_mask = x, None
+    else:
+        raise ValueError(f"{what} must be a Batch or a [batch, pos] token tensor, got {type(x).__name__}")
+    if tokens.ndim != 2 or tokens.shape[0] == 0:
+        raise ValueError(f"{what}: tokens must be a non-empty [batch, pos] tensor, got {tuple(tokens.shape)}")
+    tokens = tokens.to(device)
+    pad_mask = (tokens != model.cfg.pad_id) if pad_mask is None else pad_mask.to(device)
+    tokens, key_valid = model.check_inputs(tokens, pad_mask)
+    if labels is None:
+        labels = torch.zeros(tokens.shape[0], dtype=torch.long)
+    labels = torch.as_tensor(labels).to(device).long()
+    if labels.shape != tokens.shape[:1]:
+        raise ValueError(f"{what}: labels must have shape ({tokens.shape[0]},), got {tuple(labels.shape)}")
+    return Run(tokens, key_valid, pad_mask, labels)
+
+
+def as_pair(model, clean: Any, corrupt: Any) -> tuple[Run, Run | None]:
+    """Clean and corrupt runs from ``(CounterfactualPairs, None)``, ``(Batch, Batch)``,
+    ``(tokens, tokens)`` or ``(Batch, None)`` (no corrupt run)."""
+    if hasattr(clean, "clean") and hasattr(clean, "corrupt"):
+        if corrupt is not None:
+            raise ValueError("pass CounterfactualPairs alone, or clean and corrupt batches, not both")
+        clean, corrupt = clean.clean, clean.corrupt
+    c = as_run(model, clean)
+    if corrupt is None:
+        return c, None
+    k = as_run(model, corrupt, what="corrupt")
+    if k.tokens.shape != c.tokens.shape:
+        raise ValueError(
+            f"clean and corrupt must have the same shape (positions line up), got {tuple(c.tokens.shape)} "
+            f"and {tuple(k.tokens.shape)}"
+        )
+    return c, k
+
+
+def pair_labels(clean: Run, corrupt: Run | None) -> tuple[Tensor, Tensor]:
+    return clean.labels, (clean.labels if corrupt is None else corrupt.labels)
+
+
+# ---------------------------------------------------------------------------------------------
+# the per-head forks (TransformerLens' use_split_qkv_input, use_hook_mlp_in)
+# ---------------------------------------------------------------------------------------------
+@contextmanager
+def forks(model, on: bool = True) -> Iterator[None]:
+    """Turn on the per-head q/k/v input forks and ``hook_mlp_in`` (``use_attn_in`` off while they
+    are), and give the caller's flags back afterwards, also on error."""
+    cfg = model.cfg
+    saved = (cfg.use_split_qkv_input, cfg.use_hook_mlp_in, cfg.use_attn_in)
+    if not on:
+        yield
+        return
+    try:
+        if saved[2]:
+            model.set_use_attn_in(False)
+        model.set_use_split_qkv_input(True)
+        model.set_use_hook_mlp_in(True)
+        yield
+    finally:
+        model.set_use_split_qkv_input(saved[0])
+        model.set_use_hook_mlp_in(saved[1])
+        if saved[2]:
+            model.set_use_attn_in(True)
+
+
+@contextmanager
+def no_forks(model) -> Iterator[None]:
+    """The per-head forks off for a block (restored after)."""
+    cfg = model.cfg
+    saved = (cfg.use_split_qkv_input, cfg.use_attn_in)
+    try:
+        for name, value in (("split_qkv_input", saved[0]), ("attn_in", saved[1])):
+            if value:
+                getattr(model, f"set_use_{name}")(False)
+        yield
+    finally:
+        for name, value in (("split_qkv_input", saved[0]), ("attn_in", saved[1])):
+            if value:
+                getattr(model, f"set_use_{name}")(True)
+
+
+def attend_with(model, layer: int, run: Run, resid: Tensor, kv_input: Tensor | None, component: str,
+                delta: Tensor, names: Sequence[str]) -> dict[str, Tensor]:  # fmt: skip
+    """Layer ``layer``'s attention on ``resid`` (``[rows, pos, d]``; ``run``'s rows repeated to
+    match) with ``delta`` added to the ``component`` input of every head, and only to it, by the
+    block's own ``attention_inputs`` and ``attn``; returns the attention hooks ``names``
+    (e.g. ``"hook_pattern"``, ``"hook_z"``). With ``kv_source="embed"`` a k/v delta goes into the
+    layer-0 input ``kv_input`` that keys and values read."""
+    block = model.blocks[layer]
+    reps = resid.shape[0] // len(run)
+    tokens = run.tokens.repeat(reps, 1)
+    kv = None if run.key_valid is None else run.key_valid.repeat(reps, 1)
+    kv_in = None if kv_input is None else kv_input.repeat(reps, 1, 1)
+    seen: dict[str, Tensor] = {}
+    hooks = [(f"blocks.{layer}.attn.{n}", lambda x, hook: seen.__setitem__(hook.name.rsplit(".", 1)[-1], x)) for n in names]
+    with no_forks(model):
+        ctx = model.context(tokens, kv, kv_in)
+        inputs = list(block.attention_inputs(resid, ctx))
+        i = COMPONENTS.index(component)
+        if component != "q" and kv_in is not None:
+            inputs[i] = block.attention_inputs(resid, model.context(tokens, kv, kv_in + delta))[i]
+        else:
+            inputs[i] = block.attention_inputs(resid + delta, ctx)[i]
+        with model.hooks(fwd_hooks=hooks):
+            block.attn(*inputs, ctx)
+    return seen
+
+
+def writer_hooks(graph: Graph) -> list[str]:
+    names = ["hook_embed"]
+    for layer in range(graph.n_layers):
+        names.append(f"blocks.{layer}.attn.hook_z")
+        if graph.has_mlp:
+            names.append(f"blocks.{layer}.hook_mlp_out")
+    return names
+
+
+def reader_hooks(graph: Graph) -> list[str]:
+    names = []
+    for layer in range(graph.n_layers):
+        names += [f"blocks.{layer}.attn.hook_{c}_input" for c in "qkv"]
+        if graph.has_mlp:
+            names.append(f"blocks.{layer}.hook_mlp_in")
+    names.append(f"blocks.{graph.n_layers - 1}.hook_resid_post")
+    return names
+
+
+def contributions(model, graph: Graph, acts: dict[str, Tensor], n_writers: int | None = None) -> Tensor:
+    """The residual terms of the first ``n_writers`` writers, ``[batch, pos, writers, d_model]``,
+    from activations at :func:`writer_hooks` (a head's term is ``z_h W_O[h]``)."""
+    parts = [acts["hook_embed"][:, :, None]]
+    for layer in range(graph.n_layers):
+        W_O = model.blocks[layer].attn.W_O
+        parts.append(torch.einsum("bphd,hdm->bphm", acts[f"blocks.{layer}.attn.hook_z"], W_O))
+        if graph.has_mlp:
+            parts.append(acts[f"blocks.{layer}.hook_mlp_out"][:, :, None])
+    out = torch.cat(parts, dim=2)
+    return out if n_writers is None else out[:, :, :n_writers]
+
+
+# ---------------------------------------------------------------------------------------------
+# one forward (and backward) at named hooks
+# ---------------------------------------------------------------------------------------------
+def capture(
+    model,
+    run: Run,
+    names: Sequence[str],
+    *,
+    metric: Callable[[Tensor], Tensor] | None = None,
+    grad_names: Sequence[str] = (),
+    replace: dict[str, Callable[[Tensor], Tensor]] | None = None,
+    detach: Sequence[str] = (),
+    repeat: int = 1,
+) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
+    """Run the model's forward on ``run`` (its rows repeated ``repeat`` times), reading the
+    activations at ``names``.
+
+    With ``metric(logits) -> [rows]`` and ``grad_names``, also the gradient of the summed metric at
+    each of those hooks (rows are independent, so row i's gradient is that of its own metric),
+    through a zero tensor added there. ``replace[name](x)`` substitutes a hook's value;
+    ``detach`` hooks let their value through but no gradient (GradDrop). Returns
+    ``(activations, gradients, per-row metric)``.
+    """
+    acts: dict[str, Tensor] = {}
+    zeros: dict[str, Tensor] = {}
+    replace = replace or {}
+    wanted = set(names) | set(grad_names) | set(replace) | set(detach)
+
+    def hook(x: Tensor, hook) -> Tensor:
+        name = hook.name
+        if name in replace:
+            x = replace[name](x)
+        if name in grad_names:
+            zeros[name] = torch.zeros_like(x, requires_grad=True)
+            x = x + zeros[name]
+        if name in names:
+            acts[name] = x.detach()
+        if name in detach:
+            x = x.detach()
+        return x
+
+    tokens = run.tokens.repeat(repeat, 1)
+    kv = None if run.key_valid is None else run.key_valid.repeat(repeat, 1)
+    with torch.set_grad_enabled(bool(grad_names)), model.hooks(fwd_hooks=[(n, hook) for n in sorted(wanted)]):
+        logits = model.forward_unchecked(tokens, kv)
+        values = metric(logits) if metric is not None else logits.new_zeros(logits.shape[0])
+        grads: dict[str, Tensor] = {}
+        if grad_names:
+            have = [n for n in grad_names if n in zeros]
+            got = torch.autograd.grad(values.sum(), [zeros[n] for n in have], allow_unused=True)
+            grads = {n: (torch.zeros_like(zeros[n]) if g is None else g) for n, g in zip(have, got)}
+    return acts, grads, values.detach()
+
+
+def mean_metric(model, run: Run, fn: PerExample, good: Tensor, bad: Tensor, rows: int) -> float:
+    """The mean of ``fn`` over ``run``'s rows (no gradient)."""
+    total = 0.0
+    with torch.no_grad():
+        for c0 in range(0, len(run), rows):
+            part = run.rows(slice(c0, c0 + rows))
+            logits = model.forward_unchecked(part.tokens, part.key_valid)
+            total += float(fn(logits, good[c0 : c0 + rows], bad[c0 : c0 + rows]).double().sum())
+    return total / len(run)
+
+
+def position_means(model, run: Run, names: Sequence[str], batch_size: int) -> dict[str, Tensor]:
+    """Mean of each hook's activation per position over the rows where that position is a token
+    the model sees (every position when padding is unmasked); positions no row has get the mean
+    over all tokens (the definition of :func:`probes.ablation.head_means`)."""
+    weights = run.pad_mask if model.cfg.mask_padding else torch.ones_like(run.pad_mask)
+    sums: dict[str, Tensor] = {}
+    count = torch.zeros(run.tokens.shape[1], dtype=torch.float64, device=run.tokens.device)
+    with torch.no_grad():
+        for c0 in range(0, len(run), batch_size):
+            part = run.rows(slice(c0, c0 + batch_size))
+            acts, _, _ = capture(model, part, names)
+            w = weights[c0 : c0 + batch_size].to(torch.float64)
+            count += w.sum(0)
+            for n in names:
+                a = acts[n].to(torch.float64)
+                s = torch.einsum("bp,bp...->p...", w, a)
+                sums[n] = s if n not in sums else sums[n] + s
+    out = {}
+    total = count.sum().clamp_min(1.0)
+    for n, s in sums.items():
+        shape = (-1,) + (1,) * (s.ndim - 1)
+        overall = s.sum(0, keepdim=True) / total
+        mean = torch.where(count.view(shape) > 0, s / count.clamp_min(1.0).view(shape), overall)
+        out[n] = mean.to(model.W_E.dtype)
+    return out
+
+
+__all__ = [
+    "METRICS",
+    "PerExample",
+    "Run",
+    "as_pair",
+    "attend_with",
+    "as_run",
+    "capture",
+    "contributions",
+    "forks",
+    "mean_metric",
+    "no_forks",
+    "pair_labels",
+    "position_means",
+    "reader_hooks",
+    "resolve",
+    "writer_hooks",
+]

@@ -1,0 +1,150 @@
+"""The residual-stream graph that attribution, path patching and circuits score: its nodes, its
+edges, and the names both carry.
+
+**Writers** put a term into the residual stream: ``"embed"`` (the token embedding,
+``hook_embed``), each head ``"L{l}H{h}"`` (``z_h W_O[h]``, read at ``attn.hook_z``) and each
+MLP ``"MLP{l}"`` (``hook_mlp_out``). The positional term of an absolute encoding
+(``hook_pos_embed``) and the output biases are the same in every run, so they are no writer.
+
+**Readers** read the residual stream: each head's query, key and value input ``"L{l}H{h}.q"``,
+``".k"``, ``".v"`` (TransformerLens' per-head forks ``attn.hook_q/k/v_input``), each MLP's input
+``"MLP{l}"`` (``hook_mlp_in``) and the readout ``"logits"`` (the last ``hook_resid_post``).
+
+An **edge** ``writer -> reader`` exists when the writer comes before the reader: a layer-``l``
+head input reads the embedding and every head and MLP of the layers before ``l``; ``MLP{l}``
+also reads its own layer's heads; the readout reads everything. This is TransformerLens'
+``enumerate_edges`` graph with its positions summed (each edge here is one writer feeding one
+reader at every position). With ``kv_source="embed"`` every layer's keys and values read the
+layer-0 input, so the only edges into a ``.k`` or ``.v`` reader come from ``"embed"``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+COMPONENTS = ("q", "k", "v")
+_HEAD = re.compile(r"^L(\d+)H(\d+)$")
+_READER = re.compile(r"^L(\d+)H(\d+)\.([qkv])$")
+_MLP = re.compile(r"^MLP(\d+)$")
+
+
+def head_name(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+@dataclass(frozen=True)
+class Site:
+    """A parsed node name: ``kind`` is ``embed``, ``head``, ``mlp``, ``input`` (a head's q/k/v
+    input) or ``logits``."""
+
+    kind: str
+    layer: int | None = None
+    head: int | None = None
+    component: str | None = None
+
+    @property
+    def head_node(self) -> str | None:
+        """The head a ``head`` or ``input`` site belongs to (``"L1H3"``)."""
+        return None if self.head is None else head_name(self.layer, self.head)
+
+
+def parse(name: str) -> Site:
+    """The :class:`Site` of a writer or reader name (ValueError for anything else)."""
+    if name == "embed":
+        return Site("embed")
+    if name == "logits":
+        return Site("logits")
+    if m := _HEAD.match(name):
+        return Site("head", int(m[1]), int(m[2]))
+    if m := _READER.match(name):
+        return Site("input", int(m[1]), int(m[2]), m[3])
+    if m := _MLP.match(name):
+        return Site("mlp", int(m[1]))
+    raise ValueError(f"unknown node {name!r}; expected 'embed', 'L<l>H<h>', 'L<l>H<h>.q|k|v', 'MLP<l>' or 'logits'")
+
+
+def node_layer(name: str, n_layers: int) -> float:
+    """Where a node sits in depth: embed -1, a head (or its input) its layer, an MLP its layer
+    plus 0.5, the readout ``n_layers``."""
+    s = parse(name)
+    if s.kind == "embed":
+        return -1.0
+    if s.kind == "logits":
+        return float(n_layers)
+    return s.layer + (0.5 if s.kind == "mlp" else 0.0)
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """The writers, readers and edge mask ``valid[reader, writer]`` of one model."""
+
+    writers: tuple[str, ...]
+    readers: tuple[str, ...]
+    valid: np.ndarray  # [n_readers, n_writers] bool
+    n_layers: int
+    n_heads: int
+    has_mlp: bool
+    kv_embed: bool
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.valid.sum())
+
+    def writer_index(self, name: str) -> int:
+        try:
+            return self.writers.index(name)
+        except ValueError:
+            raise ValueError(f"{name!r} is not a writer of this model ({len(self.writers)} writers)") from None
+
+    def reader_index(self, name: str) -> int:
+        try:
+            return self.readers.index(name)
+        except ValueError:
+            raise ValueError(f"{name!r} is not a reader of this model ({len(self.readers)} readers)") from None
+
+    def edges(self) -> list[tuple[str, str]]:
+        """Every ``(writer, reader)`` edge, readers in graph order."""
+        r, w = np.nonzero(self.valid)
+        return [(self.writers[j], self.readers[i]) for i, j in zip(r, w)]
+
+    def check_edge(self, writer: str, reader: str) -> None:
+        if not self.valid[self.reader_index(reader), self.writer_index(writer)]:
+            why = " (kv_source='embed': keys and values read the layer-0 input)" if self.kv_embed else ""
+            raise ValueError(f"no edge {writer} -> {reader} in this model{why}")
+
+
+def build_graph(cfg) -> Graph:
+    """The :class:`Graph` of a model with config ``cfg``."""
+    L, H = cfg.n_layers, cfg.n_heads
+    has_mlp = bool(cfg.d_mlp)
+    kv_embed = cfg.kv_source == "embed"
+    writers = ["embed"]
+    for layer in range(L):
+        writers += [head_name(layer, h) for h in range(H)]
+        if has_mlp:
+            writers.append(f"MLP{layer}")
+    readers: list[str] = []
+    for layer in range(L):
+        readers += [f"{head_name(layer, h)}.{c}" for c in COMPONENTS for h in range(H)]
+        if has_mlp:
+            readers.append(f"MLP{layer}")
+    readers.append("logits")
+    valid = np.zeros((len(readers), len(writers)), dtype=bool)
+    depth = np.array([node_layer(w, L) for w in writers])
+    for i, r in enumerate(readers):
+        s = parse(r)
+        if s.kind == "logits":
+            valid[i] = True
+        elif s.kind == "mlp":
+            valid[i] = depth <= s.layer  # the embed, heads of layers <= l, MLPs of layers < l
+        elif kv_embed and s.component in ("k", "v"):
+            valid[i, 0] = True
+        else:
+            valid[i] = depth < s.layer
+    return Graph(tuple(writers), tuple(readers), valid, L, H, has_mlp, kv_embed)
+
+
+__all__ = ["COMPONENTS", "Graph", "Site", "build_graph", "head_name", "node_layer", "parse"]

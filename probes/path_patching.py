@@ -1,0 +1,225 @@
+"""Exact path patching of writer -> reader edges, batched over senders, receivers and examples.
+
+:func:`path_patch` runs the corrupt input and adds one sender's clean-minus-corrupt residual term
+(``z_h W_O[h]`` for a head, ``hook_mlp_out`` for an MLP, ``hook_embed``) to one receiver's
+input alone, at every position, while every other reader still sees the corrupt value: the
+edge intervention of TransformerLens' ``get_act_patch_direct_path`` (Wang et al. 2022), which
+it equals for head senders and q/k/v receivers (``tests/test_path_patching.py``).
+
+Receivers are heads (their ``component`` input: ``"q"``, ``"k"`` or ``"v"``; names ``"L1H3"`` or
+``"L1H3.q"``), MLPs (``"MLP1"``, through ``hook_mlp_in``) and the readout (``"logits"``, the last
+``hook_resid_post``).
+
+How it is fast and still exact: both runs are cached once per chunk of examples; a receiver in
+layer ``l`` is reached by running only layer ``l``'s attention (the model's own
+``attention_inputs`` and ``attn``) with the sender's delta added to every head's fork at once
+(a head's pattern and output depend on its own fork only), then each receiver head's patched
+output replaces its corrupt one in the cached ``hook_resid_mid`` and the forward resumes there
+(``forward_unchecked(..., start_at="resid_mid")``). MLP receivers resume at their layer's
+``resid_mid`` with the delta added at ``hook_mlp_in``, the readout from the final residual.
+Senders, receivers and examples share forwards as rows of one batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pe_interp.config import KV_EMBED_NO_EDGES
+from pe_interp.io import atomic_write_json, nan_array, read_json, to_json
+from pe_interp.modes import eval_mode
+from probes.engine import (
+    as_pair,
+    attend_with,
+    capture,
+    contributions,
+    forks,
+    mean_metric,
+    pair_labels,
+    resolve,
+    writer_hooks,
+)
+from probes.graph import COMPONENTS, build_graph, head_name, parse
+
+
+@dataclass(frozen=True, eq=False)
+class PathPatch:
+    """What :func:`path_patch` returns: ``values[s, r]`` is the mean metric with the edge
+    ``senders[s] -> receivers[r]`` patched (NaN where there is no such edge); ``effects`` is
+    that minus the corrupt run's metric."""
+
+    senders: tuple[str, ...]
+    receivers: tuple[str, ...]
+    values: np.ndarray
+    metric: str
+    clean_metric: float
+    corrupt_metric: float
+    n_examples: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def effects(self) -> np.ndarray:
+        return self.values - self.corrupt_metric
+
+    def effect(self, sender: str, receiver: str) -> float:
+        return float(self.effects[self.senders.index(sender), self.receivers.index(receiver)])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"senders": list(self.senders), "receivers": list(self.receivers), "values": to_json(self.values),
+                "metric": self.metric, "clean_metric": self.clean_metric, "corrupt_metric": self.corrupt_metric,
+                "n_examples": self.n_examples, "meta": to_json(self.meta)}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PathPatch:
+        return cls(tuple(d["senders"]), tuple(d["receivers"]), nan_array(d["values"]), d["metric"],
+                   float(d["clean_metric"]), float(d["corrupt_metric"]), int(d["n_examples"]), dict(d.get("meta") or {}))  # fmt: skip
+
+    def save(self, path: str | Path) -> Path:
+        return atomic_write_json(path, self.to_dict(), indent=None, sort_keys=False)
+
+    @classmethod
+    def load(cls, path: str | Path) -> PathPatch:
+        return cls.from_dict(read_json(path))
+
+
+def _names(graph, senders, receivers, component: str) -> tuple[list[str], list[str]]:
+    def sender(x: Any) -> str:
+        return head_name(*x) if isinstance(x, tuple | list) else str(x)
+
+    def receiver(x: Any) -> str:
+        name = head_name(*x) if isinstance(x, tuple | list) else str(x)
+        return f"{name}.{component}" if parse(name).kind == "head" else name
+
+    s = list(graph.writers) if senders is None else [sender(x) for x in senders]
+    if receivers is None:
+        r = [x for x in graph.readers if parse(x).kind != "input" or x.endswith(f".{component}")]
+    else:
+        r = [receiver(x) for x in receivers]
+    for name in s:
+        graph.writer_index(name)
+    for name in r:
+        graph.reader_index(name)
+    if not s or not r:
+        raise ValueError("path_patch: senders and receivers must be non-empty")
+    if graph.kv_embed and senders is not None:
+        kv = [x for x in r if parse(x).component in ("k", "v")]
+        if kv and any(x != "embed" for x in s):
+            raise ValueError(KV_EMBED_NO_EDGES)
+    return s, r
+
+
+def path_patch(
+    model,
+    clean: Any,
+    corrupt: Any = None,
+    senders: Any = None,
+    receivers: Any = None,
+    component: str = "q",
+    *,
+    metric: Any = "logit_diff",
+    batch_size: int | None = None,
+) -> PathPatch:
+    """Patch each ``sender -> receiver`` edge alone (see the module docstring).
+
+    ``clean``/``corrupt``: ``CounterfactualPairs``, or two ``Batch``es (or token tensors) of one
+    shape. ``senders``: writer names (``"embed"``, ``"L0H3"``, ``"MLP0"``) or ``(layer, head)``;
+    default every writer. ``receivers``: ``"L1H3"``/``(1, 3)`` (its ``component`` input),
+    ``"L1H3.k"``, ``"MLP1"``, ``"logits"``; default every head (``component``), MLP and the
+    readout. ``metric``: per example, as in :func:`probes.attribute`; values are means.
+    """
+    if component not in COMPONENTS:
+        raise ValueError(f"path_patch: component must be one of {', '.join(COMPONENTS)}; got {component!r}")
+    graph = build_graph(model.cfg)
+    c, k = as_pair(model, clean, corrupt)
+    if k is None:
+        raise ValueError("path_patch: needs a corrupt run (pass CounterfactualPairs or corrupt=)")
+    s_names, r_names = _names(graph, senders, receivers, component)
+    metric_name, fn = resolve(metric)
+    good, bad = pair_labels(c, k)
+    rows = batch_size or (256 if model.W_E.device.type == "cpu" else 4096)
+    n, L = len(c), graph.n_layers
+    s_idx = [graph.writer_index(x) for x in s_names]
+    valid = graph.valid[[graph.reader_index(x) for x in r_names]][:, s_idx].T  # [S, R]
+    sums = np.zeros(valid.shape)
+    by_site: dict[tuple, list[int]] = {}
+    for j, r in enumerate(r_names):
+        site = parse(r)
+        layer = L if site.kind == "logits" else site.layer
+        by_site.setdefault((layer, site.kind, site.component), []).append(j)
+    W = writer_hooks(graph)
+    names = W + [f"blocks.{layer}.{h}" for layer in range(L) for h in ("hook_resid_pre", "hook_resid_mid")]
+    names.append(f"blocks.{L - 1}.hook_resid_post")
+    chunk = max(1, min(n, rows))
+    with eval_mode(model), forks(model), torch.no_grad():
+        for c0 in range(0, n, chunk):
+            sl = slice(c0, c0 + chunk)
+            cc, kk = c.rows(sl), k.rows(sl)
+            a_clean = capture(model, cc, W)[0]
+            a_cor = capture(model, kk, names)[0]
+            delta = contributions(model, graph, {x: a_clean[x] - a_cor[x] for x in W})[:, :, s_idx]  # [b, p, S, d]
+            g, b = good[sl], bad[sl]
+            for (layer, kind, comp), cols in by_site.items():
+                ok = valid[:, cols].any(1).nonzero()[0]  # senders with an edge into some of these
+                if len(ok):
+                    out = _site(model, kk, a_cor, delta, layer, kind, comp, [r_names[j] for j in cols], ok, fn, g, b, rows)
+                    sums[np.ix_(ok, cols)] += out
+        m_clean = mean_metric(model, c, fn, good, bad, rows)
+        m_corrupt = mean_metric(model, k, fn, good, bad, rows)
+    values = np.where(valid, sums / n, np.nan)
+    return PathPatch(tuple(s_names), tuple(r_names), values, metric_name, m_clean, m_corrupt, n,
+                     {"encoding": model.cfg.encoding_name, "kv_source": model.cfg.kv_source})  # fmt: skip
+
+
+def _site(model, run, acts, delta, layer, kind, comp, receivers, senders, fn, good, bad, rows) -> np.ndarray:
+    """Summed metric ``[len(senders), len(receivers)]`` for one receiver layer and kind."""
+    b = len(run)
+    out = np.zeros((len(senders), len(receivers)))
+    L = model.cfg.n_layers
+
+    def resume(start: int, residual, reps: int, at: str = "resid_pre", hooks=()):
+        tokens = run.tokens.repeat(reps, 1)
+        kv = None if run.key_valid is None else run.key_valid.repeat(reps, 1)
+        with model.hooks(fwd_hooks=list(hooks)):
+            logits = model.forward_unchecked(tokens, kv, start_at_layer=start, residual=residual, start_at=at)
+        return fn(logits, good.repeat(reps), bad.repeat(reps)).double().view(reps, b).sum(1)
+
+    per = max(1, rows // b)
+    if kind in ("logits", "mlp"):
+        for s0 in range(0, len(senders), per):
+            d = delta[:, :, list(senders[s0 : s0 + per])].permute(2, 0, 1, 3)  # [k, b, p, d]
+            kk = d.shape[0]
+            if kind == "logits":
+                final = acts[f"blocks.{L - 1}.hook_resid_post"]
+                out[s0 : s0 + kk, 0] = resume(L, (final[None] + d).reshape(-1, *final.shape[1:]), kk).cpu().numpy()
+            else:
+                mid = acts[f"blocks.{layer}.hook_resid_mid"].repeat(kk, 1, 1)
+                add = (f"blocks.{layer}.hook_mlp_in", lambda x, hook, d=d: x + d.reshape(x.shape))
+                out[s0 : s0 + kk, 0] = resume(layer, mid, kk, "resid_mid", [add]).cpu().numpy()
+        return out
+    attn = model.blocks[layer].attn
+    heads = [parse(r).head for r in receivers]
+    resid = acts[f"blocks.{layer}.hook_resid_pre"]
+    mid = acts[f"blocks.{layer}.hook_resid_mid"]
+    kv_in = acts["blocks.0.hook_resid_pre"] if model.cfg.kv_source == "embed" else None
+    # the unpatched z by the same code path as the patched ones
+    z_base = attend_with(model, layer, run, resid, kv_in, comp, torch.zeros_like(resid), ["hook_z"])["hook_z"]
+    for s0 in range(0, len(senders), per):
+        d = delta[:, :, list(senders[s0 : s0 + per])].permute(2, 0, 1, 3)
+        kk = d.shape[0]
+        seen = attend_with(model, layer, run, resid.repeat(kk, 1, 1), kv_in, comp, d.reshape(-1, *d.shape[2:]), ["hook_z"])
+        z = seen["hook_z"].view(kk, b, *z_base.shape[1:])
+        change = torch.einsum("kbphd,hdm->khbpm", (z - z_base[None])[:, :, :, heads], attn.W_O[heads])  # [k, R, b, p, d]
+        per_r = max(1, per // kk)
+        for r0 in range(0, len(heads), per_r):
+            ch = change[:, r0 : r0 + per_r]
+            reps = ch.shape[0] * ch.shape[1]
+            res = resume(layer, (mid[None, None] + ch).reshape(-1, *mid.shape[1:]), reps, "resid_mid")
+            out[s0 : s0 + kk, r0 : r0 + ch.shape[1]] = res.view(kk, -1).cpu().numpy()
+    return out
+
+
+__all__ = ["PathPatch", "path_patch"]
