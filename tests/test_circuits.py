@@ -1,0 +1,151 @@
+"""Circuits: selection against a plain sort, the faithfulness curve against TransformerLens'
+faithfulness pair by pair (corrupt and mean ablation), the counterfactual families, and
+ablate_heads(engine="attribution") against the exact sweep."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_tl_tools import class_metric, random_model, random_pairs
+from transformer_lens.tools.analysis import attribution_patching as ap
+
+from pe_interp.presets import build_run_configs
+from pe_interp.tasks.batch import Batch
+from probes import (
+    Circuit,
+    ablate_heads,
+    attribute,
+    circuit,
+    faithfulness_curve,
+    family_attributions,
+    find_deposits,
+)
+
+FN = lambda logits, good, bad: logits[:, 1] - logits[:, 0]  # noqa: E731
+
+
+def tl_node(name: str, pos: int, n_layers: int, reader: bool) -> ap.Node:
+    if name == "embed":
+        return ap.Node(kind="embed", position=pos)
+    if name == "logits":
+        return ap.Node(kind="logits", position=pos, layer=n_layers - 1)
+    if name.startswith("MLP"):
+        return ap.Node(kind="mlp_in" if reader else "mlp_out", position=pos, layer=int(name[3:]))
+    head, _, comp = name.partition(".")
+    layer, h = (int(x) for x in head[1:].split("H"))
+    return ap.Node(kind=f"{comp}_input" if reader else "attn_head_out", position=pos, layer=layer, head=h)
+
+
+def tl_edges(c: Circuit, n_pos: int, n_layers: int) -> list:
+    return [(tl_node(w, p, n_layers, False), tl_node(r, p, n_layers, True)) for w, r in c.edges for p in range(n_pos)]
+
+
+def test_circuit_keeps_the_top_edges():
+    model = random_model("rope")
+    clean, corrupt = random_pairs()
+    a = attribute(model, clean, corrupt, metric=FN, granularity="edge")
+    ranked = sorted(a.edge_scores().items(), key=lambda kv: -abs(kv[1]))
+    c = circuit(a, top_n=7)
+    assert list(c.edges) == [e for e, _ in ranked[:7]]
+    np.testing.assert_allclose(c.scores["score"], [s for _, s in ranked[:7]])
+    t = circuit(a, threshold=abs(ranked[7][1]))
+    assert list(t.edges) == [e for e, _ in ranked[:8]]
+    assert set(c.nodes) == {w for w, _ in c.edges} | {r.split(".")[0] for _, r in c.edges}
+    assert c.total_edges == len(ranked)
+    with pytest.raises(ValueError):
+        circuit(a, top_n=3, threshold=0.1)
+    with pytest.raises(ValueError):
+        circuit(attribute(model, clean, corrupt, metric=FN), top_n=3)  # node scores
+
+
+@pytest.mark.parametrize("encoding", ["rope", "t5"])
+def test_faithfulness_curve_equals_transformer_lens_pair_by_pair(encoding):
+    model = random_model(encoding)
+    clean, corrupt = random_pairs()
+    a = attribute(model, clean, corrupt, metric=FN, granularity="edge")
+    for size in (0, 12, 60):
+        c = circuit(a, top_n=size)
+        ours = faithfulness_curve(model, c, clean, corrupt, sizes=[size], metric=FN, batch_size=2)
+        for i in range(3):
+            tl = ap.faithfulness(model, clean[i : i + 1], corrupt[i : i + 1], class_metric(1, 0), tl_edges(c, 8, 3))
+            got = (ours["per_example"][0, i] - tl.corrupt_metric) / (tl.full_metric - tl.corrupt_metric)
+            assert got == pytest.approx(tl.recovered, rel=1e-7, abs=1e-9), (size, i)
+    assert ours["full"] == pytest.approx(a.clean_metric) and ours["empty"] == pytest.approx(a.corrupt_metric)
+
+
+def test_mean_ablation_equals_transformer_lens_with_full_length_calibration():
+    model = random_model("alibi")
+    clean, corrupt = random_pairs()
+    g = torch.Generator().manual_seed(3)
+    calib = torch.randint(1, 20, (5, 8), generator=g)  # no pads: a plain mean per position, as TL
+    a = attribute(model, clean, corrupt, metric=FN, granularity="edge")
+    c = circuit(a, top_n=25)
+    ours = faithfulness_curve(model, c, clean, corrupt, sizes=[25], metric=FN, ablation="mean", reference=calib)
+    for i in range(3):
+        tl = ap.faithfulness(model, clean[i : i + 1], corrupt[i : i + 1], class_metric(1, 0), tl_edges(c, 8, 3),
+                             ap.FaithfulnessConfig(ablation="mean"), mean_tokens=calib)  # fmt: skip
+        got = (ours["per_example"][0, i] - tl.corrupt_metric) / (tl.full_metric - tl.corrupt_metric)
+        assert got == pytest.approx(tl.recovered, rel=1e-7, abs=1e-9)
+
+
+def test_resample_is_corrupt_ablation_with_the_derangement():
+    from probes.ablation import resample_sources
+
+    model = random_model("rope")
+    clean, corrupt = random_pairs()
+    a = attribute(model, clean, corrupt, metric=FN, granularity="edge")
+    src = resample_sources(3, None, 4)
+    res = faithfulness_curve(model, a, clean, None, sizes=[0, 5, 30], ablation="resample", seed=4, metric=FN)
+    cor = faithfulness_curve(model, a, clean, clean[src], sizes=[0, 5, 30], metric=FN)
+    np.testing.assert_allclose(res["metric"], cor["metric"], rtol=1e-12)
+    assert res["recovered"][0] == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    import pe_interp
+
+    torch.manual_seed(0)
+    result = pe_interp.train(task="distance", encoding="rope", preset="smoke", progress=False, epochs=12, lr=5e-3)
+    _, task, _ = build_run_configs("distance", "rope", "smoke", 0)
+    return result.model.eval(), task
+
+
+def test_families_give_every_edge_a_positional_and_a_content_score(smoke, tmp_path):
+    model, task = smoke
+    fams = family_attributions(model, task, 32, kinds=("position", "content"), seed=1)
+    pairs = task.counterfactuals(32, kind="content", seed=1)
+    direct = attribute(model, pairs, granularity="edge", metric="margin")
+    np.testing.assert_allclose(fams["content"].scores, direct.scores, rtol=1e-12, equal_nan=True)
+    c = circuit(fams, top_n=10)
+    share = c.share("position", "content")
+    assert share.shape == (10,) and np.nanmin(share) >= 0 and np.nanmax(share) <= 1
+    both = np.abs(c.scores["position"]) + np.abs(c.scores["content"])
+    np.testing.assert_allclose(c.ranking, both)  # ranked by the sum of the families
+    back = Circuit.load(c.save(tmp_path / "c.json"))
+    assert back.edges == c.edges and np.array_equal(back.scores["position"], c.scores["position"])
+
+
+@pytest.mark.parametrize("method", ["zero", "mean", "resample"])
+def test_attribution_engine_verifies_the_top_heads_exactly(smoke, method):
+    model, task = smoke
+    test = task.sample(200, seed=5)
+    args = dict(pad_mask=test.pad_mask, method=method, n_bootstrap=50)
+    exact = ablate_heads(model, test.tokens, test.labels, **args)
+    ranked = ablate_heads(model, test.tokens, test.labels, engine="attribution", verify_top=3, **args)
+    verified = [tuple(h) for h in ranked.meta["verified"]]
+    assert len(verified) == 3 and np.isnan(ranked.drops).sum() == exact.drops.size - 3
+    for layer, h in verified:
+        assert ranked.values[layer, h] == pytest.approx(exact.values[layer, h], abs=1e-12)
+    est = np.array(ranked.meta["attribution"])
+    assert est.shape == exact.drops.shape and ranked.meta["stand_in"] == "logprob"
+    if method != "resample":  # the ranking is attribute()'s estimate of the same ablation
+        again = attribute(model, Batch(test.tokens, test.labels, test.pad_mask), metric="logprob", ablation=method)
+        np.testing.assert_allclose(est, again.head_scores(), rtol=1e-9)
+    order = sorted(((est[layer, h], (layer, h)) for layer in range(2) for h in range(4)), reverse=True)
+    assert verified == [lh for _, lh in order[:3]]
+    report = find_deposits(ranked)  # the detector reads the partial grid
+    assert report.layers and all(s.top_head in [h for layer, h in verified if layer == s.layer] for s in report.layers)
+    with pytest.raises(ValueError):
+        ablate_heads(model, test.tokens, test.labels, engine="fast")
