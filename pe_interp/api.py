@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pe_interp.callbacks import Callback
-from pe_interp.presets import build_run_configs
+from pe_interp.presets import build_run_configs, train_command
 from pe_interp.training import Trainer, TrainResult
 
 __all__ = ["train"]
@@ -45,6 +45,10 @@ def train(
         run_dir=out,
         callbacks=callbacks,
         progress=progress,
-        extra_config={"preset": preset, "authors_quirks": authors_quirks},
+        extra_config={
+            "preset": preset,
+            "authors_quirks": authors_quirks,
+            "command": train_command(task, encoding, preset, seed, authors_quirks, out, **overrides),
+        },
     )
     return trainer.fit(resume=resume)

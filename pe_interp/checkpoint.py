@@ -33,9 +33,14 @@ WEIGHTS = "model.safetensors"
 TRAIN_STATE = "train_state.safetensors"
 METRICS = "metrics.jsonl"
 EVAL_SETS = ("test", "all")
+# The top-level keys of config.json: the three configs and the package version, then what
+# ``pe_interp.train`` records (the preset, the authors' switch, and the command line that made the
+# run, for ``pe-interp show``). Any other key is a mistake and load_run says so.
+CONFIG_KEYS = ("model", "task", "train", "version", "preset", "authors_quirks", "command")
 
 __all__ = [
     "CONFIG",
+    "CONFIG_KEYS",
     "METRICS",
     "TRAIN_STATE",
     "WEIGHTS",
@@ -172,14 +177,25 @@ def _splits(task: Any, n_train: int, n_test: int, seed: int):
 
 def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     """Load a run directory written by :func:`pe_interp.train`: the model (eval mode) and task."""
-    from pe_interp.config import ModelConfig, TrainConfig
+    from pe_interp.config import ModelConfig, TrainConfig, check_device
     from pe_interp.model import HookedPETransformer
     from pe_interp.tasks import task_from_dict
 
     run_dir = Path(run_dir)
+    check_device(device)
     if not run_dir.is_dir():
-        raise CheckpointError(f"{run_dir}: run directory not found")
+        raise CheckpointError(f"{run_dir}: run directory not found" if not run_dir.exists()
+                              else f"{run_dir}: not a run directory (a file)")
     config = read_json(run_dir / CONFIG)
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{run_dir / CONFIG}: invalid config (a JSON object expected, got {type(config).__name__})")
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise CheckpointError(f"{run_dir / CONFIG}: unknown top-level key(s) {', '.join(map(repr, unknown))}; "
+                              f"allowed: {', '.join(CONFIG_KEYS)}")
+    missing = [k for k in ("model", "task", "train") if k not in config]
+    if missing:
+        raise CheckpointError(f"{run_dir / CONFIG}: invalid config (no {', '.join(map(repr, missing))} section)")
     try:
         model_cfg = ModelConfig.from_dict(config["model"])
         task = task_from_dict(config["task"])

@@ -54,6 +54,46 @@ def check_choice(owner: str, name: str, value: Any, allowed: tuple) -> None:
         raise ValueError(f"{owner}.{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
 
 
+DEVICE_FORMS = "'cpu', 'cuda', 'cuda:N' or 'mps'"
+
+
+def _device_syntax_ok(device: Any) -> bool:
+    if not isinstance(device, str):
+        return False
+    kind, _, index = device.partition(":")
+    if kind == "cuda" and index:
+        return index.isdigit()
+    return device in ("cpu", "cuda", "mps")
+
+
+def check_device(device: Any, owner: str = "device") -> str:
+    """``device`` if this machine has it, else a one-line ValueError naming ``owner`` (a flag
+    or a field) that says what is available. A config only checks the spelling (a grid for a
+    GPU can be validated on a laptop); whatever puts tensors on the device checks it here."""
+    if not _device_syntax_ok(device):
+        raise ValueError(f"{owner} must be {DEVICE_FORMS}, got {device!r}")
+    kind, _, index = device.partition(":")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build of torch" if torch.version.cuda is None else "no CUDA device visible"
+            raise ValueError(f"{owner} is {device!r} but CUDA is not available ({build}); use 'cpu'")
+        if index and int(index) >= torch.cuda.device_count():
+            raise ValueError(f"{owner} is {device!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
+    if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError(f"{owner} is 'mps' but MPS is not available on this machine; use 'cpu'")
+    return device
+
+
+def default_device() -> str:
+    """``cuda`` when available, else ``cpu``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _check_mapping(owner: str, data: Any) -> None:
+    if not isinstance(data, dict):
+        raise ValueError(f"{owner}: expected a mapping of field names to values, got {type(data).__name__} {data!r:.60}")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Everything that defines a :class:`~pe_interp.HookedPETransformer`.
@@ -156,8 +196,8 @@ class ModelConfig:
         check_int(own, "pad_id", self.pad_id, low=0)
         if self.pad_id >= self.d_vocab:
             raise ValueError(f"{own}.pad_id must be < d_vocab={self.d_vocab}, got {self.pad_id}")
-        if not isinstance(self.device, str) or self.device.split(":")[0] not in ("cpu", "cuda", "mps"):
-            raise ValueError(f"{own}.device must be 'cpu', 'cuda[:N]' or 'mps', got {self.device!r}")
+        if not _device_syntax_ok(self.device):
+            raise ValueError(f"{own}.device must be {DEVICE_FORMS}, got {self.device!r}")
         try:
             specs = parse_encoding(self.encoding)
         except ValueError as err:
@@ -227,6 +267,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        _check_mapping("ModelConfig", data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -292,8 +333,8 @@ class TrainConfig:
         if len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas):
             raise ValueError(f"{own}.betas must be two numbers in [0, 1), got {self.betas!r}")
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
-        if not isinstance(self.device, str) or self.device.split(":")[0] not in ("cpu", "cuda", "mps"):
-            raise ValueError(f"{own}.device must be 'cpu', 'cuda[:N]' or 'mps', got {self.device!r}")
+        if not _device_syntax_ok(self.device):
+            raise ValueError(f"{own}.device must be {DEVICE_FORMS}, got {self.device!r}")
         check_bool(own, "amp", self.amp)
         if self.ignore_index is not None:
             check_int(own, "ignore_index", self.ignore_index, low=0)
@@ -329,6 +370,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        _check_mapping("TrainConfig", data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -336,4 +378,4 @@ class TrainConfig:
         return cls(**data)
 
 
-__all__ = ["ModelConfig", "TrainConfig", "EncodingSpec"]
+__all__ = ["EncodingSpec", "ModelConfig", "TrainConfig", "check_device", "default_device"]

@@ -139,6 +139,8 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise CorruptFileError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from None
+    except UnicodeDecodeError as err:
+        raise CorruptFileError(f"{path}: not a JSON text file (byte {err.start} is not UTF-8)") from None
 
 
 # ---- JSONL ---------------------------------------------------------------------------------
@@ -171,7 +173,10 @@ def read_jsonl(path: str | os.PathLike[str], *, missing_ok: bool = False) -> lis
         if missing_ok:
             return []
         raise FileNotFoundError(f"{path}: file not found")
-    lines = path.read_text().splitlines()
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError as err:
+        raise CorruptFileError(f"{path}: not a JSONL text file (byte {err.start} is not UTF-8)") from None
     out = []
     for i, line in enumerate(lines, 1):
         if not line.strip():

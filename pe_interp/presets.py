@@ -10,11 +10,12 @@ model and data at which RoPE still learns task 1 well in a few minutes.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from pe_interp.config import ModelConfig, TrainConfig
-from pe_interp.encodings import EncodingSpec, make_spec, parse_encoding
+from pe_interp.encodings import EncodingSpec, given_parameters, make_spec, parse_encoding
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def authors_encoding(encoding: Any) -> tuple[EncodingSpec, ...]:
     if isinstance(encoding, str) and encoding in AUTHORS_ENCODINGS and encoding not in ("nope", "rope"):
         encoding = AUTHORS_ENCODINGS[encoding]
     specs = parse_encoding(encoding)
-    explicit = _explicit_params(encoding)
+    explicit = given_parameters(encoding)
     names = {s.name for s in specs}
     out = []
     for spec, given in zip(specs, explicit):
@@ -131,37 +132,97 @@ def authors_encoding(encoding: Any) -> tuple[EncodingSpec, ...]:
     return tuple(out)
 
 
-def _explicit_params(encoding: Any) -> list[set[str]]:
-    """The parameter names the user wrote for each part of ``encoding`` (in parse order)."""
-    if isinstance(encoding, list | tuple):
-        return [keys for part in encoding for keys in _explicit_params(part)]
-    if isinstance(encoding, dict):
-        return [set(encoding) - {"name"}]
-    if isinstance(encoding, EncodingSpec):
-        return [set(encoding.kwargs)]
-    return [set() for _ in parse_encoding(encoding)]
+def close_matches(name: str, candidates: set[str] | list[str], n: int = 3) -> list[str]:
+    """The ``n`` candidates most like ``name``, for "did you mean" hints."""
+    import difflib
+
+    return sorted(candidates, key=lambda c: (-difflib.SequenceMatcher(None, name, c).ratio(), c))[:n]
 
 
-def _split_overrides(overrides: dict[str, Any]) -> tuple[dict, dict, dict]:
-    model_fields = set(ModelConfig.__dataclass_fields__)
-    train_fields = set(TrainConfig.__dataclass_fields__)
+def run_settings(task: str | None = None) -> dict[str, str]:
+    """Every setting a run takes by name (what ``build_run_configs``' overrides, a grid's keys
+    and ``pe-interp train``'s flags may set), mapped to where it goes: ``model``, ``train`` or
+    ``task``. With ``task``, only that task's own fields count as task settings."""
+    from pe_interp.tasks import TASKS
+
+    out: dict[str, str] = {}
+    for name, cls in TASKS.items():
+        if task is None or name == task:
+            out.update({f.name: "task" for f in dataclasses.fields(cls) if f.name != "seed"})
+    out.update({f.name: "train" for f in dataclasses.fields(TrainConfig) if f.name != "seed"})
+    out.update({f.name: "model" for f in dataclasses.fields(ModelConfig)
+                if f.name not in ("seed", "d_vocab", "n_ctx", "n_classes", "encoding")})
+    out["device"] = "train"  # the model follows the training device
+    return out
+
+
+def _split_overrides(task: str, overrides: dict[str, Any]) -> tuple[dict, dict, dict]:
+    """Route overrides by field name; an unknown name or another task's field is a one-line
+    ValueError that says what was meant."""
+    where = run_settings(task)
     m, t, k = {}, {}, {}
     for key, value in overrides.items():
-        if value is None:
-            continue
         if key in ("n_ctx", "n_classes"):
             raise ValueError(f"{key} is derived from the task; change the task's size instead")
-        if key == "device":
-            t[key] = value
-        elif key == "d_vocab":
-            k[key] = value
-        elif key in model_fields:
-            m[key] = value
-        elif key in train_fields:
-            t[key] = value
-        else:
-            k[key] = value  # validated by the task's own constructor
+        if key not in where:
+            others = {name for name, place in run_settings().items() if place == "task"} - set(where)
+            if key in others:
+                own = sorted(n for n, place in where.items() if place == "task")
+                raise ValueError(f"{key} is a setting of another task, not of task {task!r} (its settings: {', '.join(own)})")
+            hint = ", ".join(close_matches(key, set(run_settings()) | {"encoding", "seed", "preset", "task"}))
+            raise ValueError(f"unknown setting {key!r}; did you mean {hint}?")
+        {"model": m, "train": t, "task": k}[where[key]][key] = value
     return m, t, k
+
+
+def flag_name(field_name: str) -> str:
+    """The command-line flag of a setting: ``n_layers`` -> ``--n-layers``."""
+    return "--" + field_name.replace("_", "-")
+
+
+def _flag_words(name: str, value: Any) -> list[str]:
+    if isinstance(value, bool):
+        return [flag_name(name) if value else "--no-" + name.replace("_", "-")]
+    if value is None:
+        return [flag_name(name), "none"]
+    if isinstance(value, list | tuple):
+        return [flag_name(name), *map(str, value)]
+    return [flag_name(name), str(value)]
+
+
+def encoding_text(encoding: Any) -> str:
+    """``encoding`` as ``--encoding`` takes it: the string as given, else the ``+``-joined
+    ``name(key=value)`` form when it reads back the same, else JSON."""
+    import json
+
+    if isinstance(encoding, str):
+        return encoding
+    specs = parse_encoding(encoding)
+    text = "+".join(str(s) for s in specs)
+    try:
+        if parse_encoding(text) == specs:
+            return text
+    except ValueError:
+        pass
+    return json.dumps([s.to_json() for s in specs])
+
+
+def train_command(
+    task: str, encoding: Any, preset: str, seed: int, authors_quirks: bool = False, out: str | None = None,
+    **overrides: Any,
+) -> str:
+    """The ``pe-interp train`` command line that builds the same configs as these arguments
+    (recorded in a run's config.json as ``command``, and printed by ``pe-interp show``)."""
+    import shlex
+
+    words = ["pe-interp", "train", "--task", task, "--encoding", encoding_text(encoding), "--preset", preset,
+             "--seed", str(seed)]
+    if authors_quirks:
+        words.append("--authors-quirks")
+    for name, value in overrides.items():
+        words += _flag_words(name, value)
+    words += ["--out", str(out) if out is not None else "RUN_DIR"]
+    return shlex.join(words)
 
 
 def build_run_configs(
@@ -184,7 +245,7 @@ def build_run_configs(
     p = PRESETS[preset]
     if task not in p.task:
         raise ValueError(f"task must be one of {', '.join(p.task)}; got {task!r}")
-    m_over, t_over, k_over = _split_overrides(overrides)
+    m_over, t_over, k_over = _split_overrides(task, overrides)
     task_kwargs = {**p.task[task], "seed": seed}
     model_kwargs = dict(p.model)
     train_kwargs = {**p.train, "seed": seed}

@@ -24,6 +24,7 @@ from pe_interp._version import __version__
 from pe_interp.callbacks import Callback
 from pe_interp.checkpoint import (
     CONFIG,
+    CONFIG_KEYS,
     METRICS,
     TRAIN_STATE,
     WEIGHTS,
@@ -36,7 +37,7 @@ from pe_interp.checkpoint import (
     read_json,
     truncate_jsonl,
 )
-from pe_interp.config import ModelConfig, TrainConfig
+from pe_interp.config import ModelConfig, TrainConfig, check_device
 from pe_interp.model import HookedPETransformer
 from pe_interp.modes import eval_mode
 from pe_interp.tasks import task_from_dict
@@ -103,9 +104,11 @@ class Trainer:
         self.callbacks = list(callbacks)
         self.progress = progress
         self.extra_config = extra_config or {}
-        self.device = torch.device(train_cfg.device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError("TrainConfig.device is 'cuda' but CUDA is not available")
+        bad = sorted(set(self.extra_config) - set(CONFIG_KEYS) | set(self.extra_config) & {"model", "task", "train", "version"})
+        if bad:
+            raise ValueError(f"Trainer: extra_config key(s) {', '.join(map(repr, bad))} are not config.json keys; allowed: "
+                             + ", ".join(k for k in CONFIG_KEYS if k not in ("model", "task", "train", "version")))
+        self.device = torch.device(check_device(train_cfg.device, "TrainConfig.device"))
         self.model = HookedPETransformer(model_cfg).to(self.device)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=train_cfg.lr, betas=train_cfg.betas, weight_decay=train_cfg.weight_decay
@@ -193,17 +196,24 @@ class Trainer:
     def fit(self, resume: bool = False) -> TrainResult:
         cfg = self.train_cfg
         if self.run_dir is not None:
+            if self.run_dir.exists() and not self.run_dir.is_dir():
+                raise CheckpointError(f"{self.run_dir}: exists and is not a directory; choose a new run directory")
+            if resume and not (self.run_dir / CONFIG).is_file():
+                what = "does not exist" if not self.run_dir.exists() else f"holds no run ({CONFIG} missing)"
+                raise CheckpointError(f"{self.run_dir}: nothing to resume, the directory {what}; "
+                                      "start the run without resume (--resume)")
             has_state = (self.run_dir / TRAIN_STATE).exists()
             if resume and has_state:
                 self.load_checkpoint()
                 truncate_jsonl(self.run_dir / METRICS, self.step)
-            elif has_state or (self.run_dir / METRICS).exists():
-                if not resume:
-                    raise CheckpointError(
-                        f"{self.run_dir}: already holds a run; pass resume=True (--resume) or choose a new directory"
-                    )
+            elif not resume and (has_state or (self.run_dir / METRICS).exists()):
+                raise CheckpointError(
+                    f"{self.run_dir}: already holds a run; pass resume=True (--resume) or choose a new directory"
+                )
             else:
                 torch.manual_seed(cfg.seed)  # dropout stream of a fresh run
+                if resume:  # started, but killed before its first checkpoint: start again
+                    truncate_jsonl(self.run_dir / METRICS, 0)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_json(self.run_dir / CONFIG, self.config_record())
         else:

@@ -424,3 +424,65 @@ def test_register_encoding_rejects_bad_input():
     with pytest.raises(ValueError):
         register_encoding("bad_kind")(type("E", (Encoding,), {"kind": "sideways"}))
     assert "bad_kind" not in available_encodings()
+
+
+# ---- encoding specs written as strings (what --encoding takes) ------------------------------------
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("sinusoidal(layout=concat)+rope(base=500)", [{"name": "sinusoidal", "layout": "concat"}, {"name": "rope", "base": 500}]),
+        ("rope(heads=(0, 1))", [{"name": "rope", "heads": [0, 1]}]),
+        ("rope(heads=[0,1], rotary_dim=4)", [{"name": "rope", "heads": [0, 1], "rotary_dim": 4}]),
+        ("alibi(slopes='authors')", [{"name": "alibi", "slopes": "authors"}]),
+        (" t5( buckets = 8 ) + nope ", [{"name": "t5", "buckets": 8}, {"name": "nope"}]),
+        ("rope(base=1e+4)", [{"name": "rope"}]),  # the default, dropped; '+' inside brackets does not split
+        ('{"name": "alibi", "slopes": "authors"}', [{"name": "alibi", "slopes": "authors"}]),
+        ('[{"name": "sinusoidal", "layout": "concat"}, "rope"]', [{"name": "sinusoidal", "layout": "concat"}, {"name": "rope"}]),
+        ("rope()", [{"name": "rope"}]),
+    ],
+)
+def test_spec_strings_with_parameters(text, want):
+    from pe_interp.encodings import parse_encoding
+
+    assert [s.to_json() for s in parse_encoding(text)] == want
+    assert ModelConfig(n_heads=4, d_model=32, encoding=text).encoding == parse_encoding(want)
+
+
+def test_every_printed_spec_reads_back(make_config):
+    """``str(spec)`` (what reports and ``encoding_name`` print) is itself an accepted spec string."""
+    from conftest import ENCODINGS
+
+    from pe_interp.encodings import parse_encoding
+
+    for value in ENCODINGS.values():
+        cfg = make_config(encoding=value)
+        assert parse_encoding(cfg.encoding_name) == cfg.encoding, cfg.encoding_name
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("rope(500)", "parameter '500' of 'rope' is not key=value"),
+        ("rope(bse=5)", "unknown parameter 'bse'"),
+        ("rope(base=5", "unbalanced brackets"),
+        ("rope)", "unbalanced ')'"),
+        ("rope(base=1, base=2)", "given twice"),
+        ("rope+", "malformed composition"),
+        ("{bad", "invalid JSON"),
+        ("ropee(base=3)", "unknown name 'ropee'"),
+        ("rope(base=abc)", "rope: base must be a finite number"),
+    ],
+)
+def test_bad_spec_strings_say_what_is_wrong(text, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ModelConfig(n_heads=4, d_model=32, encoding=text)
+
+
+def test_written_parameters_survive_the_authors_defaults():
+    """authors_quirks gives a sinusoid next to RoPE the concat layout unless the user wrote one,
+    also when it is written in a string, and also when it is the default value."""
+    from pe_interp.presets import authors_encoding
+
+    assert str(authors_encoding("sinusoidal+rope")[0]) == "sinusoidal(layout=concat)"
+    assert str(authors_encoding("sinusoidal(layout=interleaved)+rope")[0]) == "sinusoidal"
+    assert str(authors_encoding('[{"name": "sinusoidal", "layout": "interleaved"}, "rope"]')[0]) == "sinusoidal"

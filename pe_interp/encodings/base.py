@@ -28,8 +28,11 @@ JSON.
 
 from __future__ import annotations
 
+import ast
 import inspect
+import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -295,16 +298,26 @@ def make_spec(name: str, params: dict[str, Any] | None = None) -> EncodingSpec:
 def parse_encoding(value: Any) -> tuple[EncodingSpec, ...]:
     """Normalise any accepted ``encoding=`` value into a tuple of specs.
 
-    Accepted: a registered name, a ``+``-joined composition (``"sinusoidal+rope"``), an
-    :class:`EncodingSpec`, a dict ``{"name": ..., **params}``, or a list/tuple of these.
+    Accepted: a registered name, a ``+``-joined composition (``"sinusoidal+rope"``), parts with
+    parameters (``"sinusoidal(layout=concat)+rope(base=500, heads=(0, 1))"``, the form
+    ``str(spec)`` prints), a JSON string of a dict or list (``'{"name": "alibi", "slopes":
+    "authors"}'``), an :class:`EncodingSpec`, a dict ``{"name": ..., **params}``, or a
+    list/tuple of these. The command line's ``--encoding`` goes through here too.
     """
     if isinstance(value, EncodingSpec):
         return (make_spec(value.name, value.kwargs),)
     if isinstance(value, str):
-        parts = [p.strip() for p in value.split("+")]
+        text = value.strip()
+        if text[:1] in ("{", "["):
+            try:
+                decoded = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"encoding: invalid JSON {value!r} ({err.msg} at column {err.colno})") from None
+            return parse_encoding(decoded)
+        parts = _split_top(text, "+", value)
         if any(not p for p in parts):
             raise ValueError(f"encoding: malformed composition {value!r}")
-        return tuple(make_spec(p) for p in parts)
+        return tuple(_parse_part(p, value) for p in parts)
     if isinstance(value, dict):
         if "name" not in value:
             raise ValueError(f"encoding: a dict spec needs a 'name' key, got {value!r}")
@@ -321,6 +334,80 @@ def parse_encoding(value: Any) -> tuple[EncodingSpec, ...]:
         f"encoding: cannot interpret {value!r}; give a name such as 'rope', "
         "'sinusoidal+rope', an EncodingSpec (e.g. RoPE.spec(base=500)) or a list of those"
     )
+
+
+def _split_top(text: str, sep: str, whole: str) -> list[str]:
+    """``text`` split at every ``sep`` outside brackets and quotes (stripped parts)."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"encoding: unbalanced ')' in {whole!r}")
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    if depth or quote:
+        raise ValueError(f"encoding: unbalanced brackets or quotes in {whole!r}")
+    return parts + [text[start:].strip()]
+
+
+def _parse_value(text: str) -> Any:
+    """A parameter value written in a spec string: a Python literal (``500``, ``1e4``,
+    ``(0, 1)``, ``None``, ``'concat'``), ``true``/``false``/``null``, or else a bare word."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return {"true": True, "false": False, "null": None}.get(text.lower(), text)
+
+
+def _parse_part(part: str, whole: str) -> EncodingSpec:
+    """One part of a composition: ``name`` or ``name(key=value, ...)``."""
+    match = re.fullmatch(r"([^()\s]+)\s*(?:\((.*)\))?", part, flags=re.S)
+    if match is None:
+        raise ValueError(f"encoding: cannot read {part!r} in {whole!r}; write name or name(key=value, ...)")
+    name, inner = match.group(1), match.group(2)
+    params: dict[str, Any] = {}
+    for item in _split_top(inner, ",", whole) if inner and inner.strip() else []:
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or not key.isidentifier():
+            raise ValueError(
+                f"encoding: parameter {item!r} of {name!r} is not key=value (e.g. rope(base=500))"
+            )
+        if key in params:
+            raise ValueError(f"encoding: parameter {key!r} of {name!r} is given twice in {whole!r}")
+        params[key] = _parse_value(raw.strip())
+    return make_spec(name, params)
+
+
+def given_parameters(value: Any) -> list[set[str]]:
+    """The parameter names written explicitly in each part of an ``encoding=`` value, in
+    :func:`parse_encoding`'s order (even those equal to the default, which a spec drops)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text[:1] in ("{", "["):
+            return given_parameters(json.loads(text))
+        out = []
+        for part in _split_top(text, "+", value):
+            inner = re.fullmatch(r"[^()\s]+\s*(?:\((.*)\))?", part, flags=re.S)
+            body = inner.group(1) if inner else None
+            items = _split_top(body, ",", value) if body and body.strip() else []
+            out.append({item.partition("=")[0].strip() for item in items})
+        return out
+    if isinstance(value, list | tuple):
+        return [keys for part in value for keys in given_parameters(part)]
+    if isinstance(value, dict):
+        return [set(value) - {"name"}]
+    if isinstance(value, EncodingSpec):
+        return [set(value.kwargs)]
+    return [set() for _ in parse_encoding(value)]
 
 
 def combined_kind(kinds: list[str]) -> Kind:

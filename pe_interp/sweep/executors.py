@@ -70,7 +70,9 @@ def run_cell(
     kwargs = cell.kwargs
     callbacks = [CALLBACKS[name](cell, **options.get(name, {})) for name in probes if name in CALLBACKS]
     t0 = time.time()
-    train(seed=cell.seed, out=run_dir, resume=True, progress=False, callbacks=callbacks, **kwargs)
+    # resume the cell's own run if an earlier attempt started it (a killed worker), else start it
+    resume = (run_dir / "config.json").is_file()
+    train(seed=cell.seed, out=run_dir, resume=resume, progress=False, callbacks=callbacks, **kwargs)
     seconds = {"train": round(time.time() - t0, 1)}  # this process's share, after any resume
     run = load_run(run_dir)
     final = run.metrics()[-1]

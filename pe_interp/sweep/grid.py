@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +20,7 @@ from pe_interp.presets import build_run_configs
 from pe_interp.sweep.probing import CALLBACKS, PROBE_OPTIONS, PROBES, SWEEP_PROBES
 from pe_interp.tasks import TASKS
 
-__all__ = ["CELL", "ERROR", "GRID_KEYS", "PROBES_RUN", "RESULT", "RUN_KEYS", "Cell", "Grid", "load_grid", "parse_grid"]
+__all__ = ["CELL", "ERROR", "GRID_KEYS", "MAX_CELLS", "PROBES_RUN", "RESULT", "RUN_KEYS", "Cell", "Grid", "count_cells", "load_grid", "parse_grid"]
 
 GRID_KEYS = {"name", "base", "axes", "variants", "seeds", "probes", "probe_options", "resources"}
 RUN_KEYS = {"task", "encoding", "preset", "authors_quirks"}
@@ -96,7 +98,23 @@ class Grid:
         }
 
 
-def parse_grid(data: dict[str, Any], source: str = "grid") -> Grid:
+# A grid larger than this is refused before any cell is built (pass max_cells, or
+# ``pe-interp sweep --max-cells``, to allow more): at minutes per cell it could not finish anyway,
+# and a typo such as a long range pasted into an axis should not take minutes to reject.
+MAX_CELLS = 10_000
+RESOURCE_KEYS = ("cpus", "gpus")
+
+
+def count_cells(data: dict[str, Any]) -> int:
+    """How many cells a (checked) grid mapping has, without building them."""
+    n_axes = math.prod(len(v) for v in (data.get("axes") or {}).values())
+    seeds = data.get("seeds", [0])
+    n_seeds = seeds if isinstance(seeds, int) and not isinstance(seeds, bool) else len(seeds)
+    variants = data.get("variants") or [{}]
+    return n_axes * sum(len(v["seeds"]) if "seeds" in v else n_seeds for v in variants)
+
+
+def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_CELLS) -> Grid:
     """Validate a grid mapping; every mistake raises a ValueError naming the key and the file."""
     if not isinstance(data, dict):
         raise ValueError(f"{source}: a grid must be a mapping with keys {sorted(GRID_KEYS)}")
@@ -104,13 +122,18 @@ def parse_grid(data: dict[str, Any], source: str = "grid") -> Grid:
     if unknown:
         raise ValueError(f"{source}: unknown key(s) {unknown}; allowed: {sorted(GRID_KEYS)}")
     allowed = _allowed_fields()
-    base = data.get("base") or {}
-    axes = data.get("axes") or {}
-    variants = data.get("variants") or [{}]
-    if not isinstance(base, dict) or not isinstance(axes, dict):
-        raise ValueError(f"{source}: 'base' and 'axes' must be mappings")
-    if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
-        raise ValueError(f"{source}: 'variants' must be a list of mappings")
+    base = {} if data.get("base") is None else data["base"]
+    axes = {} if data.get("axes") is None else data["axes"]
+    variants = data.get("variants", [{}])
+    if not isinstance(base, dict):
+        raise ValueError(f"{source}: 'base' must be a mapping of settings, got {base!r:.60}")
+    if not isinstance(axes, dict):
+        raise ValueError(f"{source}: 'axes' must be a mapping of setting -> list of values, got {axes!r:.60}")
+    if not isinstance(variants, list) or not variants or not all(isinstance(v, dict) for v in variants):
+        raise ValueError(f"{source}: 'variants' must be a non-empty list of mappings (e.g. [{{}}, {{kv_source: embed}}]), "
+                         f"got {variants!r:.60}")
+    if "name" in data and not (isinstance(data["name"], str) and data["name"].strip()):
+        raise ValueError(f"{source}: 'name' must be a non-empty string, got {data['name']!r}")
     sections = [("base", base), ("axes", axes)] + [(f"variants[{i}]", v) for i, v in enumerate(variants)]
     for section, mapping in sections:
         for key in mapping:
@@ -124,32 +147,63 @@ def parse_grid(data: dict[str, Any], source: str = "grid") -> Grid:
         if not isinstance(values, list) or not values:
             raise ValueError(f"{source}: axes.{key} must be a non-empty list, got {values!r}")
     seeds = _check_seeds(data.get("seeds", [0]), f"{source}: seeds", allow_count=True)
-    probes = data.get("probes") or []
+    probes = [] if data.get("probes") is None else data["probes"]
     known = sorted(PROBES) + sorted(CALLBACKS) + sorted(SWEEP_PROBES)
+    if not isinstance(probes, list):
+        raise ValueError(f"{source}: probes must be a list of probe names (e.g. [ablation]), got {probes!r}; allowed: {known}")
     for p in probes:
         if p not in known:
             raise ValueError(f"{source}: probes: unknown probe {p!r}; allowed: {known}")
     options = _check_probe_options(data.get("probe_options") or {}, source)
+    resources = _check_resources(data.get("resources"), source)
+    n_cells = count_cells({**data, "seeds": seeds, "axes": axes, "variants": variants})
+    if n_cells > max_cells:
+        shape = " x ".join(f"{len(v)} {k}" for k, v in axes.items()) or "no axes"
+        raise ValueError(f"{source}: the grid has {n_cells:,} cells ({shape}, {len(variants)} variant(s), with their seeds); "
+                         f"the limit is {max_cells:,}: split it into smaller grids or raise the limit (--max-cells)")
     grid = Grid(
         name=str(data.get("name", Path(source).stem)),
         base=dict(base),
         axes={k: list(v) for k, v in axes.items()},
         seeds=tuple(seeds),
         probes=tuple(probes),
-        resources=dict(data.get("resources") or {}),
+        resources=resources,
         variants=tuple(dict(v) for v in variants),
         probe_options=options,
     )
-    ids = [c.id for c in grid.cells()]
+    cells = grid.cells()
+    ids = [c.id for c in cells]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{source}: two cells have the same settings (a repeated axis value or variant)")
-    # Build every cell's configs now, so a bad value fails before any training starts.
-    for cell in grid.cells():
+    # Build each setting's configs now (once, not once per seed), so that a bad value fails
+    # before any training starts.
+    checked: set[str] = set()
+    for cell in cells:
+        key = json.dumps(cell.kwargs, sort_keys=True, default=str)
+        if key in checked:
+            continue
+        checked.add(key)
         try:
             build_run_configs(seed=cell.seed, **cell.kwargs)
         except (ValueError, TypeError) as err:
             raise ValueError(f"{source}: cell {cell.id}: {err}") from None
     return grid
+
+
+def _check_resources(resources: Any, source: str) -> dict[str, float]:
+    """``resources: {cpus: N, gpus: M}``: what one cell needs (numbers; cpus > 0, gpus >= 0)."""
+    if resources is None:
+        return {}
+    if not isinstance(resources, dict):
+        raise ValueError(f"{source}: resources must be a mapping such as {{cpus: 4, gpus: 1}}, got {resources!r}")
+    for key, value in resources.items():
+        if key not in RESOURCE_KEYS:
+            raise ValueError(f"{source}: resources.{key} is not a resource; allowed: {', '.join(RESOURCE_KEYS)}")
+        low_ok = value > 0 if key == "cpus" else value >= 0
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low_ok:
+            bound = "> 0" if key == "cpus" else ">= 0"
+            raise ValueError(f"{source}: resources.{key} must be a number {bound}, got {value!r}")
+    return dict(resources)
 
 
 def _check_seeds(seeds: Any, where: str, allow_count: bool) -> list[int]:
@@ -188,11 +242,14 @@ def _distance(a: str, b: str) -> int:
     return prev[-1]
 
 
-def load_grid(path: str | Path) -> Grid:
+def load_grid(path: str | Path, max_cells: int = MAX_CELLS) -> Grid:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: grid file not found")
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file (a grid is YAML or TOML)") from None
     try:
         if path.suffix == ".toml":
             data = tomllib.loads(text)
@@ -200,4 +257,4 @@ def load_grid(path: str | Path) -> Grid:
             data = yaml.safe_load(text)
     except Exception as err:  # yaml.YAMLError / tomllib.TOMLDecodeError
         raise ValueError(f"{path}: cannot parse ({str(err).splitlines()[0]})") from None
-    return parse_grid(data, str(path))
+    return parse_grid(data, str(path), max_cells=max_cells)
