@@ -20,7 +20,7 @@ from pe_interp.sweep import Grid, SweepSummary, parse_grid, run_sweep
 
 SMOKE_ENCODINGS = ["nope", "sinusoidal", "rope"]
 DEFAULT_SEEDS = {"smoke": 1, "quick": 3, "paper": 3}
-PROBES = ("dynamics", "ablation", "patching", "positional", "attention", "gradients")
+PROBES = ("dynamics", "ablation", "patching", "positional", "attention", "decomposition", "gradients")
 
 
 def reproduce_grid(
@@ -67,4 +67,108 @@ def reproduce(
     return summary, out
 
 
-__all__ = ["DEFAULT_SEEDS", "ENCODINGS", "PROBES", "SMOKE_ENCODINGS", "encoding_label", "reproduce", "reproduce_grid"]
+# ---- the ten-minute demo ---------------------------------------------------------------------------
+# RoPE and two controls on task 1 at the quick size (where RoPE learns it), one seed each, with the
+# probes that answer "is there a single-head deposit, and where?": the full ablation grid with
+# deposit detection, head patching, positional scores, attention patterns and the top head's
+# logit terms. No dynamics and no gradient seeds: those are the reproduction's (make reproduce).
+DEMO_ENCODINGS = ["rope", "sinusoidal", "nope"]
+DEMO_PROBES = ("ablation", "patching", "positional", "attention", "decomposition")
+# Committed checkpoints the demo opens up too: CHECKPOINTS/<name>/{config.json, model.safetensors},
+# each trained by `pe-interp train` (config.json records the command and the seed).
+CHECKPOINTS = Path("checkpoints")
+
+
+def demo_grid(preset: str = "quick", encodings: list[str] | None = None, seed: int = 0) -> Grid:
+    """The demo's grid: task 1, ``encodings`` (default RoPE, sinusoidal, NoPE), one seed."""
+    return parse_grid(
+        {
+            "name": f"demo-{preset}",
+            "base": {"preset": preset, "task": "distance"},
+            "axes": {"encoding": list(encodings or DEMO_ENCODINGS)},
+            "seeds": [seed],
+            "probes": list(DEMO_PROBES),
+        },
+        source=f"demo --preset {preset}",
+    )
+
+
+def committed_checkpoints(root: str | Path = CHECKPOINTS) -> list[Path]:
+    """The run directories under ``root`` that hold a config and weights (sorted by name)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p.parent for p in root.glob("*/config.json") if (p.parent / "model.safetensors").is_file())
+
+
+def checkpoint_cell(source: str | Path, sweep_dir: str | Path, probes: tuple[str, ...] = DEMO_PROBES) -> dict[str, Any]:
+    """Copy a committed run directory into ``sweep_dir`` as a cell of its own (params name the
+    checkpoint) and run ``probes`` on it; the report then shows it with the other cells.
+    Idempotent: a rerun only runs probes the cell lacks, unless the checkpoint's weights changed."""
+    import shutil
+
+    from pe_interp.checkpoint import load_run
+    from pe_interp.io import atomic_write_json, read_json
+    from pe_interp.presets import encoding_text
+    from pe_interp.sweep import CELL, RESULT, Cell, run_cell
+    from pe_interp.training import evaluate
+
+    source = Path(source)
+    run = load_run(source)  # a one-line error if the committed files are broken
+    config = run.config
+    params = {"task": run.task.name, "encoding": encoding_text(run.model.cfg.encoding),
+              "preset": config.get("preset"), "checkpoint": source.name}
+    cell = Cell(tuple(sorted(params.items())), int(run.train_cfg.seed))
+    cell_dir = Path(sweep_dir) / "cells" / cell.id
+    run_dir = cell_dir / "run"
+    weights = (source / "model.safetensors").read_bytes()
+    stale = not (run_dir / "model.safetensors").is_file() or (run_dir / "model.safetensors").read_bytes() != weights
+    if stale:
+        shutil.rmtree(cell_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        for name in ("config.json", "model.safetensors", "metrics.jsonl"):
+            if (source / name).is_file():
+                shutil.copyfile(source / name, run_dir / name)
+        metrics = run.metrics()
+        if metrics:
+            final = metrics[-1]
+        else:
+            m = evaluate(run.model, run.test_set(), ignore_index=run.train_cfg.ignore_index)
+            final = {"test_acc": m["acc"], "test_loss": m["loss"]}
+        atomic_write_json(cell_dir / CELL, {"id": cell.id, "params": params, "seed": cell.seed,
+                                            "source": str(source), "command": config.get("command")})
+        atomic_write_json(cell_dir / RESULT, {"id": cell.id, "params": params, "seed": cell.seed, "final": final,
+                                              "probes_run": []})
+    run_cell(cell, sweep_dir, probes)
+    return read_json(cell_dir / RESULT)
+
+
+def demo(
+    out: str | Path,
+    preset: str = "quick",
+    encodings: list[str] | None = None,
+    checkpoints: str | Path | None = CHECKPOINTS,
+    workers: int | None = None,
+    progress: bool = True,
+) -> tuple[SweepSummary, Path]:
+    """Train and probe the demo's models (:func:`demo_grid`), open up every committed checkpoint
+    (:func:`committed_checkpoints`), and write the report; returns the summary and the path of
+    ``report.html``. Resumable like any sweep."""
+    out = Path(out)
+    grid = demo_grid(preset, encodings)
+    # One process per cell, even above the core count: three cells on two cores then finish
+    # together instead of the third running alone after the first two.
+    workers = workers or len(grid.cells())
+    summary = run_sweep(grid, out, workers=workers, progress=progress)
+    failed = dict(summary.failed)
+    for source in committed_checkpoints(checkpoints) if checkpoints is not None else []:
+        try:
+            checkpoint_cell(source, out)
+        except (ValueError, OSError) as err:  # reported, like a failed cell; the demo goes on
+            failed[f"checkpoint {source}"] = f"{type(err).__name__}: {err}"
+    report = write_report(out, preset=preset, title=f"pe-interp demo: RoPE and controls on task 1 (preset {preset})")
+    return SweepSummary(done=summary.done, skipped=summary.skipped, failed=failed), report
+
+
+__all__ = ["CHECKPOINTS", "DEFAULT_SEEDS", "DEMO_ENCODINGS", "DEMO_PROBES", "checkpoint_cell", "committed_checkpoints",
+           "demo", "demo_grid", "ENCODINGS", "PROBES", "SMOKE_ENCODINGS", "encoding_label", "reproduce", "reproduce_grid"]

@@ -18,8 +18,9 @@ from pe_interp.report.html import render_html
 from pe_interp.report.summary import build_summary
 
 
-def write_report(out_dir: str | Path, preset: str = "quick") -> None:
-    """Write ``summary.md``, ``summary.json`` and ``report.html`` into ``out_dir``."""
+def write_report(out_dir: str | Path, preset: str = "quick", title: str | None = None) -> Path:
+    """Write ``summary.md``, ``summary.json`` and ``report.html`` into ``out_dir``; returns the
+    path of ``report.html``."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         raise ValueError(f"{out_dir}: reproduce directory not found")
@@ -27,7 +28,7 @@ def write_report(out_dir: str | Path, preset: str = "quick") -> None:
     summary = build_summary(out_dir, preset, gradients=gradient_evidence(out_dir), cells=cells, errors=errors)
     atomic_write_text(out_dir / "summary.md", summary.markdown())
     atomic_write_json(out_dir / "summary.json", summary.to_dict(), indent=1, sort_keys=False)
-    atomic_write_text(out_dir / "report.html", render_html(summary))
+    return atomic_write_text(out_dir / "report.html", render_html(summary, report_title=title))
 
 
 __all__ = ["write_report"]

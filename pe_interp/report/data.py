@@ -22,7 +22,7 @@ from pe_interp.encodings import combined_kind, get_encoding_class, parse_encodin
 from pe_interp.io import read_json
 from pe_interp.report.labels import ENCODINGS, encoding_label
 from pe_interp.sweep import collect
-from pe_interp.sweep.probing import ATTENTION, AttentionRecord
+from pe_interp.sweep.probing import ATTENTION, DECOMPOSITION, AttentionRecord
 from probes import AblationResult, DepositReport, PatchResult, PositionalScores
 from probes.deposit import LayerDeposit, dynamics_arrays, layer_stats, load_dynamics
 
@@ -151,6 +151,7 @@ class CellInfo:
     positional: PositionalScores | None = None
     attention: AttentionRecord | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    decomposition: dict[str, Any] | None = None  # the top head's logit terms (decomposition.json)
 
     @property
     def test_acc(self) -> float:
@@ -187,8 +188,13 @@ def _kind(spec: Any, config: dict[str, Any] | None) -> str:
     return combined_kind([get_encoding_class(s.name).kind for s in parse_encoding(spec)])
 
 
+# A cell made from a committed checkpoint (``make demo``) names it under this key.
+CHECKPOINT_KEY = "checkpoint"
+
+
 def _varying(results: list[dict[str, Any]]) -> list[str]:
     """Settings other than task/encoding/preset that differ between cells (grid variants)."""
+    results = [r for r in results if CHECKPOINT_KEY not in r["params"]]
     keys: set[str] = set()
     for r in results:
         keys |= set(r["params"])
@@ -202,6 +208,8 @@ def _varying(results: list[dict[str, Any]]) -> list[str]:
 
 def cell_label(params: dict[str, Any], varying: list[str]) -> str:
     label = encoding_label(params.get("encoding"))
+    if CHECKPOINT_KEY in params:
+        return f"{label} [checkpoint {params[CHECKPOINT_KEY]}]"
     extra = [f"{k}={params.get(k)}" for k in varying]
     return f"{label} [{', '.join(extra)}]" if extra else label
 
@@ -214,6 +222,7 @@ def load_cell(r: dict[str, Any], out_dir: Path, varying: list[str]) -> CellInfo:
     abl = r.get("ablation")
     ablation = AblationResult.from_dict(abl["ablation"]) if abl else None
     attention = AttentionRecord.load(run_dir / ATTENTION) if (run_dir / ATTENTION).is_file() else None
+    decomposition = read_json(run_dir / DECOMPOSITION) if r.get("decomposition") and (run_dir / DECOMPOSITION).is_file() else None
     return CellInfo(
         id=str(r["id"]),
         label=cell_label(params, varying),
@@ -229,6 +238,49 @@ def load_cell(r: dict[str, Any], out_dir: Path, varying: list[str]) -> CellInfo:
         patching=PatchResult.from_dict(r["patching"]) if r.get("patching") else None,
         positional=PositionalScores.from_dict(r["positional"]) if r.get("positional") else None,
         attention=attention,
+        decomposition=decomposition,
+    )
+
+
+def load_run_cell(run_dir: str | Path) -> CellInfo:
+    """One run directory (``pe-interp train``, then any of ``ablate``, ``patch``, ``decompose``)
+    as a :class:`CellInfo`, from the files the probes wrote into it."""
+    from pe_interp.checkpoint import read_jsonl
+
+    run_dir = Path(run_dir)
+    config = read_json(run_dir / "config.json")
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    task = config["task"]["name"]
+    spec = config["model"]["encoding"]
+    spec = spec[0] if isinstance(spec, list) and len(spec) == 1 and set(spec[0]) == {"name"} else spec
+    spec = spec["name"] if isinstance(spec, dict) and set(spec) == {"name"} else spec
+    if isinstance(spec, list) and all(isinstance(s, dict) and set(s) == {"name"} for s in spec):
+        spec = "+".join(s["name"] for s in spec)
+    ablation = AblationResult.load(run_dir / "ablation.json") if (run_dir / "ablation.json").is_file() else None
+    deposits = DepositReport.load(run_dir / "deposits.json") if (run_dir / "deposits.json").is_file() else None
+    decomposition = None
+    if (run_dir / DECOMPOSITION).is_file():
+        decomposition = read_json(run_dir / DECOMPOSITION)
+    model_cfg = ModelConfig.from_dict(config["model"])
+    label = encoding_label(spec)
+    if label not in {known for known, _ in ENCODINGS}:
+        label = model_cfg.encoding_name
+    return CellInfo(
+        id=run_dir.name,
+        label=label,
+        task=task,
+        seed=int(config["train"].get("seed", 0)),
+        kind=model_cfg.encoding_kind,
+        params={"task": task, "encoding": spec, "preset": config.get("preset")},
+        final=dict(metrics[-1]) if metrics else {},
+        run_dir=run_dir,
+        config=config,
+        ablation=ablation if ablation is not None and ablation.is_grid else None,
+        deposits=deposits,
+        patching=PatchResult.load(run_dir / "patching.json") if (run_dir / "patching.json").is_file() else None,
+        positional=PositionalScores.load(run_dir / "positional.json") if (run_dir / "positional.json").is_file() else None,
+        attention=AttentionRecord.load(run_dir / ATTENTION) if (run_dir / ATTENTION).is_file() else None,
+        decomposition=decomposition,
     )
 
 
@@ -281,6 +333,7 @@ def acc_stats(cells: list[CellInfo]) -> dict[tuple[str, str], AccStat]:
 
 
 __all__ = [
+    "CHECKPOINT_KEY",
     "LARGE_DROP",
     "NOT_MEASURED",
     "NOT_REPRODUCED",
@@ -298,6 +351,7 @@ __all__ = [
     "large_heads",
     "layer_deposit",
     "load_cells",
+    "load_run_cell",
     "margins",
     "max_other",
     "task_order",

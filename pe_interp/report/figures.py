@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import io
 import math
+import textwrap
 
 import numpy as np
 
@@ -28,10 +29,18 @@ def new_figure(w: float, h: float):
     return fig
 
 
-def to_data_uri(fig) -> str:
+def to_data_uri(fig, dpi: int = 100) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80)
+    fig.savefig(buf, format="png", dpi=dpi)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def wrapped(title: str, width_in: float, fontsize: float = 10) -> str:
+    """``title`` broken into lines that fit a figure ``width_in`` inches wide (so that
+    constrained layout never clips it)."""
+    # a title is centred over the axes, which are about 70% of the figure (labels, colour bar)
+    per_line = max(20, int(0.7 * width_in * 72 / (0.6 * fontsize)))
+    return textwrap.fill(title, per_line, break_long_words=False, break_on_hyphens=False)
 
 
 def _paper_number(label: str, task: str) -> float | None:
@@ -92,28 +101,35 @@ def mean_drops(models: list[CellInfo]) -> np.ndarray | None:
 def grid_heatmap(values: np.ndarray, title: str, cbar: str, cmap: str = "viridis",
                  xlabel: str = "head", ylabel: str = "layer", center: bool = False,
                  vmin: float | None = None, vmax: float | None = None, yticks: list | None = None) -> str:
+    """A layers x heads (or any 2-D) heatmap at a readable size: cells of about 0.6 inch, the
+    values written in them (up to 128 cells), the title wrapped to the figure's width."""
     v = np.asarray(values, dtype=np.float64)
     if v.ndim == 1:
         v = v[None, :]
-    fig = new_figure(max(3.0, 0.35 * v.shape[1] + 1.6), max(2.0, 0.35 * v.shape[0] + 1.2))
+    w = min(14.0, max(6.0, 0.6 * v.shape[1] + 3.0))
+    h = min(12.0, max(3.2, 0.55 * v.shape[0] + 2.4))
+    fig = new_figure(w, h)
     ax = fig.add_subplot(1, 1, 1)
     if center:
-        lim = float(np.nanmax(np.abs(v))) if np.isfinite(v).any() else 1.0
+        lim = (float(np.nanmax(np.abs(v))) if np.isfinite(v).any() else 1.0) or 1.0
         im = ax.imshow(v, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
     else:
         im = ax.imshow(v, cmap=cmap, aspect="auto", vmin=vmin, vmax=vmax)
     ax.set_xticks(range(v.shape[1]))
     ax.set_yticks(range(v.shape[0]), yticks if yticks is not None else range(v.shape[0]))
-    ax.set_xlabel(xlabel, fontsize=8)
-    ax.set_ylabel(ylabel, fontsize=8)
-    ax.set_title(title, fontsize=9)
-    ax.tick_params(labelsize=7)
+    ax.set_xlabel(xlabel, fontsize=10)
+    ax.set_ylabel(ylabel, fontsize=10)
+    ax.set_title(wrapped(title, w), fontsize=10)
+    ax.tick_params(labelsize=9)
     if v.size <= 128:
+        norm = im.norm
         for (y, x), val in np.ndenumerate(v):
             if not math.isnan(val):
-                ax.text(x, y, f"{val:.2f}", ha="center", va="center", fontsize=6, color="black",
-                        bbox={"facecolor": "white", "alpha": 0.5, "lw": 0, "pad": 0.5})
-    fig.colorbar(im, ax=ax, shrink=0.85).set_label(cbar, fontsize=8)
+                shade = float(norm(val))  # dark cells (either end of a diverging map) get white text
+                dark = (shade < 0.2 or shade > 0.8) if center else shade < (0.45 if cmap == "viridis" else 0.0)
+                ax.text(x, y, f"{val:.2f}", ha="center", va="center", fontsize=8,
+                        color="white" if dark else "black")
+    fig.colorbar(im, ax=ax, shrink=0.9).set_label(cbar, fontsize=9)
     return to_data_uri(fig)
 
 
@@ -167,7 +183,7 @@ def model_heatmap(models: list[CellInfo], title: str, vmax: float | None = None)
     if result is None:
         return None
     flagged = sorted({h for c in models for h in c.flagged})
-    fig = pp.plot_drop_heatmap(result, deposits=flagged, title=title)
+    fig = pp.plot_drop_heatmap(result, deposits=flagged, title=wrapped(title, max(4.0, 0.55 * result.drops.shape[1] + 2.0), 9))
     if vmax is not None and fig.axes and fig.axes[0].images:
         ax = fig.axes[0]
         ax.images[0].set_clim(-vmax, vmax)
@@ -203,3 +219,35 @@ def model_dynamics(cell: CellInfo, title: str) -> str | None:
     if not records:
         return None
     return to_data_uri(pp.plot_dynamics(records, layer=0, title=title))
+
+
+def logit_terms_figure(record: dict, title: str) -> str | None:
+    """The grouped attention-logit terms of one head (a cell's ``decomposition.json``: content /
+    position / offset Gram terms or ``qk``, the relative bias, their sum and the model's actual
+    logits), one panel each on a shared colour scale; entries the mask removes are blank."""
+    mats = record.get("matrices") or {}
+    if not mats:
+        return None
+    region = np.asarray(record["region"], dtype=bool)
+    arrays = {k: np.where(region, np.asarray(v, dtype=np.float64), np.nan) for k, v in mats.items()}
+    vmax = max((float(np.nanmax(np.abs(a))) for a in arrays.values() if np.isfinite(a).any()), default=1.0) or 1.0
+    cols = min(4, len(arrays))
+    rows = -(-len(arrays) // cols)
+    w = 3.3 * cols + 0.8
+    fig = new_figure(w, 3.1 * rows + 0.6)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    shares = record.get("grouped_variance_shares", {})
+    im = None
+    for ax, (name, a) in zip(axes, arrays.items()):
+        im = ax.imshow(a, cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest")
+        share = shares.get(name)
+        ax.set_title(name + (f" ({100 * share:.0f}% of var.)" if isinstance(share, float) and math.isfinite(share) else ""),
+                     fontsize=9)
+        ax.set_xlabel("key position", fontsize=8)
+        ax.set_ylabel("query position", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in axes[len(arrays):]:
+        ax.set_visible(False)
+    fig.colorbar(im, ax=list(axes[: len(arrays)]), shrink=0.8).set_label("logit", fontsize=9)
+    fig.suptitle(wrapped(title, w, 10), fontsize=10)
+    return to_data_uri(fig)

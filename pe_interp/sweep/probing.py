@@ -33,6 +33,7 @@ from probes import (
     find_deposits,
     gradient_coherence,
     load_coherence,
+    logit_terms,
     patch,
     positional_scores,
     save_coherence,
@@ -48,6 +49,7 @@ ROTARY_KINDS = ("multiplicative", "hybrid")
 
 __all__ = [
     "ATTENTION",
+    "DECOMPOSITION",
     "CALLBACKS",
     "GRADIENTS",
     "PROBE_OPTIONS",
@@ -56,6 +58,7 @@ __all__ = [
     "PROBES",
     "SWEEP_PROBES",
     "AttentionRecord",
+    "top_head",
 ]
 
 
@@ -177,6 +180,58 @@ def _probe_attention(run: Run) -> dict[str, Any] | None:
     return {"file": ATTENTION, "layer": layer, "head": head, "why": why}
 
 
+DECOMPOSITION = "decomposition.json"
+
+
+def top_head(ablation: AblationResult, deposits: DepositReport) -> tuple[int, int, str]:
+    """The head a cell's logit decomposition looks at: its flagged deposit head (the shallowest),
+    else the head whose ablation hurts most in the whole model."""
+    if deposits.first is not None:
+        layer, head = deposits.first
+        return layer, head, "flagged deposit head"
+    filled = np.nan_to_num(ablation.drops, nan=-np.inf)
+    layer, head = (int(i) for i in np.unravel_index(int(np.argmax(filled)), filled.shape))
+    return layer, head, f"top head by ablation (drop {100 * float(ablation.drops[layer, head]):.1f} pts)"
+
+
+def _probe_decomposition(run: Run, example: int = 0) -> dict[str, Any] | None:
+    """The attention-logit terms of the top head (:func:`top_head`) on one held-out example, with
+    the paper's grouping (task-1 models; needs the ablation probe first). Stores the term matrices
+    so that the report can draw them (``decomposition.json``)."""
+    if run.task.name != "distance" or not (run.run_dir / ABLATION).is_file():
+        return None
+    ablation = AblationResult.load(run.run_dir / ABLATION)
+    if not ablation.is_grid:
+        return None
+    layer, head, why = top_head(ablation, DepositReport.load(run.run_dir / DEPOSITS))
+    test = run.test_set(example + 1)
+    terms = logit_terms(run.model, test.tokens, layer, head, pad_mask=test.pad_mask, example=example)
+    n = int(terms.query_valid.sum())
+    mats = dict(terms.grouped())
+    mats["sum of terms"], mats["actual"] = terms.total, terms.actual
+
+    def rounded(t) -> list:
+        return np.round(t[:n, :n].detach().double().cpu().numpy(), 4).tolist()
+
+    record = {
+        "layer": layer, "head": head, "why": why, "example": example, "label": int(test.labels[example]),
+        "summary": terms.to_dict(),
+        "grouped_variance_shares": _shares(terms, mats),
+        "matrices": {k: rounded(v) for k, v in mats.items()},
+        "region": terms.region[:n, :n].cpu().numpy().tolist(),
+    }
+    atomic_write_json(run.run_dir / DECOMPOSITION, record, indent=None)
+    return {"file": DECOMPOSITION, "layer": layer, "head": head, "why": why}
+
+
+def _shares(terms, mats: dict[str, Any]) -> dict[str, float]:
+    """Each grouped term's variance over the valid entries as a share of the total's."""
+    region = terms.region
+    total = terms.total[region].double().var(unbiased=False)
+    return {k: float(v[region].double().var(unbiased=False) / total) if total > 0 else float("nan")
+            for k, v in mats.items() if k not in ("sum of terms", "actual")}
+
+
 def _dynamics_callback(
     cell: Any, points: int = 20, n_probe: int = 512, layers: tuple[int, ...] = (0,)
 ) -> DepositDynamics:
@@ -191,6 +246,7 @@ PROBES: dict[str, Callable[[Any], dict[str, Any] | None]] = {
     "patching": _probe_patching,
     "positional": _probe_positional,
     "attention": _probe_attention,
+    "decomposition": _probe_decomposition,
 }
 CALLBACKS: dict[str, Callable[[Any], Any]] = {"dynamics": _dynamics_callback}
 # The keyword options a grid's ``probe_options`` may pass to each probe or callback.
@@ -198,6 +254,7 @@ PROBE_OPTIONS: dict[str, set[str]] = {
     "ablation": {"n", "on"},
     "patching": {"n"},
     "positional": {"n"},
+    "decomposition": {"example"},
     "dynamics": {"points", "n_probe", "layers"},
 }
 

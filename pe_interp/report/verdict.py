@@ -1,0 +1,225 @@
+"""The report's first screen: is there a single-head deposit, and where?
+
+:func:`first_screen` answers from what ``probes.deposit`` stored for each model of one task (its
+flags, and each layer's top head, runner-up and share), shows the ablation heatmaps of those
+models on one colour scale, and adds one line each of head-patching and logit-decomposition
+evidence where the sweep stored them. :func:`decomposition_section` draws the top head's
+logit terms. Like the rest of the report it only reads.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+import numpy as np
+
+from pe_interp.report.data import CHECKPOINT_KEY, TASK_TITLES, CellInfo, label_order, task_order
+from pe_interp.report.figures import common_vmax, logit_terms_figure, model_heatmap
+from pe_interp.report.markup import img, inline_md
+from probes import DepositReport, LayerDeposit
+
+CSS = """
+.verdict { border: 2px solid #444; border-radius: 6px; padding: 10px 16px; margin: 12px 0 8px 0;
+           background: #fbfbf7; }
+.verdict .answer { font-size: 20px; margin: 2px 0 8px 0; }
+.verdict ul { margin: 4px 0; padding-left: 22px; } .verdict li { margin: 3px 0; }
+.firstfigs { display: flex; flex-wrap: wrap; gap: 8px; align-items: flex-start; }
+.firstfigs img { max-width: calc((100% - 16px) / 3); min-width: 300px; }
+"""
+
+
+def _pts(x: float) -> str:
+    return "—" if x is None or math.isnan(x) else f"{100 * x:.1f} pts"
+
+
+def strongest_layer(report: DepositReport) -> LayerDeposit | None:
+    """The layer whose top head's ablation hurts most."""
+    layers = [s for s in report.layers if not math.isnan(s.top_drop)]
+    return max(layers, key=lambda s: s.top_drop) if layers else None
+
+
+def _models(cells: list[CellInfo], task: str) -> list[tuple[str, list[CellInfo]]]:
+    out = []
+    for label in label_order(cells):
+        models = sorted((c for c in cells if c.label == label and c.task == task
+                         and c.ablation is not None and c.deposits is not None), key=lambda c: c.seed)
+        if models:
+            out.append((label, models))
+    return out
+
+
+def _acc(models: list[CellInfo]) -> str:
+    vals = [c.test_acc for c in models if not math.isnan(c.test_acc)]
+    if not vals:
+        return "accuracy not recorded"
+    mean = 100 * sum(vals) / len(vals)
+    return f"held-out acc {mean:.1f}%" + (f" (mean of {len(vals)} seeds)" if len(vals) > 1 else "")
+
+
+def model_line(label: str, models: list[CellInfo]) -> tuple[bool, str]:
+    """(any deposit flagged, one Markdown line saying where it is or what is nearest to one)."""
+    flagged = [c for c in models if c.found]
+    n = len(models)
+    if flagged:
+        c = flagged[0]
+        layer, head = c.deposits.first
+        s = c.deposits.layer(layer)
+        where = ", ".join(f"seed {m.seed}: L{m.deposits.first[0]}H{m.deposits.first[1]}" for m in flagged)
+        runner = f"L{layer}H{s.second_head}" if s.second_head is not None else "none"
+        return True, (f"**{label}** ({_acc(models)}): **deposit at L{layer}H{head}** in {len(flagged)} of {n} "
+                      f"seed(s) ({where}). Ablating it costs {_pts(s.top_drop)}, {100 * s.share:.0f}% of layer "
+                      f"{layer}'s summed drop; the runner-up {runner} costs {_pts(s.second_drop)}.")
+    c = models[0]
+    s = strongest_layer(c.deposits)
+    if s is None:
+        return False, f"**{label}** ({_acc(models)}): no head could be scored."
+    seeds = f"{n} seeds" if n > 1 else f"seed {c.seed}"
+    runner = f"L{s.layer}H{s.second_head}" if s.second_head is not None else "no other head"
+    why = []
+    if not s.top_drop >= c.deposits.min_drop:
+        why.append(f"below the {100 * c.deposits.min_drop:.0f}-point bar")
+    if not s.share >= c.deposits.min_share:
+        why.append(f"only {100 * s.share:.0f}% of layer {s.layer}'s summed drop")
+    if c.deposits.require_separation and s.ci_separated is False:
+        why.append("its CI reaches down to the runner-up's drop")
+    others = ""
+    if n > 1:
+        tops = [strongest_layer(m.deposits) for m in models[1:]]
+        others = " Other seeds' top heads: " + ", ".join(
+            f"L{t.layer}H{t.top_head} ({_pts(t.top_drop)}, {100 * t.share:.0f}%)" for t in tops if t is not None) + "."
+    return False, (f"**{label}** ({_acc(models)}): no deposit ({seeds}). Top head L{s.layer}H{s.top_head}"
+                   f"{f' (seed {c.seed})' if n > 1 else ''}: {_pts(s.top_drop)} ({'; '.join(why) or 'no criterion met'}); "
+                   f"runner-up {runner}: {_pts(s.second_drop)}.{others}")
+
+
+def criterion(cells: list[CellInfo]) -> str:
+    report = next((c.deposits for c in cells if c.deposits is not None), None)
+    if report is None:
+        return ""
+    sep = ", and the lower end of its bootstrap CI lies above the runner-up's drop" if report.require_separation else ""
+    return (f"`probes.deposit` flags a layer when ablating its top head ({report.method}-ablation, "
+            f"{report.metric}) costs ≥ {100 * report.min_drop:.0f} points and ≥ {100 * report.min_share:.0f}% of the "
+            f"layer's summed drop{sep}.")
+
+
+def evidence_lines(cells: list[CellInfo], task: str) -> list[str]:
+    """One line of head patching and one of the logit decomposition per model (lowest seed)."""
+    lines = []
+    for label, _ in _models(cells, task) or [(lab, []) for lab in label_order(cells)]:
+        mine = sorted((c for c in cells if c.label == label and c.task == task), key=lambda c: c.seed)
+        pc = next((c for c in mine if c.patching is not None and tuple(c.patching.axis_names) == ("layer", "head")), None)
+        if pc is not None:
+            top = pc.patching.top(2, by_abs=False)
+            parts = [f"L{cell['layer']}H{cell['head']} {value:+.2f}" for cell, value in top]
+            lines.append(f"Head patching, **{label}** (seed {pc.seed}, {pc.patching.n_examples} distance "
+                         f"counterfactual pairs; 1 = the clean answer fully restored): {', '.join(parts)}.")
+        dc = next((c for c in mine if c.decomposition), None)
+        if dc is not None:
+            d = dc.decomposition
+            shares = {k: v for k, v in d.get("grouped_variance_shares", {}).items()
+                      if isinstance(v, float) and math.isfinite(v)}
+            best = sorted(shares.items(), key=lambda kv: -kv[1])[:2]
+            text = ", ".join(f"{k} {100 * v:.0f}%" for k, v in best)
+            rope = d.get("summary", {}).get("rope")
+            if rope and rope.get("frequency_share"):
+                share = np.asarray(rope["frequency_share"], dtype=float)
+                k = int(np.nanargmax(share))
+                text += f"; RoPE pair {k} (θ = {rope['theta'][k]:.3g} rad/token) carries {100 * share[k]:.0f}% of the rotary part"
+            tz = d.get("summary", {}).get("toeplitz", {}).get("total")
+            if isinstance(tz, float) and math.isfinite(tz):
+                text += f"; the logits are {100 * tz:.0f}% a function of the offset j − i (Toeplitz score)"
+            lines.append(f"Logit terms of **{label}**'s top head L{d['layer']}H{d['head']} (seed {dc.seed}, held-out "
+                         f"example {d['example']}): share of the logit variance {text}.")
+    return lines
+
+
+def first_task(cells: list[CellInfo]) -> str | None:
+    """The task the first screen answers for: task 1 (distance) when there is one."""
+    tasks = task_order(cells)
+    return "distance" if "distance" in tasks else (tasks[0] if tasks else None)
+
+
+def deposit_answer(cells: list[CellInfo], task: str) -> tuple[str, list[tuple[bool, str]]]:
+    """The answer in one Markdown sentence, and each model's (deposit found, line)."""
+    title = TASK_TITLES.get(task, task)
+    models = _models(cells, task)
+    verdicts = [model_line(label, ms) for label, ms in models]
+    with_deposit = [label for (label, _), (found, _) in zip(models, verdicts) if found]
+    n_runs = sum(len(ms) for _, ms in models)
+    if not models:
+        return f"**Not measured**: no {title} model has a head-ablation sweep.", []
+    if with_deposit:
+        answer = (f"**Yes**: a single-head deposit in {len(with_deposit)} of {len(models)} model(s) on {title}: "
+                  + ", ".join(with_deposit) + ".")
+    else:
+        runs = f", {n_runs} runs" if n_runs > len(models) else ""
+        which = "this model" if len(models) == 1 else f"any of the {len(models)} models"
+        answer = f"**No**: no single-head deposit in {which} on {title}{runs}; no one head carries its layer."
+    return answer, verdicts
+
+
+def first_screen(cells: list[CellInfo]) -> str:
+    """The verdict box, the ablation heatmaps of the first task's models, and the evidence."""
+    task = first_task(cells)
+    if task is None:
+        return "<div class='verdict'><p class='answer'>No finished runs yet.</p></div>"
+    models = _models(cells, task)
+    title = TASK_TITLES.get(task, task)
+    if not models:
+        return (f"<div class='verdict'><p class='answer'><b>Not measured.</b> No {html.escape(title)} model has a "
+                "head-ablation sweep (run the <code>ablation</code> probe, or <code>pe-interp ablate RUN_DIR</code>).</p></div>")
+    answer, verdicts = deposit_answer(cells, task)
+    body = "".join(f"<li>{inline_md(line)}</li>" for _, line in verdicts)
+    vmax = common_vmax(cells, task)
+    figs = []
+    for label, ms in models:
+        base = sum(c.ablation.baseline for c in ms) / len(ms)
+        what = f"mean of {len(ms)} seeds" if len(ms) > 1 else f"seed {ms[0].seed}"
+        figs.append(img(model_heatmap(ms, f"{label}: accuracy drop per ablated head ({what}; baseline {100 * base:.1f}%)",
+                                      vmax=vmax), f"ablation heatmap {label}"))
+    lines = evidence_lines(cells, task)
+    for c in cells:
+        if CHECKPOINT_KEY in c.params:
+            command = (c.config or {}).get("command")
+            lines.append(f"**{c.label}** is the committed run `checkpoints/{c.params[CHECKPOINT_KEY]}`, trained by this "
+                         "package from its recorded config and seed" + (f"; re-create it with `{command}`." if command else "."))
+    evidence = "".join(f"<li>{inline_md(line)}</li>" for line in lines)
+    return (
+        "<div class='verdict' id='verdict'>"
+        "<p class='note' style='margin:0'>Is there a single-head deposit, and where?</p>"
+        f"<p class='answer'>{inline_md(answer)}</p><ul>{body}</ul>"
+        f"<p class='note'>{inline_md(criterion(cells))} Heatmaps: the drop in held-out accuracy when each head "
+        f"is zero-ablated alone (rows: layers, columns: heads; one colour scale, ±{100 * vmax:.0f} points; "
+        "flagged heads outlined).</p></div>"
+        f"<div class='firstfigs'>{''.join(figs)}</div>"
+        + (f"<ul class='note'>{evidence}</ul>" if evidence else "")
+    )
+
+
+def decomposition_section(cells: list[CellInfo]) -> str:
+    """The top head's attention-logit terms (lowest seed of each task-1 model)."""
+    parts = []
+    for label in label_order(cells):
+        mine = sorted((c for c in cells if c.label == label and c.decomposition), key=lambda c: (c.task, c.seed))
+        if not mine:
+            continue
+        c = mine[0]
+        d = c.decomposition
+        title = (f"{label} · {c.task} · seed {c.seed}: logit terms of L{d['layer']}H{d['head']} ({d['why']}), "
+                 f"held-out example {d['example']} (label {d['label']})")
+        parts.append(img(logit_terms_figure(d, title), f"logit terms {label}"))
+        err = d.get("summary", {}).get("max_error")
+        if isinstance(err, float):
+            parts.append(f"<p class='caption'>The terms sum to the model's logits within {err:.1e}.</p>")
+    if not parts:
+        return ""
+    return ("<h3>Logit decomposition of the top head</h3><p class='note'>The top head's pre-softmax logits on one "
+            "held-out example split into terms (<code>probes.decomposition.logit_terms</code>, grouped as in the paper): "
+            "content–content, content–position, position–content and position–position Gram terms and the offset at "
+            "layer 0 (<code>qk</code> deeper), the relative bias, their sum and the model's actual logits. Titles give "
+            "each term's share of the logit variance.</p>" + "".join(parts))
+
+
+__all__ = ["CSS", "criterion", "decomposition_section", "deposit_answer", "evidence_lines", "first_screen", "first_task", "model_line",
+           "strongest_layer"]
