@@ -1,10 +1,16 @@
 # Every target works on a fresh machine: `make demo` and `make test` run `make setup` first.
+#   make demo        the main job end to end in ~10 minutes on 2 cores: RoPE, sinusoidal, NoPE on task 1,
+#                    every head ablated, deposits, patching, logit terms -> runs/demo/report.html
+#   make test        the test suite (browser tests need Chromium: make setup-browser)
+#   make reproduce   the full `quick` reproduction: 60 models, both tasks, every probe (45-70 minutes)
+#   make mid         the deposit study at the paper's topology (6 x 16 heads) on a CPU: hours
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+CHROMIUM := $(shell command -v chromium || command -v chromium-browser || command -v google-chrome || true)
 
-.PHONY: setup test demo lint bench gpu-wheels clean
+.PHONY: setup setup-browser test demo reproduce mid lint bench gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -14,12 +20,31 @@ $(STAMP): requirements-lock.txt pyproject.toml
 	$(PY) -m pip install -q -r requirements-lock.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
+	@test -n "$(CHROMIUM)" || echo "note: Chromium is not installed, so make test will skip the report's browser tests; 'make setup-browser' installs it"
+
+# Headless Chromium for the report's browser tests: installed with apt-get where this runs as root
+# (CI, containers), else the command to run is printed.
+setup-browser:
+	@if [ -n "$(CHROMIUM)" ]; then echo "Chromium: $(CHROMIUM)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null && echo "installed $$(command -v chromium)"; \
+	else echo "Install Chromium for the browser tests: sudo apt-get install -y chromium (Debian/Ubuntu), or brew install --cask chromium (macOS)"; fi
 
 test: setup
+	@test -n "$(CHROMIUM)" || $(MAKE) --no-print-directory setup-browser
 	$(PY) -m pytest -q
 
 demo: setup
+	$(VENV)/bin/pe-interp demo --out runs/demo
+
+reproduce: setup
 	$(VENV)/bin/pe-interp reproduce --preset quick --out runs/reproduce-quick
+
+# The deposit study at `mid` (grids/deposit_mid.yaml: 36 runs of 6 layers x 16 heads, ~20 min each on
+# one core): hours on two cores, resumable (run it again after a stop).
+mid: setup
+	$(VENV)/bin/pe-interp sweep grids/deposit_mid.yaml --out runs/sweeps/deposit-mid
+	$(VENV)/bin/pe-interp report runs/sweeps/deposit-mid
 
 lint: setup
 	$(VENV)/bin/ruff check pe_interp probes tests benchmarks

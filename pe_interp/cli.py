@@ -10,14 +10,27 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pe_interp.commands import ablate, decompose, patch, reproduce, sweep, train
+from pe_interp.commands import (
+    ablate,
+    decompose,
+    demo,
+    patch,
+    report,
+    reproduce,
+    show,
+    sweep,
+    train,
+)
 
 # module -> the sub-commands it adds, in the order ``pe-interp --help`` lists them
 COMMANDS = {
+    demo: ("demo",),
     train: ("train", "eval"),
+    show: ("show",),
     ablate: ("ablate",),
     patch: ("patch",),
     decompose: ("decompose",),
+    report: ("report",),
     reproduce: ("reproduce",),
     sweep: ("sweep", "sweep-report"),
 }

@@ -101,3 +101,19 @@ def random_tokens(
 def tokens_fn():
     """The :func:`random_tokens` helper, as a fixture."""
     return random_tokens
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """A skipped browser test says so loudly at the end of the run, with how to run it."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    browser = [r for r in skipped if "chromium" in str(getattr(r, "longrepr", "")).lower()]
+    if browser:
+        terminalreporter.write_sep("!", f"{len(browser)} BROWSER TEST(S) SKIPPED: Chromium is not installed",
+                                   red=True, bold=True)
+        for r in browser:
+            terminalreporter.write_line(f"  skipped: {r.nodeid}")
+        terminalreporter.write_line(
+            "  The report's headless-Chromium checks (report.html renders, no errors, widgets drawn) did not run.\n"
+            "  Install Chromium with `make setup-browser` (Debian/Ubuntu: apt-get install -y chromium; macOS: brew "
+            "install --cask chromium), then run `make test` again. CI (.ci/run) installs it and fails instead of skipping.",
+            red=True)

@@ -13,6 +13,8 @@ import dataclasses
 import time
 from pathlib import Path
 
+from pe_interp.commands.options import add_device_flag, device_arg
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -30,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seeds the bootstrap and resample sources")
     p.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap replicates for the CIs (0: none)")
     p.add_argument("--batch-size", type=int, default=None, help="rows per forward (default 128 on CPU, 2048 on GPU)")
-    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    add_device_flag(p)
     p.add_argument("--min-drop", type=float, default=None, help="deposit threshold (default 0.2 for accuracy)")
     p.add_argument("--min-share", type=float, default=0.5, help="deposit threshold on the top head's share")
     p.add_argument("--no-figures", action="store_true")
@@ -39,8 +41,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from pe_interp import load_run
     from probes.ablation import ablate_heads
     from probes.deposit import find_deposits
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if args.n is not None and args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device_arg(args.device)
     loaded = load_run(run_dir, device=device)
     model = loaded.model
     test = loaded.examples(args.on, args.n)

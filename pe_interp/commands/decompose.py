@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pe_interp.commands.options import add_device_flag, device_arg
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -33,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--head", type=int, default=None, help="default: the layer's most positional head")
     p.add_argument("--example", type=int, default=0, help="held-out example to decompose")
     p.add_argument("--n", type=int, default=64, help="held-out examples for the positional scores")
-    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    add_device_flag(p)
     p.add_argument("--no-figures", action="store_true")
     p.set_defaults(run=run)
 
@@ -87,13 +89,11 @@ def decompose_run(
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from pe_interp import load_run
 
     if args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device_arg(args.device)
     loaded = load_run(args.run_dir, device=device)
     data = loaded.test_set(max(args.n, args.example + 1))
     t0 = time.perf_counter()

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pe_interp.commands.options import add_device_flag, device_arg
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -38,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=256, help="rows (cells x pairs) per forward")
     p.add_argument("--n-bootstrap", type=int, default=1000)
     p.add_argument("--example", type=int, default=0, help="pair shown in the HTML view")
-    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    add_device_flag(p)
     p.add_argument("--no-figures", action="store_true")
     p.set_defaults(run=run)
 
@@ -124,11 +126,9 @@ def _top_heads(result, k: int) -> list[tuple[int, int]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from pe_interp import load_run
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device_arg(args.device)
     loaded = load_run(args.run_dir, device=device)
     t0 = time.perf_counter()
     result, written = patch_run(

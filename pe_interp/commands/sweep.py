@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -17,6 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--address", default=None, help="ray: cluster address (default: start a local instance)")
     p.add_argument("--max-retries", type=int, default=3, help="ray: retries of a cell whose worker died")
     p.add_argument("--dry-run", action="store_true", help="validate the grid and list its cells")
+    p.add_argument("--max-cells", type=int, default=None, help="refuse larger grids (default 10,000)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=run_sweep_cmd)
 
@@ -29,14 +31,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_sweep_cmd(args: argparse.Namespace) -> int:
     from pe_interp.sweep import load_grid, run_sweep
+    from pe_interp.sweep.grid import MAX_CELLS
 
-    grid = load_grid(args.grid)
+    if args.max_cells is not None and args.max_cells < 1:
+        raise ValueError(f"--max-cells must be >= 1, got {args.max_cells}")
+    grid = load_grid(args.grid, max_cells=args.max_cells or MAX_CELLS)
     cells = grid.cells()
     if args.dry_run:
         for c in cells:
             print(c.id)
         print(f"{len(cells)} cells")
         return 0
+    print(f"{grid.name}: {len(cells)} cells; probes: " + (", ".join(grid.probes) or "none"), file=sys.stderr, flush=True)
     out = Path(args.out or Path("runs") / "sweeps" / grid.name)
     summary = run_sweep(grid, out, backend=args.backend, workers=args.workers, address=args.address,
                         max_retries=args.max_retries, progress=not args.no_progress)

@@ -1,0 +1,203 @@
+"""Command-line flags generated from the configs, so that the CLI and the API cannot drift.
+
+:func:`add_setting_flags` gives ``pe-interp train`` one flag per field of
+:class:`~pe_interp.config.ModelConfig`, :class:`~pe_interp.config.TrainConfig` and every task
+(``n_layers`` -> ``--n-layers``, a bool ``final_norm`` -> ``--final-norm / --no-final-norm``,
+``betas`` -> ``--betas B1 B2``, an optional field takes ``none``). A flag that is not given is not
+passed at all, so the preset's value stands; a given value goes to the dataclass unchanged and is
+validated there, with the dataclass's own one-line error. :data:`NOT_FLAGS` lists the fields that
+have no flag of their own, and why. ``tests/test_cli.py`` checks that every field is one or the
+other.
+
+:func:`device_arg` is the one device check of every sub-command that loads a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from pe_interp.config import (
+    ACT_FNS,
+    ATTENTION_DIRS,
+    BACKENDS,
+    INIT_MODES,
+    KV_SOURCES,
+    LR_SCHEDULES,
+    NORMS,
+    POOLINGS,
+    RUNTIME_FLAGS,
+    ModelConfig,
+    TrainConfig,
+    check_device,
+    default_device,
+)
+from pe_interp.presets import flag_name
+from pe_interp.tasks import TASKS
+
+# Fields without a flag of their own, and where they come from instead.
+NOT_FLAGS: dict[str, str] = {
+    "seed": "--seed sets the model, data and training seeds together",
+    "encoding": "--encoding (a name, a composition with parameters, or JSON)",
+    "device": "--device (the model follows the training device)",
+    **{name: "a runtime hook switch, never saved with a run: model.set_" + name + "(True) on a loaded model"
+       for name in RUNTIME_FLAGS},
+}
+# Accepted (so that the error says why), but not listed in --help.
+DERIVED = ("n_ctx", "n_classes")
+
+CHOICES: dict[str, tuple] = {
+    "act_fn": ACT_FNS, "normalization_type": NORMS, "attention_dir": ATTENTION_DIRS, "pooling": POOLINGS,
+    "attn_backend": BACKENDS, "kv_source": KV_SOURCES, "init_mode": INIT_MODES, "lr_schedule": LR_SCHEDULES,
+}
+
+HELP: dict[str, str] = {
+    # ModelConfig
+    "n_layers": "transformer blocks",
+    "d_model": "residual width",
+    "n_heads": "attention heads per layer",
+    "d_head": "head width (default d_model / n_heads)",
+    "d_mlp": "MLP width (default 4 d_model; 0: attention-only blocks)",
+    "d_vocab": "vocabulary size (a task setting; the model follows)",
+    "act_fn": "MLP activation (the authors': relu)",
+    "normalization_type": "LayerNorm, RMSNorm or none",
+    "final_norm": "a norm before the readout (the authors': --no-final-norm)",
+    "attention_dir": "bidirectional or causal attention",
+    "pooling": "how the readout pools the sequence",
+    "dropout": "dropout on the attention and MLP outputs",
+    "attn_dropout": "dropout on the attention weights",
+    "embed_dropout": "dropout on the embeddings (none: the same as --dropout; the authors': 0)",
+    "init_std": "std of the normal initialisation (--init-mode normal)",
+    "init_mode": "normal: N(0, init_std); torch: PyTorch's defaults, as the authors' model gets",
+    "attn_backend": "attention implementation",
+    "mask_padding": "mask pad tokens out of attention and pooling (the authors': --no-mask-padding)",
+    "kv_source": "keys/values from the residual stream, or from the input embeddings (the authors')",
+    "pad_id": "the pad token id",
+    "eps": "norm epsilon",
+    # TrainConfig
+    "n_train": "training examples",
+    "n_test": "held-out examples",
+    "epochs": "training epochs",
+    "batch_size": "training batch size",
+    "lr": "peak learning rate",
+    "weight_decay": "AdamW weight decay",
+    "betas": "AdamW betas, two numbers (the authors': 0.98 0.9)",
+    "warmup_frac": "share of the steps spent warming up",
+    "min_lr_frac": "the cosine's floor, as a share of --lr",
+    "grad_clip": "gradient-norm clip (0: none)",
+    "eval_every": "steps between evaluations (0: once per epoch)",
+    "checkpoint_every": "steps between checkpoints (0: once per epoch)",
+    "eval_batch_size": "evaluation batch size",
+    "amp": "bfloat16 autocast where it pays (CUDA)",
+    "ignore_index": "a class left out of the loss and accuracy (none: count every class)",
+    "lr_schedule": "warmup_cosine, or the authors' LambdaLR",
+    # tasks
+    "max_between": "largest number of tokens between the two triggers",
+    "max_side": "largest number of tokens on each side of the triggers",
+    "max_len": "truncation length",
+    "fillers_include_triggers": "trigger tokens may appear among the fillers (the authors')",
+    "distinct_fillers": "distinct filler tokens within each segment (the authors')",
+    "dedup": "drop duplicate sequences before splitting (the authors')",
+    "n_triggers": "how many distinct trigger tokens",
+    "max_count": "largest count",
+    "length": "sequence length",
+    "ignore_zero": "leave count 0 out",
+}
+
+
+def _none_or(convert):
+    def parse(text: str) -> Any:
+        return None if text.strip().lower() in ("none", "null") else convert(text)
+
+    parse.__name__ = getattr(convert, "__name__", "value")  # argparse names it in "invalid ... value"
+    return parse
+
+
+def _add(group, name: str, annotation: str, default: Any, help_text: str) -> None:
+    kind = annotation.replace(" ", "")
+    optional = kind.endswith("|None")
+    base = kind.removesuffix("|None")
+    choices = CHOICES.get(name)
+    shown = f" [{' | '.join('none' if c is None else str(c) for c in choices)}]" if choices else ""
+    full = f"{help_text}{shown}" + ("" if "default" in help_text else f" (default {'none' if default is None else default})")
+    flag = flag_name(name)
+    if base == "bool":
+        group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=full)
+    elif base.startswith("tuple[float"):
+        group.add_argument(flag, dest=name, type=float, nargs=2, metavar=("B1", "B2"), default=argparse.SUPPRESS, help=full)
+    else:
+        convert = {"int": int, "float": float, "str": str}.get(base)
+        if convert is None:
+            raise TypeError(f"options: no flag type for {name}: {annotation}")
+        group.add_argument(flag, dest=name, type=_none_or(convert) if optional else convert,
+                           metavar=name.upper(), default=argparse.SUPPRESS, help=full)
+
+
+def setting_fields() -> dict[str, tuple[str, Any, str]]:
+    """Every run setting that gets a flag: name -> (annotation, default, group)."""
+    out: dict[str, tuple[str, Any, str]] = {}
+    for cls, group in ((ModelConfig, "model"), (TrainConfig, "training")):
+        for f in dataclasses.fields(cls):
+            if f.name not in NOT_FLAGS and f.name not in DERIVED and f.name not in out:
+                out[f.name] = (str(f.type), f.default, group)
+    for task_name, cls in TASKS.items():
+        for f in dataclasses.fields(cls):
+            if f.name in NOT_FLAGS:
+                continue
+            if f.name in out:
+                prev = out[f.name]
+                if prev[2].startswith("task"):
+                    out[f.name] = (prev[0], prev[1], "task: both")
+                continue
+            out[f.name] = (str(f.type), f.default, f"task: {task_name}")
+    return out
+
+
+def add_setting_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """Add a flag for every run setting (see the module docstring); returns their dests."""
+    groups: dict[str, Any] = {}
+    titles = {"model": "model (ModelConfig; a flag not given keeps the preset's value, else the default shown)",
+              "training": "training (TrainConfig)", "task: both": "task settings (both tasks)"}
+    names = []
+    for name, (annotation, default, group) in setting_fields().items():
+        if group not in groups:
+            title = titles.get(group, f"task settings (--task {group.removeprefix('task: ')} only)")
+            groups[group] = parser.add_argument_group(title)
+        _add(groups[group], name, annotation, default, HELP.get(name, name.replace("_", " ")))
+        names.append(name)
+    for name in DERIVED:
+        parser.add_argument(flag_name(name), dest=name, type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        names.append(name)
+    return names
+
+
+def given_settings(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    """The settings given on the command line (a flag not given is absent, not None)."""
+    out = {}
+    for name in names:
+        if hasattr(args, name):
+            value = getattr(args, name)
+            out[name] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def add_device_flag(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    parser.add_argument("--device", default=default,
+                        help="cpu | cuda | cuda:N | mps" + ("" if default else " (default: cuda when available, else cpu)"))
+
+
+def device_arg(value: str | None) -> str:
+    """The ``--device`` value checked against this machine (None: cuda when available, else
+    cpu); a one-line error naming the flag otherwise."""
+    return check_device(default_device() if value is None else value, "--device")
+
+
+def positive_n(value: int | None, flag: str = "--n") -> int | None:
+    if value is not None and value < 1:
+        raise ValueError(f"{flag} must be >= 1, got {value}")
+    return value
+
+
+__all__ = ["DERIVED", "NOT_FLAGS", "add_device_flag", "add_setting_flags", "device_arg", "given_settings",
+           "positive_n", "setting_fields"]

@@ -1,0 +1,41 @@
+"""``pe-interp report DIR``: write ``report.html`` for one run directory, or for a sweep or
+reproduce directory (with ``summary.md`` and ``summary.json``). It only reads what the probes
+stored, so it can be rerun at any time."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="write report.html for a run, a sweep or a reproduction",
+                       description="Write DIR/report.html: for a run directory (pe-interp train, then ablate / "
+                       "patch / decompose), or for a sweep, reproduce or demo directory (also summary.md and summary.json).")
+    p.add_argument("dir", metavar="RUN_OR_SWEEP_DIR")
+    p.add_argument("--title", default=None, help="the report's title")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pe_interp.io import read_json
+
+    path = Path(args.dir)
+    if (path / "grid.json").is_file():
+        from pe_interp.report import write_report
+
+        grid = read_json(path / "grid.json")
+        base = grid.get("base", {}) if isinstance(grid, dict) else {}
+        out = write_report(path, preset=str(base.get("preset", "quick")), title=args.title)
+        print(f"wrote {path / 'summary.md'}, {path / 'summary.json'} and {out}")
+    elif (path / "config.json").is_file():
+        from pe_interp.checkpoint import load_run
+        from pe_interp.report.run import write_run_report
+
+        load_run(path)  # a one-line error for a broken run directory
+        print(f"wrote {write_run_report(path)}")
+    elif not path.exists():
+        raise ValueError(f"{path}: no such directory")
+    else:
+        raise ValueError(f"{path}: neither a run directory (config.json) nor a sweep directory (grid.json)")
+    return 0

@@ -1,0 +1,68 @@
+"""``pe-interp show RUN_DIR``: a run's config, accuracy, deposit verdict and files, as text."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("show", help="print a run's config, accuracy, deposit verdict and files",
+                       description="Print what a run directory holds: its configuration (and the command that "
+                       "re-creates it), its accuracy, the deposit verdict of its ablation sweep, and its files.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.set_defaults(run=run)
+
+
+def _pct(x) -> str:
+    return "—" if not isinstance(x, int | float) or math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def run(args: argparse.Namespace) -> int:
+    from pe_interp.checkpoint import load_run
+    from probes import DepositReport
+
+    run_dir = Path(args.run_dir)
+    loaded = load_run(run_dir)  # validates config and weights: a one-line error otherwise
+    cfg, task, train = loaded.model.cfg, loaded.task, loaded.train_cfg
+    config = loaded.config
+    print(f"run {run_dir}")
+    quirks = " with the authors' quirks" if config.get("authors_quirks") else ""
+    print(f"  preset     {config.get('preset')}{quirks}; pe-interp {config.get('version')}")
+    print(f"  encoding   {cfg.encoding_name} ({cfg.encoding_kind})")
+    print(f"  model      {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads (d_head {cfg.d_head}), "
+          f"d_mlp {cfg.d_mlp}, act {cfg.act_fn}, norm {cfg.normalization_type}, final norm {cfg.final_norm}, "
+          f"dropout {cfg.dropout}, init {cfg.init_mode}, pads {'masked' if cfg.mask_padding else 'attended'}, "
+          f"K/V from {cfg.kv_source}")
+    print(f"  task       {task.name}: " + ", ".join(f"{k} {v}" for k, v in task.to_dict().items() if k != "name"))
+    print(f"  training   {train.epochs} epochs of {train.n_train} ({train.n_test} held out), batch {train.batch_size}, "
+          f"lr {train.lr} ({train.lr_schedule}), betas {train.betas}, seed {train.seed}")
+    if config.get("command"):
+        print(f"  re-create  {config['command']}")
+    metrics = loaded.metrics()
+    if metrics:
+        last = metrics[-1]
+        print(f"accuracy     held-out {_pct(last.get('test_acc'))} (loss {last.get('test_loss', math.nan):.4f}), "
+              f"train {_pct(last.get('train_acc'))}, at step {last.get('step')} of {train.total_steps}"
+              + ("" if last.get("step") == train.total_steps else "  (unfinished: pe-interp train ... --resume)"))
+        print(f"             chance {_pct(task.chance_accuracy())}, length-only ceiling {_pct(task.length_only_accuracy())}")
+    else:
+        print("accuracy     no evaluation recorded yet (metrics.jsonl is empty)")
+    if (run_dir / "deposits.json").is_file():
+        report = DepositReport.load(run_dir / "deposits.json")
+        if report.deposits:
+            found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits)
+            print(f"deposit      YES: {found} ({report.method}-ablation, {report.metric})")
+        else:
+            print(f"deposit      none flagged ({report.method}-ablation, {report.metric})")
+        for s in report.layers:
+            mark = "deposit" if s.is_deposit else "; ".join(s.failed)
+            print(f"  layer {s.layer}    top H{s.top_head} drop {s.top_drop:.3f}, runner-up H{s.second_head} "
+                  f"{s.second_drop:.3f}, share {s.share:.2f}: {mark}")
+    else:
+        print(f"deposit      not measured (run: pe-interp ablate {run_dir})")
+    print("files")
+    for p in sorted(q for q in run_dir.rglob("*") if q.is_file() and not q.name.startswith(".")):
+        print(f"  {str(p.relative_to(run_dir)):<40} {p.stat().st_size:>12,} bytes")
+    return 0
