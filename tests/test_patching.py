@@ -92,7 +92,12 @@ def test_matches_transformer_lens(rope_setup, site, by_pos, fn):
     # per-example values average to the values; CIs bracket sensibly
     torch.testing.assert_close(res.per_example.mean(-1), res.values, atol=1e-12, rtol=0)
     assert res.per_example.shape == (*ref.shape, N)
-    assert (res.ci_low <= res.ci_high + 1e-12).all()
+    # the CIs are of these cells (not another axis order): each holds its own value, and has a
+    # width wherever the pairs disagree
+    inside = (res.ci_low <= res.values + 1e-9) & (res.values <= res.ci_high + 1e-9)
+    assert inside.all(), f"{int((~inside).sum())} cells outside their own CI"
+    spread = res.per_example.std(-1) > 1e-9
+    assert ((res.ci_high - res.ci_low)[spread] > 0).all() and spread.any()
 
 
 @pytest.mark.parametrize(

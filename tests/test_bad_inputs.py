@@ -1,0 +1,283 @@
+"""Every bad input gets a clear, one-line error: a table of cases through the command line and
+the Python API (the hostile-input pass of the "newcomer's first hour" issue, and its neighbours).
+
+A CLI case runs ``pe-interp`` in-process and requires exit status 2, no traceback, and one line
+on stderr that matches; an API case requires a ValueError (CheckpointError is one) whose
+one-line message matches. Each case builds its own bad input from a small trained run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import pe_interp
+from pe_interp.checkpoint import load_run
+from pe_interp.cli import main
+
+SMOKE = dict(preset="smoke", progress=False)
+CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bad-inputs") / "run"
+    pe_interp.train(seed=0, out=out, **SMOKE)
+    return out
+
+
+@dataclass
+class Env:
+    """What a case may build its input from: a private copy of a trained run, and a scratch dir."""
+
+    run: Path
+    tmp: Path
+
+    def copy(self) -> Path:
+        dst = self.tmp / "copy"
+        shutil.copytree(self.run, dst)
+        return dst
+
+    def grid(self, text: str, name: str = "grid.yaml") -> str:
+        path = self.tmp / name
+        path.write_text(text)
+        return str(path)
+
+    def edit_config(self, change: Callable[[dict], object]) -> Path:
+        d = self.copy()
+        config = json.loads((d / "config.json").read_text())
+        change(config)
+        (d / "config.json").write_text(json.dumps(config))
+        return d
+
+
+GRID_HEAD = "name: g\nbase: {preset: smoke, task: distance}\naxes: {encoding: [rope]}\n"
+
+
+def _int64_weights(env: Env) -> Path:
+    d = env.copy()
+    tensors = load_file(str(d / "model.safetensors"))
+    save_file({k: (v * 0).long() if v.is_floating_point() else v for k, v in tensors.items()}, str(d / "model.safetensors"))
+    return d
+
+
+def _huge_grid(env: Env) -> str:
+    values = ", ".join(str(i) for i in range(100))
+    return env.grid(f"name: huge\nbase: {{preset: smoke}}\naxes: {{n_layers: [{values}], d_model: [{values}], "
+                    f"epochs: [{values}]}}\n")
+
+
+def _binary_config(env: Env) -> Path:
+    d = env.copy()
+    (d / "config.json").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe")
+    return d
+
+
+def _file(env: Env) -> str:
+    path = env.tmp / "a-file"
+    path.write_text("not a directory")
+    return str(path)
+
+
+# (id, argv built from env, stderr pattern). Every case exits with status 2.
+CLI_CASES: list[tuple[str, Callable[[Env], list[str]], str]] = [
+    ("eval --n 0", lambda e: ["eval", str(e.run), "--n", "0"], r"--n must be >= 1, got 0"),
+    ("eval --n -5", lambda e: ["eval", str(e.run), "--n", "-5"], r"--n must be >= 1, got -5"),
+    ("ablate --n 0", lambda e: ["ablate", str(e.run), "--n", "0"], r"--n must be >= 1"),
+    ("patch --n 0", lambda e: ["patch", str(e.run), "--n", "0"], r"--n must be >= 1"),
+    ("decompose --n 0", lambda e: ["decompose", str(e.run), "--n", "0"], r"--n must be >= 1"),
+    *[(f"{cmd} --device tpu", lambda e, cmd=cmd: [cmd, str(e.run), "--device", "tpu"],
+       r"--device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got 'tpu'")
+      for cmd in ("eval", "ablate", "patch", "decompose")],
+    *[(f"{cmd} --device cuda without CUDA", lambda e, cmd=cmd: [cmd, str(e.run), "--device", "cuda"],
+       r"--device is 'cuda' but CUDA is not available")
+      for cmd in ("eval", "ablate", "patch", "decompose")],
+    ("train --device tpu", lambda e: ["train", "--preset", "smoke", "--out", str(e.tmp / "n"), "--device", "tpu"],
+     r"--device must be"),
+    ("train --out an existing file", lambda e: ["train", "--preset", "smoke", "--out", _file(e), "--no-progress"],
+     r"exists and is not a directory"),
+    ("train --resume on a missing directory",
+     lambda e: ["train", "--preset", "smoke", "--out", str(e.tmp / "missing"), "--resume", "--no-progress"],
+     r"--resume: .*missing holds no run to resume \(no such directory\); drop --resume"),
+    ("train into a finished run without --resume",
+     lambda e: ["train", "--preset", "smoke", "--out", str(e.copy()), "--no-progress"], r"already holds a run"),
+    ("train --encoding with a misspelt parameter",
+     lambda e: ["train", "--preset", "smoke", "--encoding", "rope(bse=500)", "--out", str(e.tmp / "n")],
+     r"encoding 'rope': unknown parameter 'bse'; allowed: base, rotary_dim, heads"),
+    ("train --encoding with unbalanced brackets",
+     lambda e: ["train", "--preset", "smoke", "--encoding", "rope(base=500", "--out", str(e.tmp / "n")],
+     r"unbalanced brackets"),
+    ("train --encoding with bad JSON",
+     lambda e: ["train", "--preset", "smoke", "--encoding", '{"name": rope}', "--out", str(e.tmp / "n")],
+     r"encoding: invalid JSON"),
+    ("train --act-fn tanh", lambda e: ["train", "--preset", "smoke", "--act-fn", "tanh", "--out", str(e.tmp / "n")],
+     r"ModelConfig.act_fn must be one of 'relu', 'gelu', 'silu'; got 'tanh'"),
+    ("train --betas 1.2 0.9", lambda e: ["train", "--preset", "smoke", "--betas", "1.2", "0.9", "--out", str(e.tmp / "n")],
+     r"TrainConfig.betas must be two numbers in \[0, 1\)"),
+    ("train --n-ctx", lambda e: ["train", "--preset", "smoke", "--n-ctx", "10", "--out", str(e.tmp / "n")],
+     r"n_ctx is derived from the task"),
+    ("train --task count --max-between", lambda e: ["train", "--preset", "smoke", "--task", "count", "--max-between",
+                                                     "5", "--out", str(e.tmp / "n")],
+     r"max_between is a setting of another task, not of task 'count'"),
+    ("show on a missing directory", lambda e: ["show", str(e.tmp / "missing")], r"run directory not found"),
+    ("report on a directory that is neither", lambda e: ["report", str(e.tmp)],
+     r"neither a run directory \(config.json\) nor a sweep directory"),
+    ("eval: a binary config.json", lambda e: ["eval", str(_binary_config(e))],
+     r"copy/config.json: not a JSON text file"),
+    ('eval: "model": "rope" in config.json', lambda e: ["eval", str(e.edit_config(lambda c: c.update(model="rope")))],
+     r"config.json: invalid config \(ModelConfig: expected a mapping of field names to values, got str 'rope'\)"),
+    ("eval: an unknown top-level config key", lambda e: ["eval", str(e.edit_config(lambda c: c.update(modle={})))],
+     r"config.json: unknown top-level key\(s\) 'modle'"),
+    ("eval: a config.json without 'train'", lambda e: ["eval", str(e.edit_config(lambda c: c.pop("train")))],
+     r"config.json: invalid config \(no 'train' section\)"),
+    ("eval: weights converted to int64", lambda e: ["eval", str(_int64_weights(e))],
+     r"model.safetensors: tensor '.*' is int64, the model expects float32"),
+    ("sweep: a grid of 10^6 cells", lambda e: ["sweep", _huge_grid(e), "--dry-run"],
+     r"the grid has 1,000,000 cells \(100 n_layers x 100 d_model x 100 epochs.*the limit is 10,000"),
+    ("sweep: resources: [1, 2]", lambda e: ["sweep", e.grid(GRID_HEAD + "resources: [1, 2]\n"), "--dry-run"],
+     r"resources must be a mapping such as \{cpus: 4, gpus: 1\}, got \[1, 2\]"),
+    ("sweep: resources: {cpus: 0}", lambda e: ["sweep", e.grid(GRID_HEAD + "resources: {cpus: 0}\n"), "--dry-run"],
+     r"resources.cpus must be a number > 0, got 0"),
+    ("sweep: resources: {tpus: 1}", lambda e: ["sweep", e.grid(GRID_HEAD + "resources: {tpus: 1}\n"), "--dry-run"],
+     r"resources.tpus is not a resource; allowed: cpus, gpus"),
+    ("sweep: probes: ablation (a string)", lambda e: ["sweep", e.grid(GRID_HEAD + "probes: ablation\n"), "--dry-run"],
+     r"probes must be a list of probe names \(e.g. \[ablation\]\), got 'ablation'"),
+    ("sweep: probes: [ablaton]", lambda e: ["sweep", e.grid(GRID_HEAD + "probes: [ablaton]\n"), "--dry-run"],
+     r"probes: unknown probe 'ablaton'"),
+    ("sweep: seeds: true", lambda e: ["sweep", e.grid(GRID_HEAD + "seeds: true\n"), "--dry-run"],
+     r"seeds must be a count or a non-empty list of integers >= 0, got True"),
+    ("sweep: variants: {}", lambda e: ["sweep", e.grid(GRID_HEAD + "variants: {}\n"), "--dry-run"],
+     r"'variants' must be a non-empty list of mappings"),
+    ("sweep: variants: []", lambda e: ["sweep", e.grid(GRID_HEAD + "variants: []\n"), "--dry-run"],
+     r"'variants' must be a non-empty list of mappings"),
+    ("sweep: base: [preset]", lambda e: ["sweep", e.grid("base: [preset]\n"), "--dry-run"],
+     r"'base' must be a mapping of settings"),
+    ("sweep: an unknown setting", lambda e: ["sweep", e.grid(GRID_HEAD + "variants: [{n_layer: 3}]\n"), "--dry-run"],
+     r"variants\[0\].n_layer is not a setting; did you mean n_layers"),
+    ("sweep: an unknown top-level key", lambda e: ["sweep", e.grid(GRID_HEAD + "seed: [0]\n"), "--dry-run"],
+     r"unknown key\(s\) \['seed'\]"),
+    ("sweep: a binary grid file", lambda e: ["sweep", str(_binary_config(e) / "config.json"), "--dry-run"],
+     r"not a text file \(a grid is YAML or TOML\)"),
+    ("sweep: --max-cells 0", lambda e: ["sweep", e.grid(GRID_HEAD), "--max-cells", "0"], r"--max-cells must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("case", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_cli_bad_input(case, base_run, tmp_path, capsys):
+    name, argv, pattern = case
+    if "without CUDA" in name and CUDA:
+        pytest.skip("this machine has CUDA")
+    env = Env(base_run, tmp_path)
+    t0 = time.time()
+    code = main(argv(env))
+    err = capsys.readouterr().err.strip()
+    assert code == 2, f"exit status {code}; stderr: {err}"
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"more than one line: {err}"
+    import re
+
+    assert re.search(pattern, lines[0]), lines[0]
+    assert time.time() - t0 < 60, f"{name}: took {time.time() - t0:.0f} s to reject"
+
+
+def _grid(**over):
+    from pe_interp.sweep import parse_grid
+
+    data = {"name": "g", "base": {"preset": "smoke", "task": "distance"}, "axes": {"encoding": ["rope"]}, **over}
+    return parse_grid(data, source="g.yaml")
+
+
+def _empty_eval(env: Env):
+    run = load_run(env.run)
+    return pe_interp.evaluate(run.model, run.test_set()[:0])
+
+
+def _hook_name(env: Env):
+    model, _ = load_run(env.run)
+    tokens = torch.ones(1, 4, dtype=torch.long)
+    return model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_patern", lambda x, hook: x)])
+
+
+# (id, call(env), message pattern). Every case raises a ValueError with a one-line message.
+API_CASES: list[tuple[str, Callable[[Env], object], str]] = [
+    ("train(n_layer=3)", lambda e: pe_interp.train(n_layer=3, **SMOKE),
+     r"unknown setting 'n_layer'; did you mean n_layers"),
+    ("train(task='count', max_between=5)", lambda e: pe_interp.train(task="count", max_between=5, **SMOKE),
+     r"max_between is a setting of another task, not of task 'count' \(its settings: d_vocab, dedup"),
+    ("train(n_classes=3)", lambda e: pe_interp.train(n_classes=3, **SMOKE), r"n_classes is derived from the task"),
+    ("train(out=a file)", lambda e: pe_interp.train(out=_file(e), **SMOKE), r"exists and is not a directory"),
+    ("train(resume=True) on a missing directory", lambda e: pe_interp.train(out=e.tmp / "missing", resume=True, **SMOKE),
+     r"missing: nothing to resume, the directory does not exist"),
+    ("train(encoding='rope(500)')", lambda e: pe_interp.train(encoding="rope(500)", **SMOKE),
+     r"parameter '500' of 'rope' is not key=value"),
+    ("train(device='cuda') without CUDA", lambda e: pe_interp.train(device="cuda", **SMOKE),
+     r"TrainConfig.device is 'cuda' but CUDA is not available"),
+    ("load_run(device='tpu')", lambda e: load_run(e.run, device="tpu"), r"device must be 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+    ("load_run(a binary config.json)", lambda e: load_run(_binary_config(e)), r"config.json: not a JSON text file"),
+    ("load_run(int64 weights)", lambda e: load_run(_int64_weights(e)), r"is int64, the model expects float32"),
+    ("test_set(0)", lambda e: load_run(e.run).test_set(0), r"n must be a positive integer or None, got 0"),
+    ("test_set(-5)", lambda e: load_run(e.run).test_set(-5), r"n must be a positive integer or None, got -5"),
+    ("evaluate(an empty batch)", _empty_eval, r"evaluate: the batch is empty"),
+    ("ModelConfig.from_dict('rope')", lambda e: pe_interp.ModelConfig.from_dict("rope"),
+     r"ModelConfig: expected a mapping of field names to values, got str 'rope'"),
+    ("TrainConfig.from_dict([1])", lambda e: pe_interp.TrainConfig.from_dict([1]), r"TrainConfig: expected a mapping"),
+    ("parse_grid(resources=[1, 2])", lambda e: _grid(resources=[1, 2]), r"resources must be a mapping"),
+    ("parse_grid(probes='ablation')", lambda e: _grid(probes="ablation"), r"probes must be a list of probe names"),
+    ("parse_grid(seeds=True)", lambda e: _grid(seeds=True), r"seeds must be a count or a non-empty list"),
+    ("parse_grid(variants={})", lambda e: _grid(variants={}), r"'variants' must be a non-empty list of mappings"),
+    ("parse_grid(10^6 cells)", lambda e: _grid(axes={"n_layers": list(range(1, 101)), "d_model": list(range(100)),
+                                                     "epochs": list(range(1, 101))}),
+     r"the grid has 1,000,000 cells"),
+    ("a bad hook name", _hook_name, r"hook_patern"),
+]
+# Known gaps, each with its owner: a strict xfail turns into a failure once it is fixed.
+XFAIL = {
+    "a bad hook name": "TransformerLens' HookedRootModule raises a bare KeyError from mod_dict; the fix belongs "
+                       "in pe_interp/model.py (a mod_dict whose __missing__ names the nearest hooks)",
+}
+
+
+@pytest.mark.parametrize("case", API_CASES, ids=[c[0] for c in API_CASES])
+def test_api_bad_input(case, base_run, tmp_path, request):
+    name, call, pattern = case
+    if "without CUDA" in name and CUDA:
+        pytest.skip("this machine has CUDA")
+    if name in XFAIL:
+        request.applymarker(pytest.mark.xfail(reason=XFAIL[name], strict=True, raises=AssertionError))
+    env = Env(base_run, tmp_path)
+    t0 = time.time()
+    try:
+        call(env)
+    except ValueError as err:
+        message = str(err)
+    except Exception as err:  # noqa: BLE001 - the point of the test
+        raise AssertionError(f"{type(err).__name__} instead of a ValueError: {err!r}") from None
+    else:
+        raise AssertionError("no error")
+    assert "\n" not in message, message
+    import re
+
+    assert re.search(pattern, message), message
+    assert time.time() - t0 < 60, f"{name}: took {time.time() - t0:.0f} s to reject"
+
+
+def test_the_tables_cover_the_issue():
+    """Every bad input the hostile pass listed is a case above."""
+    ids = {c[0] for c in CLI_CASES} | {c[0] for c in API_CASES}
+    for required in ("eval --n 0", "eval --n -5", "eval --device tpu", "ablate --device tpu", "patch --device tpu",
+                     "decompose --device tpu", "eval --device cuda without CUDA", "patch --device cuda without CUDA",
+                     "sweep: a grid of 10^6 cells", "eval: weights converted to int64", "sweep: resources: [1, 2]",
+                     "sweep: probes: ablation (a string)", "sweep: seeds: true", "sweep: variants: {}",
+                     "train --out an existing file", "train --resume on a missing directory",
+                     "eval: a binary config.json", 'eval: "model": "rope" in config.json', "train(n_layer=3)",
+                     "a bad hook name", "eval: an unknown top-level config key"):
+        assert required in ids, required
