@@ -63,6 +63,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pe_interp.hardware import autocast
 from pe_interp.io import atomic_write_json, nan_array, read_json
 from pe_interp.modes import eval_mode
 from probes.metrics import bootstrap_ci
@@ -385,6 +386,7 @@ def patch(
     n_bootstrap: int = 1000,
     seed: int = 0,
     ci_level: float = 0.95,
+    amp: bool = False,
 ) -> PatchResult:
     """Activation patching of ``site`` over every layer (or ``layers``) and cell.
 
@@ -407,6 +409,8 @@ def patch(
         batch_size: rows per forward (cells x examples). With a custom metric every forward holds
             all ``n`` examples of a cell (so the metric sees the whole batch, as in TL).
         n_bootstrap: bootstrap resamples for the CIs (0: none).
+        amp: bf16 autocast where the device runs bf16 natively (:mod:`pe_interp.hardware`);
+            default fp32, exact.
     """
     if site not in SITES:
         raise ValueError(f"patch: unknown site {site!r}; expected one of {', '.join(SITES)}")
@@ -459,7 +463,7 @@ def patch(
     chunk = n if not default_metric else min(n, batch_size)
     group = max(1, batch_size // chunk)
 
-    with eval_mode(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad(), autocast(device, amp):
         ld_cells = None  # default metric: [len(layers), n_cells, n] patched logit differences
         custom_vals: list[list[Tensor]] = [[None] * n_cells for _ in layers]  # type: ignore[list-item]
         src_logits_all, recv_logits_all = [], []

@@ -172,3 +172,31 @@ def test_bf16_training_resumes_bit_for_bit(tmp_path, monkeypatch):
     monkeypatch.setenv(hardware.ENV_OVERRIDE, "0")
     fp32 = run(tmp_path / "fp32")
     assert any(not torch.equal(ref[k], fp32[k]) for k in ref)
+
+
+def test_probes_in_bf16_stay_within_the_stated_tolerance(monkeypatch):
+    """ablate_heads(amp=True) and patch(amp=True): within the README's 2-point tolerance of fp32
+    on a small trained model (and really computed in bf16: the numbers are not identical)."""
+    from pe_interp.api import train
+    from pe_interp.presets import build_run_configs
+    from probes import ablate_heads, patch
+
+    model = train(task="distance", encoding="rope", preset="smoke", seed=0, progress=False, epochs=6, lr=1e-2).model.eval()
+    _, task, _ = build_run_configs("distance", "rope", "smoke", 0)
+    test = task.sample(300, seed=3)
+    fp32 = ablate_heads(model, test.tokens, test.labels, pad_mask=test.pad_mask, metric="logit", n_bootstrap=0)
+    monkeypatch.setenv(hardware.ENV_OVERRIDE, "1")
+    bf16 = ablate_heads(model, test.tokens, test.labels, pad_mask=test.pad_mask, metric="logit", n_bootstrap=0, amp=True)
+    assert not (bf16.values == fp32.values).all()
+    scale = abs(fp32.baseline)
+    assert abs(bf16.drops - fp32.drops).max() <= 0.05 * (1 + scale)
+    acc32 = ablate_heads(model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=0)
+    acc16 = ablate_heads(model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=0, amp=True)
+    assert abs(acc16.drops - acc32.drops).max() <= 0.02
+    pairs = task.counterfactual_pairs(64, seed=1)
+    kw = dict(site="z", pad_mask=pairs.clean.pad_mask, clean_labels=pairs.clean.labels,
+              corrupt_labels=pairs.corrupt.labels, n_bootstrap=0)
+    p16 = patch(model, pairs.clean.tokens, pairs.corrupt.tokens, amp=True, **kw)
+    monkeypatch.setenv(hardware.ENV_OVERRIDE, "0")
+    p32 = patch(model, pairs.clean.tokens, pairs.corrupt.tokens, **kw)
+    assert abs(p16.values - p32.values).max() <= 0.1
