@@ -23,7 +23,10 @@ corrupt_labels) -> [n]``); scores are means over examples.
   ``"atp"`` that sum is the node score exactly). GradDrop: the same estimate with the gradient
   through block ``l``'s output (``hook_attn_out``, ``hook_mlp_out``) dropped, for each ``l``;
   ``magnitude = sum_l |estimate_l| / (L - 1)`` (of the means over examples) catches effects that
-  cancel between paths. ``scores`` holds the signed estimate without GradDrop.
+  cancel between paths. Dropping a node's own block zeroes its estimate, hence ``L - 1``; nothing
+  zeroes the embedding's or an edge into the readout, so those divide by ``L`` (a choice made
+  here: Kramár et al. define GradDrop for nodes that sit in a layer). ``scores`` holds the signed
+  estimate without GradDrop.
 - ``"eap-ig"`` (Hanna et al. 2024): the gradient averaged over ``steps`` runs whose token
   embedding goes from corrupt to clean, ``corrupt + k/steps (clean - corrupt)``, ``k = 1..steps``.
 
@@ -375,11 +378,15 @@ def attribute(
     summed = [t.sum(-1) if not edges else np.where(graph.valid, np.nansum(t, -1), np.nan) for t in per_pos]
     magnitude = None
     if method == "atp*":
-        magnitude = sum(np.abs(s) for s in summed[1:]) / (graph.n_layers - 1)
+        norm = np.full((len(graph.readers), 1), graph.n_layers - 1.0)
+        norm[graph.reader_index("logits")] = graph.n_layers  # no dropped block zeroes the readout
+        magnitude = sum(np.abs(s) for s in summed[1:]) / norm
     scores = summed[0]
     if edges and granularity == "node":  # atp*: a node is the sum of its edges
         scores = np.nansum(scores, axis=0)
-        magnitude = sum(np.abs(np.nansum(s, axis=0)) for s in summed[1:]) / (graph.n_layers - 1)
+        norm = np.full(len(graph.writers), graph.n_layers - 1.0)
+        norm[0] = graph.n_layers  # the embedding is in no block
+        magnitude = sum(np.abs(np.nansum(s, axis=0)) for s in summed[1:]) / norm
     return Attribution(
         method=method, granularity=granularity, mode=mode, metric=metric_name, writers=graph.writers,
         readers=graph.readers if granularity == "edge" else (), scores=scores, n_examples=n,

@@ -288,6 +288,25 @@ def _resampled(c: Run, sl: slice, seed: int) -> Run:
     return Run(c.tokens[src], kv, c.pad_mask[src], c.labels[src])
 
 
+def exact_edges(model, clean: Any, corrupt: Any = None, *, metric: Any = "margin", batch_size: int | None = None) -> Attribution:
+    """Every edge's exact effect (:func:`probes.path_patch`, clean into corrupt) in the shape of an
+    edge :class:`Attribution` (``method="path_patch"``), so that :func:`circuit` and the
+    agreement measures take exact and estimated scores alike."""
+    from probes.path_patching import path_patch
+
+    graph = build_graph(model.cfg)
+    scores = np.full(graph.valid.shape, np.nan)
+    for comp in "qkv":
+        receivers = [r for r in graph.readers if r.endswith(f".{comp}") or (comp == "q" and "." not in r)]
+        pp = path_patch(model, clean, corrupt, None, receivers, comp, metric=metric, batch_size=batch_size)
+        for j, r in enumerate(pp.receivers):
+            scores[graph.reader_index(r), [graph.writer_index(w) for w in pp.senders]] = pp.effects[:, j]
+    return Attribution(method="path_patch", granularity="edge", mode="denoise", metric=pp.metric, writers=graph.writers,
+                       readers=graph.readers, scores=np.where(graph.valid, scores, np.nan), n_examples=pp.n_examples,
+                       n_layers=graph.n_layers, n_heads=graph.n_heads, clean_metric=pp.clean_metric,
+                       corrupt_metric=pp.corrupt_metric, meta=dict(pp.meta))  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------
 # position and content
 # ---------------------------------------------------------------------------------------------
@@ -295,10 +314,14 @@ def family_attributions(model, task, n: int = 256, *, kinds: Sequence[str] = ("p
                         **kwargs) -> dict[str, Attribution]:  # fmt: skip
     """One edge attribution per counterfactual family of ``task`` (``task.counterfactuals(n,
     kind, seed)``), with the same metric (default ``"margin"``) so that the families' scores share
-    units; ``kwargs`` go to :func:`probes.attribute`."""
+    units; ``kwargs`` go to :func:`probes.attribute` (``method="path_patch"``: exact scores from
+    :func:`exact_edges` instead)."""
     kwargs.setdefault("metric", "margin")
+    method = kwargs.pop("method", "atp")
+    if method == "path_patch":  # exact
+        return {kind: exact_edges(model, task.counterfactuals(n, kind=kind, seed=seed), **kwargs) for kind in kinds}
     kwargs.setdefault("granularity", "edge")
-    return {kind: attribute(model, task.counterfactuals(n, kind=kind, seed=seed), **kwargs) for kind in kinds}
+    return {kind: attribute(model, task.counterfactuals(n, kind=kind, seed=seed), method=method, **kwargs) for kind in kinds}
 
 
 def head_of(name: str) -> tuple[int, int]:
@@ -308,4 +331,5 @@ def head_of(name: str) -> tuple[int, int]:
     return s.layer, s.head
 
 
-__all__ = ["ABLATIONS", "Circuit", "ablated_metric", "circuit", "faithfulness_curve", "family_attributions", "head_of"]
+__all__ = ["ABLATIONS", "Circuit", "ablated_metric", "circuit", "exact_edges", "faithfulness_curve",
+           "family_attributions", "head_of"]

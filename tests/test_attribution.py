@@ -241,6 +241,9 @@ def test_atp_star_equals_softmax_recomputed_head_by_head_and_graddrop():
     assert diff > 1e-4  # the recomputed softmax differs from the linearised one here
     nodes = attribute(model, clean, corrupt, metric=FN, method="atp*")
     np.testing.assert_allclose(nodes.scores, np.nansum(est.scores, 0), rtol=1e-9, atol=1e-12)
+    # GradDrop of the readout's edges: no dropped block zeroes them, so the mean is over all 3
+    g = est.magnitude[est.readers.index("logits")]
+    np.testing.assert_allclose(g, np.abs(est.scores[est.readers.index("logits")]), rtol=1e-9)
 
 
 def test_result_saves_and_loads(tmp_path):

@@ -1,0 +1,122 @@
+"""Speed of attribution, path patching and the attribution engine of head ablation, each against
+its baseline measured in the same run (medians of ``--repeats``; one thread).
+
+1. ``probes.attribute`` (node, edge; plain AtP) against TransformerLens' ``attribution_patch`` on a
+   batch of 64 counterfactual pairs of a ``quick``-size model (the same scalar metric; checked
+   equal before timing).
+2. ``probes.path_patch`` over every head sender and receiver against TransformerLens'
+   ``get_act_patch_direct_path_all_sources`` (q, k, v).
+3. ``ablate_heads(engine="attribution", verify_top=k)`` against the exact full grid, at the
+   ``quick`` size and at the paper's (6 layers x 16 heads, d_model 256, 120 positions).
+
+    python benchmarks/circuits.py [--run runs/circuits-quick/rope] [--repeats 3] [--paper-n 256]
+
+The machine may be shared: ratios are measured within one run, so they carry the same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformer_lens import patching as tlp
+from transformer_lens.tools.analysis import attribution_patching as ap
+
+from pe_interp import HookedPETransformer, load_run
+from pe_interp.presets import build_run_configs
+from probes import ablate_heads, attribute, path_patch
+
+
+def timed(fn, repeats: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        with contextlib.redirect_stderr(io.StringIO()):
+            out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def quick_model(run: str | None):
+    if run and (Path(run) / "config.json").is_file():
+        r = load_run(run)
+        return r.model.eval(), r.task, f"trained {run}"
+    cfg, task, _ = build_run_configs("distance", "rope", "quick", 0)
+    return HookedPETransformer(cfg).eval(), task, "random init, quick size"
+
+
+def row(name: str, ours: float, base: float, goal: float | None = None) -> str:
+    ratio = base / ours
+    verdict = "" if goal is None else f"  (goal >= {goal:g}x: {'met' if ratio >= goal else 'NOT met'})"
+    return f"| {name} | {ours:.3f} s | {base:.3f} s | {ratio:.1f}x{verdict} |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--run", default="runs/circuits-quick/rope")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--pairs", type=int, default=64)
+    p.add_argument("--paper-n", type=int, default=256, help="examples for the paper-size ablation timing (0: skip)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    model, task, what = quick_model(args.run)
+    pairs = task.counterfactuals(args.pairs, kind="position", seed=0)
+    clean, corrupt = pairs.clean.tokens, pairs.corrupt.tokens
+    print(f"model: {what}; {args.pairs} pairs of {clean.shape[1]} positions; medians of {args.repeats}; one thread\n")
+    print("| what | ours | baseline | speed-up |\n|---|---|---|---|")
+
+    def tl_metric(logits):
+        return (logits[:, 1] - logits[:, 0]).sum()
+
+    def fn(logits, good, bad):
+        return logits[:, 1] - logits[:, 0]
+
+    for gran in ("node", "edge"):
+        cfg = ap.EdgeAttributionConfig(granularity=gran)
+        t_ours, ours = timed(lambda g=gran: attribute(model, clean, corrupt, metric=fn, granularity=g), args.repeats)
+        t_tl, tl = timed(lambda c=cfg: ap.attribution_patch(model, clean, corrupt, tl_metric, c), 1 if gran == "edge" else args.repeats)
+        want = sum(tl.node_scores.values())
+        got = float(np.nansum(ours.scores))
+        assert abs(want - got) <= 1e-4 * max(1.0, abs(want)), (gran, want, got)  # the same numbers
+        print(row(f"attribute, {gran} (vs attribution_patch)", t_ours, t_tl, 10))
+    heads = [f"L{layer}H{h}" for layer in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
+    for comp in "qkv":
+        t_ours, ours = timed(lambda c=comp: path_patch(model, clean, corrupt, heads, heads, c, metric=fn), args.repeats)
+
+        def tl_all(c=comp):
+            with torch.no_grad():
+                cc = model.run_with_cache(clean)[1]
+                kc = model.run_with_cache(corrupt)[1]
+            return tlp.get_act_patch_direct_path_all_sources(model, corrupt, cc, kc, lambda lg: tl_metric(lg) / len(lg), c, verbose=False)
+
+        t_tl, tl = timed(tl_all, 1)
+        sl, sh = 0, 1
+        assert abs(float(tl[sl, sh, 1, 2]) - ours.values[ours.senders.index("L0H1"), ours.receivers.index(f"L1H2.{comp}")]) < 1e-4
+        print(row(f"path_patch all head sources, {comp} (vs direct_path_all_sources)", t_ours, t_tl, 5))
+    test = task.sample(1000, seed=3)
+    for label, m, b in (("quick", model, test),) + ((("paper", *_paper(args.paper_n)),) if args.paper_n else ()):
+        t_grid, grid = timed(lambda m=m, b=b: ablate_heads(m, b.tokens, b.labels, pad_mask=b.pad_mask, n_bootstrap=0), 1)
+        for k in (1, 3):
+            t_k, ranked = timed(lambda m=m, b=b, k=k: ablate_heads(m, b.tokens, b.labels, pad_mask=b.pad_mask, n_bootstrap=0,
+                                                                   engine="attribution", verify_top=k), 1)  # fmt: skip
+            same = np.nanargmax(ranked.drops) == np.nanargmax(grid.drops)
+            print(row(f"ablate_heads engine='attribution' verify_top={k}, {label} size, {len(b)} examples "
+                      f"(vs exact grid; same top head: {bool(same)})", t_k, t_grid, 50 if label == "paper" else None))
+    sys.stdout.flush()
+    return 0
+
+
+def _paper(n: int):
+    cfg, task, _ = build_run_configs("distance", "rope", "paper", 0)
+    return HookedPETransformer(cfg).eval(), task.sample(n, seed=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

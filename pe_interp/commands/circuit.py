@@ -1,0 +1,146 @@
+"""``pe-interp circuit RUN_DIR``: the circuit of a trained run, with every edge's positional and
+content score, the route into its top head and the circuit's faithfulness.
+
+1. The top head: the deposit head of ``RUN_DIR/ablation.json`` (``pe-interp ablate``) or, without
+   one, of ``ablate_heads(engine="attribution")`` on the held-out set; when nothing is flagged,
+   the head whose ablation hurts most.
+2. Edge scores (``--method``: ``atp``, ``atp*``, ``eap-ig`` or exact ``path_patch``) on the
+   task's position-only and content-only counterfactuals, and on ``--counterfactual``'s family,
+   which ranks the edges; the circuit keeps the ``--top-n`` best.
+3. Exact path patching of every writer into the top head's q, k and v under both families, and
+   for a layer-0 head its logit terms (content, position, offset).
+4. The faithfulness curve of the ranking on that family's pairs (the other edges take the
+   corrupt run's values).
+
+Writes ``RUN_DIR/circuit.json`` (:meth:`probes.Circuit.load` reads it; the route, the top head
+and the curve are in it) and ``RUN_DIR/circuit.html`` (offline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import html
+import time
+from pathlib import Path
+from typing import Any
+
+METHODS = ("atp", "atp*", "eap-ig", "path_patch")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("circuit", help="the circuit of a run: position and content edges, the route into its top head",
+                       description=(__doc__ or "").split("\n\n")[0])  # fmt: skip
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `pe-interp train`")
+    p.add_argument("--counterfactual", default="both", choices=["position", "content", "both"],
+                   help="the family whose scores rank the edges (position and content are always scored)")
+    p.add_argument("--top-n", type=int, default=30, help="edges kept")
+    p.add_argument("--method", default="atp*", choices=METHODS)
+    p.add_argument("--n", type=int, default=128, help="counterfactual pairs per family")
+    p.add_argument("--metric", default="margin", choices=["margin", "logit_diff", "logprob", "logit"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="cpu | cuda")
+    p.set_defaults(run=run)
+
+
+def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
+    """The deposit head (or the top head) and where it comes from."""
+    import numpy as np
+
+    from probes import AblationResult, ablate_heads, find_deposits
+
+    path = Path(run.run_dir) / "ablation.json"
+    if path.is_file():
+        result, source = AblationResult.load(path), "ablation.json"
+    else:
+        test = run.test_set(n)
+        result = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, engine="attribution",
+                              verify_top=3, n_bootstrap=200)  # fmt: skip
+        source = "ablate_heads(engine='attribution', verify_top=3)"
+    report = find_deposits(result)
+    if report.first is not None:
+        return report.first, f"deposit head ({source})"
+    layer, head = np.unravel_index(np.nanargmax(result.drops), result.drops.shape)
+    return (int(layer), int(head)), f"largest ablation drop, no deposit flagged ({source})"
+
+
+def circuit_run(model, task, run, *, counterfactual="both", top_n=30, method="atp*", n=128, metric="margin",
+                seed=0) -> tuple[Any, Any]:  # fmt: skip
+    """The work of ``pe-interp circuit``: returns the circuit (route and curve in it) and the route."""
+    from probes import circuit, faithfulness_curve, family_attributions
+    from probes.graph import head_name
+    from probes.route import head_route
+
+    if top_n < 1 or n < 2:
+        raise ValueError(f"--top-n must be >= 1 and --n >= 2, got {top_n} and {n}")
+    kinds = ["position", "content"] + ([counterfactual] if counterfactual == "both" else [])
+    fams = family_attributions(model, task, n, kinds=kinds, seed=seed, method=method, metric=metric)
+    c = circuit(fams, top_n=top_n, by=counterfactual)
+    pairs = task.counterfactuals(n, kind=counterfactual, seed=seed)
+    sizes = sorted({0, *range(1, top_n + 1, max(1, top_n // 10)), top_n})
+    curve = faithfulness_curve(model, fams[counterfactual], pairs, sizes=sizes, metric=metric)
+    curve.pop("per_example")
+    (layer, head), why = top_head(run)
+    route = head_route(model, task, (layer, head), n=n, seed=seed, metric=metric,
+                       attributions={k: fams[k] for k in ("position", "content")})  # fmt: skip
+    meta = {**c.meta, "top_head": head_name(layer, head), "top_head_source": why, "route": route.to_dict(),
+            "counterfactual": counterfactual, "n_pairs": n, "seed": seed, "encoding": model.cfg.encoding_name}
+    return dataclasses.replace(c, faithfulness=curve, meta=meta), route
+
+
+def _num(x: Any) -> str:
+    return "" if x is None else f"{x:+.3f}"
+
+
+def body_html(c) -> str:
+    """The tables under the graph: the route into the top head, layer-0 terms, the curve."""
+    route, f = c.meta["route"], c.faithfulness
+    rows = []
+    for kind, comps in route["exact"].items():
+        for comp, senders in comps.items():
+            for s, v in sorted(senders.items(), key=lambda kv: -abs(kv[1]))[:6]:
+                est = route.get("estimate", {}).get(kind, {}).get(comp, {}).get(s)
+                rows.append(f"<tr><td>{kind}</td><td>{comp}</td><td>{html.escape(s)}</td><td>{_num(v)}</td><td>{_num(est)}</td></tr>")
+    parts = [f"<h2>Into {html.escape(c.meta['top_head'])} ({html.escape(c.meta['top_head_source'])})</h2>",
+             "<p>Exact path patching of each writer into the head's query, key and value input alone (clean into "
+             f"corrupt, metric {html.escape(route['metric'])}), under each counterfactual family; the attribution "
+             f"estimate of the same edge beside it. Metric gaps m(clean) − m(corrupt): "
+             + ", ".join(f"{k} {v:+.3f}" for k, v in route["gaps"].items()) + ".</p>",
+             "<table border='1' cellpadding='3' style='border-collapse:collapse'><tr><th>family</th><th>input</th>"
+             "<th>from</th><th>exact</th><th>estimate</th></tr>" + "".join(rows) + "</table>"]  # fmt: skip
+    if route.get("layer0"):
+        l0 = route["layer0"]
+        cells = "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.3f}</td><td>{l0['toeplitz'].get(k, float('nan')):.3f}</td></tr>"
+                        for k, v in l0["variance_share"].items())  # fmt: skip
+        parts.append("<h3>Layer-0 logit terms (probes.logit_terms, mean over "
+                     f"{l0['n_examples']} examples)</h3><table border='1' cellpadding='3' style='border-collapse:collapse'>"
+                     f"<tr><th>term</th><th>variance share</th><th>Toeplitz</th></tr>{cells}</table>")  # fmt: skip
+    pts = "".join(f"<tr><td>{s}</td><td>{m:+.3f}</td><td>{r:.3f}</td></tr>" for s, m, r in zip(f["sizes"], f["metric"], f["recovered"]))
+    parts.append(f"<h2>Faithfulness ({html.escape(c.meta['counterfactual'])} pairs, other edges take the corrupt run's values)"
+                 f"</h2><p>clean {f['full']:+.3f}, nothing kept {f['empty']:+.3f}</p><table border='1' cellpadding='3' "
+                 f"style='border-collapse:collapse'><tr><th>edges kept</th><th>metric</th><th>recovered</th></tr>{pts}</table>")  # fmt: skip
+    return "".join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pe_interp import load_run
+    from pe_interp.io import atomic_write_text
+    from probes.circuit_view import circuit_page
+
+    loaded = load_run(args.run_dir, device=args.device)
+    t0 = time.perf_counter()
+    c, route = circuit_run(loaded.model, loaded.task, loaded, counterfactual=args.counterfactual, top_n=args.top_n,
+                           method=args.method, n=args.n, metric=args.metric, seed=args.seed)  # fmt: skip
+    out = Path(args.run_dir)
+    c.save(out / "circuit.json")
+    title = f"{c.meta['encoding']}: circuit ({c.method}, ranked by the {args.counterfactual} family)"
+    atomic_write_text(out / "circuit.html", circuit_page(c, title=title, body=body_html(c), highlight=c.meta["top_head"]))
+    print(f"{args.run_dir}: {len(c.edges)} of {c.total_edges} edges, top head {c.meta['top_head']}, "
+          f"{time.perf_counter() - t0:.1f} s")
+    share = c.share()
+    for i in c.into(c.meta["top_head"])[:5] or range(min(5, len(c.edges))):
+        w, r = c.edges[i]
+        print(f"  {w} -> {r}: position {c.scores['position'][i]:+.3f}, content {c.scores['content'][i]:+.3f}, "
+              f"position share {share[i]:.2f}")
+    print(f"wrote {out / 'circuit.json'}, {out / 'circuit.html'}")
+    return 0

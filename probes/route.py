@@ -1,0 +1,139 @@
+"""What enters one head through its query, key and value, and from where, under each
+counterfactual family; and, for a layer-0 head, how its logits split into content, position and
+offset terms (:func:`probes.logit_terms`).
+
+:func:`head_route` path-patches every writer that can reach the head into each of its q, k and v
+inputs (exact, :func:`probes.path_patch`) on ``task.counterfactuals(n, kind)`` for each family,
+and adds the attribution estimates of the same edges when given. At layer 0 the only writer is
+the token embedding: what the position counterfactual moves there is which token sits where,
+and the encoding's own position term (rotation, bias or the absolute vector, all the same in
+clean and corrupt) is read from the logit decomposition instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pe_interp.io import atomic_write_json, read_json, to_json
+from probes.attribution import Attribution
+from probes.decomposition import logit_terms
+from probes.graph import COMPONENTS, build_graph, head_name, parse
+from probes.path_patching import path_patch
+
+
+@dataclass(frozen=True, eq=False)
+class HeadRoute:
+    """``exact[kind][component][sender]``: the metric's change with that one edge patched (clean
+    into corrupt); ``estimate`` the same from attribution (empty without it); ``layer0`` the
+    mean variance shares and Toeplitz scores of the head's grouped logit terms (layer 0 only)."""
+
+    head: str
+    metric: str
+    n_examples: int
+    exact: dict[str, dict[str, dict[str, float]]]
+    estimate: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    gaps: dict[str, float] = field(default_factory=dict)  # kind -> m(clean) - m(corrupt)
+    layer0: dict[str, Any] | None = None
+
+    def table(self) -> list[dict[str, Any]]:
+        """One row per (family, component, sender), largest exact effect first."""
+        rows = []
+        for kind, comps in self.exact.items():
+            for comp, senders in comps.items():
+                for s, v in senders.items():
+                    est = self.estimate.get(kind, {}).get(comp, {}).get(s)
+                    rows.append({"family": kind, "component": comp, "sender": s, "exact": v, "estimate": est})
+        return sorted(rows, key=lambda r: -abs(r["exact"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json({"head": self.head, "metric": self.metric, "n_examples": self.n_examples, "exact": self.exact,
+                        "estimate": self.estimate, "gaps": self.gaps, "layer0": self.layer0})  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HeadRoute:
+        return cls(d["head"], d["metric"], int(d["n_examples"]), d["exact"], d.get("estimate") or {},
+                   d.get("gaps") or {}, d.get("layer0"))  # fmt: skip
+
+    def save(self, path: str | Path) -> Path:
+        return atomic_write_json(path, self.to_dict(), indent=1, sort_keys=False)
+
+    @classmethod
+    def load(cls, path: str | Path) -> HeadRoute:
+        return cls.from_dict(read_json(path))
+
+
+def layer0_terms(model, batch, head: int, n: int = 16) -> dict[str, Any]:
+    """Mean over ``n`` rows of ``batch`` of a layer-0 head's grouped logit terms (content-content,
+    content-position, ..., offset, relative_bias): each one's share of the logit variance and its
+    Toeplitz score (how much of it is a function of the offset ``j - i`` alone); plus, for a
+    rotary head, each frequency pair's share."""
+    shares: dict[str, list[float]] = {}
+    toeplitz: dict[str, list[float]] = {}
+    freq = []
+    from probes.decomposition import toeplitz_score
+
+    for i in range(min(n, len(batch))):
+        t = logit_terms(model, batch.tokens, 0, head, pad_mask=batch.pad_mask, example=i)
+        grouped, region = t.grouped(), t.region
+        total = t.total[region].double().var(unbiased=False)
+        for name, m in grouped.items():
+            shares.setdefault(name, []).append(float(m[region].double().var(unbiased=False) / total))
+            toeplitz.setdefault(name, []).append(float(toeplitz_score(m, region)))
+        if t.rope is not None:
+            freq.append(t.rope.frequency_share().double().numpy())
+    out: dict[str, Any] = {
+        "variance_share": {k: float(np.mean(v)) for k, v in shares.items()},
+        "toeplitz": {k: float(np.nanmean(v)) for k, v in toeplitz.items()},
+        "n_examples": min(n, len(batch)),
+    }
+    if freq:
+        out["rope_frequency_share"] = np.mean(freq, axis=0).tolist()
+    return out
+
+
+def head_route(
+    model,
+    task,
+    head: str | tuple[int, int],
+    *,
+    n: int = 256,
+    kinds: Sequence[str] = ("position", "content"),
+    metric: str = "margin",
+    seed: int = 0,
+    attributions: Mapping[str, Attribution] | None = None,
+    batch_size: int | None = None,
+) -> HeadRoute:
+    """The route into ``head`` under each family (see the module docstring). ``attributions``
+    (one edge attribution per family, e.g. :func:`probes.family_attributions`) adds estimates."""
+    name = head_name(*head) if isinstance(head, tuple | list) else str(head)
+    site = parse(name)
+    if site.kind != "head":
+        raise ValueError(f"head_route: {name!r} is not a head")
+    graph = build_graph(model.cfg)
+    exact: dict[str, dict[str, dict[str, float]]] = {}
+    estimate: dict[str, dict[str, dict[str, float]]] = {}
+    gaps = {}
+    for kind in kinds:
+        pairs = task.counterfactuals(n, kind=kind, seed=seed)
+        exact[kind], estimate[kind] = {}, {}
+        for comp in COMPONENTS:
+            reader = f"{name}.{comp}"
+            senders = [w for w in graph.writers if graph.valid[graph.reader_index(reader), graph.writer_index(w)]]
+            pp = path_patch(model, pairs, None, senders, [reader], comp, metric=metric, batch_size=batch_size)
+            exact[kind][comp] = {s: float(pp.effects[i, 0]) for i, s in enumerate(pp.senders)}
+            gaps[kind] = pp.clean_metric - pp.corrupt_metric
+            a = (attributions or {}).get(kind)
+            if a is not None:
+                estimate[kind][comp] = {s: a.edge(s, reader) for s in senders}
+    layer0 = None
+    if site.layer == 0:
+        layer0 = layer0_terms(model, task.sample(16, seed=seed), site.head)
+    return HeadRoute(name, metric, n, exact, {k: v for k, v in estimate.items() if v}, gaps, layer0)
+
+
+__all__ = ["HeadRoute", "head_route", "layer0_terms"]
