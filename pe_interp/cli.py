@@ -12,6 +12,7 @@ import sys
 
 from pe_interp.commands import (
     ablate,
+    circuit,
     decompose,
     demo,
     patch,
@@ -29,6 +30,7 @@ COMMANDS = {
     show: ("show",),
     ablate: ("ablate",),
     patch: ("patch",),
+    circuit: ("circuit",),
     decompose: ("decompose",),
     report: ("report",),
     reproduce: ("reproduce",),
