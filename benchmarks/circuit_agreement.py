@@ -76,6 +76,8 @@ def evaluate(run_dir: str, n: int, n_ablation: int, methods: list[str]) -> dict:
             t0 = time.perf_counter()
             est = attribute(model, fam, metric="margin", method=m, granularity="edge", steps=8)
             res = agreement(est.scores, ex.scores, 10, est.ranking)
+            if est.magnitude is not None:  # atp*: the ranking by |signed score| (no GradDrop) too
+                res["top_k_signed"] = agreement(est.scores, ex.scores, 10)["top_k"]
             res["seconds"] = time.perf_counter() - t0
             out["edges"][kind][m] = res
     return out

@@ -161,3 +161,28 @@ def test_graph_renders_and_hovers_in_chromium(loaded, tmp_path):
     w, r = c.edges[first]
     assert res["tip"].startswith(f"{w} -> {r}") and f"{c.scores['position'][first]:+.4f}" in res["tip"]
     assert not is_flat(res["screenshot"])
+
+
+def test_report_section_shows_each_runs_circuit(loaded, tmp_path):
+    from types import SimpleNamespace
+
+    from pe_interp.report.circuit import circuits_section
+
+    fams = family_attributions(loaded.model, loaded.task, 16, seed=1)
+    c = circuit(fams, top_n=6)
+    c = type(c)(**{**c.__dict__, "meta": {**c.meta, "top_head": "L0H1", "route": {"exact": {"position": {"q": {"embed": 0.25}}}}}})
+    runs = []
+    for i, label in enumerate(("rope", "rope", "t5")):
+        d = tmp_path / f"r{i}"
+        d.mkdir()
+        if label == "rope":
+            c.save(d / "circuit.json")
+        runs.append(SimpleNamespace(label=label, task="distance", seed=i, run_dir=d))
+    out = circuits_section(runs)
+    assert out.count("<svg") == 1 and out.count("<path class='edge'") == 6  # the lowest seed only; t5 has none
+    assert "embed → q (+0.250)" in out
+    assert "pe-interp circuit" in circuits_section(runs[2:])
+    page = tmp_path / "section.html"
+    page.write_text(f"<!DOCTYPE html><html><body>{out}</body></html>")
+    res = hover_check(page)
+    assert res["errors"] == [] and res["external"] == [] and res["shown"] == "block"

@@ -12,6 +12,7 @@ import re
 import numpy as np
 
 from pe_interp.report.attention import attention_section
+from pe_interp.report.circuit import circuits_section
 from pe_interp.report.cvis import InlineWidgets
 from pe_interp.report.data import CellInfo, acc_stats, label_order, task_order
 from pe_interp.report.figures import (
@@ -211,6 +212,7 @@ def render_html(summary: Summary, report_title: str | None = None) -> str:
 
     sections.append(("patching", "Patching, positional heads and logit terms",
                      patching_section(cells) + positional_section(cells) + decomposition_section(cells)))
+    sections.append(("circuits", "Circuits: position and content edges", circuits_section(cells)))
 
     widgets = InlineWidgets()
     att = attention_section(cells, widgets)
