@@ -12,7 +12,7 @@ content score, the route into its top head and the circuit's faithfulness.
 4. The faithfulness curve of the ranking on that family's pairs (the other edges take the
    corrupt run's values).
 
-Writes ``RUN_DIR/circuit.json`` (:meth:`probes.Circuit.load` reads it; the route, the top head
+Writes ``RUN_DIR/circuit.json`` (or ``--out DIR``) (:meth:`probes.Circuit.load` reads it; the route, the top head
 and the curve are in it) and ``RUN_DIR/circuit.html`` (offline).
 """
 
@@ -40,6 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metric", default="margin", choices=["margin", "logit_diff", "logprob", "logit"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="cpu | cuda")
+    p.add_argument("--out", default=None, help="where circuit.json and circuit.html go (default RUN_DIR)")
     p.set_defaults(run=run)
 
 
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     c, route = circuit_run(loaded.model, loaded.task, loaded, counterfactual=args.counterfactual, top_n=args.top_n,
                            method=args.method, n=args.n, metric=args.metric, seed=args.seed)  # fmt: skip
-    out = Path(args.run_dir)
+    out = Path(args.out or args.run_dir)
     c.save(out / "circuit.json")
     title = f"{c.meta['encoding']}: circuit ({c.method}, ranked by the {args.counterfactual} family)"
     atomic_write_text(out / "circuit.html", circuit_page(c, title=title, body=body_html(c), highlight=c.meta["top_head"]))
