@@ -1,8 +1,8 @@
 """``pe-interp demo``: the main job end to end in about ten minutes on a 2-core CPU.
 
-RoPE and two controls (sinusoidal, NoPE) on task 1 at the ``quick`` size, one seed each, then the
-full head-ablation grid with deposit detection, head patching, positional scores, attention
-patterns and the top head's logit terms; every committed checkpoint (``checkpoints/*/``) is
+RoPE and two controls (sinusoidal, NoPE) on task 1 at the ``quick`` size (4 epochs instead of 6),
+one seed each, then the full head-ablation grid with deposit detection, head patching, positional
+scores, attention patterns and the top head's logit terms; every committed checkpoint (``checkpoints/*/``) is
 opened up the same way. Writes ``report.html``, whose first screen answers "is there a
 single-head deposit, and where?", and prints where it is. Resumable: a rerun skips finished work.
 """
