@@ -177,8 +177,11 @@ class Progress:
         acc = outcome.get("final", {}).get("test_acc")
         status = "FAILED: " + str(outcome["error"])[:80] if "error" in outcome else (
             f"held-out acc {acc:.3f}" if isinstance(acc, float) else "done")
+        def dur(seconds: float, digits: int = 1) -> str:  # seconds while short, minutes after
+            return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.{digits}f} min"
+
         return (f"[{self.done}/{self.total}] {outcome.get('id', '?')}: {status}; "
-                f"{elapsed / 60:.1f} min elapsed, {per_cell / 60:.1f} min/cell, ETA {eta / 60:.0f} min")
+                f"{dur(elapsed)} elapsed, {dur(per_cell)}/cell, ETA {dur(eta, 0)}")
 
     def update(self, outcome: dict[str, Any]) -> None:
         self.done += 1
