@@ -727,7 +727,9 @@ def ablate_heads(
             ``"logit"``, its log-probability otherwise), then ablates the ``verify_top`` heads
             estimated to hurt most exactly. The result is a grid with those heads' exact values
             and NaN elsewhere; ``meta`` holds the estimates (``"attribution"``, in the
-            stand-in's units), the stand-in and the verified heads.
+            stand-in's units), the stand-in and the verified heads. Its top head is exact; a
+            layer's share (:func:`probes.find_deposits`) covers only its verified heads, so it
+            overstates concentration: take deposit verdicts from the exact grid.
 
     Returns:
         An :class:`AblationResult`; its ``drops`` are positive when an ablation hurt.
