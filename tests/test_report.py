@@ -646,3 +646,25 @@ def test_demo_opens_up_a_committed_checkpoint(tmp_path, capsys):
     stamp = (ck / "result.json").stat().st_mtime_ns
     assert main(argv) == 0
     assert (ck / "result.json").stat().st_mtime_ns == stamp
+
+
+def test_a_grid_of_variants_gets_the_study_table(repro, tmp_path):
+    """A sweep whose grid has one-factor variants gets the deposit study by condition in
+    summary.md and report.html; a plain reproduction (axes only) does not."""
+    from pe_interp.report import write_report
+
+    assert "deposit study" not in (repro.out / "summary.md").read_text()
+    out = tmp_path / "study"
+    shutil.copytree(repro.out, out)
+    grid = json.loads((out / "grid.json").read_text())
+    params = json.loads(next((out / "cells").glob("*rope*task-distance*/result.json")).read_text())["params"]
+    grid["base"] = {**grid.get("base", {}), **{k: v for k, v in params.items() if k != "seed"}}
+    grid["variants"] = [{}, {"encoding": "nope"}]
+    (out / "grid.json").write_text(json.dumps(grid))
+    write_report(out, preset="smoke")
+    rows = md_table(md_section((out / "summary.md").read_text(), "The deposit study"))
+    names = [r[0] for r in rows[2:]]
+    assert names[:2] == ["base", "encoding=nope"] and len(names) == len(set(names))
+    base = dict(zip(rows[0], rows[2]))
+    assert base["task"] == "distance" and base["seeds"] == "1"
+    assert "id='study'" in (out / "report.html").read_text()

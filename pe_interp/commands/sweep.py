@@ -54,6 +54,7 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
 
 def write_report(sweep_dir: Path, axes: list[str]) -> str:
     from pe_interp.io import atomic_write_json, atomic_write_text
+    from pe_interp.report.study import is_study, study_table
     from pe_interp.sweep import aggregate, collect, format_table
 
     results, errors = collect(sweep_dir)
@@ -63,6 +64,12 @@ def write_report(sweep_dir: Path, axes: list[str]) -> str:
         table += "\nFailed cells:\n" + "".join(f"- {e['id']}: {e['error']}\n" for e in errors)
     atomic_write_json(sweep_dir / "report.json", {"axes": axes, "rows": rows, "errors": errors})
     atomic_write_text(sweep_dir / "report.md", table)
+    if is_study(sweep_dir):  # one-factor variants: the deposit study by condition, too
+        t = study_table(sweep_dir)
+        atomic_write_json(sweep_dir / "study.json", t.to_dict())
+        study = f"\n## {t.title}\n\n{t.markdown()}\n{t.notes[0]}\n"
+        atomic_write_text(sweep_dir / "study.md", study)
+        table += study
     return table
 
 

@@ -15,6 +15,7 @@ from pe_interp.io import atomic_write_json, atomic_write_text
 from pe_interp.report.data import load_cells
 from pe_interp.report.gradients import gradient_evidence
 from pe_interp.report.html import render_html
+from pe_interp.report.study import is_study, study_table
 from pe_interp.report.summary import build_summary
 
 
@@ -26,6 +27,8 @@ def write_report(out_dir: str | Path, preset: str = "quick", title: str | None =
         raise ValueError(f"{out_dir}: reproduce directory not found")
     cells, errors = load_cells(out_dir)
     summary = build_summary(out_dir, preset, gradients=gradient_evidence(out_dir), cells=cells, errors=errors)
+    if is_study(out_dir):  # a grid of one-factor variants: the study table, by condition
+        summary.tables["study"] = study_table(out_dir)
     atomic_write_text(out_dir / "summary.md", summary.markdown())
     atomic_write_json(out_dir / "summary.json", summary.to_dict(), indent=1, sort_keys=False)
     return atomic_write_text(out_dir / "report.html", render_html(summary, report_title=title))

@@ -195,6 +195,9 @@ def render_html(summary: Summary, report_title: str | None = None) -> str:
         dep += ("<h3>Per-layer head ablation of task-1 models with a rotary part (the paper's plots; lowest "
                 "seed)</h3>" + lines)
     sections.append(("deposits", "Deposits: head ablation", dep))
+    if "study" in summary.tables:
+        t = summary.tables["study"]
+        sections.append(("study", t.title, table_html(t)))
 
     dyn_html = ""
     for label in label_order(cells):

@@ -31,9 +31,9 @@ from pe_interp.report.data import (
     dominance,
     load_cells,
 )
-from pe_interp.report.summary import task_baselines
+from pe_interp.report.summary import Table, task_baselines
 
-__all__ = ["Condition", "StudyRow", "conditions", "study_rows", "study_markdown"]
+__all__ = ["Condition", "StudyRow", "conditions", "group_conditions", "is_study", "rows_of", "study_markdown", "study_rows", "study_table", "study_verdict"]
 
 STUDY_CLAIMS = (c7, c8, c14, c16)
 
@@ -77,6 +77,12 @@ def conditions(sweep_dir: str | Path) -> list[Condition]:
     sweep_dir = Path(sweep_dir)
     cells, _ = load_cells(sweep_dir)
     grid = read_json(sweep_dir / "grid.json") if (sweep_dir / "grid.json").is_file() else {}
+    return group_conditions(cells, grid)
+
+
+def group_conditions(cells: list[CellInfo], grid: dict[str, Any]) -> list[Condition]:
+    """``cells`` grouped by how their ``params`` differ from ``grid["base"]``, in the order of
+    ``grid["variants"]`` (conditions no variant names come last, by name)."""
     base = dict(grid.get("base", {}))
     groups: dict[str, list[CellInfo]] = {}
     changes: dict[str, dict[str, Any]] = {}
@@ -106,7 +112,13 @@ def _claims(cells: tuple[CellInfo, ...], baselines: dict[str, dict[str, float]])
 
 
 def study_rows(sweep_dir: str | Path) -> list[StudyRow]:
-    conds = conditions(sweep_dir)
+    """One :class:`StudyRow` per condition of a sweep directory."""
+    return rows_of(conditions(sweep_dir))
+
+
+def rows_of(conds: list[Condition]) -> list[StudyRow]:
+    """One :class:`StudyRow` per condition: the dominance of each seed's ablation grid, and the
+    study claims on the condition's task-1 cells."""
     baselines = task_baselines([c for cond in conds for c in cond.cells])
     rows = []
     for cond in conds:
@@ -144,25 +156,48 @@ def _mean_pts(xs: tuple[float, ...]) -> str:
     return f"{100 * statistics.fmean(xs):.1f} ± {100 * statistics.stdev(xs):.1f}"
 
 
-def study_markdown(sweep_dir: str | Path, rows: list[StudyRow] | None = None) -> str:
-    """The study's table and a one-paragraph verdict, in Markdown."""
-    rows = study_rows(sweep_dir) if rows is None else rows
-    head = ("| condition | task | seeds | held-out acc % | single dominant head (of seeds with room) | "
-            "top head per seed | top drop (pts) | runner-up drop (pts) | top share % | top CI (pts) | "
-            "probes.deposit flags | C7 | C8 | C14 | C16 |")
-    lines = [head, "|" + "---|" * 15]
-    for r in rows:
-        cis = "; ".join("n/a" if ci is None else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" for ci in r.top_ci)
-        lines.append(
-            f"| {r.condition} | {r.task} | {r.n} | {100 * r.acc_mean:.1f} ± {100 * r.acc_std:.1f} | "
-            f"{r.n_single}/{r.n_room} | {', '.join(r.top)} | {_mean_pts(r.top_drop)} | {_mean_pts(r.runner_up)} | "
-            f"{_mean_pts(r.share)} | {cis} | {r.flagged}/{len(r.top)} | "
-            + " | ".join(r.claims.get(k, "—") for k in ("C7", "C8", "C14", "C16")) + " |"
-        )
+STUDY_COLUMNS = [
+    "condition", "task", "seeds", "held-out acc %", "single dominant head (of seeds with room)", "top head per seed",
+    "top drop (pts)", "runner-up drop (pts)", "top share %", "top CI (pts)", "probes.deposit flags",
+    "C7", "C8", "C14", "C16",
+]
+
+
+def study_verdict(rows: list[StudyRow]) -> str:
+    """One sentence: how many task-1 models have a single dominant head, and in which conditions."""
     total_room = sum(r.n_room for r in rows if r.task == "distance")
     total_single = sum(r.n_single for r in rows if r.task == "distance")
     with_deposit = [r.condition for r in rows if r.n_single]
-    verdict = (f"Single dominant head (exactly one head with a drop ≥ {100 * LARGE_DROP:.0f} points, every "
-               f"other ≤ {100 * SMALL_DROP:.0f}): {total_single} of {total_room} task-1 models with room for such "
-               "a drop, " + (f"in: {', '.join(with_deposit)}." if with_deposit else "in no condition."))
-    return "\n".join(lines) + "\n\n" + verdict + "\n"
+    return (f"Single dominant head (exactly one head with a drop ≥ {100 * LARGE_DROP:.0f} points, every "
+            f"other ≤ {100 * SMALL_DROP:.0f}): {total_single} of {total_room} task-1 models with room for such "
+            "a drop, " + (f"in: {', '.join(with_deposit)}." if with_deposit else "in no condition."))
+
+
+def study_table(sweep_dir: str | Path, rows: list[StudyRow] | None = None) -> Table:
+    """The study as a report :class:`~pe_interp.report.summary.Table` (summary.md, summary.json and
+    report.html), its verdict as the table's note."""
+    rows = study_rows(sweep_dir) if rows is None else rows
+    body = []
+    for r in rows:
+        cis = "; ".join("n/a" if ci is None else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" for ci in r.top_ci)
+        body.append([
+            r.condition, r.task, str(r.n), f"{100 * r.acc_mean:.1f} ± {100 * r.acc_std:.1f}",
+            f"{r.n_single}/{r.n_room}", ", ".join(r.top), _mean_pts(r.top_drop), _mean_pts(r.runner_up),
+            _mean_pts(r.share), cis, f"{r.flagged}/{len(r.top)}",
+            *(r.claims.get(k, "—") for k in ("C7", "C8", "C14", "C16")),
+        ])
+    return Table(key="study", title="The deposit study, by condition", columns=STUDY_COLUMNS, rows=body,
+                 records=[r.to_dict() for r in rows], notes=[study_verdict(rows)])
+
+
+def is_study(sweep_dir: str | Path) -> bool:
+    """Whether a sweep directory holds a study: a grid with variants beyond its base."""
+    path = Path(sweep_dir) / "grid.json"
+    grid = read_json(path) if path.is_file() else {}
+    return isinstance(grid, dict) and len([v for v in grid.get("variants", []) if v]) > 0
+
+
+def study_markdown(sweep_dir: str | Path, rows: list[StudyRow] | None = None) -> str:
+    """The study's table and its verdict, in Markdown."""
+    t = study_table(sweep_dir, rows)
+    return t.markdown() + "\n" + t.notes[0] + "\n"

@@ -120,7 +120,9 @@ class Summary:
         out = [f"# Reproduction summary: preset `{self.preset}`", ""]
         out += self.header_lines()
         out += ["", SOURCE_NOTE, ""]
-        for key in ("accuracy", "baselines", "deposits", "claims"):
+        for key in ("accuracy", "baselines", "deposits", "study", "claims"):
+            if key not in self.tables:
+                continue
             t = self.tables[key]
             out += [f"## {t.title}", "", t.markdown()]
             out += [f"{n}" for n in t.notes]
