@@ -97,12 +97,48 @@ def test_progress_lines_count_cells_and_estimate_the_rest():
 
     now = [100.0]
     progress = Progress(total=5, workers=2, enabled=True, clock=lambda: now[0], stream=None)
-    now[0] += 600  # two cells finished after 10 minutes with 2 workers: 10 min per cell
+    now[0] += 600  # the first round of two cells finished after 10 minutes: 10 min per cell
     progress.done = 1
     progress.done += 1
     line = progress.line({"id": "c", "final": {"test_acc": 0.5}})
-    assert line.startswith("[2/5] c: held-out acc 0.500; 10.0 min elapsed, 10.0 min/cell, ETA 15 min")
+    # three cells left on 2 workers: two more rounds, 20 minutes (not 3 x 10 / 2 = 15)
+    assert line.startswith("[2/5] c: held-out acc 0.500; 10.0 min elapsed, 10.0 min/cell, ETA 20 min")
     assert "FAILED: boom" in progress.line({"id": "d", "error": "boom"})
+
+
+def test_progress_of_cells_that_start_together():
+    """The demo: three cells on three workers. The first to finish says its round's time, not a
+    third of it, and no 20-minute ETA for cells that end a few seconds later."""
+    from pe_interp.sweep.executors import Progress
+
+    now = [0.0]
+    lines: list[str] = []
+
+    class Stream:
+        def write(self, text):
+            lines.append(text)
+
+        def flush(self):
+            pass
+
+    progress = Progress(total=3, workers=3, enabled=True, clock=lambda: now[0], stream=Stream(), heartbeat=120)
+    now[0] = 100
+    progress.tick()  # within the heartbeat: silent
+    assert not lines
+    now[0] = 130
+    progress.tick()  # nothing done yet: a line that it is alive
+    assert lines and lines[0].startswith("[0/3] 3 cell(s) running; 2.2 min elapsed")
+    now[0] = 150
+    progress.tick()  # within the heartbeat: silent
+    assert len(lines) == 2  # the text and its newline
+    now[0] = 600
+    progress.update({"id": "a", "final": {"test_acc": 0.9}})
+    assert "10.0 min elapsed, 10.0 min/cell, ETA soon" in lines[-2], lines
+    now[0] = 610
+    progress.update({"id": "b", "final": {"test_acc": 0.9}})
+    now[0] = 620
+    progress.update({"id": "c", "final": {"test_acc": 0.9}})
+    assert "ETA" not in lines[-2] and lines[-2].startswith("[3/3] c:"), lines
 
 
 def test_unparseable_file(tmp_path):
