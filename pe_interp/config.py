@@ -378,4 +378,13 @@ class TrainConfig:
         return cls(**data)
 
 
-__all__ = ["EncodingSpec", "ModelConfig", "TrainConfig", "check_device", "default_device"]
+def check_run_configs(model_cfg: ModelConfig, train_cfg: TrainConfig) -> None:
+    """What neither config can check alone: ``TrainConfig.ignore_index`` must be one of the
+    model's classes (a class that never occurs would silently count every class)."""
+    ii = train_cfg.ignore_index
+    if ii is not None and ii >= model_cfg.n_classes:
+        raise ValueError(f"TrainConfig.ignore_index must be a class of the task, in 0..{model_cfg.n_classes - 1}, "
+                         f"got {ii}")
+
+
+__all__ = ["EncodingSpec", "ModelConfig", "TrainConfig", "check_device", "check_run_configs", "default_device"]

@@ -206,3 +206,11 @@ def test_local_and_ray_give_identical_cells_and_ray_retries_a_killed_worker(tmp_
         assert rl["final"]["test_acc"] == rr["final"]["test_acc"]
         lines = (tmp_path / "ray" / "cells" / cell / "run" / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == len({json.loads(x)["step"] for x in lines})  # no duplicated records
+
+
+def test_yaml_grids_read_on_and_no_as_words(tmp_path):
+    """PyYAML's YAML 1.1 rules read the key ``on`` as True: ``on: all`` was 'unknown option(s) [True]'."""
+    f = tmp_path / "g.yaml"
+    f.write_text("name: g\nbase: {preset: smoke}\naxes: {encoding: [rope]}\nprobes: [ablation]\n"
+                 "probe_options: {ablation: {on: all}}\n")
+    assert load_grid(f).probe_options == {"ablation": {"on": "all"}}

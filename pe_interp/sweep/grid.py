@@ -15,13 +15,14 @@ from typing import Any
 import tomllib
 import yaml
 
-from pe_interp.config import ModelConfig, TrainConfig
+from pe_interp.config import ModelConfig, TrainConfig, check_run_configs
 from pe_interp.presets import build_run_configs
 from pe_interp.sweep.probing import CALLBACKS, PROBE_OPTIONS, PROBES, SWEEP_PROBES
 from pe_interp.tasks import TASKS
 
 __all__ = ["CELL", "ERROR", "GRID_KEYS", "MAX_CELLS", "PROBES_RUN", "RESULT", "RUN_KEYS", "Cell", "Grid", "count_cells", "load_grid", "parse_grid"]
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 GRID_KEYS = {"name", "base", "axes", "variants", "seeds", "probes", "probe_options", "resources"}
 RUN_KEYS = {"task", "encoding", "preset", "authors_quirks"}
 # A cell's directory, SWEEP_DIR/cells/<id>/: its settings, then its result or its error.
@@ -134,6 +135,9 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
                          f"got {variants!r:.60}")
     if "name" in data and not (isinstance(data["name"], str) and data["name"].strip()):
         raise ValueError(f"{source}: 'name' must be a non-empty string, got {data['name']!r}")
+    if "name" in data and not _NAME.fullmatch(data["name"]):  # the default sweep directory is runs/sweeps/<name>
+        raise ValueError(f"{source}: 'name' must be letters, digits, '.', '_' or '-' (it names the sweep's "
+                         f"directory, runs/sweeps/<name>), got {data['name']!r}")
     sections = [("base", base), ("axes", axes)] + [(f"variants[{i}]", v) for i, v in enumerate(variants)]
     for section, mapping in sections:
         for key in mapping:
@@ -184,7 +188,8 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
             continue
         checked.add(key)
         try:
-            build_run_configs(seed=cell.seed, **cell.kwargs)
+            model_cfg, _, train_cfg = build_run_configs(seed=cell.seed, **cell.kwargs)
+            check_run_configs(model_cfg, train_cfg)
         except (ValueError, TypeError) as err:
             raise ValueError(f"{source}: cell {cell.id}: {err}") from None
     return grid
@@ -228,7 +233,29 @@ def _check_probe_options(options: Any, source: str) -> dict[str, dict[str, Any]]
         bad = sorted(set(opts) - PROBE_OPTIONS[probe])
         if bad:
             raise ValueError(f"{source}: probe_options.{probe}: unknown option(s) {bad}; allowed: {sorted(PROBE_OPTIONS[probe])}")
+        for key, value in opts.items():  # checked here, not after every cell has trained
+            what = _option_error(key, value)
+            if what:
+                raise ValueError(f"{source}: probe_options.{probe}.{key} must be {what}, got {value!r}")
     return {k: dict(v) for k, v in options.items()}
+
+
+def _is_int(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _option_error(key: str, value: Any) -> str | None:
+    """What a probe option's value must be, or None when it is fine."""
+    if key in ("n", "points", "n_probe"):
+        return None if _is_int(value, 1) else "an integer >= 1"
+    if key == "example":
+        return None if _is_int(value, 0) else "an integer >= 0"
+    if key == "on":
+        return None if value in ("test", "all") else "'test' or 'all'"
+    if key == "layers":
+        ok = isinstance(value, list | tuple) and value and all(_is_int(v, 0) for v in value)
+        return None if ok else "a non-empty list of layer indices >= 0"
+    return None
 
 
 def _distance(a: str, b: str) -> int:
@@ -240,6 +267,19 @@ def _distance(a: str, b: str) -> int:
             cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
         prev = cur
     return prev[-1]
+
+
+class _YAML12Loader(yaml.SafeLoader):
+    """YAML with YAML 1.2's booleans: only true/false. PyYAML's 1.1 rules read the key ``on``
+    (``probe_options: {ablation: {on: all}}``) as True, and ``no`` as False."""
+
+
+_YAML12Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_YAML12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
 
 
 def load_grid(path: str | Path, max_cells: int = MAX_CELLS) -> Grid:
@@ -254,7 +294,7 @@ def load_grid(path: str | Path, max_cells: int = MAX_CELLS) -> Grid:
         if path.suffix == ".toml":
             data = tomllib.loads(text)
         else:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_YAML12Loader)  # noqa: S506 - a SafeLoader
     except Exception as err:  # yaml.YAMLError / tomllib.TOMLDecodeError
         raise ValueError(f"{path}: cannot parse ({str(err).splitlines()[0]})") from None
     return parse_grid(data, str(path), max_cells=max_cells)
