@@ -186,6 +186,8 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: run directory not found" if not run_dir.exists()
                               else f"{run_dir}: not a run directory (a file)")
+    if not (run_dir / CONFIG).exists():
+        raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG}; `pe-interp train --out DIR` writes one)")
     config = read_json(run_dir / CONFIG)
     if not isinstance(config, dict):
         raise CheckpointError(f"{run_dir / CONFIG}: invalid config (a JSON object expected, got {type(config).__name__})")

@@ -38,8 +38,16 @@ COMMANDS = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line, like every other error of the CLI
+    (argparse's default prints the whole usage first: some 30 lines for ``train``)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="pe-interp", description="Train and probe transformers with pluggable positional encodings."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -55,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except (ValueError, FileNotFoundError) as err:
         print(f"pe-interp {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a file where a directory goes, a read-only disk, no permission: one line
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"pe-interp {args.command}: error: {where}{err.strerror or err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"pe-interp {args.command}: interrupted; rerun with --resume to continue", file=sys.stderr)

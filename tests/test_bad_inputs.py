@@ -167,6 +167,56 @@ CLI_CASES: list[tuple[str, Callable[[Env], list[str]], str]] = [
     ("sweep: a binary grid file", lambda e: ["sweep", str(_binary_config(e) / "config.json"), "--dry-run"],
      r"not a text file \(a grid is YAML or TOML\)"),
     ("sweep: --max-cells 0", lambda e: ["sweep", e.grid(GRID_HEAD), "--max-cells", "0"], r"--max-cells must be >= 1"),
+    # The second fresh-clone pass: each of these ran work it then threw away, or gave a traceback.
+    ("reproduce --device cuda without CUDA",  # trained and failed every cell (a minute at smoke size)
+     lambda e: ["reproduce", "--preset", "smoke", "--tasks", "distance", "--encodings", "nope", "--out",
+                str(e.tmp / "r"), "--device", "cuda", "--no-progress"],
+     r"--device is 'cuda' but CUDA is not available"),
+    ("sweep: a grid with device: cuda, without CUDA",  # likewise, with --backend local
+     lambda e: ["sweep", e.grid("name: g\nbase: {preset: smoke, task: distance, device: cuda}\naxes: {encoding: [nope]}\n"),
+                "--out", str(e.tmp / "s"), "--no-progress"],
+     r"grid.yaml: device is 'cuda' but CUDA is not available .*--dry-run validates it anyway"),
+    ("sweep --workers 0", lambda e: ["sweep", e.grid(GRID_HEAD), "--workers", "0", "--out", str(e.tmp / "s")],
+     r"--workers must be >= 1, got 0"),
+    ("reproduce --workers 0", lambda e: ["reproduce", "--preset", "smoke", "--tasks", "distance", "--encodings", "nope",
+                                         "--workers", "0", "--out", str(e.tmp / "r"), "--no-progress"],
+     r"--workers must be >= 1, got 0"),
+    ("demo --workers -1", lambda e: ["demo", "--preset", "smoke", "--encodings", "nope", "--workers", "-1",
+                                     "--out", str(e.tmp / "d"), "--no-progress"],
+     r"--workers must be >= 1, got -1"),
+    ("reproduce --seeds 0", lambda e: ["reproduce", "--preset", "smoke", "--seeds", "0", "--out", str(e.tmp / "r")],
+     r"--seeds must be >= 1, got 0"),
+    *[(f"{cmd} --out an existing file", lambda e, cmd=cmd, pre=pre: [cmd, *pre(e), "--out", _file(e)],
+       r"--out .*a-file: exists and is not a directory")
+      for cmd, pre in (("sweep", lambda e: [e.grid(GRID_HEAD)]), ("reproduce", lambda e: ["--preset", "smoke"]),
+                       ("demo", lambda e: ["--preset", "smoke"]), ("circuit", lambda e: [str(e.run)]))],
+    ("train --out under a file", lambda e: ["train", "--preset", "smoke", "--out", _file(e) + "/run"],
+     r"a-file is a file, not a directory"),
+    ("train --out ''", lambda e: ["train", "--preset", "smoke", "--out", "", "--no-progress"],  # trained into the cwd
+     r"--out is empty"),
+    ("train --ignore-index 999", lambda e: ["train", "--preset", "smoke", "--ignore-index", "999", "--out", str(e.tmp / "n")],
+     r"TrainConfig.ignore_index must be a class of the task, in 0\.\.\d+, got 999"),
+    ("train --epochs abc (a usage error)", lambda e: ["train", "--epochs", "abc", "--out", str(e.tmp / "n")],
+     r"^pe-interp train: error: argument --epochs: invalid int value: 'abc' \(see pe-interp train --help\)$"),
+    ("train without --out", lambda e: ["train", "--preset", "smoke"], r"the following arguments are required: --out"),
+    ("circuit --device tpu", lambda e: ["circuit", str(e.run), "--device", "tpu"], r"--device must be"),
+    ("ablate --n-bootstrap -1", lambda e: ["ablate", str(e.run), "--n-bootstrap", "-1"], r"--n-bootstrap must be >= 0"),
+    ("ablate --min-share 2", lambda e: ["ablate", str(e.run), "--min-share", "2"], r"--min-share must be in \[0, 1\]"),
+    ("ablate --min-drop -1", lambda e: ["ablate", str(e.run), "--min-drop", "-1"], r"--min-drop must be >= 0"),
+    ("patch --n-bootstrap -1", lambda e: ["patch", str(e.run), "--n-bootstrap", "-1"], r"--n-bootstrap must be >= 0"),
+    ("sweep: probe_options: {ablation: {n: 0}}",  # every cell trained, then its probe failed
+     lambda e: ["sweep", e.grid(GRID_HEAD + "probes: [ablation]\nprobe_options: {ablation: {n: 0}}\n"), "--dry-run"],
+     r"probe_options.ablation.n must be an integer >= 1, got 0"),
+    ("sweep: probe_options: {ablation: {on: train}}",
+     lambda e: ["sweep", e.grid(GRID_HEAD + "probes: [ablation]\nprobe_options: {ablation: {on: train}}\n"), "--dry-run"],
+     r"probe_options.ablation.on must be 'test' or 'all', got 'train'"),
+    ("sweep: a name with a path in it", lambda e: ["sweep", e.grid(GRID_HEAD.replace("name: g", "name: ../../etc")), "--dry-run"],
+     r"'name' must be letters, digits"),
+    ("sweep --max-retries -1", lambda e: ["sweep", e.grid(GRID_HEAD), "--max-retries", "-1"], r"--max-retries must be >= 0"),
+    ("sweep-report on a missing directory", lambda e: ["sweep-report", str(e.tmp / "missing")], r"missing: no such directory"),
+    ("show on a directory without config.json", lambda e: ["show", str(e.tmp)], r"not a run directory \(no config.json"),
+    ("demo --checkpoints a missing directory", lambda e: ["demo", "--checkpoints", str(e.tmp / "missing"), "--out",
+                                                          str(e.tmp / "d")], r"--checkpoints .*missing: no such directory"),
 ]
 
 
@@ -177,7 +227,10 @@ def test_cli_bad_input(case, base_run, tmp_path, capsys):
         pytest.skip("this machine has CUDA")
     env = Env(base_run, tmp_path)
     t0 = time.time()
-    code = main(argv(env))
+    try:
+        code = main(argv(env))
+    except SystemExit as exit_:  # argparse's usage errors
+        code = exit_.code
     err = capsys.readouterr().err.strip()
     assert code == 2, f"exit status {code}; stderr: {err}"
     assert "Traceback" not in err
@@ -238,6 +291,12 @@ API_CASES: list[tuple[str, Callable[[Env], object], str]] = [
                                                      "epochs": list(range(1, 101))}),
      r"the grid has 1,000,000 cells"),
     ("a bad hook name", _hook_name, r"hook_patern"),
+    ("parse_grid(probe_options n: 0)", lambda e: _grid(probes=["ablation"], probe_options={"ablation": {"n": 0}}),
+     r"probe_options.ablation.n must be an integer >= 1"),
+    ("check_run_configs(ignore_index beyond the classes)",
+     lambda e: pe_interp.config.check_run_configs(load_run(e.run).model.cfg,
+                                                  pe_interp.TrainConfig(ignore_index=999)),
+     r"ignore_index must be a class of the task"),
 ]
 # Known gaps, each with its owner: a strict xfail turns into a failure once it is fixed.
 XFAIL = {

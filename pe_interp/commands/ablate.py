@@ -13,7 +13,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from pe_interp.commands.options import add_device_flag, device_arg
+from pe_interp.commands.options import add_device_flag, at_least, device_arg, positive_n
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -46,8 +46,10 @@ def run(args: argparse.Namespace) -> int:
     from probes.deposit import find_deposits
 
     run_dir = Path(args.run_dir)
-    if args.n is not None and args.n < 1:
-        raise ValueError(f"--n must be >= 1, got {args.n}")
+    positive_n(args.n, "--n")
+    at_least(args.n_bootstrap, 0, "--n-bootstrap")
+    at_least(args.min_drop, 0, "--min-drop")
+    at_least(args.min_share, 0, "--min-share", high=1)
     device = device_arg(args.device)
     loaded = load_run(run_dir, device=device)
     model = loaded.model

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pe_interp.commands.options import add_device_flag
+
 METHODS = ("atp", "atp*", "eap-ig", "path_patch")
 
 
@@ -40,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n", type=int, default=128, help="counterfactual pairs per family")
     p.add_argument("--metric", default="margin", choices=["margin", "logit_diff", "logprob", "logit"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="cpu | cuda")
+    add_device_flag(p, default="cpu")
     p.add_argument("--out", default=None, help="where circuit.json and circuit.html go (default RUN_DIR)")
     p.set_defaults(run=run)
 
@@ -132,10 +134,12 @@ def body_html(c) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from pe_interp import load_run
+    from pe_interp.commands.options import device_arg, out_dir_arg
     from pe_interp.io import atomic_write_text
     from probes.circuit_view import circuit_page
 
-    loaded = load_run(args.run_dir, device=args.device)
+    out_dir_arg(args.out)
+    loaded = load_run(args.run_dir, device=device_arg(args.device))
     t0 = time.perf_counter()
     c, route = circuit_run(loaded.model, loaded.task, loaded, counterfactual=args.counterfactual, top_n=args.top_n,
                            method=args.method, n=args.n, metric=args.metric, seed=args.seed)  # fmt: skip

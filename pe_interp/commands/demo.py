@@ -34,10 +34,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pe_interp.commands.options import out_dir_arg, positive_n
     from pe_interp.report.data import load_cells
     from pe_interp.report.verdict import deposit_answer, first_task
     from pe_interp.reproduce import demo
 
+    positive_n(args.workers, "--workers")
+    out_dir_arg(args.out)
+    if args.checkpoints and args.checkpoints != "checkpoints" and not Path(args.checkpoints).is_dir():
+        raise ValueError(f"--checkpoints {args.checkpoints}: no such directory ('' for none)")
     t0 = time.time()
     summary, report = demo(args.out, preset=args.preset, encodings=args.encodings,
                            checkpoints=args.checkpoints or None, workers=args.workers, progress=not args.no_progress)

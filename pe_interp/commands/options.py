@@ -199,5 +199,33 @@ def positive_n(value: int | None, flag: str = "--n") -> int | None:
     return value
 
 
-__all__ = ["DERIVED", "NOT_FLAGS", "add_device_flag", "add_setting_flags", "device_arg", "given_settings",
-           "positive_n", "setting_fields"]
+def at_least(value: float | None, low: float, flag: str, high: float | None = None) -> float | None:
+    """``value`` (None passes) if ``low <= value`` (and ``<= high``), else a one-line error naming the flag."""
+    if value is not None and not (low <= value and (high is None or value <= high)):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{flag} must be {bound}, got {value}")
+    return value
+
+
+def out_dir_arg(value: str | None, flag: str = "--out") -> str | None:
+    """An output directory: not empty (an empty path is the current directory), and not an
+    existing file. None (the command's default) passes."""
+    from pathlib import Path
+
+    if value is None:
+        return None
+    if not str(value).strip():
+        raise ValueError(f"{flag} is empty; give a directory (an empty path would write into the current directory)")
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {path}: exists and is not a directory")
+    for parent in path.parents:  # a file where a parent directory should be
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{flag} {path}: {parent} is a file, not a directory")
+            break
+    return value
+
+
+__all__ = ["DERIVED", "NOT_FLAGS", "add_device_flag", "add_setting_flags", "at_least", "device_arg", "given_settings",
+           "out_dir_arg", "positive_n", "setting_fields"]

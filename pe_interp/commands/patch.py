@@ -127,7 +127,9 @@ def _top_heads(result, k: int) -> list[tuple[int, int]]:
 
 def run(args: argparse.Namespace) -> int:
     from pe_interp import load_run
+    from pe_interp.commands.options import at_least
 
+    at_least(args.n_bootstrap, 0, "--n-bootstrap")
     device = device_arg(args.device)
     loaded = load_run(args.run_dir, device=device)
     t0 = time.perf_counter()

@@ -29,9 +29,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pe_interp.commands.options import device_arg, out_dir_arg, positive_n
     from pe_interp.report import write_report
     from pe_interp.reproduce import reproduce
 
+    positive_n(args.seeds, "--seeds")
+    positive_n(args.workers, "--workers")
+    out_dir_arg(args.out)
+    if args.device and args.backend == "local":  # else every run would train, then fail on it
+        device_arg(args.device)
     out = Path(args.out or Path("runs") / f"reproduce-{args.preset}")
     t0 = time.time()
     if args.report_only:

@@ -30,11 +30,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_sweep_cmd(args: argparse.Namespace) -> int:
+    from pe_interp.commands.options import at_least, out_dir_arg, positive_n
     from pe_interp.sweep import load_grid, run_sweep
     from pe_interp.sweep.grid import MAX_CELLS
 
-    if args.max_cells is not None and args.max_cells < 1:
-        raise ValueError(f"--max-cells must be >= 1, got {args.max_cells}")
+    positive_n(args.max_cells, "--max-cells")
+    positive_n(args.workers, "--workers")
+    at_least(args.max_retries, 0, "--max-retries")
+    out_dir_arg(args.out)
     grid = load_grid(args.grid, max_cells=args.max_cells or MAX_CELLS)
     cells = grid.cells()
     if args.dry_run:
@@ -42,6 +45,8 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
             print(c.id)
         print(f"{len(cells)} cells")
         return 0
+    if args.backend == "local":  # every cell would train, then fail on it: say so before starting
+        check_local_devices(cells, args.grid)
     print(f"{grid.name}: {len(cells)} cells; probes: " + (", ".join(grid.probes) or "none"), file=sys.stderr, flush=True)
     out = Path(args.out or Path("runs") / "sweeps" / grid.name)
     summary = run_sweep(grid, out, backend=args.backend, workers=args.workers, address=args.address,
@@ -50,6 +55,18 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
                       "failed": summary.failed}))
     write_report(out, grid.varying)
     return 1 if summary.failed else 0
+
+
+def check_local_devices(cells, source) -> None:
+    """A one-line error if a cell asks for a device this machine lacks (a grid for a GPU can be
+    validated with --dry-run anywhere, and run with --backend ray on a cluster that has it)."""
+    from pe_interp.config import check_device
+
+    for device in sorted({str(c.kwargs["device"]) for c in cells if c.kwargs.get("device")}):
+        try:
+            check_device(device)
+        except ValueError as err:
+            raise ValueError(f"{source}: {err} (the grid's cells ask for it; --dry-run validates it anyway)") from None
 
 
 def write_report(sweep_dir: Path, axes: list[str]) -> str:
@@ -77,6 +94,8 @@ def run_report_cmd(args: argparse.Namespace) -> int:
     from pe_interp.io import read_json
 
     sweep_dir = Path(args.sweep_dir)
+    if not sweep_dir.is_dir():
+        raise ValueError(f"{sweep_dir}: no such directory" if not sweep_dir.exists() else f"{sweep_dir}: not a directory")
     grid_file = sweep_dir / "grid.json"
     if not grid_file.is_file():
         raise ValueError(f"{grid_file}: not a sweep directory (no grid.json)")
