@@ -155,6 +155,26 @@ class TransformerBlock(nn.Module):
         return self.hook_resid_post(resid)
 
 
+class HookNameError(ValueError, KeyError):
+    """A hook or module name the model does not have (a ``ValueError`` with one line, and a
+    ``KeyError`` for code that looks names up in ``mod_dict``)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class _ModDict(dict):
+    """``HookedRootModule.mod_dict`` whose missing names fail with the nearest hook names."""
+
+    def __missing__(self, name: Any) -> Any:
+        import difflib
+
+        hooks = [k for k, m in self.items() if isinstance(m, HookPoint)]
+        near = difflib.get_close_matches(str(name), hooks, n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(near)}?" if near else f"hooks look like {hooks[0]!r}" if hooks else "no hooks"
+        raise HookNameError(f"no hook or module named {name!r} in this model; {hint} (model.hook_dict lists every hook)")
+
+
 class HookedPETransformer(HookedRootModule):
     """A transformer classifier whose positional encoding is a plug-in (``cfg.encoding``).
 
@@ -183,6 +203,7 @@ class HookedPETransformer(HookedRootModule):
             )
         self.init_weights()
         self.setup()
+        self.mod_dict = _ModDict(self.mod_dict)
         if cfg.device != "cpu":
             self.to(cfg.device)
 

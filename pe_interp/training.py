@@ -37,7 +37,7 @@ from pe_interp.checkpoint import (
     read_json,
     truncate_jsonl,
 )
-from pe_interp.config import ModelConfig, TrainConfig, check_device
+from pe_interp.config import ModelConfig, TrainConfig, check_device, check_run_configs
 from pe_interp.model import HookedPETransformer
 from pe_interp.modes import eval_mode
 from pe_interp.tasks import task_from_dict
@@ -108,6 +108,7 @@ class Trainer:
         if bad:
             raise ValueError(f"Trainer: extra_config key(s) {', '.join(map(repr, bad))} are not config.json keys; allowed: "
                              + ", ".join(k for k in CONFIG_KEYS if k not in ("model", "task", "train", "version")))
+        check_run_configs(model_cfg, train_cfg)
         self.device = torch.device(check_device(train_cfg.device, "TrainConfig.device"))
         self.model = HookedPETransformer(model_cfg).to(self.device)
         self.optimizer = torch.optim.AdamW(

@@ -290,19 +290,18 @@ API_CASES: list[tuple[str, Callable[[Env], object], str]] = [
     ("parse_grid(10^6 cells)", lambda e: _grid(axes={"n_layers": list(range(1, 101)), "d_model": list(range(100)),
                                                      "epochs": list(range(1, 101))}),
      r"the grid has 1,000,000 cells"),
-    ("a bad hook name", _hook_name, r"hook_patern"),
+    ("a bad hook name", _hook_name, r"no hook or module named 'blocks\.0\.attn\.hook_patern'.*did you mean blocks\.0\.attn\.hook_pattern"),
     ("parse_grid(probe_options n: 0)", lambda e: _grid(probes=["ablation"], probe_options={"ablation": {"n": 0}}),
      r"probe_options.ablation.n must be an integer >= 1"),
+    ("train(ignore_index=999) through the API", lambda e: pe_interp.train(ignore_index=999, **SMOKE),
+     r"TrainConfig.ignore_index must be a class of the task, in 0\.\.\d+, got 999"),
     ("check_run_configs(ignore_index beyond the classes)",
      lambda e: pe_interp.config.check_run_configs(load_run(e.run).model.cfg,
                                                   pe_interp.TrainConfig(ignore_index=999)),
      r"ignore_index must be a class of the task"),
 ]
 # Known gaps, each with its owner: a strict xfail turns into a failure once it is fixed.
-XFAIL = {
-    "a bad hook name": "TransformerLens' HookedRootModule raises a bare KeyError from mod_dict; the fix belongs "
-                       "in pe_interp/model.py (a mod_dict whose __missing__ names the nearest hooks)",
-}
+XFAIL: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("case", API_CASES, ids=[c[0] for c in API_CASES])
