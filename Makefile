@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 CHROMIUM := $(shell command -v chromium || command -v chromium-browser || command -v google-chrome || true)
 
-.PHONY: setup setup-browser test demo reproduce mid lint bench gpu-wheels clean
+.PHONY: setup setup-browser test demo reproduce mid lint bench bench-parity gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -50,11 +50,21 @@ lint: setup
 	$(VENV)/bin/ruff check pe_interp probes tests benchmarks
 	$(VENV)/bin/lint-imports
 
+# Every speed ratio of the performance and circuits issues, each against a baseline measured in the
+# same run. On a CPU without native bf16 (no avx512_bf16/AMX) bf16 is emulated, several times slower
+# than fp32: the bf16 step is then measured at batch 8 with 2 repeats, so that it ends in minutes.
 bench: setup
-	$(PY) benchmarks/model_step.py
+	$(PY) benchmarks/model_step.py --threads 1,0
+	$(PY) benchmarks/model_step.py --amp --threads 1,0 $$($(PY) -c "from pe_interp.hardware import cpu_has_bf16; print('' if cpu_has_bf16() else '--batch 8 --steps 1 --repeats 2 --contenders baseline,sdpa,baseline-bf16,sdpa-bf16')")
 	$(PY) benchmarks/tasks.py
 	$(PY) benchmarks/ablation.py
 	$(PY) benchmarks/patching.py
+	$(PY) benchmarks/circuits.py
+
+# bf16 against fp32: quick RoPE over 3 seeds, and the ablation probes (75 min of core time where bf16
+# is emulated; --epochs N shortens it).
+bench-parity: setup
+	$(PY) benchmarks/bf16_parity.py
 
 # Wheels for benchmarks/gpu_check.sh on the lent GPU machine (carry [".gpu-wheels"]).
 gpu-wheels:
