@@ -29,6 +29,7 @@ import torch  # noqa: E402
 
 import pe_interp  # noqa: E402
 from pe_interp import hardware  # noqa: E402
+from pe_interp.checkpoint import CONFIG  # noqa: E402
 from probes import ablate_heads, find_deposits  # noqa: E402
 
 # The probe tolerance stated in the README: a head's drop under bf16 autocast is within this many
@@ -41,8 +42,10 @@ def train_one(out: Path, seed: int, bf16: bool, epochs: int | None) -> dict:
     os.environ[hardware.ENV_OVERRIDE] = "1" if bf16 else "0"
     t0 = time.time()
     extra = {} if epochs is None else {"epochs": epochs}
+    # Resume only a run that exists: train(resume=True) refuses a directory that holds no run yet.
+    resume = (out / CONFIG).is_file()
     result = pe_interp.train(task="distance", encoding="rope", preset="quick", seed=seed, out=out,
-                             resume=True, progress=False, amp=bf16, **extra)  # fmt: skip
+                             resume=resume, progress=False, amp=bf16, **extra)  # fmt: skip
     return {"seed": seed, "bf16": bf16, "test_acc": result.final["test_acc"], "seconds": round(time.time() - t0, 1)}
 
 

@@ -189,9 +189,10 @@ def main(argv: list[str] | None = None) -> dict:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("model_step.py: --device cuda, but torch sees no CUDA device")
     runs = []
+    default_threads = torch.get_num_threads()
     for threads in [int(t) for t in str(args.threads).split(",")]:
-        if threads:
-            torch.set_num_threads(threads)
+        # 0 restores torch's default: without this, "--threads 1,0" ran its second pass at 1 thread
+        torch.set_num_threads(threads or default_threads)
         runs.append(measure(args, device))
     out = runs[0] if len(runs) == 1 else {"runs": runs}
     if args.json:
