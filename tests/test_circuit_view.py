@@ -99,10 +99,14 @@ def test_agreement_measures():
     assert np.isnan(spearman([1, np.nan], [2, 3]))
 
 
-def test_cli_writes_circuit_json_and_html(smoke_run):
+def test_cli_writes_circuit_json_and_html(smoke_run, capsys):
     rc = main(["circuit", str(smoke_run), "--n", "16", "--top-n", "10", "--method", "atp", "--counterfactual", "position"])
     assert rc == 0
     c = Circuit.load(smoke_run / "circuit.json")
+    # the printed edges say whether they enter the top head
+    into = c.into(c.meta["top_head"])
+    heading = f"edges of the circuit into {c.meta['top_head']}:" if into else f"no edge of the circuit enters {c.meta['top_head']}"
+    assert heading in capsys.readouterr().out
     assert len(c.edges) == 10 and set(c.scores) == {"position", "content"}
     assert c.meta["top_head"] and c.meta["route"]["exact"]["position"]["q"]
     curve = c.faithfulness

@@ -150,7 +150,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.run_dir}: {len(c.edges)} of {c.total_edges} edges, top head {c.meta['top_head']}, "
           f"{time.perf_counter() - t0:.1f} s")
     share = c.share()
-    for i in c.into(c.meta["top_head"])[:5] or range(min(5, len(c.edges))):
+    into = c.into(c.meta["top_head"])[:5]
+    print(f"  edges of the circuit into {c.meta['top_head']}:" if into else
+          f"  no edge of the circuit enters {c.meta['top_head']} (raise --top-n); its first edges:")
+    for i in into or range(min(5, len(c.edges))):
         w, r = c.edges[i]
         print(f"  {w} -> {r}: position {c.scores['position'][i]:+.3f}, content {c.scores['content'][i]:+.3f}, "
               f"position share {share[i]:.2f}")
