@@ -123,12 +123,7 @@ def hover_check(path) -> dict:
     non-local requests, the tooltip text, the SVG's size and a screenshot."""
     dt = DevTools(chromium_binary())
     try:
-        target = dt.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        sid = dt.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        for domain in ("Runtime", "Log", "Network", "Page"):
-            dt.call(f"{domain}.enable", session=sid)
-        dt.call("Page.navigate", {"url": path.resolve().as_uri()}, session=sid)
-        assert dt.wait_for("Page.loadEventFired", 60)
+        sid = dt.open(path)
         expr = """(() => { const root = document.querySelector('.pe-circuit');
             const edge = root.querySelector('path.edge'); const box = root.querySelector('svg').getBoundingClientRect();
             edge.dispatchEvent(new MouseEvent('mouseover', {bubbles: true, clientX: 50, clientY: 60}));

@@ -508,6 +508,18 @@ class DevTools:
         except TimeoutError:
             return False
 
+    def open(self, path: Path) -> str:
+        """A new tab with the Runtime, Log, Network and Page domains on, showing ``path`` once it
+        has loaded (events recorded from before the navigation); returns its session id."""
+        target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        sid = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Runtime", "Log", "Network", "Page"):
+            self.call(f"{domain}.enable", session=sid)
+        self.events.clear()
+        self.call("Page.navigate", {"url": Path(path).resolve().as_uri()}, session=sid)
+        assert self.wait_for("Page.loadEventFired", 60), "the page never finished loading"
+        return sid
+
     def close(self) -> None:
         with contextlib.suppress(RuntimeError, TimeoutError, OSError):
             self.call("Browser.close")
@@ -527,13 +539,7 @@ def browser_check(path: Path, widget_selector: str = ".cv-widget", settle: float
     non-local requests, the child count of each widget and a PNG screenshot of the viewport."""
     dt = DevTools(chromium_binary())
     try:
-        target = dt.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        sid = dt.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        for domain in ("Runtime", "Log", "Network", "Page"):
-            dt.call(f"{domain}.enable", session=sid)
-        dt.events.clear()
-        dt.call("Page.navigate", {"url": path.resolve().as_uri()}, session=sid)
-        assert dt.wait_for("Page.loadEventFired", 60), "the page never finished loading"
+        sid = dt.open(path)
         widgets: list[int] = []
         deadline = time.time() + 20
         while True:  # React renders asynchronously after the module scripts ran
