@@ -64,16 +64,12 @@ def train_kwargs(args: argparse.Namespace) -> dict:
 
 def run_train(args: argparse.Namespace) -> int:
     from pe_interp.api import train
-    from pe_interp.config import check_run_configs
-    from pe_interp.presets import build_run_configs
 
     out = Path(out_dir_arg(args.out))
     if args.resume and not (out / "config.json").is_file():
         raise ValueError(f"--resume: {out} holds no run to resume" + ("" if out.exists() else " (no such directory)")
                          + "; drop --resume to start one")
-    kwargs = train_kwargs(args)
-    model_cfg, _, train_cfg = build_run_configs(**kwargs)  # what neither config checks alone, before any work
-    check_run_configs(model_cfg, train_cfg)
+    kwargs = train_kwargs(args)  # the Trainer checks what neither config checks alone, before any work
     result = train(out=args.out, resume=args.resume, progress=not args.no_progress, **kwargs)
     print(json.dumps({"run_dir": str(result.run_dir), **result.final}))
     return 0
