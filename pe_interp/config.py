@@ -297,6 +297,10 @@ class TrainConfig:
 
     ``ignore_index``: a class index that neither the loss nor accuracy counts (the authors
     ignore count 0 on task 2 with ``CrossEntropyLoss(ignore_index=0)``); None counts every class.
+
+    ``stop_at_acc``: stop at the first evaluation whose held-out accuracy reaches it ("train
+    until it learns the task"); ``total_steps`` is then the cap, and the schedule is still
+    laid out over the cap. 0 trains to the end.
     """
 
     n_train: int = 20_000
@@ -317,6 +321,7 @@ class TrainConfig:
     amp: bool = True  # bf16 autocast where the device runs bf16 natively (pe_interp.hardware)
     ignore_index: int | None = None  # a class left out of the loss and of accuracy
     lr_schedule: str = "warmup_cosine"
+    stop_at_acc: float = 0.0  # stop once held-out accuracy reaches this; 0 = train to the end
 
     def __post_init__(self) -> None:
         own = "TrainConfig"
@@ -329,6 +334,7 @@ class TrainConfig:
         check_float(own, "warmup_frac", self.warmup_frac, 0.0, 1.0)
         check_float(own, "min_lr_frac", self.min_lr_frac, 0.0, 1.0)
         check_float(own, "grad_clip", self.grad_clip, 0.0, 1e6)
+        check_float(own, "stop_at_acc", self.stop_at_acc, 0.0, 1.0)
         betas = tuple(self.betas)
         if len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas):
             raise ValueError(f"{own}.betas must be two numbers in [0, 1), got {self.betas!r}")

@@ -42,6 +42,27 @@ def cpu_has_bf16() -> bool:
     return any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The CPU's model name (Linux ``/proc/cpuinfo``; the platform's processor string elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, object]:
+    """What a measurement ran on: CPU model, native bf16 or not, cores, torch threads and version."""
+    return {"cpu": cpu_model(), "cpu_bf16": cpu_has_bf16(), "cores": os.cpu_count(),
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
 def bf16_autocast_pays(device: torch.device | str) -> bool:
     """Whether bf16 autocast should be used on ``device`` when a config asks for it."""
     device = torch.device(device)
@@ -61,4 +82,5 @@ def autocast(device: torch.device | str, amp: bool):
     return torch.autocast(device.type if device.type in ("cpu", "cuda") else "cpu", enabled=False)
 
 
-__all__ = ["BF16_CPU_FLAGS", "ENV_OVERRIDE", "autocast", "bf16_autocast_pays", "cpu_flags", "cpu_has_bf16"]
+__all__ = ["BF16_CPU_FLAGS", "ENV_OVERRIDE", "autocast", "bf16_autocast_pays", "cpu_flags", "cpu_has_bf16", "cpu_model",
+           "machine"]

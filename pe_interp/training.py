@@ -115,6 +115,7 @@ class Trainer:
             self.model.parameters(), lr=train_cfg.lr, betas=train_cfg.betas, weight_decay=train_cfg.weight_decay
         )
         self.step = 0
+        self.stopped = False  # reached TrainConfig.stop_at_acc (the run is finished before its cap)
         # Training loss and accuracy summed since the last evaluation; saved with checkpoints so
         # that the record after a resume covers the steps before the crash too.
         self.running = {"loss": 0.0, "correct": 0, "seen": 0}
@@ -147,6 +148,7 @@ class Trainer:
             "step": str(self.step),
             "param_groups": json.dumps(opt["param_groups"]),
             "running": json.dumps(self.running),
+            "stopped": str(int(self.stopped)),
         }
         atomic_save_tensors(self.run_dir / TRAIN_STATE, tensors, meta)
         atomic_save_tensors(self.run_dir / WEIGHTS, weights, {"step": str(self.step)})
@@ -186,6 +188,7 @@ class Trainer:
             if cuda:
                 torch.cuda.set_rng_state_all(cuda)
         self.step = step
+        self.stopped = meta.get("stopped") == "1"
         if "running" in meta:
             self.running = json.loads(meta["running"])
 
@@ -234,7 +237,7 @@ class Trainer:
         ignore = -100 if cfg.ignore_index is None else cfg.ignore_index
         t0 = time.time()
         try:
-            while self.step < total:
+            while self.step < total and not self.stopped:
                 epoch, offset = divmod(self.step, cfg.steps_per_epoch)
                 order = self.epoch_order(epoch)
                 idx = order[offset * cfg.batch_size : (offset + 1) * cfg.batch_size]
@@ -282,11 +285,12 @@ class Trainer:
                     history.append(record)
                     if self.run_dir is not None:
                         append_jsonl(self.run_dir / METRICS, record)
+                    self.stopped = 0 < cfg.stop_at_acc <= record["test_acc"]
                     for cb in self.callbacks:
                         cb.on_eval(self, self.step, record)
                     if bar is not None:
                         bar.set_postfix(loss=f"{record['train_loss']:.3f}", test_acc=f"{record['test_acc']:.3f}")
-                if self.step % ckpt_every == 0 or self.step == total:
+                if self.step % ckpt_every == 0 or self.step == total or self.stopped:
                     self.save_checkpoint()
                     last_good = self.step
         finally:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from pe_interp import HookedPETransformer, ModelConfig
+from pe_interp.tasks.batch import Batch
 from probes.ablation import ablate_heads, keep_only
 from probes.deposit import (
     DepositDynamics,
@@ -150,12 +151,9 @@ def test_report_round_trip_and_summary():
 # ------------------------------------------------------------------------------------------------
 # dynamics
 # ------------------------------------------------------------------------------------------------
-class FakeTask:
-    """Stands in for a pe_interp task: seeded ``sample`` from its own generator."""
-
-    def sample(self, n, seed=0):
-        toks, labels, pm = fraction_data(n, seed=seed)
-        return SimpleNamespace(tokens=toks, labels=labels, pad_mask=pm)
+def held_out(n: int = 40, seed: int = 5) -> Batch:
+    """The fake trainer's held-out split."""
+    return Batch(*fraction_data(n, seed=seed))
 
 
 def tiny_cfg() -> ModelConfig:
@@ -165,14 +163,15 @@ def tiny_cfg() -> ModelConfig:
     )  # fmt: skip
 
 
-def train(run_dir, callback: DepositDynamics | None, steps: int = 7):
+def train(run_dir, callback: DepositDynamics | None, steps: int = 7, ignore_index: int | None = None):
     """A small manual loop that calls the callback the way the Trainer does; dropout draws on
     the global RNG, so any RNG use by the callback would change the weights."""
     torch.manual_seed(0)
     model = HookedPETransformer(tiny_cfg())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     toks, labels, pm = fraction_data(64, seed=1)
-    trainer = SimpleNamespace(model=model, task=FakeTask(), step=0, run_dir=run_dir)
+    trainer = SimpleNamespace(model=model, test=held_out(), train_cfg=SimpleNamespace(ignore_index=ignore_index),
+                              step=0, run_dir=run_dir)
     if callback is not None:
         callback.on_train_start(trainer)
     model.train()
@@ -193,7 +192,7 @@ def train(run_dir, callback: DepositDynamics | None, steps: int = 7):
 
 def test_dynamics_records_and_does_not_change_training(tmp_path):
     plain, _, rng_plain = train(None, None)
-    cb = DepositDynamics(every=3, layers=[0, 1], n_probe=24, probe_seed=5)
+    cb = DepositDynamics(every=3, layers=[0, 1], n_probe=24)
     watched, trainer, rng_watched = train(tmp_path, cb)
     for (name, a), (_, b) in zip(plain.state_dict().items(), watched.state_dict().items()):
         assert torch.equal(a, b), name
@@ -202,8 +201,8 @@ def test_dynamics_records_and_does_not_change_training(tmp_path):
     assert [(r["step"], r["layer"]) for r in cb.records] == [(s, lay) for s in (0, 3, 6, 7) for lay in (0, 1)]
     assert load_dynamics(tmp_path / "deposit_dynamics.jsonl") == cb.records
     assert load_dynamics(tmp_path) == cb.records
-    # The last record is the sweep of the final model on the probe batch.
-    probe = FakeTask().sample(24, seed=5)
+    # The last record is the sweep of the final model on the first 24 held-out examples.
+    probe = held_out()[:24]
     want = ablate_heads(watched, probe.tokens, probe.labels, pad_mask=probe.pad_mask, layers=[1], n_bootstrap=0)
     last = cb.records[-1]
     np.testing.assert_allclose(last["drops"], want.drops[1], atol=1e-12)
@@ -212,6 +211,17 @@ def test_dynamics_records_and_does_not_change_training(tmp_path):
     assert last["margin"] == pytest.approx(d[0] - d[1]) and last["top_drop"] == pytest.approx(d[0])
     a = dynamics_arrays(cb.records, layer=0)
     assert a["steps"].tolist() == [0, 3, 6, 7] and a["drops"].shape == (4, 4)
+
+
+def test_dynamics_probe_is_what_the_ablation_probe_evaluates():
+    """The held-out split without the class the loss ignores (Run.examples), not fresh samples."""
+    cb = DepositDynamics(every=3, layers=[0], n_probe=12)
+    model, _, _ = train(None, cb, ignore_index=1)
+    test = held_out()
+    kept = test[test.labels != 1][:12]
+    assert torch.equal(cb.probe.tokens, kept.tokens) and (cb.probe.labels == 0).all()
+    want = ablate_heads(model, kept.tokens, kept.labels, pad_mask=kept.pad_mask, layers=[0], n_bootstrap=0)
+    np.testing.assert_allclose(cb.records[-1]["drops"], want.drops[0], atol=1e-12)
 
 
 def test_dynamics_in_memory_without_run_dir():
@@ -226,7 +236,7 @@ def test_dynamics_resume_drops_later_records(tmp_path):
     path = tmp_path / "deposit_dynamics.jsonl"
     assert [r["step"] for r in load_dynamics(path)] == [0, 3, 6, 7]
     resumed = DepositDynamics(every=3, layers=[0], n_probe=8)
-    resumed.on_train_start(SimpleNamespace(model=None, task=FakeTask(), step=3, run_dir=tmp_path))
+    resumed.on_train_start(SimpleNamespace(model=None, step=3, run_dir=tmp_path))
     assert [r["step"] for r in load_dynamics(path)] == [0, 3]
     assert [r["step"] for r in resumed.records] == [0, 3]
     # a torn last line (crash mid-write) is skipped when reading

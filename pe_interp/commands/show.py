@@ -43,9 +43,12 @@ def run(args: argparse.Namespace) -> int:
     metrics = loaded.metrics()
     if metrics:
         last = metrics[-1]
+        stopped = 0 < train.stop_at_acc <= last.get("test_acc", 0.0)
+        state = ("" if last.get("step") == train.total_steps else
+                 f"  (stopped: held-out reached {_pct(train.stop_at_acc)})" if stopped else
+                 "  (unfinished: pe-interp train ... --resume)")
         print(f"accuracy     held-out {_pct(last.get('test_acc'))} (loss {last.get('test_loss', math.nan):.4f}), "
-              f"train {_pct(last.get('train_acc'))}, at step {last.get('step')} of {train.total_steps}"
-              + ("" if last.get("step") == train.total_steps else "  (unfinished: pe-interp train ... --resume)"))
+              f"train {_pct(last.get('train_acc'))}, at step {last.get('step')} of {train.total_steps}" + state)
         print(f"             chance {_pct(task.chance_accuracy())}, length-only ceiling {_pct(task.length_only_accuracy())}")
     else:
         print("accuracy     no evaluation recorded yet (metrics.jsonl is empty)")

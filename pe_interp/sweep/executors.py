@@ -16,6 +16,7 @@ import torch
 
 from pe_interp.api import train
 from pe_interp.checkpoint import load_run
+from pe_interp.hardware import machine
 from pe_interp.io import atomic_write_json, read_json
 from pe_interp.sweep.aggregate import collect
 from pe_interp.sweep.grid import CELL, ERROR, PROBES_RUN, RESULT, Cell, Grid
@@ -77,7 +78,8 @@ def run_cell(
     seconds = {"train": round(time.time() - t0, 1)}  # this process's share, after any resume
     run = load_run(run_dir)
     final = run.metrics()[-1]
-    result: dict[str, Any] = {"id": cell.id, "params": kwargs, "seed": cell.seed, "final": final, "seconds": seconds}
+    result: dict[str, Any] = {"id": cell.id, "params": kwargs, "seed": cell.seed, "final": final, "seconds": seconds,
+                              "machine": machine()}
     _run_probes(run, [name for name in probes if name in PROBES], result, options)
     atomic_write_json(cell_dir / RESULT, result)
     return result

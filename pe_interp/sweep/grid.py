@@ -23,7 +23,7 @@ from pe_interp.tasks import TASKS
 __all__ = ["CELL", "ERROR", "GRID_KEYS", "MAX_CELLS", "PROBES_RUN", "RESULT", "RUN_KEYS", "Cell", "Grid", "count_cells", "load_grid", "parse_grid"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-GRID_KEYS = {"name", "base", "axes", "variants", "seeds", "probes", "probe_options", "resources"}
+GRID_KEYS = {"name", "base", "axes", "variants", "seeds", "probes", "probe_options", "resources", "findings"}
 RUN_KEYS = {"task", "encoding", "preset", "authors_quirks"}
 # A cell's directory, SWEEP_DIR/cells/<id>/: its settings, then its result or its error.
 RESULT, ERROR, CELL = "result.json", "error.json", "cell.json"
@@ -71,6 +71,9 @@ class Grid:
     resources: dict[str, float] = field(default_factory=dict)
     variants: tuple[dict[str, Any], ...] = ({},)
     probe_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # where each finished cell's summary goes (pe_interp.sweep.findings): a directory, relative
+    # paths resolved against the grid file's directory; None: no summaries
+    findings: str | None = None
 
     @property
     def varying(self) -> list[str]:
@@ -159,6 +162,9 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
         if p not in known:
             raise ValueError(f"{source}: probes: unknown probe {p!r}; allowed: {known}")
     options = _check_probe_options(data.get("probe_options") or {}, source)
+    findings = data.get("findings")
+    if findings is not None and not (isinstance(findings, str) and findings.strip()):
+        raise ValueError(f"{source}: 'findings' must be a directory path, got {findings!r}")
     resources = _check_resources(data.get("resources"), source)
     n_cells = count_cells({**data, "seeds": seeds, "axes": axes, "variants": variants})
     if n_cells > max_cells:
@@ -174,6 +180,7 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
         resources=resources,
         variants=tuple(dict(v) for v in variants),
         probe_options=options,
+        findings=findings,
     )
     cells = grid.cells()
     ids = [c.id for c in cells]
@@ -248,8 +255,10 @@ def _option_error(key: str, value: Any) -> str | None:
     """What a probe option's value must be, or None when it is fine."""
     if key in ("n", "points", "n_probe"):
         return None if _is_int(value, 1) else "an integer >= 1"
-    if key == "example":
+    if key in ("example", "every"):
         return None if _is_int(value, 0) else "an integer >= 0"
+    if key == "whole_layers":
+        return None if isinstance(value, bool) else "true or false"
     if key == "on":
         return None if value in ("test", "all") else "'test' or 'all'"
     if key == "layers":
@@ -297,4 +306,7 @@ def load_grid(path: str | Path, max_cells: int = MAX_CELLS) -> Grid:
             data = yaml.load(text, Loader=_YAML12Loader)  # noqa: S506 - a SafeLoader
     except Exception as err:  # yaml.YAMLError / tomllib.TOMLDecodeError
         raise ValueError(f"{path}: cannot parse ({str(err).splitlines()[0]})") from None
-    return parse_grid(data, str(path), max_cells=max_cells)
+    grid = parse_grid(data, str(path), max_cells=max_cells)
+    if grid.findings is not None:  # relative to the grid file, so that any working directory finds it
+        grid = dataclasses.replace(grid, findings=str((path.parent / grid.findings).resolve()))
+    return grid

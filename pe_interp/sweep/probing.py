@@ -42,8 +42,8 @@ from probes import (
 if TYPE_CHECKING:
     from pe_interp.checkpoint import Run
 
-ABLATION, DEPOSITS, PATCHING, POSITIONAL, ATTENTION = (
-    "ablation.json", "deposits.json", "patching.json", "positional.json", "attention.json",
+ABLATION, DEPOSITS, PATCHING, POSITIONAL, ATTENTION, LAYER_ABLATION = (
+    "ablation.json", "deposits.json", "patching.json", "positional.json", "attention.json", "layer_ablation.json",
 )
 ROTARY_KINDS = ("multiplicative", "hybrid")
 
@@ -63,15 +63,23 @@ __all__ = [
 
 
 # ---- per cell -------------------------------------------------------------------------------
-def _probe_ablation(run: Run, n: int = 2000, on: str = "test") -> dict[str, Any]:
+def _probe_ablation(run: Run, n: int = 2000, on: str = "test", whole_layers: bool = False) -> dict[str, Any]:
     """Zero-ablation of every head on the held-out split (``on="all"``: train + test, the
-    authors' protocol), and deposit detection."""
+    authors' protocol), and deposit detection. ``whole_layers``: also every layer's heads
+    ablated together, on the same examples (``layer_ablation.json``, ``"layers"`` in the record)."""
     test = run.examples(on, n)
     result = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, method="zero")
     report = find_deposits(result)
     result.save(run.run_dir / ABLATION)
     report.save(run.run_dir / DEPOSITS)
-    return {"ablation": result.to_dict(per_example=False), "deposits": report.to_dict()}
+    record = {"ablation": result.to_dict(per_example=False), "deposits": report.to_dict()}
+    if whole_layers:
+        cfg = run.model.cfg
+        sets = [[(layer, h) for h in range(cfg.n_heads)] for layer in range(cfg.n_layers)]
+        layers = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, method="zero", head_sets=sets)
+        layers.save(run.run_dir / LAYER_ABLATION)
+        record["layers"] = layers.to_dict(per_example=False)
+    return record
 
 
 def _rotary_task1(run: Run) -> bool:
@@ -233,12 +241,15 @@ def _shares(terms, mats: dict[str, Any]) -> dict[str, float]:
 
 
 def _dynamics_callback(
-    cell: Any, points: int = 20, n_probe: int = 512, layers: tuple[int, ...] = (0,)
+    cell: Any, points: int = 20, n_probe: int = 512, layers: tuple[int, ...] = (0,), every: int = 0,
 ) -> DepositDynamics:
-    """Deposit dynamics of ``layers`` (default layer 0), recorded about ``points`` times over
+    """Deposit dynamics of ``layers`` (default layer 0) on the first ``n_probe`` held-out
+    examples, recorded every ``every`` steps, or (``every=0``) about ``points`` times over
     training (``cell``: a :class:`~pe_interp.sweep.Cell`)."""
-    _, _, train_cfg = build_run_configs(seed=cell.seed, **cell.kwargs)
-    return DepositDynamics(every=max(1, train_cfg.total_steps // points), layers=tuple(layers), n_probe=n_probe)
+    if not every:
+        _, _, train_cfg = build_run_configs(seed=cell.seed, **cell.kwargs)
+        every = max(1, train_cfg.total_steps // points)
+    return DepositDynamics(every=every, layers=tuple(layers), n_probe=n_probe)
 
 
 PROBES: dict[str, Callable[[Any], dict[str, Any] | None]] = {
@@ -251,11 +262,11 @@ PROBES: dict[str, Callable[[Any], dict[str, Any] | None]] = {
 CALLBACKS: dict[str, Callable[[Any], Any]] = {"dynamics": _dynamics_callback}
 # The keyword options a grid's ``probe_options`` may pass to each probe or callback.
 PROBE_OPTIONS: dict[str, set[str]] = {
-    "ablation": {"n", "on"},
+    "ablation": {"n", "on", "whole_layers"},
     "patching": {"n"},
     "positional": {"n"},
     "decomposition": {"example"},
-    "dynamics": {"points", "n_probe", "layers"},
+    "dynamics": {"points", "n_probe", "layers", "every"},
 }
 
 

@@ -61,7 +61,8 @@ class DepositDynamics(Callback):
     """Training callback: the per-head ablation drops of some layers, every ``every`` steps.
 
     On a fixed probe batch (``probe``: anything with ``tokens``, ``labels``, ``pad_mask``; by
-    default ``n_probe`` examples sampled once from ``trainer.task`` with ``probe_seed``) it runs
+    default the first ``n_probe`` examples of the trainer's held-out split, without the rows of
+    the class the loss ignores: what the ablation probe evaluates, :meth:`Run.examples`) it runs
     :func:`~probes.ablation.ablate_heads` on ``layers`` (default ``[0]``) and records, per
     layer, each head's drop and the first-to-second margin (plus baseline, share, entropy). With
     ``at_start`` it also records step 0 (initialisation, where the theory's "seed" lives), and
@@ -83,7 +84,6 @@ class DepositDynamics(Callback):
         *,
         probe: Any = None,
         n_probe: int = 512,
-        probe_seed: int = 20250519,
         metric: str = "accuracy",
         method: str = "zero",
         batch_size: int | None = None,
@@ -97,7 +97,6 @@ class DepositDynamics(Callback):
         self.layers = [int(x) for x in layers]
         self.probe = probe
         self.n_probe = n_probe
-        self.probe_seed = probe_seed
         self.metric = metric
         self.method = method
         self.batch_size = batch_size
@@ -124,8 +123,10 @@ class DepositDynamics(Callback):
         dev = model.W_E.device
         if self._probe_dev is None or self._probe_dev[0] != dev:
             if self.probe is None:
-                with torch.random.fork_rng(devices=self._rng_devices(model)):
-                    self.probe = trainer.task.sample(self.n_probe, seed=self.probe_seed)
+                test, ignore = trainer.test, trainer.train_cfg.ignore_index
+                if ignore is not None:
+                    test = test[test.labels != ignore]
+                self.probe = test[: self.n_probe]
             p = self.probe
             self._probe_dev = (dev, p.tokens.to(dev), p.labels.to(dev), p.pad_mask.to(dev))
         return self._probe_dev[1:]
