@@ -55,6 +55,7 @@ lint: setup
 # than fp32: the bf16 step is then measured at batch 8 with 2 repeats, so that it ends in minutes.
 bench: setup
 	$(PY) benchmarks/model_step.py --threads 1,0
+	$(PY) benchmarks/model_step.py --size mid --amp --threads 1 --contenders baseline,sdpa,baseline-bf16,sdpa-bf16 $$($(PY) -c "from pe_interp.hardware import cpu_has_bf16; print('' if cpu_has_bf16() else '--steps 1 --repeats 2')")
 	$(PY) benchmarks/model_step.py --amp --threads 1,0 $$($(PY) -c "from pe_interp.hardware import cpu_has_bf16; print('' if cpu_has_bf16() else '--batch 8 --steps 1 --repeats 2 --contenders baseline,sdpa,baseline-bf16,sdpa-bf16')")
 	$(PY) benchmarks/tasks.py
 	$(PY) benchmarks/ablation.py --n 256 --naive-heads 24

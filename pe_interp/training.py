@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pe_interp import hardware
+from pe_interp import attn_routes, hardware
 from pe_interp._version import __version__
 from pe_interp.callbacks import Callback
 from pe_interp.checkpoint import (
@@ -149,6 +149,9 @@ class Trainer:
             "param_groups": json.dumps(opt["param_groups"]),
             "running": json.dumps(self.running),
             "stopped": str(int(self.stopped)),
+            # bf16 attention routes chosen by measurement (pe_interp.attn_routes): pinned on
+            # resume, so that a resumed run computes exactly what an uninterrupted one did
+            "attn_routes": json.dumps(attn_routes.chosen()),
         }
         atomic_save_tensors(self.run_dir / TRAIN_STATE, tensors, meta)
         atomic_save_tensors(self.run_dir / WEIGHTS, weights, {"step": str(self.step)})
@@ -189,6 +192,8 @@ class Trainer:
                 torch.cuda.set_rng_state_all(cuda)
         self.step = step
         self.stopped = meta.get("stopped") == "1"
+        if "attn_routes" in meta:
+            attn_routes.pin(json.loads(meta["attn_routes"]))
         if "running" in meta:
             self.running = json.loads(meta["running"])
 

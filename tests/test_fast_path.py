@@ -91,10 +91,18 @@ def test_complex_rope_is_the_two_real_rotation(start, dim, heads_first, dtype):
     tol = 1e-6 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(got.double(), ref, atol=tol, rtol=tol)
     assert got.dtype == dtype
-    # bf16 has no complex kernels: the two-real form, within bf16 rounding.
-    half = apply_rope(x.bfloat16(), cos, sin, start, mask, heads_first=heads_first)
+    # bf16 input: rotated in fp32 and rounded once, so exactly the fp32 rotation of the bf16
+    # values, rounded; the two-real form in bf16 arithmetic (an explicit compute_dtype) is
+    # within bf16 rounding of it.
+    xb = x.bfloat16()
+    half = apply_rope(xb, cos, sin, start, mask, heads_first=heads_first)
     assert half.dtype == torch.bfloat16
+    want = apply_rope(xb.float(), cos, sin, start, mask, heads_first=heads_first).bfloat16()
+    assert torch.equal(half, want)
     torch.testing.assert_close(half.double(), ref, atol=0.05, rtol=0.02)
+    two_real = apply_rope(xb, cos, sin, start, mask, heads_first=heads_first, compute_dtype=torch.bfloat16)
+    assert two_real.dtype == torch.bfloat16
+    torch.testing.assert_close(two_real.double(), half.double(), atol=0.05, rtol=0.02)
 
 
 # ---- bf16 ---------------------------------------------------------------------------------------

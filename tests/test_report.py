@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import io
 import json
+import math
 import os
 import re
 import select
@@ -70,10 +71,35 @@ def test_smoke_summary_matches_the_golden_file(repro):
     got = json.loads((repro.out / "summary.json").read_text())
     got.pop("out_dir")
     want = json.loads(GOLDEN.read_text())
-    if got != want:
-        diffs = [k for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k)]
+    # The C15 evidence (gradient coherence at initialisation) is a reduction over float32
+    # matmuls whose last bit depends on the CPU's vector unit (AVX2 and AVX-512 kernels differ
+    # by 1 ulp, measured): its floats are held to 1e-6 relative, everything else exactly.
+    diffs = sorted(k for k in set(got) | set(want)
+                   if not _same(got.get(k), want.get(k), rel=1e-6 if k == "gradients" else 0.0))
+    if diffs:
         pytest.fail(f"summary.json differs from {GOLDEN.name} in {diffs} (see the docstring to regenerate "
                     "it when numbers are meant to change)")
+
+
+def _same(a, b, rel: float) -> bool:
+    """Equal JSON values, floats within ``rel`` (0: exactly)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], rel) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y, rel) for x, y in zip(a, b))
+    if rel and isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+    return a == b and type(a) is type(b)
+
+
+def test_golden_comparison_is_strict():
+    """The comparison above: exact outside the tolerance, and a 1e-5 change in a gradient fails."""
+    assert _same({"a": [1.0, 2]}, {"a": [1.0, 2]}, 0.0)
+    assert not _same({"a": [1.0, 2]}, {"a": [1.0 + 1e-12, 2]}, 0.0)
+    assert not _same({"a": 1}, {"a": 1.0}, 0.0)
+    assert _same({"g": [0.0967933014]}, {"g": [0.0967933088]}, 1e-6)
+    assert not _same({"g": [0.0967933014]}, {"g": [0.0967943014]}, 1e-6)
+    assert not _same({"g": [1.0]}, {"g": [1.0], "h": 1}, 1e-6)
 
 
 def md_section(md: str, title_start: str) -> str:
