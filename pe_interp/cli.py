@@ -19,6 +19,7 @@ from pe_interp.commands import (
     report,
     reproduce,
     show,
+    study,
     sweep,
     train,
 )
@@ -35,6 +36,7 @@ COMMANDS = {
     report: ("report",),
     reproduce: ("reproduce",),
     sweep: ("sweep", "sweep-report"),
+    study: ("study",),
 }
 
 

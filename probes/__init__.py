@@ -1,7 +1,8 @@
 """Probes: pure functions of a model and data that return frozen result objects.
 
 - :mod:`probes.ablation`: head ablation sweeps (zero, mean, resample), batched and exact.
-- :mod:`probes.deposit`: deposit detection, and deposit dynamics during training.
+- :mod:`probes.deposit`: the single-head deposit (``dominance``), layer concentration
+  (``find_deposits``), and their dynamics during training.
 - :mod:`probes.patching`: activation patching over heads, positions, q/k/v, pattern, residual.
 - :mod:`probes.decomposition`: attention-logit terms, Toeplitz score, positional score per head.
 - :mod:`probes.gradients`: gradient coherence per head at initialisation (the "seed").
@@ -30,7 +31,9 @@ from probes.decomposition import (
 from probes.deposit import (
     DepositDynamics,
     DepositReport,
+    Dominance,
     LayerDeposit,
+    dominance,
     find_deposits,
     load_dynamics,
 )
@@ -55,6 +58,7 @@ __all__ = [
     "CoherenceResult",
     "DepositDynamics",
     "DepositReport",
+    "Dominance",
     "LayerDeposit",
     "LogitTerms",
     "PatchResult",
@@ -71,6 +75,7 @@ __all__ = [
     "coherence_report",
     "faithfulness_curve",
     "family_attributions",
+    "dominance",
     "find_deposits",
     "format_coherence_report",
     "gradient_coherence",

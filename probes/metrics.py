@@ -186,3 +186,24 @@ __all__ = [
     "paired_bootstrap",
     "resolve_metric",
 ]
+
+
+def wilson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a rate ``k`` of ``n`` (e.g. seeds that show a deposit): the
+    interval of choice for small ``n`` and rates near 0 or 1 (it never leaves [0, 1] and is not
+    degenerate at k = 0). ``(nan, nan)`` for ``n = 0``."""
+    import statistics
+
+    if not (isinstance(k, int) and isinstance(n, int) and 0 <= k <= n):
+        raise ValueError(f"wilson needs integers 0 <= k <= n, got k={k!r}, n={n!r}")
+    if not 0 < level < 1:
+        raise ValueError(f"wilson level must be in (0, 1), got {level!r}")
+    if n == 0:
+        return float("nan"), float("nan")
+    z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    low = 0.0 if k == 0 else max(0.0, float(centre - half))  # exact at the ends (no 1e-17 residue)
+    high = 1.0 if k == n else min(1.0, float(centre + half))
+    return low, high

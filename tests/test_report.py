@@ -130,7 +130,7 @@ def test_summary_has_three_well_formed_tables(repro):
     assert "preset `smoke`" in md
     assert "Failed cells**: none" in md
     assert "2 layers, d_model 32, 4 heads" in md  # from the runs' config.json
-    for title in ("Accuracy by encoding", "Deposits", "Claims C1–C17", "Task baselines"):
+    for title in ("Accuracy by encoding", "Single-head deposits", "Claims C1–C17", "Task baselines"):
         rows = md_table(md_section(md, title))
         n = len(rows[0])
         assert all(len(r) == n for r in rows), f"{title}: ragged table"
@@ -198,7 +198,7 @@ def test_deposit_table(repro):
     recs = data["tables"]["deposits"]["records"]
     assert len(recs) == 2 * len(ENCODINGS) and {r["encoding"] for r in recs} == set(ENCODINGS)
     for r in recs:
-        assert r["measured"] and r["deposit_found"] in (True, False)
+        assert r["measured"] and r["layer_concentration"] in (True, False) and r["single_head_deposit"] in (True, False)
         assert isinstance(r["layer"], int) and isinstance(r["head"], int)
         assert r["ci"] is not None and r["ci"][0] <= r["drop"] + 1e-9 <= r["ci"][1] + 2e-9
         # the share is the head's drop over its layer's summed positive drops, from the stored sweep
@@ -268,11 +268,12 @@ def test_flagged_deposit_and_failed_cell_are_reported(repro, tmp_path):
     write_report(out, preset="smoke")
     md = (out / "summary.md").read_text()
     assert "**Failed cells (1)**" in md and "`broken-cell`: RuntimeError: deliberate" in md
-    rows = md_table(md_section(md, "Deposits"))
+    rows = md_table(md_section(md, "Single-head deposits and layer concentration"))
     row = next(r for r in rows[2:] if r[0] == "rope" and r[2] == "distance")
-    assert row[6] == "yes: L0H1" and (row[7], row[8]) == ("0", "1")
+    # a flagged layer is a layer concentration, not a single-head deposit
+    assert (row[6], row[7]) == ("no", "L0H1")
     text = (out / "report.html").read_text()
-    assert "layer 0, head 1 (flagged deposit head)" in text
+    assert "layer 0, head 1 (top head of a concentrated layer)" in text
     assert "broken-cell" in text
 
 
@@ -312,7 +313,7 @@ def test_report_html_is_self_contained(repro):
     for src in imgs:
         assert src.startswith("data:image/png;base64,"), src[:60]
         Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).verify()
-    for key in ("Claims C1–C17", "Accuracy by encoding and task", "Deposits: single-head ablation per model"):
+    for key in ("Claims C1–C17", "Accuracy by encoding and task", "Single-head deposits and layer concentration, per model"):
         assert key in text
     assert "sourceMappingURL" not in text
     # Bundle exactly once; one small render call per widget.

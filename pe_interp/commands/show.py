@@ -1,4 +1,5 @@
-"""``pe-interp show RUN_DIR``: a run's config, accuracy, deposit verdict and files, as text."""
+"""``pe-interp show RUN_DIR``: a run's config, accuracy, single-head deposit verdict, layer
+concentration and files, as text."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ def _pct(x) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from pe_interp.checkpoint import load_run
-    from probes import DepositReport
+    from probes import AblationResult, DepositReport, dominance
 
     run_dir = Path(args.run_dir)
     loaded = load_run(run_dir)  # validates config and weights: a one-line error otherwise
@@ -52,19 +55,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"             chance {_pct(task.chance_accuracy())}, length-only ceiling {_pct(task.length_only_accuracy())}")
     else:
         print("accuracy     no evaluation recorded yet (metrics.jsonl is empty)")
+    if (run_dir / "ablation.json").is_file():
+        ablation = AblationResult.load(run_dir / "ablation.json")
+        if ablation.is_grid and not np.isnan(ablation.drops).any():
+            d = dominance(ablation)
+            verdict = "YES" if d.single else "no"
+            print(f"single-head deposit  {verdict}: {d.text()} ({ablation.method}-ablation, {ablation.metric}, "
+                  f"{ablation.n_examples} examples)")
+        else:
+            print("single-head deposit  not judged: the ablation grid is partial (every head must be measured)")
+    else:
+        print(f"single-head deposit  not measured (run: pe-interp ablate {run_dir})")
     if (run_dir / "deposits.json").is_file():
         report = DepositReport.load(run_dir / "deposits.json")
-        if report.deposits:
-            found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits)
-            print(f"deposit      YES: {found} ({report.method}-ablation, {report.metric})")
-        else:
-            print(f"deposit      none flagged ({report.method}-ablation, {report.metric})")
+        found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits) or "none"
+        print(f"layer concentration  {found} (a layer's top head ≥ {100 * report.min_drop:.0f} pts and "
+              f"≥ {100 * report.min_share:.0f}% of its layer's drop)")
         for s in report.layers:
-            mark = "deposit" if s.is_deposit else "; ".join(s.failed)
+            mark = "concentrated" if s.is_deposit else "; ".join(s.failed)
             print(f"  layer {s.layer}    top H{s.top_head} drop {s.top_drop:.3f}, runner-up H{s.second_head} "
                   f"{s.second_drop:.3f}, share {s.share:.2f}: {mark}")
-    else:
-        print(f"deposit      not measured (run: pe-interp ablate {run_dir})")
     print("files")
     for p in sorted(q for q in run_dir.rglob("*") if q.is_file() and not q.name.startswith(".")):
         print(f"  {str(p.relative_to(run_dir)):<40} {p.stat().st_size:>12,} bytes")

@@ -19,6 +19,7 @@ from pe_interp.checkpoint import load_run
 from pe_interp.hardware import machine
 from pe_interp.io import atomic_write_json, read_json
 from pe_interp.sweep.aggregate import collect
+from pe_interp.sweep.findings import has_finding, write_finding
 from pe_interp.sweep.grid import CELL, ERROR, PROBES_RUN, RESULT, Cell, Grid
 from pe_interp.sweep.probing import CALLBACKS, PROBES, SWEEP_PROBES
 
@@ -137,17 +138,29 @@ def run_sweep(
     sweep_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(sweep_dir / "grid.json", grid.to_dict())
     cells = grid.cells()
-    skipped = [c.id for c in cells if _finished(sweep_dir / "cells" / c.id, grid.probes)]
+    finished = {c.id for c in cells if _finished(sweep_dir / "cells" / c.id, grid.probes)}
+    exported = _export_findings(grid, [c for c in cells if c.id in finished], sweep_dir)
+    found = {c.id for c in cells if c.id not in finished and has_finding(grid, c)}
+    skipped = [c.id for c in cells if c.id in finished | found]
     todo = [c for c in cells if c.id not in set(skipped)]
     cpus = os.cpu_count() or 1
     threads = int(grid.resources.get("cpus", 1)) or 1
     if progress:
-        print(f"{grid.name}: {len(cells)} cells, {len(skipped)} already finished, {len(todo)} to run", file=sys.stderr)
+        print(f"{grid.name}: {len(cells)} cells, {len(skipped)} already finished"
+              + (f" ({len(found)} of them by their findings in {grid.findings})" if found else "")
+              + (f", {exported} finding(s) written" if exported else "") + f", {len(todo)} to run", file=sys.stderr)
+
+    def record(outcome: dict[str, Any]) -> None:
+        """A cell has ended: its finding, when the grid keeps them."""
+        if "error" not in outcome and grid.findings is not None:
+            cell = next(c for c in todo if c.id == outcome["id"])
+            write_finding(grid, cell, outcome, sweep_dir / "cells" / cell.id / "run")
+
     if backend == "local":
         workers = workers or max(1, cpus // threads)
-        outcomes = _run_local(todo, str(sweep_dir), grid.probes, workers, threads, progress, grid.probe_options)
+        outcomes = _run_local(todo, str(sweep_dir), grid.probes, workers, threads, progress, grid.probe_options, record)
     else:
-        outcomes = _run_ray(todo, str(sweep_dir), grid, address, max_retries, progress)
+        outcomes = _run_ray(todo, str(sweep_dir), grid, address, max_retries, progress, record)
     failed = {o["id"]: o["error"] for o in outcomes if "error" in o}
     done = [o["id"] for o in outcomes if "error" not in o]
     sweep_probes = [SWEEP_PROBES[name] for name in grid.probes if name in SWEEP_PROBES]
@@ -156,6 +169,19 @@ def run_sweep(
         for probe in sweep_probes:
             probe(sweep_dir, results)
     return SweepSummary(done=done, skipped=skipped, failed=failed)
+
+
+def _export_findings(grid: Grid, cells: list[Cell], sweep_dir: Path) -> int:
+    """Write the missing findings of finished cells (a sweep stopped between a cell's end and its
+    finding, or run before the grid kept findings); returns how many were written."""
+    if grid.findings is None:
+        return 0
+    written = 0
+    for cell in cells:
+        if not has_finding(grid, cell):
+            write_finding(grid, cell, read_json(sweep_dir / "cells" / cell.id / RESULT), sweep_dir / "cells" / cell.id / "run")
+            written += 1
+    return written
 
 
 def _finished(cell_dir: Path, probes: tuple[str, ...]) -> bool:
@@ -217,13 +243,19 @@ class Progress:
               file=self.stream or sys.stderr, flush=True)
 
 
-def _run_local(cells, sweep_dir, probes, workers, threads, progress, options=None) -> list[dict[str, Any]]:
+def _run_local(cells, sweep_dir, probes, workers, threads, progress, options=None, record=None) -> list[dict[str, Any]]:
     bar = Progress(len(cells), workers, progress)
     outcomes = []
+
+    def done(outcome: dict[str, Any]) -> None:
+        outcomes.append(outcome)
+        if record is not None:
+            record(outcome)
+        bar.update(outcome)
+
     if workers <= 1 or len(cells) <= 1:
         for cell in cells:
-            outcomes.append(_safe_run_cell(cell, sweep_dir, probes, threads, options))
-            bar.update(outcomes[-1])
+            done(_safe_run_cell(cell, sweep_dir, probes, threads, options))
     else:
         import multiprocessing as mp
         from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -234,13 +266,12 @@ def _run_local(cells, sweep_dir, probes, workers, threads, progress, options=Non
             while pending:
                 finished, pending = wait(pending, timeout=min(30.0, bar.heartbeat), return_when=FIRST_COMPLETED)
                 for fut in finished:
-                    outcomes.append(fut.result())
-                    bar.update(outcomes[-1])
+                    done(fut.result())
                 bar.tick()
     return outcomes
 
 
-def _run_ray(cells, sweep_dir, grid: Grid, address, max_retries, progress) -> list[dict[str, Any]]:
+def _run_ray(cells, sweep_dir, grid: Grid, address, max_retries, progress, record=None) -> list[dict[str, Any]]:
     try:  # an optional extra: the error says how to install it
         import ray
     except ImportError:
@@ -266,6 +297,8 @@ def _run_ray(cells, sweep_dir, grid: Grid, address, max_retries, progress) -> li
                     outcomes.append(ray.get(ref))
                 except Exception as err:  # noqa: BLE001 - worker lost beyond its retries
                     outcomes.append({"id": "?", "error": f"{type(err).__name__}: {err}"})
+                if record is not None:
+                    record(outcomes[-1])
                 bar.update(outcomes[-1])
         return outcomes
     finally:

@@ -20,7 +20,8 @@ from pe_interp.presets import build_run_configs
 from pe_interp.sweep.probing import CALLBACKS, PROBE_OPTIONS, PROBES, SWEEP_PROBES
 from pe_interp.tasks import TASKS
 
-__all__ = ["CELL", "ERROR", "GRID_KEYS", "MAX_CELLS", "PROBES_RUN", "RESULT", "RUN_KEYS", "Cell", "Grid", "count_cells", "load_grid", "parse_grid"]
+__all__ = ["CELL", "ERROR", "GRID_KEYS", "MAX_CELLS", "PROBES_RUN", "RESULT", "RUN_KEYS", "Cell", "Grid", "condition_name", "count_cells",
+           "load_grid", "parse_grid"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 GRID_KEYS = {"name", "base", "axes", "variants", "seeds", "probes", "probe_options", "resources", "findings"}
@@ -35,6 +36,18 @@ def _allowed_fields() -> set[str]:
     for cls in TASKS.values():
         fields |= {f.name for f in dataclasses.fields(cls)}
     return fields - {"seed", "n_ctx", "n_classes"}  # seeds are their own key; sizes follow the task
+
+
+def condition_name(params: dict[str, Any], base: dict[str, Any]) -> str:
+    """How a cell's settings differ from a grid's base: ``"base"``, or ``key=value, ...`` (sorted
+    by key; a base key the cell lacks reads ``key=None``). The study's name of a condition."""
+    diff = {k: v for k, v in sorted(params.items()) if base.get(k) != v}
+    diff |= {k: None for k in base if k not in params}
+
+    def fmt(v: Any) -> str:
+        return json.dumps(v) if isinstance(v, dict | list) else str(v)
+
+    return ", ".join(f"{k}={fmt(v)}" for k, v in diff.items()) or "base"
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,10 @@ class Grid:
                 for seed in variant.get("seeds", self.seeds):
                     out.append(Cell(tuple(order), seed))
         return out
+
+    def condition(self, cell: Cell) -> str:
+        """The cell's condition (:func:`condition_name` against this grid's base)."""
+        return condition_name(cell.kwargs, self.base)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {

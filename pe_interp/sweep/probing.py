@@ -147,15 +147,15 @@ class AttentionRecord:
 
 
 def choose_head(ablation: AblationResult, deposits: DepositReport, task: str, kind: str) -> tuple[int, int, str] | None:
-    """The head whose attention the report shows for a cell: its flagged deposit head (the
+    """The head whose attention the report shows for a cell: the top head of its concentrated layer (the
     shallowest), else for a task-1 model with a rotary part the layer-0 head whose ablation hurts
     most; None otherwise."""
     if deposits.first is not None:
         layer, head = deposits.first
-        return layer, head, "flagged deposit head"
+        return layer, head, "top head of a concentrated layer"
     if task == "distance" and kind in ROTARY_KINDS:
         top = deposits.layer(0)
-        return 0, top.top_head, f"no deposit flagged; top layer-0 head (drop {100 * top.top_drop:.1f} pts)"
+        return 0, top.top_head, f"no layer concentration; top layer-0 head (drop {100 * top.top_drop:.1f} pts)"
     return None
 
 
@@ -192,11 +192,11 @@ DECOMPOSITION = "decomposition.json"
 
 
 def top_head(ablation: AblationResult, deposits: DepositReport) -> tuple[int, int, str]:
-    """The head a cell's logit decomposition looks at: its flagged deposit head (the shallowest),
+    """The head a cell's logit decomposition looks at: the top head of its concentrated layer (the shallowest),
     else the head whose ablation hurts most in the whole model."""
     if deposits.first is not None:
         layer, head = deposits.first
-        return layer, head, "flagged deposit head"
+        return layer, head, "top head of a concentrated layer"
     filled = np.nan_to_num(ablation.drops, nan=-np.inf)
     layer, head = (int(i) for i in np.unravel_index(int(np.argmax(filled)), filled.shape))
     return layer, head, f"top head by ablation (drop {100 * float(ablation.drops[layer, head]):.1f} pts)"

@@ -1,8 +1,12 @@
-"""Detecting the single-head deposit pattern in an ablation sweep.
+"""Layer concentration in an ablation sweep.
 
-:func:`find_deposits` reads an :class:`~probes.ablation.AblationResult` layer by layer and says
-whether one head carries (almost) all of what the layer contributes: the paper's "single-head
-deposit pattern" (digest §6), which the paper itself judged by eye from per-layer line plots.
+:func:`find_deposits` reads an :class:`~probes.ablation.AblationResult` layer by layer and flags
+a **layer concentration** where one head carries most of what *its layer* contributes (the
+per-layer line plots by which the paper judged its "deposit pattern", digest §6). A layer
+concentration is weaker than a **single-head deposit**, which is a property of the whole model
+(:func:`probes.deposit.dominance`: one head ≥ 50 points, every other within 5): a model can
+have a concentrated layer and still several heads that matter. Thresholds are compared at the
+evaluation set's granularity, and an exact tie for a layer's top is never flagged.
 :func:`layer_stats` is the one definition of a layer's deposit statistics (top head, runner-up,
 margin, share, entropy, Gini), used by detection, by the dynamics callback, by the report and by
 the claims.
@@ -20,6 +24,7 @@ import numpy as np
 
 from pe_interp.io import atomic_write_json, nan_float, read_json, to_json
 from probes.ablation import AblationResult, Head
+from probes.deposit.dominance import GRANULE_TOL, at_least
 
 DEFAULT_MIN_DROP_ACCURACY = 0.2
 DEFAULT_MIN_SHARE = 0.5
@@ -136,10 +141,12 @@ def layer_stats(
     hi = float(ci_high[top]) if ci_high is not None else float("nan")
     separated = None if (math.isnan(lo) or second is None) else bool(lo > second_drop)
     failed = []
-    if not top_drop >= min_drop or not top_drop > 0:
+    if not at_least(top_drop, min_drop) or not top_drop > GRANULE_TOL:
         failed.append(f"top drop {top_drop:.3g} < min_drop {min_drop:.3g}")
-    if not share >= min_share:
+    if not at_least(share, min_share):
         failed.append(f"share {share:.3g} < min_share {min_share:.3g}")
+    if second is not None and not top_drop - second_drop > GRANULE_TOL:
+        failed.append(f"tie: head {second} drops as much as head {top}")
     if require_separation and separated is False:
         failed.append(f"CI low {lo:.3g} of the top head does not exceed the second head's drop {second_drop:.3g}")
     return LayerDeposit(
