@@ -13,7 +13,13 @@ import pytest
 from pe_interp.cli import main
 from pe_interp.report.findings import condition_rows, model_rows, update_readme
 from pe_interp.sweep import load_grid, run_sweep
-from pe_interp.sweep.findings import FINDING_KEYS, ablation_of, has_finding, layer_ablation_of, load_findings
+from pe_interp.sweep.findings import (
+    FINDING_KEYS,
+    ablation_of,
+    has_finding,
+    layer_ablation_of,
+    load_findings,
+)
 
 GRID = """
 name: smk
