@@ -19,9 +19,10 @@ from pe_interp.commands.options import add_device_flag, at_least, device_arg, po
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "ablate",
-        help="ablate each attention head and find single-head deposits",
-        description="Ablate each attention head of a trained run on its held-out set, one at a time, "
-        "and flag layers where one head carries the layer (the single-head deposit pattern).",
+        help="ablate each attention head: single-head deposit and layer concentration",
+        description="Ablate each attention head of a trained run on its held-out set, one at a time; say "
+        "whether the model has a single-head deposit (one head costs >= 50 points, every other moves accuracy "
+        "by <= 5 either way) and flag the layers where one head carries most of its layer (layer concentration).",
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `pe-interp train`")
     p.add_argument("--method", choices=["zero", "mean", "resample"], default="zero")
@@ -33,17 +34,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap replicates for the CIs (0: none)")
     p.add_argument("--batch-size", type=int, default=None, help="rows per forward (default 128 on CPU, 2048 on GPU)")
     add_device_flag(p)
-    p.add_argument("--min-drop", type=float, default=None, help="deposit threshold (default 0.2 for accuracy)")
-    p.add_argument("--min-share", type=float, default=0.5, help="deposit threshold on the top head's share")
+    p.add_argument("--min-drop", type=float, default=None, help="layer-concentration threshold on the top head's drop (default 0.2 for accuracy)")
+    p.add_argument("--min-share", type=float, default=0.5, help="layer-concentration threshold on the top head's share of its layer")
     p.add_argument("--no-figures", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from pe_interp import load_run
     from probes.ablation import ablate_heads
-    from probes.deposit import find_deposits
+    from probes.deposit import dominance, find_deposits
 
     run_dir = Path(args.run_dir)
     positive_n(args.n, "--n")
@@ -74,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
     where = "held-out" if args.on == "test" else "train + held-out"
     print(f"{run_dir}: {result.n_examples} {where} examples, {model.cfg.encoding_name}, {elapsed:.1f} s")
     print(report.summary())
+    if result.is_grid and not np.isnan(result.drops).any() and result.metric == "accuracy":
+        print(f"single-head deposit: {dominance(result).text()}")
     found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits) or "none"
-    print(f"deposits: {found}")
+    print(f"layer concentration: {found}")
     print(f"wrote {run_dir / 'ablation.json'}, {run_dir / 'deposits.json'}" + ("" if args.no_figures else f", {run_dir / 'figures'}/"))
     return 0

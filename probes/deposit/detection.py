@@ -229,7 +229,7 @@ class DepositReport:
         """A short fixed-width table, one row per layer."""
         rows = [
             f"{self.method}-ablation, metric {self.metric}, baseline {self.baseline:.4f}",
-            f"{'layer':>5} {'head':>4} {'drop':>8} {'CI':>19} {'2nd':>8} {'share':>6} {'entropy':>7} deposit",
+            f"{'layer':>5} {'head':>4} {'drop':>8} {'CI':>19} {'2nd':>8} {'share':>6} {'entropy':>7} concentrated",
         ]
         for s in self.layers:
             ci = "" if math.isnan(s.top_ci[0]) else f"[{s.top_ci[0]:.3f}, {s.top_ci[1]:.3f}]"
