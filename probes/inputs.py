@@ -98,7 +98,8 @@ def check_examples(
         if not model.cfg.mask_padding and (not isinstance(pad_mask, Tensor) or pad_mask.shape != tokens.shape
                                            or pad_mask.dtype != torch.bool):
             raise ValueError(f"pad_mask must be a bool tensor shaped like {what} {tuple(tokens.shape)}, "
-                             f"got {type_name(pad_mask)} {tuple(getattr(pad_mask, 'shape', ()))}")
+                             f"got {getattr(pad_mask, 'dtype', type_name(pad_mask))} "
+                             f"{tuple(getattr(pad_mask, 'shape', ()))}")
     except ValueError as err:
         raise ValueError(f"{_p(who)}{err}") from None
     check_pad_mask(model, checked, pad_mask, who, mask_name)
