@@ -8,6 +8,7 @@ loudly; nothing is discovered at run time.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from pe_interp.commands import (
@@ -73,6 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"pe-interp {args.command}: interrupted; rerun with --resume to continue", file=sys.stderr)
         return 130
+    except Exception as err:  # a bug, not a bad input: still one line, no traceback (status 1)
+        if os.environ.get("PE_INTERP_TRACEBACK"):
+            raise
+        first = str(err).splitlines()[0] if str(err) else ""
+        print(f"pe-interp {args.command}: internal error: {type(err).__name__}: {first} (a bug, please report it; "
+              "PE_INTERP_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

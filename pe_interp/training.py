@@ -10,6 +10,7 @@ a training process).
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from pe_interp.checkpoint import (
     read_json,
     truncate_jsonl,
 )
+from pe_interp.checks import check_finite_weights, check_labels
 from pe_interp.config import ModelConfig, TrainConfig, check_device, check_run_configs
 from pe_interp.model import HookedPETransformer
 from pe_interp.modes import eval_mode
@@ -64,6 +66,11 @@ def evaluate(
     Rows whose label is ``ignore_index`` count in neither (the authors' task-2 protocol)."""
     if len(batch) == 0:
         raise ValueError("evaluate: the batch is empty (need at least 1 example)")
+    check_finite_weights(model, "evaluate")
+    try:
+        check_labels(batch.labels, model.cfg.n_classes, len(batch), what="batch.labels")
+    except ValueError as err:
+        raise ValueError(f"evaluate: {err}") from None
     device = model.W_E.device
     correct, loss_sum, counted = 0, 0.0, 0
     with eval_mode(model):
@@ -78,7 +85,33 @@ def evaluate(
             counted += len(labels)
     if counted == 0:
         raise ValueError(f"evaluate: every label is the ignored class {ignore_index}")
+    if not math.isfinite(loss_sum):  # finite weights, yet the logits overflowed
+        fix = "evaluate without amp (float32)" if amp else "check the inputs and the weights' scale"
+        raise ValueError(f"evaluate: the loss is not finite ({loss_sum}) although the weights are: the logits "
+                         f"overflow; {fix}")
     return {"acc": correct / counted, "loss": loss_sum / counted}
+
+
+def _check_optimizer_state(path: Path, state: dict[int, dict[str, torch.Tensor]], params: dict[str, torch.Tensor],
+                           step: int) -> None:
+    """A CheckpointError naming the first optimizer tensor that is missing or misshapen: the
+    optimizer would load the rest and fail at its next step (or restart its moments silently)."""
+    names = list(params)
+    damaged = "the file is damaged: restore it from a copy, or train again into a new --out"
+    if step > 0 and not state:
+        raise CheckpointError(f"{path}: no optimizer tensors (optim.*) although the run is at step {step}; {damaged}")
+    keys = sorted({k for entry in state.values() for k in entry})
+    for idx in sorted(state):
+        if not 0 <= idx < len(names):
+            raise CheckpointError(f"{path}: optimizer tensors for parameter {idx}, but the model has {len(names)}; {damaged}")
+        missing = [k for k in keys if k not in state[idx]]
+        if missing:
+            raise CheckpointError(f"{path}: optimizer tensor 'optim.{idx}.{missing[0]}' (of {names[idx]}) is missing; {damaged}")
+        shape = tuple(params[names[idx]].shape)
+        for k, v in state[idx].items():
+            if v.ndim > 0 and tuple(v.shape) != shape:
+                raise CheckpointError(f"{path}: optimizer tensor 'optim.{idx}.{k}' has shape {tuple(v.shape)}, its "
+                                      f"parameter {names[idx]} {shape}; {damaged}")
 
 
 def _autocast(device: torch.device, amp: bool):
@@ -181,6 +214,7 @@ class Trainer:
             if key.startswith("optim."):
                 _, idx, name = key.split(".", 2)
                 state.setdefault(int(idx), {})[name] = value
+        _check_optimizer_state(path, state, dict(self.model.named_parameters()), step)
         try:
             self.optimizer.load_state_dict({"state": state, "param_groups": groups})
         except (ValueError, KeyError) as err:

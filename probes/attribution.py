@@ -46,7 +46,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_interp.io import atomic_write_json, nan_array, read_json, to_json
+from pe_interp.io import (
+    load_result,
+    nan_array,
+    register_result,
+    to_json,
+    write_result,
+)
 from pe_interp.modes import eval_mode
 from probes.engine import (
     Run,
@@ -64,11 +70,15 @@ from probes.engine import (
     writer_hooks,
 )
 from probes.graph import Graph, build_graph, head_name, parse
+from probes.inputs import FiniteWatch, check_count, check_finite_model
 
 METHODS = ("atp", "atp*", "eap-ig")
 GRANULARITIES = ("node", "edge")
 ABLATIONS = ("zero", "mean")
 DIRECTIONS = ("denoise", "noise")
+
+
+RESULT_KIND = register_result("attribution", "Attribution.load", ("method", "granularity", "writers", "readers", "scores"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -159,11 +169,11 @@ class Attribution:
         )  # fmt: skip
 
     def save(self, path: str | Path, by_position: bool = False) -> Path:
-        return atomic_write_json(path, self.to_dict(by_position), indent=None, sort_keys=False)
+        return write_result(path, RESULT_KIND, self.to_dict(by_position), indent=None, sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path) -> Attribution:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,8 +346,11 @@ def attribute(
             raise ValueError(f"attribute: {name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"attribute: steps must be a positive integer, got {steps!r}")
+    if batch_size is not None:
+        check_count(batch_size, "batch_size", 1, "attribute")
+    check_finite_model(model, "attribute")
     graph = build_graph(model.cfg)
-    c, k = as_pair(model, clean, corrupt)
+    c, k = as_pair(model, clean, corrupt, "attribute")
     if method == "eap-ig" and k is None:
         raise ValueError("attribute: method='eap-ig' integrates from the corrupt input to the clean one; pass corrupt= (or use 'atp'/'atp*' for ablation)")
     if method == "eap-ig" and not torch.equal(c.pad_mask, k.pad_mask):
@@ -348,6 +361,8 @@ def attribute(
         raise ValueError("attribute: method='atp*' (GradDrop over layers) needs a model with at least 2 layers")
     mode = direction if k is not None else ablation
     metric_name, fn = resolve(metric)
+    watch = FiniteWatch()  # every logit the metric sees, checked once at the end
+    fn = watch.wrap(fn)
     edges = granularity == "edge" or method == "atp*"
     rows = batch_size or (256 if model.W_E.device.type == "cpu" else 4096)
     cfg = model.cfg
@@ -358,7 +373,7 @@ def attribute(
     with eval_mode(model), forks(model, on=edges):
         means = None
         if k is None and ablation == "mean":
-            ref = c if reference is None else as_run(model, reference, what="reference")
+            ref = c if reference is None else as_run(model, reference, what="reference", who="attribute")
             if ref.tokens.shape[1] < P:
                 raise ValueError(f"attribute: the reference is shorter ({ref.tokens.shape[1]}) than the examples ({P})")
             means = position_means(model, ref, writer_hooks(graph), rows)
@@ -371,6 +386,7 @@ def attribute(
         good, bad = pair_labels(c, k)
         m_clean = mean_metric(model, c, fn, good, bad, rows)
         m_corrupt = float("nan") if k is None else mean_metric(model, k, fn, good, bad, rows)
+    watch.check("attribute")
     per_pos = [t.cpu().numpy() / n for t in totals]
     if edges:
         mask = graph.valid[..., None]

@@ -22,7 +22,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_interp.io import atomic_write_json, nan_array, read_json, to_json
+from pe_interp.io import (
+    load_result,
+    nan_array,
+    register_result,
+    to_json,
+    write_result,
+)
 from pe_interp.modes import eval_mode
 from probes.attribution import Attribution, attribute
 from probes.engine import (
@@ -38,8 +44,12 @@ from probes.engine import (
     writer_hooks,
 )
 from probes.graph import Graph, build_graph, parse
+from probes.inputs import check_finite_model
 
 ABLATIONS = ("corrupt", "resample", "mean")
+
+
+RESULT_KIND = register_result("circuit", "Circuit.load", ("nodes", "edges", "scores", "ranking", "total_edges"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -84,11 +94,11 @@ class Circuit:
                    d.get("faithfulness"), dict(d.get("meta") or {}))  # fmt: skip
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_json(path, self.to_dict(), indent=1, sort_keys=False)
+        return write_result(path, RESULT_KIND, self.to_dict(), indent=1, sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path) -> Circuit:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
 
 def _node_of(reader: str) -> str:
@@ -229,8 +239,9 @@ def faithfulness_curve(
     """
     if ablation not in ABLATIONS:
         raise ValueError(f"faithfulness_curve: ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}")
+    check_finite_model(model, "faithfulness_curve")
     graph = build_graph(model.cfg)
-    c, k = as_pair(model, clean, corrupt)
+    c, k = as_pair(model, clean, corrupt, "faithfulness_curve")
     if ablation == "corrupt" and k is None:
         raise ValueError("faithfulness_curve: ablation='corrupt' needs corrupt= (or CounterfactualPairs)")
     if isinstance(scores, Circuit):
@@ -255,7 +266,7 @@ def faithfulness_curve(
     names = writer_hooks(graph)
     with eval_mode(model):
         if ablation == "mean":
-            ref = c if reference is None else as_run(model, reference, what="reference")
+            ref = c if reference is None else as_run(model, reference, what="reference", who="faithfulness_curve")
             means = position_means(model, ref, names, rows)
             repl_all = contributions(model, graph, {n: m[None, : c.tokens.shape[1]] for n, m in means.items()}).detach()
         out = torch.empty(keep.shape[0], len(c), dtype=torch.float64)

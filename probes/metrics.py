@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from probes.inputs import check_count
+
 MetricFn = Callable[[Tensor, Tensor], Tensor]
 
 
@@ -113,6 +115,7 @@ def bootstrap_ci(
     """
     if not 0.0 < ci < 1.0:
         raise ValueError(f"ci must be in (0, 1), got {ci!r}")
+    check_count(n_bootstrap, "n_bootstrap", 0)
     if isinstance(values, Tensor):
         values = values.detach().cpu().double().numpy()
     values = np.asarray(values, dtype=np.float64)

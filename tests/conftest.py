@@ -103,6 +103,15 @@ def tokens_fn():
     return random_tokens
 
 
+@pytest.fixture(scope="session")
+def probe_world(tmp_path_factory):
+    """A tiny trained run, its model, examples and counterfactual pairs, and one saved result
+    file of each kind: what the probe bad-input tables build on (``tests/bad_input_env.py``)."""
+    from bad_input_env import build_world
+
+    return build_world(tmp_path_factory.mktemp("probe-inputs"))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """A skipped browser test says so loudly at the end of the run, with how to run it."""
     skipped = terminalreporter.stats.get("skipped", [])

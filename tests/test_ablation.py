@@ -383,4 +383,5 @@ def test_cli_ablate_writes_outputs(tmp_path, monkeypatch, capsys):
     for name in ("ablation_heatmap.png", "ablation_layers.png"):
         assert (tmp_path / "figures" / name).read_bytes()[:4] == b"\x89PNG"
     out = capsys.readouterr().out
-    assert "deposits:" in out and "layer" in out
+    assert "layer concentration:" in out and "layer" in out  # metric "loss": no single-head deposit verdict (accuracy only)
+    assert "single-head deposit" not in out

@@ -201,8 +201,8 @@ CLI_CASES: list[tuple[str, Callable[[Env], list[str]], str]] = [
     ("train without --out", lambda e: ["train", "--preset", "smoke"], r"the following arguments are required: --out"),
     ("circuit --device tpu", lambda e: ["circuit", str(e.run), "--device", "tpu"], r"--device must be"),
     ("ablate --n-bootstrap -1", lambda e: ["ablate", str(e.run), "--n-bootstrap", "-1"], r"--n-bootstrap must be >= 0"),
-    ("ablate --min-share 2", lambda e: ["ablate", str(e.run), "--min-share", "2"], r"--min-share must be in \[0, 1\]"),
-    ("ablate --min-drop -1", lambda e: ["ablate", str(e.run), "--min-drop", "-1"], r"--min-drop must be >= 0"),
+    ("ablate --min-share 2", lambda e: ["ablate", str(e.run), "--min-share", "2"], r"--min-share must be a number in \(0, 1\], got 2\.0$"),
+    ("ablate --min-drop -1", lambda e: ["ablate", str(e.run), "--min-drop", "-1"], r"--min-drop must be a finite number >= 0, got -1\.0$"),
     ("patch --n-bootstrap -1", lambda e: ["patch", str(e.run), "--n-bootstrap", "-1"], r"--n-bootstrap must be >= 0"),
     ("sweep: probe_options: {ablation: {n: 0}}",  # every cell trained, then its probe failed
      lambda e: ["sweep", e.grid(GRID_HEAD + "probes: [ablation]\nprobe_options: {ablation: {n: 0}}\n"), "--dry-run"],

@@ -144,7 +144,8 @@ def test_progress_of_cells_that_start_together():
 def test_unparseable_file(tmp_path):
     f = tmp_path / "x.yaml"
     f.write_text("axes: [unclosed\n")
-    with pytest.raises(ValueError, match="x.yaml: cannot parse"):
+    with pytest.raises(ValueError, match=r"x.yaml: invalid YAML at line 2, column 1: expected ',' or '\]', but got "
+                                         r"'<stream end>' \(while parsing a flow sequence that starts on line 1\)$"):
         load_grid(f)
 
 

@@ -47,12 +47,14 @@ def run(args: argparse.Namespace) -> int:
     from pe_interp import load_run
     from probes.ablation import ablate_heads
     from probes.deposit import dominance, find_deposits
+    from probes.inputs import check_fraction, check_threshold
 
     run_dir = Path(args.run_dir)
     positive_n(args.n, "--n")
     at_least(args.n_bootstrap, 0, "--n-bootstrap")
-    at_least(args.min_drop, 0, "--min-drop")
-    at_least(args.min_share, 0, "--min-share", high=1)
+    if args.min_drop is not None:
+        check_threshold(args.min_drop, "--min-drop")
+    check_fraction(args.min_share, "--min-share")  # what find_deposits takes, checked before the sweep
     device = device_arg(args.device)
     loaded = load_run(run_dir, device=device)
     model = loaded.model

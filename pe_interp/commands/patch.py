@@ -66,8 +66,8 @@ def patch_run(
     figures: bool = True,
 ) -> tuple[Any, dict[str, Path]]:
     """The work of ``pe-interp patch`` on a model and task; returns the result and written files."""
-    from pe_interp.io import atomic_write_json
-    from probes.patching import patch
+    from pe_interp.io import write_result
+    from probes.patching import RESULT_KIND, patch
 
     if n < 1:
         raise ValueError(f"--n must be >= 1, got {n}")
@@ -89,7 +89,7 @@ def patch_run(
     )
     written: dict[str, Path] = {}
     for name in ("patching.json", f"patching_{key}.json"):
-        atomic_write_json(out_dir / name, payload)
+        write_result(out_dir / name, RESULT_KIND, payload)
         written[name] = out_dir / name
     if figures:
         from probes.viz import (

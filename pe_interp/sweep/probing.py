@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pe_interp.config import ModelConfig
-from pe_interp.io import atomic_write_json, read_json
+from pe_interp.io import atomic_write_json, load_result, read_json, register_result, write_result
 from pe_interp.presets import build_run_configs
 from pe_interp.tasks import task_from_dict
 from probes import (
@@ -118,6 +118,9 @@ MAX_WEIGHTS = 60_000
 DECIMALS = 3
 
 
+RESULT_KIND = register_result("attention record", "AttentionRecord.load", ("layer", "head", "why", "examples"))
+
+
 @dataclass(frozen=True, eq=False)
 class AttentionRecord:
     """A cell's ``attention.json``: the head the report shows (``layer``, ``head``; ``why`` it
@@ -139,11 +142,11 @@ class AttentionRecord:
                    tuple(AttentionPatterns.from_dict(e) for e in d["examples"]))
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_json(path, self.to_dict(), indent=None)
+        return write_result(path, RESULT_KIND, self.to_dict(), indent=None)
 
     @classmethod
     def load(cls, path: str | Path) -> AttentionRecord:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
 
 def choose_head(ablation: AblationResult, deposits: DepositReport, task: str, kind: str) -> tuple[int, int, str] | None:

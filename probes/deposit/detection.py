@@ -22,9 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from pe_interp.io import atomic_write_json, nan_float, read_json, to_json
+from pe_interp.io import (
+    load_result,
+    nan_float,
+    register_result,
+    to_json,
+    write_result,
+)
 from probes.ablation import AblationResult, Head
 from probes.deposit.dominance import GRANULE_TOL, at_least
+from probes.inputs import check_fraction, check_layers, check_threshold
 
 DEFAULT_MIN_DROP_ACCURACY = 0.2
 DEFAULT_MIN_SHARE = 0.5
@@ -166,6 +173,9 @@ def layer_stats(
     )
 
 
+RESULT_KIND = register_result("deposit", "DepositReport.load", ("deposits", "layers", "thresholds"))
+
+
 @dataclass(frozen=True)
 class DepositReport:
     """Per-layer deposit verdicts of one ablation sweep (see :func:`find_deposits`)."""
@@ -214,11 +224,11 @@ class DepositReport:
         )
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_json(path, self.to_dict(), indent=1, sort_keys=False)
+        return write_result(path, RESULT_KIND, self.to_dict(), indent=1, sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path) -> DepositReport:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
     @property
     def first(self) -> Head | None:
@@ -271,6 +281,10 @@ def find_deposits(
     Each layer also reports the margin (first minus second drop), the normalised entropy and
     Gini of its positive drops and the criteria that failed. Works on grid sweeps only.
     """
+    check_fraction(min_share, "min_share", "find_deposits")
+    if min_drop is not None:
+        check_threshold(min_drop, "min_drop", "find_deposits")
+    check_layers(result.n_layers, layers, "find_deposits")
     if not result.is_grid:
         raise ValueError("find_deposits needs a layers x heads sweep, not head sets")
     if min_drop is None:
