@@ -193,7 +193,7 @@ class DepositReport:
         for s in self.layers:
             if s.layer == layer:
                 return s
-        raise KeyError(f"layer {layer} is not in this report")
+        raise ValueError(f"layer {layer} is not in this report; it has layers {[s.layer for s in self.layers]}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
