@@ -171,3 +171,20 @@ def test_resumed_bf16_run_uses_the_routes_of_its_checkpoint(tmp_path, monkeypatc
     attn_routes.reset()
     other = run(tmp_path / "other")
     assert any(not torch.equal(ref[k], other[k]) for k in ref)
+
+
+def test_forced_bf16_on_emulating_hardware_warns_once(monkeypatch):
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    hardware._warn_emulated.cache_clear()
+    with pytest.warns(RuntimeWarning, match="bf16 is emulated there"):
+        assert hardware.cpu_has_bf16()  # forced by the fixture's PE_INTERP_CPU_BF16=1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hardware.cpu_has_bf16()  # once per process
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    hardware._warn_emulated.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hardware.cpu_has_bf16()  # native: nothing to say
