@@ -86,6 +86,30 @@ def make_model(make_config):
     return make
 
 
+def smoke_trainer(crash_at: int | None = None, **overrides):
+    """``run(out, resume=False) -> state dict`` for a smoke-size task-1 RoPE run (2 epochs,
+    checkpoints every 3 steps); with ``crash_at`` the run is killed (KeyboardInterrupt) at that
+    step, after its first checkpoint: for resume tests."""
+    from pe_interp.callbacks import Callback
+    from pe_interp.presets import build_run_configs
+    from pe_interp.training import Trainer
+
+    model_cfg, task, train_cfg = build_run_configs("distance", "rope", "smoke", 0, epochs=2, checkpoint_every=3,
+                                                   **overrides)
+
+    class Crash(Callback):
+        def on_step(self, trainer, step, loss):
+            if step == crash_at:
+                raise KeyboardInterrupt
+
+    def run(out, resume: bool = False, crash: bool = False) -> dict[str, torch.Tensor]:
+        t = Trainer(model_cfg, task, train_cfg, run_dir=out, callbacks=[Crash()] if crash else [], progress=False)
+        t.fit(resume=resume)
+        return {k: v.clone() for k, v in t.model.state_dict().items()}
+
+    return run
+
+
 def random_tokens(
     batch: int, n_pos: int, d_vocab: int = TINY["d_vocab"], seed: int = 0, lengths=None
 ) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ENCODINGS, TINY
+from conftest import ENCODINGS, TINY, smoke_trainer
 
 from pe_interp import HookedPETransformer, ModelConfig, attn_routes, hardware
 
@@ -137,28 +137,14 @@ def test_fp32_and_hooked_layers_do_not_consult_the_chooser(monkeypatch):
 def test_resumed_bf16_run_uses_the_routes_of_its_checkpoint(tmp_path, monkeypatch):
     """A fresh process would measure again and might choose otherwise; the resumed run pins the
     checkpoint's choices and ends bit-identical to the uninterrupted run."""
-    from pe_interp.callbacks import Callback
-    from pe_interp.presets import build_run_configs
-    from pe_interp.training import Trainer
-
-    model_cfg, task, train_cfg = build_run_configs("distance", "rope", "smoke", 0, epochs=2, checkpoint_every=3)
-
-    class Crash(Callback):
-        def on_step(self, trainer, step, loss):
-            if step == 5:
-                raise KeyboardInterrupt
-
-    def run(out, callbacks=(), resume=False):
-        t = Trainer(model_cfg, task, train_cfg, run_dir=out, callbacks=callbacks, progress=False)
-        t.fit(resume=resume)
-        return {k: v.clone() for k, v in t.model.state_dict().items()}
+    run = smoke_trainer(crash_at=5)
 
     first = {"math": 1.0, "sdpa": 2.0, "sdpa32": 3.0}
     monkeypatch.setattr(attn_routes, "_measure", lambda *a: first)
     ref = run(tmp_path / "ref")
     attn_routes.reset()
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "killed", [Crash()])
+        run(tmp_path / "killed", crash=True)
     recorded = attn_routes.chosen()
     assert set(recorded.values()) == {"math"}
     # "a new process", whose measurement would now prefer another route
