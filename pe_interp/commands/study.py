@@ -1,8 +1,8 @@
 """``pe-interp study FINDINGS_DIR``: the deposit study from its committed findings (one JSON file
-per finished cell, written by a sweep whose grid names ``findings``): ``STUDY.md`` (the table by
-condition with rates and Wilson intervals, the verdict, the table by model), ``study.json`` and
-``dynamics.png`` (layer 0 over training), and, with ``--readme``, the README's study table. It
-only reads the findings, so it can be rerun at any time, on any machine."""
+per finished cell, written by a sweep whose grid names ``findings``): in ``FINDINGS_DIR/study/``,
+``STUDY.md`` (the table by condition with rates and Wilson intervals, the verdict, the table by
+model), ``study.json`` and ``dynamics.png`` (layer 0 over training), and, with ``--readme``, the
+README's study table. It only reads the findings, so it can be rerun at any time, on any machine."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("study", help="the deposit study's tables, verdict and dynamics figure from its findings",
                        description="Read FINDINGS_DIR/*.json (per-cell summaries a sweep wrote) and write STUDY.md, "
-                       "study.json and dynamics.png next to them (or into --out).")
+                       "study.json and dynamics.png into FINDINGS_DIR/study (or --out).")
     p.add_argument("findings", metavar="FINDINGS_DIR")
     p.add_argument("--grid", default=None, help="order the conditions as this grid file's variants")
-    p.add_argument("--out", default=None, help="where to write (default: FINDINGS_DIR)")
+    p.add_argument("--out", default=None, help="where to write (default: FINDINGS_DIR/study)")
     p.add_argument("--readme", default=None,
                    help="also replace the block between <!-- study:NAME begin/end --> markers in this file "
                         "(NAME: the findings directory's name)")
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if args.grid:
         grid = load_grid(args.grid)
         order = [grid.condition(c) for c in grid.cells()]
-    out = Path(args.out) if args.out else src
+    out = Path(args.out) if args.out else src / "study"
     out.mkdir(parents=True, exist_ok=True)
     models = model_rows(findings)
     conds = condition_rows(models, order)
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.readme:
         short = table.split("\n\nPer model:")[0]
         block = (f"{short}\n\nFrom `{src}` ({len(findings)} findings; `pe-interp study {src} --readme "
-                 f"{args.readme}` regenerates this table, the per-model table is in `{src}/STUDY.md`).")
+                 f"{args.readme}` regenerates this table, the per-model table is in `{out}/STUDY.md`).")
         if not update_readme(args.readme, src.name, block):
             raise ValueError(f"{args.readme}: no <!-- study:{src.name} begin --> / <!-- study:{src.name} end --> markers")
         print(f"updated {args.readme}")
