@@ -93,6 +93,13 @@ def test_study_from_findings(swept, tmp_path, capsys):
     study = json.loads((tmp_path / "s" / "study.json").read_text())
     assert [c["condition"] for c in study["conditions"]] == ["base", "lr=0.01"]
     assert main(["study", str(tmp_path / "nothing")]) == 2
+    # the default output folder sits inside the findings directory and is not read as findings
+    copy = tmp_path / "found"
+    copy.mkdir()
+    for f in (root / "found").glob("*.json"):
+        (copy / f.name).write_text(f.read_text())
+    assert main(["study", str(copy)]) == 0 and main(["study", str(copy)]) == 0
+    assert (copy / "study" / "STUDY.md").is_file()
 
 
 def _finding(condition: str, seed: int, drops: np.ndarray, layer0: float = 0.9) -> dict:
