@@ -13,7 +13,13 @@ import dataclasses
 import time
 from pathlib import Path
 
-from pe_interp.commands.options import add_device_flag, at_least, device_arg, positive_n
+from pe_interp.commands.options import (
+    add_device_flag,
+    at_least,
+    device_arg,
+    positive_n,
+    writing_run,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,17 +47,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp import load_run
-    from probes.ablation import ablate_heads
-    from probes.deposit import find_deposits
-
     run_dir = Path(args.run_dir)
     positive_n(args.n, "--n")
     at_least(args.n_bootstrap, 0, "--n-bootstrap")
     at_least(args.min_drop, 0, "--min-drop")
     at_least(args.min_share, 0, "--min-share", high=1)
-    device = device_arg(args.device)
-    loaded = load_run(run_dir, device=device)
+    with writing_run(run_dir, device=device_arg(args.device)) as loaded:
+        return _ablate(args, run_dir, loaded)
+
+
+def _ablate(args: argparse.Namespace, run_dir: Path, loaded) -> int:
+    from pe_interp.checkpoint import save_result
+    from probes.ablation import ablate_heads
+    from probes.deposit import find_deposits
+
     model = loaded.model
     test = loaded.examples(args.on, args.n)
     t0 = time.perf_counter()
@@ -63,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - t0
     result = dataclasses.replace(result, meta={**result.meta, "eval_set": args.on})
     report = find_deposits(result, min_drop=args.min_drop, min_share=args.min_share)
-    result.save(run_dir / "ablation.json")
-    report.save(run_dir / "deposits.json")
+    save_result(run_dir / "ablation.json", result, loaded.provenance, per_example=False)
+    save_result(run_dir / "deposits.json", report, loaded.provenance)
     if not args.no_figures:
         from probes.plots import plot_drop_heatmap, plot_layer_lines
 
