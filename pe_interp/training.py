@@ -233,6 +233,8 @@ class Trainer:
     def _open_run_dir(self, resume: bool) -> None:
         """Start, continue or refuse (under the run directory's lock); then write config.json."""
         assert self.run_dir is not None
+        if (self.run_dir / "grid.json").exists():
+            raise CheckpointError(f"{self.run_dir}: a sweep directory (grid.json), not a run directory; choose another one")
         held = [name for name in RUN_FILES if (self.run_dir / name).exists()]
         if not resume and held:
             raise CheckpointError(f"{self.run_dir}: already holds a run ({', '.join(held)}); pass resume=True "

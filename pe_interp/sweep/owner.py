@@ -76,6 +76,8 @@ def claim(sweep_dir: Path, grid: Grid) -> dict[str, Any] | None:
     returns the stored record (None for a new directory). A one-line ValueError otherwise."""
     path = sweep_dir / GRID_FILE
     if not path.is_file():
+        if (sweep_dir / "config.json").is_file():
+            raise ValueError(f"{sweep_dir}: a run directory (config.json), not a sweep directory; use another --out")
         return None
     try:
         stored = read_json(path)
