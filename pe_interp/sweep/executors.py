@@ -31,6 +31,9 @@ from pe_interp.sweep.owner import (
     record_options,
 )
 from pe_interp.sweep.probing import CALLBACKS, PROBES, SWEEP_PROBES
+from pe_interp.sweep.workers import WORKER
+from pe_interp.sweep.workers import stop_workers as _stop_workers
+from pe_interp.sweep.workers import worker_init as _worker_init
 
 __all__ = ["CHAOS_ENV", "SweepSummary", "missing_probes", "run_cell", "run_sweep", "sweep_lock"]
 
@@ -120,10 +123,9 @@ def _safe_run_cell(
     exist yet, the first cell to get here creates it and kills its own process mid-cell, the way
     a lost worker dies.
 
-    In a worker process that a signal stopped (:func:`_worker_init`), it returns an
-    ``"interrupted"`` record at once instead of starting another cell."""
-    if _WORKER["stopped"]:
-        return {"id": cell.id, "interrupted": _WORKER["stopped"]}
+    A worker process (:mod:`pe_interp.sweep.workers`) that a signal stopped in training exits
+    once the cell's checkpoint is saved: its parent is stopping it, or is dead (an orphan that
+    returned would wait for more work forever)."""
     marker = os.environ.get(CHAOS_ENV)
     if marker:
         try:
@@ -136,34 +138,13 @@ def _safe_run_cell(
     try:
         return run_cell(cell, sweep_dir, probes, threads, options)
     except interrupts.Interrupted as err:
-        if not _WORKER["in_worker"]:
-            raise
-        _WORKER["stopped"] = err.signum  # checkpoint saved; the parent is told, no other cell starts here
-        return {"id": cell.id, "interrupted": err.signum}
+        if WORKER["in_worker"]:
+            os._exit(interrupts.exit_code(err.signum))  # the checkpoint is saved; the lock goes with the process
+        raise
     except Exception as err:  # noqa: BLE001 - recorded, reported, not swallowed
         record = {"id": cell.id, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
         atomic_write_json(Path(sweep_dir) / "cells" / cell.id / ERROR, record)
         return record
-
-
-_WORKER: dict[str, Any] = {"in_worker": False, "stopped": 0}
-
-
-def _worker_init(parent: int) -> None:
-    """A local worker process: Ctrl-C (sent to the whole process group) is left to the parent,
-    which stops the workers with SIGTERM; a worker whose parent dies (even by SIGKILL) gets
-    SIGTERM too (Linux), so that no orphan goes on writing a cell."""
-    _WORKER["in_worker"] = True
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def sweep_lock(sweep_dir: str | Path):
@@ -244,9 +225,6 @@ def _sweep(grid: Grid, sweep_dir: Path, backend: str, workers: int | None, addre
         outcomes = _run_local(todo, str(sweep_dir), grid.probes, workers, threads, progress, grid.probe_options)
     else:
         outcomes = _run_ray(todo, str(sweep_dir), grid, address, max_retries, progress)
-    stopped = [o for o in outcomes if o.get("interrupted")]
-    if stopped:  # a worker was stopped by a signal (not this process): stop as this process would
-        raise interrupts.Interrupted("", stopped[0]["interrupted"])
     failed = {o["id"]: o["error"] for o in outcomes if "error" in o}
     done = [o["id"] for o in outcomes if "error" not in o]
     sweep_probes = [SWEEP_PROBES[name] for name in grid.probes if name in SWEEP_PROBES]
@@ -350,22 +328,6 @@ def _lost(cell: Cell, sweep_dir: str) -> dict[str, Any]:
                                       "resume the cell from its last checkpoint"}
     atomic_write_json(Path(sweep_dir) / "cells" / cell.id / ERROR, record)
     return record
-
-
-def _stop_workers(pool: Any, wait_s: float = 120.0) -> None:
-    """SIGTERM every worker (a training cell saves a checkpoint and returns; any other stops at
-    once), wait for them, and SIGKILL what is left."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.time() + wait_s
-    for p in procs:
-        p.join(max(0.0, deadline - time.time()))
-        if p.is_alive():
-            p.kill()
-            p.join()
 
 
 def _run_ray(cells, sweep_dir, grid: Grid, address, max_retries, progress) -> list[dict[str, Any]]:
