@@ -20,13 +20,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pe_interp import attn_routes, hardware
+from pe_interp import attn_routes, hardware, interrupts
 from pe_interp._version import __version__
 from pe_interp.callbacks import Callback
 from pe_interp.checkpoint import (
     CONFIG,
     CONFIG_KEYS,
     METRICS,
+    RUN_FILES,
     TRAIN_STATE,
     WEIGHTS,
     CheckpointError,
@@ -34,12 +35,15 @@ from pe_interp.checkpoint import (
     atomic_save_tensors,
     atomic_write_json,
     check_state_dict,
+    config_differences,
     load_tensors,
     read_json,
     truncate_jsonl,
+    weights_provenance,
 )
 from pe_interp.checks import check_finite_weights, check_labels
 from pe_interp.config import ModelConfig, TrainConfig, check_device, check_run_configs
+from pe_interp.io import dir_lock
 from pe_interp.model import HookedPETransformer
 from pe_interp.modes import eval_mode
 from pe_interp.tasks import task_from_dict
@@ -189,16 +193,21 @@ class Trainer:
         atomic_save_tensors(self.run_dir / TRAIN_STATE, tensors, meta)
         atomic_save_tensors(self.run_dir / WEIGHTS, weights, {"step": str(self.step)})
 
-    def load_checkpoint(self) -> None:
+    def check_same_config(self) -> None:
+        """Refuse to continue a run whose config.json differs from this run's, naming the fields."""
         assert self.run_dir is not None
         saved = _normalised(read_json(self.run_dir / CONFIG), self.run_dir / CONFIG)
         mine = _normalised(json.loads(json.dumps(self.config_record())), self.run_dir / CONFIG)
-        for part in ("model", "task", "train"):
-            if saved.get(part) != mine[part]:
-                raise CheckpointError(
-                    f"{self.run_dir / CONFIG}: the {part} config differs from this run's; "
-                    "resume with the same settings or use a new --out"
-                )
+        diff = config_differences(saved, mine)
+        if diff:
+            shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")
+            raise CheckpointError(
+                f"{self.run_dir}: resume with other settings than the run's (saved -> now: {shown}); "
+                "resume with the run's settings (pe-interp show prints them) or use a new --out"
+            )
+
+    def load_checkpoint(self) -> None:
+        assert self.run_dir is not None
         path = self.run_dir / TRAIN_STATE
         tensors, meta = load_tensors(path)
         try:
@@ -237,31 +246,51 @@ class Trainer:
         return torch.randperm(self.train_cfg.n_train, generator=gen)
 
     def fit(self, resume: bool = False) -> TrainResult:
-        cfg = self.train_cfg
-        if self.run_dir is not None:
+        """Train to the end (or to ``stop_at_acc``). With a run directory, it is locked while
+        written (another writer gets a one-line error), a directory that holds a run is only
+        continued (``resume``, with the same config), and SIGINT/SIGTERM stop after the current
+        step with a checkpoint (:class:`~pe_interp.interrupts.Interrupted`)."""
+        with interrupts.deferred():
+            if self.run_dir is None:
+                torch.manual_seed(self.train_cfg.seed)
+                return self._fit()
             if self.run_dir.exists() and not self.run_dir.is_dir():
                 raise CheckpointError(f"{self.run_dir}: exists and is not a directory; choose a new run directory")
             if resume and not (self.run_dir / CONFIG).is_file():
                 what = "does not exist" if not self.run_dir.exists() else f"holds no run ({CONFIG} missing)"
                 raise CheckpointError(f"{self.run_dir}: nothing to resume, the directory {what}; "
                                       "start the run without resume (--resume)")
-            has_state = (self.run_dir / TRAIN_STATE).exists()
-            if resume and has_state:
-                self.load_checkpoint()
-                truncate_jsonl(self.run_dir / METRICS, self.step)
-            elif not resume and (has_state or (self.run_dir / METRICS).exists()):
-                raise CheckpointError(
-                    f"{self.run_dir}: already holds a run; pass resume=True (--resume) or choose a new directory"
-                )
-            else:
-                torch.manual_seed(cfg.seed)  # dropout stream of a fresh run
-                if resume:  # started, but killed before its first checkpoint: start again
-                    truncate_jsonl(self.run_dir / METRICS, 0)
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.run_dir / CONFIG, self.config_record())
-        else:
-            torch.manual_seed(cfg.seed)
+            with dir_lock(self.run_dir, "run directory", hint="wait for it to end, or use another --out"):
+                self._open_run_dir(resume)
+                return self._fit()
 
+    def _open_run_dir(self, resume: bool) -> None:
+        """Start, continue or refuse (under the run directory's lock); then write config.json."""
+        assert self.run_dir is not None
+        if (self.run_dir / "grid.json").exists():
+            raise CheckpointError(f"{self.run_dir}: a sweep directory (grid.json), not a run directory; choose another one")
+        held = [name for name in RUN_FILES if (self.run_dir / name).exists()]
+        if not resume and held:
+            raise CheckpointError(f"{self.run_dir}: already holds a run ({', '.join(held)}); pass resume=True "
+                                  "(--resume) to continue it with the same settings, or choose a new directory")
+        if resume:
+            self.check_same_config()
+        if resume and (self.run_dir / TRAIN_STATE).exists():
+            self.load_checkpoint()
+            truncate_jsonl(self.run_dir / METRICS, self.step)
+        elif resume and (self.run_dir / WEIGHTS).exists():  # finished or checkpointed, its state lost
+            step = weights_provenance(self.run_dir)["step"]
+            raise CheckpointError(
+                f"{self.run_dir}: {TRAIN_STATE} is missing, so the run cannot be continued, and starting again "
+                f"would replace its {WEIGHTS} (step {step}); restore {TRAIN_STATE} or choose a new directory")
+        else:
+            torch.manual_seed(self.train_cfg.seed)  # dropout stream of a fresh run
+            if resume:  # started, but killed before its first checkpoint: start again
+                truncate_jsonl(self.run_dir / METRICS, 0)
+        atomic_write_json(self.run_dir / CONFIG, self.config_record())
+
+    def _fit(self) -> TrainResult:
+        cfg = self.train_cfg
         history: list[dict[str, Any]] = []
         for cb in self.callbacks:
             cb.on_train_start(self)
@@ -332,6 +361,8 @@ class Trainer:
                 if self.step % ckpt_every == 0 or self.step == total or self.stopped:
                     self.save_checkpoint()
                     last_good = self.step
+                if (signum := interrupts.requested()) is not None:
+                    self._interrupt(signum, last_good)
         finally:
             if bar is not None:
                 bar.close()
@@ -339,6 +370,16 @@ class Trainer:
             cb.on_train_end(self)
         final = history[-1] if history else {"step": self.step, **_prefixed(evaluate(model, self.test, cfg.eval_batch_size, cfg.amp, cfg.ignore_index))}
         return TrainResult(final=final, history=history, run_dir=self.run_dir, model=self.model)
+
+
+    def _interrupt(self, signum: int, last_good: int) -> None:
+        """Save a checkpoint at this step (a step boundary: a resume replays exactly) and stop."""
+        if self.run_dir is not None and last_good != self.step:
+            self.save_checkpoint()
+        where = (f"the run is saved in {self.run_dir} at step {self.step}: continue it with resume=True "
+                 "(the same command with --resume)") if self.run_dir is not None else "no run directory, nothing saved"
+        raise interrupts.Interrupted(f"stopped by {interrupts.signal_name(signum)} at step {self.step} of "
+                                     f"{self.train_cfg.total_steps}; {where}", signum)
 
 
 def _normalised(record: dict[str, Any], path: Path) -> dict[str, Any]:

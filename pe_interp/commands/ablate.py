@@ -13,7 +13,13 @@ import dataclasses
 import time
 from pathlib import Path
 
-from pe_interp.commands.options import add_device_flag, at_least, device_arg, positive_n
+from pe_interp.commands.options import (
+    add_device_flag,
+    at_least,
+    device_arg,
+    positive_n,
+    writing_run,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -42,11 +48,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from pe_interp import load_run
-    from probes.ablation import ablate_heads
-    from probes.deposit import dominance, find_deposits
     from probes.inputs import check_fraction, check_threshold
 
     run_dir = Path(args.run_dir)
@@ -55,8 +56,17 @@ def run(args: argparse.Namespace) -> int:
     if args.min_drop is not None:
         check_threshold(args.min_drop, "--min-drop")
     check_fraction(args.min_share, "--min-share")  # what find_deposits takes, checked before the sweep
-    device = device_arg(args.device)
-    loaded = load_run(run_dir, device=device)
+    with writing_run(run_dir, device=device_arg(args.device)) as loaded:
+        return _ablate(args, run_dir, loaded)
+
+
+def _ablate(args: argparse.Namespace, run_dir: Path, loaded) -> int:
+    import numpy as np
+
+    from pe_interp.checkpoint import save_result
+    from probes.ablation import ablate_heads
+    from probes.deposit import dominance, find_deposits
+
     model = loaded.model
     test = loaded.examples(args.on, args.n)
     t0 = time.perf_counter()
@@ -68,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - t0
     result = dataclasses.replace(result, meta={**result.meta, "eval_set": args.on})
     report = find_deposits(result, min_drop=args.min_drop, min_share=args.min_share)
-    result.save(run_dir / "ablation.json")
-    report.save(run_dir / "deposits.json")
+    save_result(run_dir / "ablation.json", result, loaded.provenance, per_example=False)
+    save_result(run_dir / "deposits.json", report, loaded.provenance)
     if not args.no_figures:
         from probes.plots import plot_drop_heatmap, plot_layer_lines
 

@@ -51,10 +51,14 @@ def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
     """The deposit head (or the top head) and where it comes from."""
     import numpy as np
 
+    from pe_interp.checkpoint import STALE, weights_status
     from probes import AblationResult, ablate_heads, find_deposits
 
     path = Path(run.run_dir) / "ablation.json"
     if path.is_file():
+        status, why = weights_status(run.run_dir, path)
+        if status == STALE:  # its top head would be another model's
+            raise ValueError(f"{path}: {why}; rerun `pe-interp ablate {run.run_dir}` (or remove the file) first")
         result = AblationResult.load(path)
         report = find_deposits(result)
         if report.first is not None:
@@ -133,18 +137,23 @@ def body_html(c) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp import load_run
-    from pe_interp.commands.options import device_arg, out_dir_arg
+    from pe_interp.commands.options import device_arg, out_dir_arg, writing_run
+
+    out_dir_arg(args.out)
+    with writing_run(args.run_dir, device=device_arg(args.device), out=args.out) as loaded:
+        return _circuit(args, loaded)
+
+
+def _circuit(args: argparse.Namespace, loaded) -> int:
+    from pe_interp.checkpoint import save_result
     from pe_interp.io import atomic_write_text
     from probes.circuit_view import circuit_page
 
-    out_dir_arg(args.out)
-    loaded = load_run(args.run_dir, device=device_arg(args.device))
     t0 = time.perf_counter()
     c, route = circuit_run(loaded.model, loaded.task, loaded, counterfactual=args.counterfactual, top_n=args.top_n,
                            method=args.method, n=args.n, metric=args.metric, seed=args.seed)  # fmt: skip
     out = Path(args.out or args.run_dir)
-    c.save(out / "circuit.json")
+    save_result(out / "circuit.json", c, loaded.provenance)
     title = f"{c.meta['encoding']}: circuit ({c.method}, ranked by the {args.counterfactual} family)"
     atomic_write_text(out / "circuit.html", circuit_page(c, title=title, body=body_html(c), highlight=c.meta["top_head"]))
     print(f"{args.run_dir}: {len(c.edges)} of {c.total_edges} edges, top head {c.meta['top_head']}, "

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pe_interp.config import (
@@ -227,5 +229,19 @@ def out_dir_arg(value: str | None, flag: str = "--out") -> str | None:
     return value
 
 
+@contextmanager
+def writing_run(run_dir: str, device: str = "cpu", out: str | None = None) -> Iterator[Any]:
+    """The loaded run (:func:`~pe_interp.checkpoint.load_run`: a one-line error for a missing or
+    broken run directory) with the directory the command writes into locked (the run's, or
+    ``out``): not while the run trains, nor while another command writes there (a one-line
+    error instead)."""
+    from pe_interp.checkpoint import load_run
+    from pe_interp.io import dir_lock
+
+    loaded = load_run(run_dir, device=device)
+    with dir_lock(out or loaded.run_dir, "run directory" if out is None else "output directory"):
+        yield loaded
+
+
 __all__ = ["DERIVED", "NOT_FLAGS", "add_device_flag", "add_setting_flags", "at_least", "device_arg", "given_settings",
-           "out_dir_arg", "positive_n", "setting_fields"]
+           "out_dir_arg", "positive_n", "setting_fields", "writing_run"]

@@ -190,8 +190,10 @@ def load_cell(r: dict[str, Any], out_dir: Path, varying: list[str]) -> CellInfo:
 
 def load_run_cell(run_dir: str | Path) -> CellInfo:
     """One run directory (``pe-interp train``, then any of ``ablate``, ``patch``, ``decompose``)
-    as a :class:`CellInfo`, from the files the probes wrote into it."""
-    from pe_interp.checkpoint import read_jsonl
+    as a :class:`CellInfo`, from the files the probes wrote into it. A result computed from
+    other weights than the run's (:func:`~pe_interp.checkpoint.weights_status`) is left out and
+    named in ``extra["stale"]`` (file -> why)."""
+    from pe_interp.checkpoint import STALE, read_jsonl, weights_status
 
     run_dir = Path(run_dir)
     config = read_json(run_dir / "config.json")
@@ -202,11 +204,20 @@ def load_run_cell(run_dir: str | Path) -> CellInfo:
     spec = spec["name"] if isinstance(spec, dict) and set(spec) == {"name"} else spec
     if isinstance(spec, list) and all(isinstance(s, dict) and set(s) == {"name"} for s in spec):
         spec = "+".join(s["name"] for s in spec)
-    ablation = AblationResult.load(run_dir / "ablation.json") if (run_dir / "ablation.json").is_file() else None
-    deposits = DepositReport.load(run_dir / "deposits.json") if (run_dir / "deposits.json").is_file() else None
-    decomposition = None
-    if (run_dir / DECOMPOSITION).is_file():
-        decomposition = read_json(run_dir / DECOMPOSITION)
+    stale: dict[str, str] = {}
+
+    def fresh(name: str) -> bool:  # the result file is there and of the run's weights (else noted)
+        path = run_dir / name
+        if not path.is_file():
+            return False
+        status, why = weights_status(run_dir, path)
+        if status == STALE:
+            stale[name] = why
+        return status != STALE
+
+    ablation = AblationResult.load(run_dir / "ablation.json") if fresh("ablation.json") else None
+    deposits = DepositReport.load(run_dir / "deposits.json") if fresh("deposits.json") else None
+    decomposition = read_json(run_dir / DECOMPOSITION) if fresh(DECOMPOSITION) else None
     model_cfg = ModelConfig.from_dict(config["model"])
     label = encoding_label(spec)
     if label not in {known for known, _ in ENCODINGS}:
@@ -223,10 +234,11 @@ def load_run_cell(run_dir: str | Path) -> CellInfo:
         config=config,
         ablation=ablation if ablation is not None and ablation.is_grid else None,
         deposits=deposits,
-        patching=PatchResult.load(run_dir / "patching.json") if (run_dir / "patching.json").is_file() else None,
-        positional=PositionalScores.load(run_dir / "positional.json") if (run_dir / "positional.json").is_file() else None,
-        attention=AttentionRecord.load(run_dir / ATTENTION) if (run_dir / ATTENTION).is_file() else None,
+        patching=PatchResult.load(run_dir / "patching.json") if fresh("patching.json") else None,
+        positional=PositionalScores.load(run_dir / "positional.json") if fresh("positional.json") else None,
+        attention=AttentionRecord.load(run_dir / ATTENTION) if fresh(ATTENTION) else None,
         decomposition=decomposition,
+        extra={"stale": stale} if stale else {},
     )
 
 

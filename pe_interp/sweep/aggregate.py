@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from pe_interp.checkpoint import CURRENT, STALE, WEIGHTS, weights_status
 from pe_interp.io import read_json
 from pe_interp.sweep.grid import ERROR, RESULT
 from probes import DepositReport
@@ -15,12 +16,20 @@ __all__ = ["aggregate", "collect", "deposits_of", "format_table"]
 
 
 def collect(sweep_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(results, errors) of every cell in a sweep directory, in the order of the cell ids."""
+    """(results, errors) of every cell in a sweep directory, in the order of the cell ids. A
+    result whose probes came from other weights than its run's (:func:`weights_status`) is not
+    a result: it is an error record that says so, until the sweep runs again and recomputes it."""
     cells_dir = Path(sweep_dir) / "cells"
     results, errors = [], []
     for d in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
         if (d / RESULT).is_file():
-            results.append(read_json(d / RESULT))
+            result = read_json(d / RESULT)
+            status, why = weights_status(d / "run", result) if (d / "run" / WEIGHTS).is_file() else (CURRENT, "")
+            if status == STALE:
+                errors.append({"id": result.get("id", d.name), "error": f"stale results: {why}; rerun the sweep to "
+                               "recompute them", "stale": True})
+            else:
+                results.append(result)
         elif (d / ERROR).is_file():
             errors.append(read_json(d / ERROR))
     return results, errors

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pe_interp.checkpoint import save_result
 from pe_interp.config import ModelConfig
 from pe_interp.io import atomic_write_json, load_result, read_json, register_result, write_result
 from pe_interp.presets import build_run_configs
@@ -70,14 +71,14 @@ def _probe_ablation(run: Run, n: int = 2000, on: str = "test", whole_layers: boo
     test = run.examples(on, n)
     result = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, method="zero")
     report = find_deposits(result)
-    result.save(run.run_dir / ABLATION)
-    report.save(run.run_dir / DEPOSITS)
+    save_result(run.run_dir / ABLATION, result, run.provenance, per_example=False)
+    save_result(run.run_dir / DEPOSITS, report, run.provenance)
     record = {"ablation": result.to_dict(per_example=False), "deposits": report.to_dict()}
     if whole_layers:
         cfg = run.model.cfg
         sets = [[(layer, h) for h in range(cfg.n_heads)] for layer in range(cfg.n_layers)]
         layers = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, method="zero", head_sets=sets)
-        layers.save(run.run_dir / LAYER_ABLATION)
+        save_result(run.run_dir / LAYER_ABLATION, layers, run.provenance, per_example=False)
         record["layers"] = layers.to_dict(per_example=False)
     return record
 
@@ -95,7 +96,7 @@ def _probe_patching(run: Run, n: int = 256) -> dict[str, Any] | None:
         run.model, pairs.clean.tokens, pairs.corrupt.tokens, site="z", pad_mask=pairs.clean.pad_mask,
         clean_labels=pairs.clean.labels, corrupt_labels=pairs.corrupt.labels,
     )
-    result.save(run.run_dir / PATCHING)
+    save_result(run.run_dir / PATCHING, result, run.provenance)
     return result.to_dict()
 
 
@@ -105,7 +106,7 @@ def _probe_positional(run: Run, n: int = 128) -> dict[str, Any] | None:
         return None
     test = run.test_set(n)
     result = positional_scores(run.model, test.tokens, pad_mask=test.pad_mask)
-    result.save(run.run_dir / POSITIONAL)
+    save_result(run.run_dir / POSITIONAL, result, run.provenance)
     return result.to_dict()
 
 
@@ -187,7 +188,7 @@ def _probe_attention(run: Run) -> dict[str, Any] | None:
             labels=test.labels, decimals=DECIMALS,
         ))
     record = AttentionRecord(layer, head, why, tuple(examples))
-    record.save(run.run_dir / ATTENTION)
+    save_result(run.run_dir / ATTENTION, record, run.provenance, indent=None)
     return {"file": ATTENTION, "layer": layer, "head": head, "why": why}
 
 
@@ -231,7 +232,7 @@ def _probe_decomposition(run: Run, example: int = 0) -> dict[str, Any] | None:
         "matrices": {k: rounded(v) for k, v in mats.items()},
         "region": terms.region[:n, :n].cpu().numpy().tolist(),
     }
-    atomic_write_json(run.run_dir / DECOMPOSITION, record, indent=None)
+    save_result(run.run_dir / DECOMPOSITION, record, run.provenance, indent=None)
     return {"file": DECOMPOSITION, "layer": layer, "head": head, "why": why}
 
 
