@@ -108,14 +108,15 @@ def test_results_of_a_run_stopped_at_step_48_are_stale_once_it_resumes(tmp_path,
     assert weights_status(d, d / "deposits.json") == (CURRENT, "")
     capsys.readouterr()
     assert main(["show", str(d)]) == 0
-    assert "deposit      STALE" not in capsys.readouterr().out
+    assert "STALE" not in capsys.readouterr().out
     pe_interp.train(out=d, epochs=12, resume=True, **SMOKE)
     status, why = weights_status(d, d / "deposits.json")
     assert status == STALE and "step 48" in why and "step 96" in why
     assert main(["show", str(d)]) == 0
     out = capsys.readouterr().out
-    assert "deposit      STALE: deposits.json was computed from other weights (step 48" in out
-    assert "deposit      YES" not in out and "deposit      none flagged" not in out and "  layer 0 " not in out
+    assert "single-head deposit  STALE: ablation.json was computed from other weights (step 48" in out
+    assert "layer concentration  STALE: deposits.json was computed from other weights (step 48" in out
+    assert "single-head deposit  YES" not in out and "single-head deposit  no" not in out and "  layer 0 " not in out
     assert "ablation.json" in out and "STALE: of other weights" in out
     assert main(["report", str(d)]) == 0
     page = (d / "report.html").read_text()
