@@ -1,0 +1,196 @@
+"""The length-generalisation probe (probes.generalization), its command, its sweep probe, and the
+report's concentration / link statistics (pe_interp.report.generalization).
+
+Each number is recomputed independently: the widened model against the trained one on in-range
+inputs, a condition's accuracy against a hand-built wide model on the extended task's rows, the
+concentration measures against hand-made ablation grids, Spearman's rho against its closed form.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import pe_interp
+from pe_interp import HookedPETransformer
+from pe_interp.cli import main
+from pe_interp.report.generalization import concentration, layer0_cost, spearman, spearman_ci
+from pe_interp.tasks import Batch
+from pe_interp.training import evaluate
+from probes import AblationResult, GeneralizationResult, length_generalization, widened
+
+COMPUTED = ["nope", "sinusoidal", "rope", "alibi", {"name": "t5", "buckets": 8}, "sinusoidal+rope", "decoupled_rope"]
+PER_POSITION = {"learned": "encoding.W_pos", "t5": "encoding.rel_bias"}
+
+
+@pytest.mark.parametrize("encoding", COMPUTED, ids=str)
+@pytest.mark.parametrize("mask_padding", [True, False])
+def test_widened_model_is_the_same_function_on_trained_lengths(encoding, mask_padding, make_model, tokens_fn) -> None:
+    model = make_model(encoding=encoding, mask_padding=mask_padding, seed=3)
+    wide, why = widened(model, 2 * model.cfg.n_ctx)
+    assert why == "" and wide.cfg.n_ctx == 2 * model.cfg.n_ctx
+    tokens = tokens_fn(5, model.cfg.n_ctx, lengths=[12, 9, 5, 12, 3])
+    with torch.no_grad():
+        assert torch.allclose(wide(tokens), model(tokens), atol=1e-5)
+        longer = torch.cat([tokens, tokens], dim=1)
+        assert wide(longer).shape == (5, model.cfg.n_classes)  # and it takes what the old one cannot
+    with pytest.raises(ValueError, match="exceeds n_ctx"):
+        model(longer)
+    assert widened(model, model.cfg.n_ctx) == (model, "")
+
+
+@pytest.mark.parametrize("encoding", list(PER_POSITION))
+def test_a_trained_table_per_position_cannot_be_widened(encoding, make_model) -> None:
+    model = make_model(encoding=encoding)
+    wide, why = widened(model, 2 * model.cfg.n_ctx)
+    assert wide is None and PER_POSITION[encoding] in why and "n_ctx=12" in why
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, pe_interp.checkpoint.Run]:
+    out = {}
+    for task, encoding in (("distance", "rope"), ("distance", "learned"), ("count", "alibi")):
+        d = tmp_path_factory.mktemp("gen") / f"{task}-{encoding}"
+        pe_interp.train(task=task, encoding=encoding, preset="smoke", seed=0, out=d, progress=False)
+        out[f"{task}-{encoding}"] = pe_interp.load_run(d)
+    return out
+
+
+def _train_rows(run) -> Batch:
+    cfg = run.train_cfg
+    return run.task.splits(cfg.n_train, cfg.n_test, seed=cfg.seed)[0]
+
+
+def test_conditions_score_the_extended_rows_with_the_same_weights(runs) -> None:
+    run = runs["distance-rope"]
+    train = _train_rows(run)
+    result = length_generalization(run.model, run.task, n=300, extras=[3, 16], exclude=train, seed=5)
+    assert [(c.family, c.extra) for c in result.conditions] == [
+        ("trained", 0), *itertools.product(("shift", "sides", "right"), (3, 16))]
+    for c in result.conditions:
+        task = run.task if c.family == "trained" else run.task.extended(c.family, c.extra)
+        rows = task.sample(300, seed=5)
+        assert c.max_len == task.max_len == run.task.max_len + c.extra
+        hand = HookedPETransformer(run.model.cfg.replace(n_ctx=task.max_len))  # a wide model, built by hand
+        hand.load_state_dict(run.model.state_dict())
+        acc = evaluate(hand, rows)["acc"]
+        assert c.n + c.dropped == 300 and c.dropped == 0  # no extended row is a training row
+        assert c.correct == round(acc * 300)
+        lo, hi = c.interval()
+        assert lo <= c.accuracy <= hi and c.chance == pytest.approx(1 / 6)
+    assert result.trained.accuracy == pytest.approx(evaluate(run.model, run.task.sample(300, seed=5))["acc"])
+    back = GeneralizationResult.load(result.save(run.run_dir / "g.json"))
+    assert back.to_dict() == json.loads(json.dumps(back.to_dict())) and back.to_dict()["conditions"] == [
+        json.loads(json.dumps(c.to_dict())) for c in result.conditions]
+    assert not math.isnan(result.family_mean("shift")) and "shift" in result.summary()
+
+
+def test_training_rows_are_left_out(runs) -> None:
+    run = runs["distance-rope"]
+    rows = run.task.sample(200, seed=1)
+    result = length_generalization(run.model, run.task, n=200, extras=[2, 4], families=["right"], exclude=rows, seed=1)
+    assert result.trained.n == 0 and result.trained.dropped == 200 and math.isnan(result.trained.accuracy)
+    # 2 more fillers on the right can still be a row of the trained task (right side <= max_side = 3),
+    # and the same stream then draws it again; 4 more cannot
+    short = result.condition("right", 2)
+    assert short.n + short.dropped == 200 and short.dropped > 0
+    assert result.condition("right", 4).dropped == 0
+
+
+def test_learned_table_is_reported_not_failed(runs) -> None:
+    run = runs["distance-learned"]
+    result = length_generalization(run.model, run.task, n=100, extras=[4])
+    assert result.trained.evaluated and "encoding.W_pos" in result.unrepresentable
+    longer = [c for c in result.conditions if c.family != "trained"]
+    assert longer and all(not c.evaluated and "W_pos" in c.note for c in longer)
+    assert math.isnan(result.family_mean("shift"))
+
+
+def test_count_longer_inputs_and_the_ignored_class(runs) -> None:
+    run = runs["count-alibi"]
+    result = length_generalization(run.model, run.task, n=300, extras=[6], ignore_index=0, seed=2)
+    assert result.families == ["length"]
+    c = result.condition("length", 6)
+    rows = run.task.extended("length", 6).sample(300, seed=2)
+    assert c.n == int((rows.labels != 0).sum()) < 300 and c.max_len == run.task.length + 6
+
+
+def test_authors_mode_pads_each_condition_to_its_own_width(tmp_path) -> None:
+    d = tmp_path / "authors"
+    pe_interp.train(task="distance", encoding="sinusoidal+rope", preset="smoke", authors_quirks=True, seed=0,
+                    out=d, progress=False, epochs=1)
+    run = pe_interp.load_run(d)
+    assert not run.model.cfg.mask_padding
+    result = length_generalization(run.model, run.task, n=200, extras=[5], families=["shift"], seed=0)
+    assert result.meta["padded_to"] == "condition max_len"
+    task = run.task.extended("shift", 5)
+    hand = HookedPETransformer(run.model.cfg.replace(n_ctx=task.max_len))
+    hand.load_state_dict(run.model.state_dict())
+    assert result.condition("shift", 5).correct == round(200 * evaluate(hand, task.sample(200, seed=0))["acc"])
+
+
+def test_bad_arguments(runs) -> None:
+    run = runs["distance-rope"]
+    for kwargs, pattern in (({"n": 0}, "n must be a positive integer"), ({"extras": [0]}, "extras must be positive"),
+                            ({"families": ["length"]}, "family must be one of 'shift', 'sides', 'right'")):
+        with pytest.raises(ValueError, match=pattern):
+            length_generalization(run.model, run.task, **kwargs)
+
+
+def test_cli_writes_the_result(runs, tmp_path, capsys) -> None:
+    run = runs["distance-rope"]
+    out = tmp_path / "g.json"
+    assert main(["generalize", str(run.run_dir), "--n", "60", "--extras", "4", "--families", "shift",
+                 "--out", str(out), "--no-progress"]) == 0
+    result = GeneralizationResult.load(out)
+    assert [(c.family, c.extra, c.n) for c in result.conditions] == [("trained", 0, 60), ("shift", 4, 60)]
+    assert "shift" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------- statistics
+def _grid(drops: list[list[float]]) -> AblationResult:
+    d = np.array(drops, dtype=float)
+    nan = np.full_like(d, np.nan)
+    return AblationResult(baseline=0.9, values=0.9 - d, drops=d, ci_low=nan, ci_high=nan, method="zero",
+                          metric="accuracy", higher_is_better=True, n_examples=100, n_layers=d.shape[0],
+                          n_heads=d.shape[1])
+
+
+def _sets(drops: list[float], n_heads: int) -> AblationResult:
+    sets = tuple(tuple((layer, h) for h in range(n_heads)) for layer in range(len(drops)))
+    d = np.array(drops)
+    return AblationResult(baseline=0.9, values=0.9 - d, drops=d, ci_low=d * np.nan, ci_high=d * np.nan,
+                          method="zero", metric="accuracy", higher_is_better=True, n_examples=100,
+                          n_layers=len(drops), n_heads=n_heads, head_sets=sets)
+
+
+def test_concentration_measures_by_hand() -> None:
+    grid = _grid([[0.1, 0.6, -0.05, 0.3], [0.02, 0.0, 0.01, 0.04]])
+    c = concentration(grid, _sets([0.85, 0.1], 4), positional=type("P", (), {"scores": torch.arange(8.).view(2, 4) / 10})())
+    assert c.head == 1 and c.drop == pytest.approx(0.6)
+    assert c.share == pytest.approx(0.6 / (0.1 + 0.6 + 0.3))  # negative drops count as 0
+    assert c.layer0_cost == pytest.approx(0.85) and c.positional == pytest.approx(0.1)
+    assert not c.single and c.top == (0, 1, pytest.approx(0.6))  # the runner-up (0.3) is above 5 points
+    alone = concentration(_grid([[0.02, 0.7, 0.01, 0.0], [0.03, 0.0, 0.04, 0.05]]))
+    assert alone.single and math.isnan(alone.layer0_cost) and math.isnan(alone.positional)
+    assert math.isnan(layer0_cost(_sets([0.5], 3), 4))  # no stored set is all of layer 0
+
+
+def test_spearman_against_its_closed_form_and_ties() -> None:
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=30), rng.normal(size=30)
+    d = np.argsort(np.argsort(x)) - np.argsort(np.argsort(y))
+    assert spearman(x, y) == pytest.approx(1 - 6 * (d ** 2).sum() / (30 * (30 ** 2 - 1)))
+    tied_x, tied_y = np.array([1, 2, 2, 3, 4.0]), np.array([1, 3, 2, 4, 5.0])  # average ranks 0, 1.5, 1.5, 3, 4
+    rx = np.array([0, 1.5, 1.5, 3, 4])
+    assert spearman(tied_x, tied_y) == pytest.approx(np.corrcoef(rx, [0, 2, 1, 3, 4])[0, 1])
+    assert math.isnan(spearman(np.ones(5), y[:5]))
+    rho, lo, hi = spearman_ci(x, 2 * x + rng.normal(scale=0.5, size=30))
+    assert 0 < lo <= rho <= hi <= 1 and spearman_ci(x, y) == spearman_ci(x, y)
+    _, lo, hi = spearman_ci(x, y)
+    assert lo < 0 < hi  # independent draws: the interval includes 0
