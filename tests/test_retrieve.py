@@ -18,6 +18,7 @@ import torch
 
 from pe_interp.presets import build_run_configs
 from pe_interp.tasks import (
+    Batch,
     CountTask,
     DistanceTask,
     RetrieveTask,
@@ -67,6 +68,20 @@ def test_retrieve_labels_by_scan(name: str) -> None:
         assert task.extra_left + 1 <= at <= task.extra_left + task.max_side
         after = len(row) - 1 - at
         assert task.offset + task.extra_right <= after <= task.max_after + task.extra_right
+
+
+@pytest.mark.parametrize("name", list(RETRIEVE))
+def test_retrieve_spans_by_scan(name: str) -> None:
+    task = RETRIEVE[name]
+    b = task.sample(200, seed=2)
+    spans = task.spans(b).tolist()
+    for row, span, width in zip(rows(b), spans, [task.max_len] * len(b)):
+        at, _ = scan_target(task, row)
+        expected = ["prefix"] * at + ["marker"] + ["gap"] * (task.offset - 1) + ["target"]
+        expected += ["suffix"] * (len(row) - len(expected)) + ["padding"] * (width - len(row))
+        assert [task.span_names[k] for k in span] == expected
+    with pytest.raises(ValueError, match="row 0 does not hold exactly one marker"):
+        task.spans(Batch(torch.ones_like(b.tokens[:1]), b.labels[:1], torch.ones_like(b.pad_mask[:1])))
 
 
 def test_retrieve_targets_cover_every_value_and_position() -> None:

@@ -114,30 +114,6 @@ class SyntheticTask(ABC):
         """JSON-able description; :func:`pe_interp.tasks.task_from_dict` inverts it."""
         return {"name": self.name, **dataclasses.asdict(self)}  # type: ignore[call-overload]
 
-    def extended(self, family: str, extra: int) -> SyntheticTask:
-        """The same task on inputs ``extra`` tokens longer: the same classes, label values and
-        special tokens (triggers, marker), so a model trained on ``self`` can be scored on it.
-
-        ``family`` is one of :attr:`extensions`: ``"shift"`` puts ``extra`` more fillers before
-        everything, so the tokens that decide the label sit ``extra`` positions further right
-        (translation); ``"right"`` puts them after everything (the same positions, longer
-        inputs); ``"sides"`` puts ``extra // 2`` before and the rest after; ``"length"`` (a task
-        whose tokens are shuffled over a fixed length) makes every sequence ``extra`` tokens
-        longer with the same label distribution. Every row of the extended task is exactly
-        ``extra`` tokens longer than the row the generator would otherwise draw, and
-        ``max_len`` grows by ``extra``. ``extended(f, 0)`` is ``self``.
-        """
-        if family not in self.extensions:
-            raise ValueError(
-                f"{type(self).__name__}.extended: family must be one of "
-                f"{', '.join(map(repr, self.extensions)) or '(none)'}; got {family!r}"
-            )
-        check_int(f"{type(self).__name__}.extended", "extra", extra, 0)
-        return self if extra == 0 else self._extended(family, extra)
-
-    def _extended(self, family: str, extra: int) -> SyntheticTask:
-        raise NotImplementedError(f"{type(self).__name__} has no extensions")
-
     # ----------------------------------------------------------------- sampling
     def generator(self, stream: str, *parts: object) -> torch.Generator:
         """A CPU generator for one named stream, seeded from the task seed and ``parts``."""
@@ -238,6 +214,31 @@ class SyntheticTask(ABC):
                 f"counterfactuals: kind must be one of {', '.join(map(repr, COUNTERFACTUAL_KINDS))}; got {kind!r}"
             )
         return self._counterfactual_family(n, kind, self.generator("counterfactuals", kind, seed))
+
+    # ----------------------------------------------------------------- longer inputs
+    def extended(self, family: str, extra: int) -> SyntheticTask:
+        """The same task on inputs ``extra`` tokens longer: the same classes, label values and
+        special tokens (triggers, marker), so a model trained on ``self`` can be scored on it.
+
+        ``family`` is one of :attr:`extensions`: ``"shift"`` puts ``extra`` more fillers before
+        everything, so the tokens that decide the label sit ``extra`` positions further right
+        (translation); ``"right"`` puts them after everything (the same positions, longer
+        inputs); ``"sides"`` puts ``extra // 2`` before and the rest after; ``"length"`` (a task
+        whose tokens are shuffled over a fixed length) makes every sequence ``extra`` tokens
+        longer with the same label distribution. Every row of the extended task is exactly
+        ``extra`` tokens longer than the row the generator would otherwise draw, and
+        ``max_len`` grows by ``extra``. ``extended(f, 0)`` is ``self``.
+        """
+        if family not in self.extensions:
+            raise ValueError(
+                f"{type(self).__name__}.extended: family must be one of "
+                f"{', '.join(map(repr, self.extensions)) or '(none)'}; got {family!r}"
+            )
+        check_int(f"{type(self).__name__}.extended", "extra", extra, 0)
+        return self if extra == 0 else self._extended(family, extra)
+
+    def _extended(self, family: str, extra: int) -> SyntheticTask:
+        raise NotImplementedError(f"{type(self).__name__} has no extensions")
 
     # ----------------------------------------------------------------- exact baselines
     def chance_accuracy(self) -> float:

@@ -104,6 +104,28 @@ class RetrieveTask(SyntheticTask):
     def _extended(self, family: str, extra: int) -> RetrieveTask:
         return extend_sides(self, family, extra)
 
+    # ----------------------------------------------------------------- spans
+    span_names: ClassVar[tuple[str, ...]] = ("prefix", "marker", "gap", "target", "suffix", "padding")
+
+    def spans(self, batch: Batch) -> Int[Tensor, "batch pos"]:
+        """Each position's part of its example: the values before the marker (``prefix``), the
+        ``marker``, the ``offset - 1`` values between it and the ``target``, the target, the values
+        after it (``suffix``), pads (``padding``). The marker is found by its id."""
+        tokens = batch.tokens
+        is_marker = tokens == self.marker
+        if not bool((is_marker.sum(1) == 1).all()):
+            row = int((is_marker.sum(1) != 1).nonzero()[0, 0])
+            raise ValueError(f"{self.name}: row {row} does not hold exactly one marker")
+        pos = torch.arange(tokens.shape[1], device=tokens.device)[None, :]
+        at = is_marker.to(torch.int8).argmax(1)[:, None]
+        target = at + self.offset
+        out = torch.full_like(tokens, 2)  # gap
+        out = torch.where(pos < at, 0, out)
+        out = torch.where(pos == at, 1, out)
+        out = torch.where(pos == target, 3, out)
+        out = torch.where(pos > target, 4, out)
+        return torch.where(batch.pad_mask.to(tokens.device), out, 5)
+
     # ----------------------------------------------------------------- generation
     def _draw_values(self, n: int, gen: torch.Generator, exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``[n, max_len]`` distinct value ids per row (uniform ordered samples without
