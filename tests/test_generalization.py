@@ -194,3 +194,77 @@ def test_spearman_against_its_closed_form_and_ties() -> None:
     assert 0 < lo <= rho <= hi <= 1 and spearman_ci(x, y) == spearman_ci(x, y)
     _, lo, hi = spearman_ci(x, y)
     assert lo < 0 < hi  # independent draws: the interval includes 0
+
+
+# ------------------------------------------------------------------------------------- the report
+def _point(label: str, seed: int, top: float, share_rest: float, retention: float, acc: float = 0.9):
+    """A model with layer-0 drops [top, rest, rest, 0] and a translated accuracy = retention x acc."""
+    from pathlib import Path
+
+    from pe_interp.report.data import CellInfo
+    from pe_interp.report.generalization import ModelPoint, concentration
+    from probes.generalization import Condition
+
+    grid = _grid([[top, share_rest, share_rest, 0.0], [0.0, 0.01, 0.0, 0.0]])
+    grid = AblationResult(**{**grid.__dict__, "baseline": acc})
+    n = 1000
+    conds = (Condition("trained", 0, 16, n, round(acc * n), 0.1, 0.2),
+             Condition("shift", 4, 20, n, round(retention * acc * n), 0.1, 0.2),
+             Condition("shift", 8, 24, n, round(retention * acc * n), 0.1, 0.2),
+             Condition("sides", 16, 32, n, round(0.5 * retention * acc * n), 0.1, 0.2))
+    gen = GeneralizationResult({"name": "distance"}, label, 16, conds)
+    cell = CellInfo(f"{label}-{seed}", label, "distance", seed, "multiplicative", {}, {"test_acc": acc},
+                    Path("/nonexistent"), None, ablation=grid)
+    return ModelPoint("quick", cell, concentration(grid), gen)
+
+
+def test_link_table_correlates_what_it_says() -> None:
+    from pe_interp.report.generalization import MEASURES, concentration_table, link_table
+
+    tops = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
+    retention = [0.3, 0.5, 0.4, 0.7, 0.9, 0.8]
+    points = [_point("rope" if i % 2 else "alibi", i, t, 0.1, r) for i, (t, r) in enumerate(zip(tops, retention))]
+    points.append(_point("nope", 9, 0.3, 0.1, 1.0, acc=0.15))  # did not learn: left out of the link
+    table = link_table(points)
+    rec = {(r["measure"], r["concentration"]): r for r in table.records}
+    r = rec[MEASURES[0], "top L0 drop"]
+    assert r["n"] == 6 and r["rho"] == pytest.approx(spearman(np.array(tops), np.array(retention)))
+    assert [p[:2] for p in r["points"]] == [pytest.approx([t, q], abs=1e-3) for t, q in zip(tops, retention)]
+    share = rec[MEASURES[0], "top L0 share"]  # share = top / (top + 0.2), increasing in top as well
+    assert share["rho"] == pytest.approx(r["rho"])
+    half = rec[MEASURES[1], "top L0 drop"]  # the 2x-length accuracy is half the translated one
+    assert half["rho"] == pytest.approx(r["rho"])
+    lo, hi = r["ci"]
+    row = next(row for row in table.rows if row[1] == MEASURES[0] and row[2] == "top L0 drop")
+    assert row[6] == ("none detected (the interval includes 0)" if lo <= 0 <= hi else
+                      "positive (the interval excludes 0)")
+    assert ("top L0 positional" not in {c for _, c in rec}) and ("L0 cost" not in {c for _, c in rec})  # not stored
+    conc = concentration_table(points)
+    assert [row[1] for row in conc.rows] == ["nope", "alibi", "rope"]  # the reproduction's order
+    assert conc.rows[2][5] == "0 of 3" and conc.rows[2][7] == "50.0 ± 20.0"  # rope: tops 0.3, 0.5, 0.7
+
+
+def test_report_section_from_a_sweep(tmp_path) -> None:
+    from pe_interp.report import write_report
+    from pe_interp.sweep import parse_grid, run_sweep
+
+    grid = parse_grid({"name": "g", "base": {"preset": "smoke", "task": "distance", "epochs": 1},
+                       "axes": {"encoding": ["rope", "learned"]}, "seeds": [0],
+                       "probes": ["ablation", "positional", "generalization"],
+                       "probe_options": {"ablation": {"whole_layers": True, "n": 64},
+                                         "positional": {"every_model": True, "n": 8},
+                                         "generalization": {"n": 64, "extras": [4]}}}, source="g.yaml")
+    assert not run_sweep(grid, tmp_path, progress=False, workers=1).failed
+    html = write_report(tmp_path, preset="smoke").read_text()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    tables = summary["tables"]
+    gen = tables["generalization-distance"]
+    assert [r[0] for r in gen["rows"]] == ["learned", "rope"]
+    assert gen["columns"][3:8] == ["in range (≤ 16)", "shift +4", "sides +4", "right +4", "note"]
+    assert gen["rows"][0][4] == "—" and "a trained parameter per position" in gen["rows"][0][-1]
+    stored = GeneralizationResult.load(next(tmp_path.glob("cells/*rope*/run/generalization.json")))
+    assert gen["rows"][1][4] == f"{100 * stored.condition('shift', 4).accuracy:.1f} ± 0.0"
+    conc = tables["concentration"]["records"]
+    assert {r["label"] for r in conc} == {"learned", "rope"} and all(not math.isnan(r["l0_cost"][0]) for r in conc)
+    assert "Length generalisation and concentration" in html and "## Does concentration predict" in (
+        tmp_path / "summary.md").read_text()
