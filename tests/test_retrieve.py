@@ -265,3 +265,39 @@ def test_extended_bad_arguments() -> None:
         EXTENDABLE["count"].extended("shift", 3)
     with pytest.raises(ValueError, match="extra must be an integer"):
         EXTENDABLE["distance"].extended("shift", -1)
+
+
+# ------------------------------------------------------------------------------------- every probe
+def test_every_probe_runs_on_task_3(tmp_path) -> None:
+    """Task 3 through the probes the other tasks get: ablation + deposit detection, patching on its
+    counterfactual pairs, the logit decomposition, the circuit (attribution on the position and
+    content families, faithfulness, path patching), deposit dynamics while training, gradient
+    coherence, the generalisation probe, and a run report; and in the authors' mode."""
+    import pe_interp
+    from pe_interp.cli import main
+    from probes import DepositDynamics, GeneralizationResult, gradient_coherence
+
+    run_dir = tmp_path / "r"
+    pe_interp.train(task="retrieve", preset="smoke", seed=1, out=run_dir, progress=False,
+                    callbacks=[DepositDynamics(every=8, layers=(0,), n_probe=32)])
+    records = [json.loads(line) for line in (run_dir / "deposit_dynamics.jsonl").read_text().splitlines()]
+    assert records and all(r["layer"] == 0 and len(r["drops"]) == 4 for r in records)
+    for argv in (["ablate", "--n", "64", "--n-bootstrap", "0", "--no-figures", "--no-progress"],
+                 ["patch", "--n", "16", "--n-bootstrap", "0"], ["decompose", "--layer", "0", "--head", "1", "--n", "2"],
+                 ["circuit", "--n", "8", "--top-n", "4"], ["generalize", "--n", "32", "--extras", "3", "--no-progress"]):
+        assert main([argv[0], str(run_dir), *argv[1:]]) == 0, argv
+    ablation = json.loads((run_dir / "ablation.json").read_text())
+    assert len(ablation["drops"]) == 2 and len(ablation["drops"][0]) == 4
+    for name in ("deposits.json", "patching.json", "decompose_L0H1.json", "circuit.json", "generalization.json"):
+        assert (run_dir / name).is_file(), name
+    gen = GeneralizationResult.load(run_dir / "generalization.json")
+    assert gen.families == ["shift", "sides", "right"] and gen.trained.n == 32
+    assert main(["report", str(run_dir)]) == 0 and (run_dir / "report.html").is_file()
+    task = pe_interp.load_run(run_dir).task
+    coherence = gradient_coherence(pe_interp.load_run(run_dir).model.cfg, task.sample(16, seed=0), init_seeds=[0])
+    assert coherence.values.shape == (1, 2, 4) and bool(torch.isfinite(coherence.values).all())
+    authors = tmp_path / "authors"
+    pe_interp.train(task="retrieve", preset="smoke", authors_quirks=True, seed=0, out=authors, progress=False, epochs=1)
+    run = pe_interp.load_run(authors)
+    assert not run.model.cfg.mask_padding and run.model.cfg.kv_source == "embed" and run.task == task.__class__(
+        **{**{k: v for k, v in task.to_dict().items() if k != "name"}, "seed": 0})
