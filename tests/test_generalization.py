@@ -197,7 +197,8 @@ def test_spearman_against_its_closed_form_and_ties() -> None:
 
 
 # ------------------------------------------------------------------------------------- the report
-def _point(label: str, seed: int, top: float, share_rest: float, retention: float, acc: float = 0.9):
+def _point(label: str, seed: int, top: float, share_rest: float, retention: float, acc: float = 0.9,
+           source: str = "quick"):
     """A model with layer-0 drops [top, rest, rest, 0] and a translated accuracy = retention x acc."""
     from pathlib import Path
 
@@ -215,7 +216,7 @@ def _point(label: str, seed: int, top: float, share_rest: float, retention: floa
     gen = GeneralizationResult({"name": "distance"}, label, 16, conds)
     cell = CellInfo(f"{label}-{seed}", label, "distance", seed, "multiplicative", {}, {"test_acc": acc},
                     Path("/nonexistent"), None, ablation=grid)
-    return ModelPoint("quick", cell, concentration(grid), gen)
+    return ModelPoint(source, cell, concentration(grid), gen)
 
 
 def test_link_table_correlates_what_it_says() -> None:
@@ -235,10 +236,16 @@ def test_link_table_correlates_what_it_says() -> None:
     half = rec[MEASURES[1], "top L0 drop"]  # the 2x-length accuracy is half the translated one
     assert half["rho"] == pytest.approx(r["rho"])
     lo, hi = r["ci"]
-    row = next(row for row in table.rows if row[1] == MEASURES[0] and row[2] == "top L0 drop")
-    assert row[6] == ("none detected (the interval includes 0)" if lo <= 0 <= hi else
+    row = next(row for row in table.rows if row[2] == MEASURES[0] and row[3] == "top L0 drop")
+    assert row[1] == "quick" and row[4] == "6 (2 settings)" and row[7] == ("none detected (the interval includes 0)" if lo <= 0 <= hi else
                       "positive (the interval excludes 0)")
     assert ("top L0 positional" not in {c for _, c in rec}) and ("L0 cost" not in {c for _, c in rec})  # not stored
+    mid = [_point("rope", i, t, 0.1, r, source="mid") for i, (t, r) in enumerate([(0.1, 0.9), (0.2, 0.8), (0.3, 0.7),
+                                                                                  (0.4, 0.6)])]
+    groups = {(r["group"], r["n"], round(r["rho"], 6)) for r in link_table(points + mid).records
+              if r["measure"] == MEASURES[0] and r["concentration"] == "top L0 drop"}
+    pooled = spearman(np.array(tops + [0.1, 0.2, 0.3, 0.4]), np.array(retention + [0.9, 0.8, 0.7, 0.6]))
+    assert groups == {("quick", 6, round(r["rho"], 6)), ("mid", 4, -1.0), ("all", 10, round(pooled, 6))}
     conc = concentration_table(points)
     assert [row[1] for row in conc.rows] == ["nope", "alibi", "rope"]  # the reproduction's order
     assert conc.rows[2][5] == "0 of 3" and conc.rows[2][7] == "50.0 ± 20.0"  # rope: tops 0.3, 0.5, 0.7

@@ -264,30 +264,40 @@ def link_pairs(points: list[ModelPoint], task: str, conc: str, measure: str) -> 
     return out
 
 
+def _link_row(task: str, group: str, measure: str, conc: str, pairs: list) -> tuple[list[str], dict[str, Any]]:
+    x, y = np.array([a for a, _, _ in pairs]), np.array([b for _, b, _ in pairs])
+    rho, lo, hi = spearman_ci(x, y)
+    settings = len({(p.source, p.cell.label) for _, _, p in pairs})
+    if math.isnan(lo):
+        verdict = "not measurable (too few models, or no spread)"
+    elif lo > 0 or hi < 0:
+        verdict = f"{'positive' if rho > 0 else 'negative'} (the interval excludes 0)"
+    else:
+        verdict = "none detected (the interval includes 0)"
+    row = [TASK_TITLES.get(task, task), group, measure, conc, f"{len(pairs)} ({settings} settings)",
+           "—" if math.isnan(rho) else f"{rho:+.2f}", "—" if math.isnan(lo) else f"[{lo:+.2f}, {hi:+.2f}]", verdict]
+    record = {"task": task, "group": group, "measure": measure, "concentration": conc, "n": len(pairs), "rho": rho,
+              "ci": [lo, hi], "points": [[a, b, p.source, p.cell.label, p.cell.seed] for a, b, p in pairs]}
+    return row, record
+
+
 def link_table(points: list[ModelPoint]) -> Table:
+    """Per task, per group of models (each source alone, then all together when there are
+    several), per generalisation and concentration measure: Spearman's rho and its interval."""
     rows, records = [], []
     for task in task_order([p.cell for p in points]):
-        for measure in MEASURES:
-            for conc in CONCENTRATION:
-                pairs = link_pairs(points, task, conc, measure)
-                if len(pairs) < 4:
-                    continue
-                x, y = np.array([a for a, _, _ in pairs]), np.array([b for _, b, _ in pairs])
-                rho, lo, hi = spearman_ci(x, y)
-                sources = sorted({p.source for _, _, p in pairs})
-                encodings = len({p.cell.label for _, _, p in pairs})
-                if math.isnan(lo):
-                    verdict = "not measurable (too few models, or no spread)"
-                elif lo > 0 or hi < 0:
-                    verdict = f"{'positive' if rho > 0 else 'negative'} (the interval excludes 0)"
-                else:
-                    verdict = "none detected (the interval includes 0)"
-                rows.append([TASK_TITLES.get(task, task), measure, conc, f"{len(pairs)} ({encodings} settings; "
-                             f"{', '.join(sources)})", "—" if math.isnan(rho) else f"{rho:+.2f}",
-                             "—" if math.isnan(lo) else f"[{lo:+.2f}, {hi:+.2f}]", verdict])
-                records.append({"task": task, "measure": measure, "concentration": conc, "n": len(pairs),
-                                "rho": rho, "ci": [lo, hi], "sources": sources,
-                                "points": [[a, b, p.source, p.cell.label, p.cell.seed] for a, b, p in pairs]})
+        sources = sorted({p.source for p in points if p.cell.task == task})
+        groups = [(s, [p for p in points if p.source == s]) for s in sources]
+        if len(sources) > 1:
+            groups.append(("all", points))
+        for group, members in groups:
+            for measure in MEASURES:
+                for conc in CONCENTRATION:
+                    pairs = link_pairs(members, task, conc, measure)
+                    if len(pairs) >= 4:
+                        row, record = _link_row(task, group, measure, conc, pairs)
+                        rows.append(row)
+                        records.append(record)
     notes = [f"Spearman's rank correlation over models that learned their task (in-range accuracy ≥ 50%), with a "
              f"{int(100 * CI)}% percentile bootstrap interval over models ({N_BOOTSTRAP} resamples, seed 0). "
              "Retention: accuracy on the longer inputs divided by in-range accuracy on the same stream; "
@@ -296,7 +306,7 @@ def link_table(points: list[ModelPoint]) -> Table:
              "parameters have one entry per position are not evaluated beyond n_ctx and are not in this "
              "table. Across encodings, a correlation can reflect the encodings rather than concentration."]
     return Table("link", "Does concentration predict length generalisation?",
-                 ["task", "generalisation", "concentration", "models", "Spearman ρ", "95% CI", "verdict"],
+                 ["task", "models", "generalisation", "concentration", "n", "Spearman ρ", "95% CI", "verdict"],
                  rows, records, notes)
 
 
@@ -306,7 +316,9 @@ def link_scatter(link: Table, task: str = "distance") -> str | None:
     from pe_interp.report.figures import new_figure, to_data_uri
 
     panels = [r for r in link.records if r["task"] == task and r["measure"] == MEASURES[0]]
-    if not panels:
+    groups = {r["group"] for r in panels}
+    panels = [r for r in panels if r["group"] == ("all" if "all" in groups else r["group"])]
+    if not panels or len({r["group"] for r in panels}) > 1:
         return None
     fig = new_figure(3.0 * len(panels) + 1.8, 3.2)
     labels = sorted({pt[3].split(" [")[0] for r in panels for pt in r["points"]})
