@@ -246,6 +246,9 @@ def test_link_table_correlates_what_it_says() -> None:
               if r["measure"] == MEASURES[0] and r["concentration"] == "top L0 drop"}
     pooled = spearman(np.array(tops + [0.1, 0.2, 0.3, 0.4]), np.array(retention + [0.9, 0.8, 0.7, 0.6]))
     assert groups == {("quick", 6, round(r["rho"], 6)), ("mid", 4, -1.0), ("all", 10, round(pooled, 6))}
+    both = concentration_table(points + mid)  # the same label from two sources: two rows
+    assert [(row[1], row[2], row[3]) for row in both.rows if row[1] == "rope"] == [("rope", "quick", "3"),
+                                                                                  ("rope", "mid", "4")]
     conc = concentration_table(points)
     assert [row[1] for row in conc.rows] == ["nope", "alibi", "rope"]  # the reproduction's order
     assert conc.rows[2][5] == "0 of 3" and conc.rows[2][7] == "50.0 ± 20.0"  # rope: tops 0.3, 0.5, 0.7

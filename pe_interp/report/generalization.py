@@ -133,6 +133,14 @@ def _pm(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
     return f"{scale * statistics.fmean(v):.{digits}f} ± {scale * sd:.{digits}f}"
 
 
+def _settings(points: list[ModelPoint]) -> list[tuple[str, str]]:
+    """(source, label) of every setting, sources in order of appearance, labels in table order."""
+    order = label_order([p.cell for p in points])
+    sources = list(dict.fromkeys(p.source for p in points))
+    present = {(p.source, p.cell.label) for p in points}
+    return [(s, lab) for s in sources for lab in order if (s, lab) in present]
+
+
 def _columns(points: list[ModelPoint]) -> list[tuple[str, int]]:
     """The conditions a task's table shows: the trained one, every extra of the primary family, and
     the largest extra of each other family."""
@@ -159,8 +167,8 @@ def generalization_tables(points: list[ModelPoint]) -> list[Table]:
         g0 = pts[0].gen
         head = [f"{f} +{e}" if f != TRAINED else f"in range (≤ {g0.trained.max_len})" for f, e in cols]
         rows, records = [], []
-        for label in label_order([p.cell for p in pts]):
-            group = sorted((p for p in pts if p.cell.label == label), key=lambda p: p.cell.seed)
+        for source, label in _settings(pts):
+            group = sorted((p for p in pts if (p.source, p.cell.label) == (source, label)), key=lambda p: p.cell.seed)
             row = [label, group[0].source, str(len(group))]
             rec: dict[str, Any] = {"task": task, "label": label, "source": group[0].source,
                                    "seeds": [p.cell.seed for p in group]}
@@ -192,9 +200,9 @@ def concentration_table(points: list[ModelPoint]) -> Table:
     rows, records = [], []
     cells = [p.cell for p in points]
     for task in task_order(cells):
-        for label in label_order([p.cell for p in points if p.cell.task == task]):
-            group = sorted((p for p in points if p.cell.task == task and p.cell.label == label and p.conc),
-                           key=lambda p: p.cell.seed)
+        for source, label in _settings([p for p in points if p.cell.task == task]):
+            group = sorted((p for p in points if p.cell.task == task and (p.source, p.cell.label) == (source, label)
+                            and p.conc), key=lambda p: p.cell.seed)
             if not group:
                 continue
             cs = [p.conc for p in group]
