@@ -298,6 +298,7 @@ def link_table(points: list[ModelPoint]) -> Table:
         groups = [(s, [p for p in points if p.source == s]) for s in sources]
         if len(sources) > 1:
             groups.append(("all", points))
+        before = len(rows)
         for group, members in groups:
             for measure in MEASURES:
                 for conc in CONCENTRATION:
@@ -306,6 +307,12 @@ def link_table(points: list[ModelPoint]) -> Table:
                         row, record = _link_row(task, group, measure, conc, pairs)
                         rows.append(row)
                         records.append(record)
+        if len(rows) == before:  # say so, rather than leave the task out
+            mine = [p for p in points if p.cell.task == task]
+            learned = sum(p.room for p in mine)
+            rows.append([TASK_TITLES.get(task, task), ", ".join(sources), "—", "—", f"{learned} of {len(mine)} learned",
+                         "—", "—", "not measured: fewer than 4 models that learned the task (in-range accuracy ≥ 50%) "
+                         "have both measures"])
     notes = [f"Spearman's rank correlation over models that learned their task (in-range accuracy ≥ 50%), with a "
              f"{int(100 * CI)}% percentile bootstrap interval over models ({N_BOOTSTRAP} resamples, seed 0). "
              "Retention: accuracy on the longer inputs divided by in-range accuracy on the same stream; "
