@@ -251,7 +251,7 @@ def test_link_table_correlates_what_it_says() -> None:
                                                                                   ("rope", "mid", "4")]
     conc = concentration_table(points)
     assert [row[1] for row in conc.rows] == ["nope", "alibi", "rope"]  # the reproduction's order
-    assert conc.rows[2][5] == "0 of 3" and conc.rows[2][7] == "50.0 ± 20.0"  # rope: tops 0.3, 0.5, 0.7
+    assert conc.rows[2][5] == "0 of 3 [0, 56]%" and conc.rows[2][7] == "50.0 ± 20.0"  # rope: tops 0.3, 0.5, 0.7
 
 
 def test_report_section_from_a_sweep(tmp_path) -> None:
@@ -278,3 +278,14 @@ def test_report_section_from_a_sweep(tmp_path) -> None:
     assert {r["label"] for r in conc} == {"learned", "rope"} and all(not math.isnan(r["l0_cost"][0]) for r in conc)
     assert "Length generalisation and concentration" in html and "## Does concentration predict" in (
         tmp_path / "summary.md").read_text()
+
+
+def test_wilson_interval_closed_forms() -> None:
+    from probes.metrics import wilson_interval
+
+    z = 1.96
+    assert wilson_interval(0, 3) == (0.0, pytest.approx(z * z / (3 + z * z)))  # k = 0: [0, z^2/(n+z^2)]
+    assert wilson_interval(3, 3) == (pytest.approx(3 / (3 + z * z)), 1.0)
+    lo, hi = wilson_interval(50, 100)  # symmetric about 1/2
+    assert lo == pytest.approx(1 - hi) and lo == pytest.approx(0.4038, abs=1e-4)
+    assert all(math.isnan(v) for v in wilson_interval(0, 0))

@@ -39,6 +39,7 @@ from pe_interp.report.data import TASK_TITLES, CellInfo, dominance, label_order,
 from pe_interp.report.summary import Table
 from probes import AblationResult, GeneralizationResult
 from probes.generalization import TRAINED
+from probes.metrics import wilson_interval
 
 GENERALIZATION, LAYER_ABLATION = "generalization.json", "layer_ablation.json"
 CONCENTRATION = ("top L0 drop", "top L0 share", "L0 cost", "top L0 positional")
@@ -133,6 +134,12 @@ def _pm(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
     return f"{scale * statistics.fmean(v):.{digits}f} ± {scale * sd:.{digits}f}"
 
 
+def _rate(k: int, n: int) -> str:
+    """``k of n`` with its 95% Wilson interval."""
+    lo, hi = wilson_interval(k, n)
+    return f"{k} of {n} [{100 * lo:.0f}, {100 * hi:.0f}]%"
+
+
 def _settings(points: list[ModelPoint]) -> list[tuple[str, str]]:
     """(source, label) of every setting, sources in order of appearance, labels in table order."""
     order = label_order([p.cell for p in points])
@@ -209,7 +216,7 @@ def concentration_table(points: list[ModelPoint]) -> Table:
             tops = ", ".join(f"L{c.top[0]}H{c.top[1]} ({100 * c.top[2]:.1f})" for c in cs)
             flagged = sum(bool(p.cell.flagged) for p in group)
             rows.append([TASK_TITLES.get(task, task), label, group[0].source, str(len(group)),
-                         _pm([p.cell.test_acc for p in group]), f"{sum(c.single for c in cs)} of {len(cs)}", tops,
+                         _pm([p.cell.test_acc for p in group]), _rate(sum(c.single for c in cs), len(cs)), tops,
                          _pm([c.drop for c in cs]), _pm([c.share for c in cs]), _pm([c.layer0_cost for c in cs]),
                          _pm([c.positional for c in cs], 1.0, 2), f"{flagged} of {len(group)}"])
             records.append({"task": task, "label": label, "seeds": [p.cell.seed for p in group],
@@ -218,7 +225,7 @@ def concentration_table(points: list[ModelPoint]) -> Table:
                             "top_l0_share": [c.share for c in cs], "l0_cost": [c.layer0_cost for c in cs],
                             "top_l0_positional": [c.positional for c in cs]})
     notes = ["Drops in accuracy points on held-out data. Single dominant head: the project's one definition "
-             "(exactly one head of the model ≥ 50 points, every other ≤ 5), k of n seeds. Top head: the model's "
+             "(exactly one head of the model ≥ 50 points, every other ≤ 5), k of n seeds with a 95% Wilson interval. Top head: the model's "
              "most harmful head per seed (drop). Share: the top layer-0 head's part of layer 0's summed positive "
              "single-head drops. L0 cost: all of layer 0 ablated together. Positional: the top layer-0 head's "
              "positional score (split-half R² of a position-only logit template). Flagged: seeds where "
