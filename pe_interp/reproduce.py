@@ -5,8 +5,9 @@ failed run is reported rather than stopping the rest. Every model gets held-out 
 full head-ablation sweep with deposit detection, and deposit dynamics recorded during training;
 task-1 models with a rotary part (multiplicative or hybrid) also get head patching with distance
 counterfactuals and per-head positional scores; the heads the report shows get their attention
-patterns stored; and the sweep measures the gradient "seeds" at initialisation (C15). The report
-then only reads.
+patterns stored; every model is scored on longer inputs than it was trained on (the
+length-generalisation probe); and the sweep measures the gradient "seeds" at initialisation (C15).
+The report then only reads.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pe_interp.sweep import Grid, SweepSummary, parse_grid, run_sweep
 
 SMOKE_ENCODINGS = ["nope", "sinusoidal", "rope"]
 DEFAULT_SEEDS = {"smoke": 1, "quick": 3, "paper": 3}
-PROBES = ("dynamics", "ablation", "patching", "positional", "attention", "decomposition", "gradients")
+PROBES = ("dynamics", "ablation", "patching", "positional", "attention", "decomposition", "generalization", "gradients")
 
 
 def reproduce_grid(

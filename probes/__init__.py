@@ -7,6 +7,7 @@
 - :mod:`probes.decomposition`: attention-logit terms, Toeplitz score, positional score per head.
 - :mod:`probes.gradients`: gradient coherence per head at initialisation (the "seed").
 - :mod:`probes.patterns`: attention patterns of chosen heads.
+- :mod:`probes.generalization`: accuracy on longer inputs than training (translated, lengthened).
 - :mod:`probes.attribution`, :mod:`probes.path_patching`, :mod:`probes.circuits`: attribution
   patching (AtP, AtP*, EAP-IG) of nodes and edges, exact path patching, circuits and their
   faithfulness, over the residual-stream graph of :mod:`probes.graph`.
@@ -37,6 +38,7 @@ from probes.deposit import (
     find_deposits,
     load_dynamics,
 )
+from probes.generalization import Condition, GeneralizationResult, length_generalization, widened
 from probes.gradients import (
     QK_PARAMS,
     CoherenceResult,
@@ -53,6 +55,8 @@ from probes.patterns import AttentionPatterns, attention_patterns
 __all__ = [
     "AblationResult",
     "AttentionPatterns",
+    "Condition",
+    "GeneralizationResult",
     "Attribution",
     "Circuit",
     "CoherenceResult",
@@ -80,6 +84,8 @@ __all__ = [
     "format_coherence_report",
     "gradient_coherence",
     "keep_only",
+    "length_generalization",
+    "widened",
     "load_coherence",
     "load_dynamics",
     "logit_terms",

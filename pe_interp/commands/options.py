@@ -96,7 +96,7 @@ HELP: dict[str, str] = {
     "lr_schedule": "warmup_cosine, or the authors' LambdaLR",
     # tasks
     "max_between": "largest number of tokens between the two triggers",
-    "max_side": "largest number of tokens on each side of the triggers",
+    "max_side": "largest number of tokens on each side of the triggers (task 1), before the marker (task 3)",
     "max_len": "truncation length",
     "fillers_include_triggers": "trigger tokens may appear among the fillers (the authors')",
     "distinct_fillers": "distinct filler tokens within each segment (the authors')",
@@ -105,6 +105,10 @@ HELP: dict[str, str] = {
     "max_count": "largest count",
     "length": "sequence length",
     "ignore_zero": "leave count 0 out",
+    "offset": "the target's distance after the marker",
+    "max_after": "largest number of tokens after the marker",
+    "extra_left": "more fillers before everything (length generalisation; the decisive tokens move right)",
+    "extra_right": "more fillers after everything (length generalisation)",
 }
 
 
@@ -143,16 +147,17 @@ def setting_fields() -> dict[str, tuple[str, Any, str]]:
         for f in dataclasses.fields(cls):
             if f.name not in NOT_FLAGS and f.name not in DERIVED and f.name not in out:
                 out[f.name] = (str(f.type), f.default, group)
+    owners: dict[str, list[str]] = {}
     for task_name, cls in TASKS.items():
         for f in dataclasses.fields(cls):
-            if f.name in NOT_FLAGS:
+            if f.name in NOT_FLAGS or (f.name in out and f.name not in owners):
                 continue
-            if f.name in out:
-                prev = out[f.name]
-                if prev[2].startswith("task"):
-                    out[f.name] = (prev[0], prev[1], "task: both")
-                continue
-            out[f.name] = (str(f.type), f.default, f"task: {task_name}")
+            owners.setdefault(f.name, []).append(task_name)
+            if f.name not in out:
+                out[f.name] = (str(f.type), f.default, "")
+    for name, tasks in owners.items():
+        group = "task: every" if len(tasks) == len(TASKS) else "task: " + ", ".join(tasks)
+        out[name] = (*out[name][:2], group)
     return out
 
 
@@ -160,11 +165,11 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> list[str]:
     """Add a flag for every run setting (see the module docstring); returns their dests."""
     groups: dict[str, Any] = {}
     titles = {"model": "model (ModelConfig; a flag not given keeps the preset's value, else the default shown)",
-              "training": "training (TrainConfig)", "task: both": "task settings (both tasks)"}
+              "training": "training (TrainConfig)", "task: every": "task settings (every task)"}
     names = []
     for name, (annotation, default, group) in setting_fields().items():
         if group not in groups:
-            title = titles.get(group, f"task settings (--task {group.removeprefix('task: ')} only)")
+            title = titles.get(group, f"task settings (--task {group.removeprefix('task: ').replace(', ', ' or ')} only)")
             groups[group] = parser.add_argument_group(title)
         _add(groups[group], name, annotation, default, HELP.get(name, name.replace("_", " ")))
         names.append(name)

@@ -29,8 +29,8 @@ from probes import AblationResult, DepositReport, PatchResult, PositionalScores
 from probes.deposit import LayerDeposit, dynamics_arrays, layer_stats, load_dynamics
 from probes.deposit.dominance import GRANULE_TOL, LARGE_DROP, SMALL_DROP, Dominance, dominance
 
-TASK_ORDER = ("distance", "count")
-TASK_TITLES = {"distance": "Task 1 (distance)", "count": "Task 2 (count)"}
+TASK_ORDER = ("distance", "count", "retrieve")
+TASK_TITLES = {"distance": "Task 1 (distance)", "count": "Task 2 (count)", "retrieve": "Task 3 (retrieve)"}
 KIND_ORDER = ("none", "additive", "multiplicative", "hybrid")
 # A claim's verdict (see claims.py).
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURED = "reproduced", "not reproduced", "not measured"

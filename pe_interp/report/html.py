@@ -140,6 +140,23 @@ def positional_section(cells: list[CellInfo]) -> str:
             + "<div class='figs'>" + "".join(parts) + "</div>")
 
 
+def generalization_section(summary: Summary) -> str:
+    """The length-generalisation tables, the concentration table, the link and its scatter."""
+    from pe_interp.report.generalization import link_scatter
+
+    tables = summary.tables
+    out = "".join(table_html(t) for k, t in tables.items() if k.startswith("generalization-"))
+    out += table_html(tables["concentration"]) + table_html(tables["link"])
+    for task in dict.fromkeys(r["task"] for r in tables["link"].records):
+        uri = link_scatter(tables["link"], task)
+        if uri:
+            out += img(uri, f"retention against concentration, {task}")
+            out += (f"<p class='caption'>{html.escape(task)}: each point a model (circles: quick; triangles: "
+                    "mid), retention on translated inputs against each concentration measure; ρ: Spearman, "
+                    "with its bootstrap interval.</p>")
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 def render_html(summary: Summary, report_title: str | None = None) -> str:
     cells = summary.cells
@@ -198,6 +215,8 @@ def render_html(summary: Summary, report_title: str | None = None) -> str:
     if "study" in summary.tables:
         t = summary.tables["study"]
         sections.append(("study", t.title, table_html(t)))
+    if "link" in summary.tables:
+        sections.append(("generalization", "Length generalisation and concentration", generalization_section(summary)))
 
     dyn_html = ""
     for label in label_order(cells):

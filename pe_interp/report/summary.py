@@ -120,7 +120,8 @@ class Summary:
         out = [f"# Reproduction summary: preset `{self.preset}`", ""]
         out += self.header_lines()
         out += ["", SOURCE_NOTE, ""]
-        for key in ("accuracy", "baselines", "deposits", "study", "claims"):
+        extra = [k for k in self.tables if k.startswith("generalization-")] + ["concentration", "link"]
+        for key in ("accuracy", "baselines", "deposits", "study", *extra, "claims"):
             if key not in self.tables:
                 continue
             t = self.tables[key]

@@ -33,6 +33,7 @@ from probes import (
     attention_patterns,
     find_deposits,
     gradient_coherence,
+    length_generalization,
     load_coherence,
     logit_terms,
     patch,
@@ -43,8 +44,9 @@ from probes import (
 if TYPE_CHECKING:
     from pe_interp.checkpoint import Run
 
-ABLATION, DEPOSITS, PATCHING, POSITIONAL, ATTENTION, LAYER_ABLATION = (
+ABLATION, DEPOSITS, PATCHING, POSITIONAL, ATTENTION, LAYER_ABLATION, GENERALIZATION = (
     "ablation.json", "deposits.json", "patching.json", "positional.json", "attention.json", "layer_ablation.json",
+    "generalization.json",
 )
 ROTARY_KINDS = ("multiplicative", "hybrid")
 
@@ -100,14 +102,27 @@ def _probe_patching(run: Run, n: int = 256) -> dict[str, Any] | None:
     return result.to_dict()
 
 
-def _probe_positional(run: Run, n: int = 128) -> dict[str, Any] | None:
-    """Per-head positional scores (task-1 rotary models only)."""
-    if not _rotary_task1(run):
+def _probe_positional(run: Run, n: int = 128, every_model: bool = False) -> dict[str, Any] | None:
+    """Per-head positional scores (task-1 rotary models only; ``every_model``: any model)."""
+    if not (every_model or _rotary_task1(run)):
         return None
     test = run.test_set(n)
     result = positional_scores(run.model, test.tokens, pad_mask=test.pad_mask)
     save_result(run.run_dir / POSITIONAL, result, run.provenance)
     return result.to_dict()
+
+
+def _probe_generalization(run: Run, n: int = 1000, extras: list[int] | None = None) -> dict[str, Any] | None:
+    """Length generalisation (:func:`probes.length_generalization`) on fresh rows that are not in
+    the run's training set; None for a task that cannot lengthen its inputs."""
+    if not run.task.extensions:
+        return None
+    train, _ = run.task.splits(run.train_cfg.n_train, run.train_cfg.n_test, seed=run.train_cfg.seed)
+    result = length_generalization(run.model, run.task, n=n, extras=extras, exclude=train,
+                                   ignore_index=run.train_cfg.ignore_index, seed=run.train_cfg.seed)
+    result.save(run.run_dir / GENERALIZATION)
+    return {"file": GENERALIZATION, "trained": result.trained.accuracy,
+            **{f: result.family_mean(f) for f in result.families}}
 
 
 # Attention patterns for the report's widgets: on this many held-out examples; all heads of the
@@ -262,13 +277,15 @@ PROBES: dict[str, Callable[[Any], dict[str, Any] | None]] = {
     "positional": _probe_positional,
     "attention": _probe_attention,
     "decomposition": _probe_decomposition,
+    "generalization": _probe_generalization,
 }
 CALLBACKS: dict[str, Callable[[Any], Any]] = {"dynamics": _dynamics_callback}
 # The keyword options a grid's ``probe_options`` may pass to each probe or callback.
 PROBE_OPTIONS: dict[str, set[str]] = {
     "ablation": {"n", "on", "whole_layers"},
     "patching": {"n"},
-    "positional": {"n"},
+    "positional": {"n", "every_model"},
+    "generalization": {"n", "extras"},
     "decomposition": {"example"},
     "dynamics": {"points", "n_probe", "layers", "every"},
 }
