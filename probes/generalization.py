@@ -32,12 +32,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pe_interp.io import atomic_write_json, read_json
+from pe_interp.io import load_result, register_result, write_result
 from pe_interp.modes import eval_mode
 from pe_interp.tasks import Batch, SyntheticTask, row_hashes, task_from_dict
-from probes.metrics import wilson_interval
+from probes.metrics import wilson
 
 TRAINED = "trained"
+RESULT_KIND = register_result("length generalisation", "GeneralizationResult.load",
+                              ("task", "encoding", "n_ctx", "conditions"))
 # Extra lengths as fractions of the training length (up to 2x the training length).
 DEFAULT_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
@@ -65,9 +67,9 @@ class Condition:
     def accuracy(self) -> float:
         return math.nan if self.correct is None or self.n == 0 else self.correct / self.n
 
-    def interval(self, z: float = 1.96) -> tuple[float, float]:
+    def interval(self, level: float = 0.95) -> tuple[float, float]:
         """Wilson interval of the accuracy (NaN when not evaluated)."""
-        return (math.nan, math.nan) if self.correct is None else wilson_interval(self.correct, self.n, z)
+        return (math.nan, math.nan) if self.correct is None else wilson(self.correct, self.n, level)
 
     def to_dict(self) -> dict[str, Any]:
         lo, hi = self.interval()
@@ -141,11 +143,11 @@ class GeneralizationResult:
                    str(d.get("unrepresentable", "")), dict(d.get("meta", {})))
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_json(path, self.to_dict())
+        return write_result(path, RESULT_KIND, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> GeneralizationResult:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
     @property
     def task_obj(self) -> SyntheticTask:

@@ -93,18 +93,6 @@ def harm(baseline: np.ndarray | float, ablated: np.ndarray | float, higher_is_be
     return diff if higher_is_better else -diff
 
 
-def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a rate of ``k`` successes in ``n`` trials (``z = 1.96``: 95%);
-    ``(nan, nan)`` for ``n = 0``."""
-    if n <= 0:
-        return float("nan"), float("nan")
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
-
-
 def bootstrap_ci(
     values: np.ndarray | Tensor,
     denominator: np.ndarray | Tensor | None = None,

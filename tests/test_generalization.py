@@ -281,9 +281,11 @@ def test_report_section_from_a_sweep(tmp_path) -> None:
 
 
 def test_wilson_interval_closed_forms() -> None:
-    from probes.metrics import wilson_interval
+    from statistics import NormalDist
 
-    z = 1.96
+    from probes.metrics import wilson as wilson_interval
+
+    z = NormalDist().inv_cdf(0.975)
     assert wilson_interval(0, 3) == (0.0, pytest.approx(z * z / (3 + z * z)))  # k = 0: [0, z^2/(n+z^2)]
     assert wilson_interval(3, 3) == (pytest.approx(3 / (3 + z * z)), 1.0)
     lo, hi = wilson_interval(50, 100)  # symmetric about 1/2

@@ -33,10 +33,11 @@ from pe_interp.interrupts import Interrupted
 from pe_interp.sweep import collect
 
 SMOKE = dict(preset="smoke", progress=False)
-PROBES = "probes: [ablation, patching, positional, attention, decomposition]\n"
+PROBES = "probes: [ablation, patching, positional, attention, decomposition, generalization]\n"
 GRID = ("name: p\nbase: {preset: smoke, task: distance, epochs: 1, n_train: 128, n_test: 64}\naxes: {encoding: [rope]}\n"
         + PROBES)
-OPTIONS = "probe_options: {ablation: {n: 32, whole_layers: true}, patching: {n: 8}, positional: {n: 4}}\n"
+OPTIONS = ("probe_options: {ablation: {n: 32, whole_layers: true}, patching: {n: 8}, positional: {n: 4}, "
+           "generalization: {n: 8, extras: [2]}}\n")
 
 
 def sha(path: Path) -> str:
@@ -79,8 +80,8 @@ def test_every_probe_result_records_the_weights_it_came_from(sweep_dir, tmp_path
     now = weights_provenance(run)
     assert now == {"sha256": sha(run / "model.safetensors"), "step": 2}
     files = sorted(p.name for p in run.glob("*.json") if p.name != "config.json")
-    assert files == ["ablation.json", "attention.json", "decomposition.json", "deposits.json", "layer_ablation.json",
-                     "patching.json", "positional.json"]
+    assert files == ["ablation.json", "attention.json", "decomposition.json", "deposits.json", "generalization.json",
+                     "layer_ablation.json", "patching.json", "positional.json"]
     for name in files:
         assert json.loads((run / name).read_text())[WEIGHTS_KEY] == now, name
     assert json.loads((cell / "result.json").read_text())[WEIGHTS_KEY] == now
@@ -90,10 +91,11 @@ def test_every_probe_result_records_the_weights_it_came_from(sweep_dir, tmp_path
     for argv in (["ablate", str(d), "--n", "16", "--n-bootstrap", "0", "--no-figures", "--no-progress"],
                  ["patch", str(d), "--n", "4", "--n-bootstrap", "0", "--no-figures"],
                  ["decompose", str(d), "--n", "4", "--head", "0", "--no-figures"],
-                 ["circuit", str(d), "--n", "4", "--top-n", "2", "--method", "atp"]):
+                 ["circuit", str(d), "--n", "4", "--top-n", "2", "--method", "atp"],
+                 ["generalize", str(d), "--n", "8", "--extras", "2", "--no-progress"]):
         assert main(argv) == 0, argv
     for name in ("ablation.json", "deposits.json", "patching.json", "patching_z.json", "decompose_L0H0.json",
-                 "circuit.json"):
+                 "circuit.json", "generalization.json"):
         assert json.loads((d / name).read_text())[WEIGHTS_KEY] == now, name
 
 
@@ -127,6 +129,22 @@ def test_results_of_a_run_stopped_at_step_48_are_stale_once_it_resumes(tmp_path,
     assert not (d / "circuit.json").exists()
     assert main(["ablate", str(d), "--n", "32", "--n-bootstrap", "0", "--no-figures", "--no-progress"]) == 0
     assert weights_status(d, d / "deposits.json") == (CURRENT, "")
+
+
+def test_the_generalisation_tables_leave_out_a_stale_result(sweep_dir, tmp_path):
+    from pe_interp.report.data import load_run_cell
+    from pe_interp.report.generalization import load_points
+
+    d = tmp_path / "run"
+    shutil.copytree(next((sweep_dir / "cells").iterdir()) / "run", d)
+    (point,) = load_points([load_run_cell(d)], "quick")
+    assert point.gen is not None and point.gen.trained.n == 8 and point.conc is not None
+    nudge(d)
+    cell = load_run_cell(d)
+    (point,) = load_points([cell], "quick")
+    assert point.gen is None and point.conc is None
+    assert {"ablation.json", "layer_ablation.json", "generalization.json"} <= set(cell.extra["stale"])
+    assert "computed from other weights (step 2" in cell.extra["stale"]["generalization.json"]
 
 
 def test_a_result_without_a_record_is_marked_unrecorded(sweep_dir, tmp_path, capsys):
@@ -197,7 +215,7 @@ def test_a_cell_of_other_weights_is_left_out_then_recomputed(sweep_dir, tmp_path
     assert "stale results" in (d / "summary.md").read_text()
     code, err, summary = _rerun(d, GRID + OPTIONS, capfd)
     assert code == 0 and summary["recomputed"] == {cell.name: ["ablation", "patching", "positional", "attention",
-                                                               "decomposition"]}
+                                                               "decomposition", "generalization"]}
     assert "(their results came from other weights)" in err
     results, errors = collect(d)
     assert len(results) == 1 and not errors

@@ -14,7 +14,7 @@ import argparse
 import time
 from pathlib import Path
 
-from pe_interp.commands.options import add_device_flag, device_arg, positive_n
+from pe_interp.commands.options import add_device_flag, device_arg, positive_n, writing_run
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,25 +38,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp import load_run
-    from probes.generalization import length_generalization
-
     positive_n(args.n, "--n")
     if args.extras is not None and any(e < 1 for e in args.extras):
         raise ValueError(f"--extras must be positive integers, got {' '.join(map(str, args.extras))}")
     if args.seed is not None and args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
-    device = device_arg(args.device)
-    loaded = load_run(args.run_dir, device=device)
+    out = Path(args.out) if args.out is not None else Path(args.run_dir) / "generalization.json"
+    if out.is_dir():
+        raise ValueError(f"--out {out}: is a directory; give a file name")
+    lock = None if args.out is None else str(out.parent)  # --out elsewhere: its directory is the one written
+    with writing_run(args.run_dir, device=device_arg(args.device), out=lock) as loaded:
+        return _generalize(args, loaded, out)
+
+
+def _generalize(args: argparse.Namespace, loaded, out: Path) -> int:
+    from pe_interp.checkpoint import save_result
+    from probes.generalization import length_generalization
+
     if args.families is not None:
         for family in args.families:
             try:
                 loaded.task.extended(family, 0)
             except ValueError as err:
                 raise ValueError(f"--families: {err}") from None
-    out = Path(args.out) if args.out is not None else Path(args.run_dir) / "generalization.json"
-    if out.is_dir():
-        raise ValueError(f"--out {out}: is a directory; give a file name")
     cfg = loaded.train_cfg
     train, _ = loaded.task.splits(cfg.n_train, cfg.n_test, seed=cfg.seed)
     t0 = time.perf_counter()
@@ -65,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         ignore_index=cfg.ignore_index, seed=cfg.seed if args.seed is None else args.seed,
         progress=not args.no_progress,
     )
-    result.save(out)
+    save_result(out, result, loaded.provenance)
     print(result.summary())
     print(f"{time.perf_counter() - t0:.1f} s; wrote {out}")
     return 0

@@ -39,7 +39,7 @@ from pe_interp.report.data import TASK_TITLES, CellInfo, dominance, label_order,
 from pe_interp.report.summary import Table
 from probes import AblationResult, GeneralizationResult
 from probes.generalization import TRAINED
-from probes.metrics import wilson_interval
+from probes.metrics import wilson
 
 GENERALIZATION, LAYER_ABLATION = "generalization.json", "layer_ablation.json"
 CONCENTRATION = ("top L0 drop", "top L0 share", "L0 cost", "top L0 positional")
@@ -116,11 +116,25 @@ class ModelPoint:
         return acc / g.trained.accuracy
 
 
+def _fresh(cell: CellInfo, name: str) -> bool:
+    """The result file is there and of the run's weights; a stale one is left out and named in
+    ``cell.extra["stale"]``, as :func:`~pe_interp.report.data.load_run_cell` does."""
+    from pe_interp.checkpoint import STALE, weights_status
+
+    path = cell.run_dir / name
+    if not path.is_file():
+        return False
+    status, why = weights_status(cell.run_dir, path)
+    if status == STALE:
+        cell.extra.setdefault("stale", {})[name] = why
+    return status != STALE
+
+
 def load_points(cells: list[CellInfo], source: str) -> list[ModelPoint]:
     points = []
     for c in cells:
-        layers = AblationResult.load(c.run_dir / LAYER_ABLATION) if (c.run_dir / LAYER_ABLATION).is_file() else None
-        gen = GeneralizationResult.load(c.run_dir / GENERALIZATION) if (c.run_dir / GENERALIZATION).is_file() else None
+        layers = AblationResult.load(c.run_dir / LAYER_ABLATION) if _fresh(c, LAYER_ABLATION) else None
+        gen = GeneralizationResult.load(c.run_dir / GENERALIZATION) if _fresh(c, GENERALIZATION) else None
         conc = concentration(c.ablation, layers, c.positional) if c.ablation is not None else None
         points.append(ModelPoint(source, c, conc, gen))
     return points
@@ -136,7 +150,7 @@ def _pm(values: list[float], scale: float = 100.0, digits: int = 1) -> str:
 
 def _rate(k: int, n: int) -> str:
     """``k of n`` with its 95% Wilson interval."""
-    lo, hi = wilson_interval(k, n)
+    lo, hi = wilson(k, n) if n else (math.nan, math.nan)
     return f"{k} of {n} [{100 * lo:.0f}, {100 * hi:.0f}]%"
 
 

@@ -120,7 +120,7 @@ def _probe_generalization(run: Run, n: int = 1000, extras: list[int] | None = No
     train, _ = run.task.splits(run.train_cfg.n_train, run.train_cfg.n_test, seed=run.train_cfg.seed)
     result = length_generalization(run.model, run.task, n=n, extras=extras, exclude=train,
                                    ignore_index=run.train_cfg.ignore_index, seed=run.train_cfg.seed)
-    result.save(run.run_dir / GENERALIZATION)
+    save_result(run.run_dir / GENERALIZATION, result, run.provenance)
     return {"file": GENERALIZATION, "trained": result.trained.accuracy,
             **{f: result.family_mean(f) for f in result.families}}
 
