@@ -2,7 +2,7 @@
 
 - :mod:`probes.ablation`: head ablation sweeps (zero, mean, resample), batched and exact.
 - :mod:`probes.deposit`: the single-head deposit (``dominance``), layer concentration
-  (``find_deposits``), and their dynamics during training.
+  (``find_concentrations``, also known as ``find_deposits``), and their dynamics during training.
 - :mod:`probes.patching`: activation patching over heads, positions, q/k/v, pattern, residual.
 - :mod:`probes.decomposition`: attention-logit terms, Toeplitz score, positional score per head.
 - :mod:`probes.gradients`: gradient coherence per head at initialisation (the "seed").
@@ -30,11 +30,14 @@ from probes.decomposition import (
     toeplitz_score,
 )
 from probes.deposit import (
+    ConcentrationReport,
     DepositDynamics,
     DepositReport,
     Dominance,
+    LayerConcentration,
     LayerDeposit,
     dominance,
+    find_concentrations,
     find_deposits,
     load_dynamics,
 )
@@ -60,9 +63,11 @@ __all__ = [
     "Attribution",
     "Circuit",
     "CoherenceResult",
+    "ConcentrationReport",
     "DepositDynamics",
     "DepositReport",
     "Dominance",
+    "LayerConcentration",
     "LayerDeposit",
     "LogitTerms",
     "PatchResult",
@@ -80,6 +85,7 @@ __all__ = [
     "faithfulness_curve",
     "family_attributions",
     "dominance",
+    "find_concentrations",
     "find_deposits",
     "format_coherence_report",
     "gradient_coherence",

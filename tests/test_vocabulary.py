@@ -119,3 +119,15 @@ def test_wilson_interval():
     with pytest.raises(ValueError, match="0 <= k <= n"):
         wilson(3, 2)
     assert json.dumps(wilson(3, 7))
+
+
+def test_the_layer_flag_is_called_a_concentration():
+    """``find_concentrations`` is ``find_deposits`` under the one vocabulary's name (issue 21):
+    the same objects, and the report's flags read as concentrations."""
+    import probes
+
+    assert probes.find_concentrations is probes.find_deposits
+    assert probes.ConcentrationReport is probes.DepositReport and probes.LayerConcentration is probes.LayerDeposit
+    report = probes.find_concentrations(ablation([[0.6, 0.1, 0.0, 0.0], [0.1, 0.1, 0.1, 0.1]]))
+    assert report.concentrated == report.deposits == ((0, 0),)
+    assert [s.is_concentrated for s in report.layers] == [True, False]

@@ -77,12 +77,17 @@ class LayerDeposit:
     entropy: float  # normalised entropy of the positive drops (0 = one head, 1 = uniform)
     gini: float  # normalised Gini of the positive drops (1 = one head, 0 = uniform)
     ci_separated: bool | None  # top CI's lower bound > second head's drop (None: no CI)
-    is_deposit: bool
+    is_deposit: bool  # the layer is concentrated (the files' name; see ``is_concentrated``)
     failed: tuple[str, ...] = ()  # the criteria that were not met
 
     @property
     def head(self) -> Head:
         return (self.layer, self.top_head)
+
+    @property
+    def is_concentrated(self) -> bool:
+        """The layer is concentrated in its top head (``is_deposit``, its name in the files)."""
+        return self.is_deposit
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -188,6 +193,11 @@ class DepositReport:
     min_drop: float
     min_share: float
     require_separation: bool
+
+    @property
+    def concentrated(self) -> tuple[Head, ...]:
+        """The top heads of the concentrated layers (``deposits``, its name in the files)."""
+        return self.deposits
 
     def layer(self, layer: int) -> LayerDeposit:
         for s in self.layers:
@@ -310,11 +320,20 @@ def find_deposits(
     )
 
 
+# What they find, said in the one vocabulary (issue 21): a layer concentration, not a single-head
+# deposit. The older names stay, as the same objects, for the code and files written with them.
+find_concentrations = find_deposits
+ConcentrationReport = DepositReport
+LayerConcentration = LayerDeposit
+
 __all__ = [
     "DEFAULT_MIN_DROP_ACCURACY",
     "DEFAULT_MIN_SHARE",
+    "ConcentrationReport",
     "DepositReport",
+    "LayerConcentration",
     "LayerDeposit",
+    "find_concentrations",
     "find_deposits",
     "layer_stats",
     "normalized_entropy",
