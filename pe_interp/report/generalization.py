@@ -10,7 +10,7 @@ Concentration of a model (:func:`concentration`), all on held-out data:
   summed positive single-head drops;
 - the **layer-0 cost**: the drop with all of layer 0's heads ablated together;
 - the **positional score** of that head (:class:`probes.PositionalScores`);
-- whether the model has a **single dominant head** (:func:`pe_interp.report.data.dominance`, the
+- whether the model has a **single-head deposit** (:func:`pe_interp.report.data.dominance`, the
   project's one definition: exactly one head of the model ≥ 50 points, every other ≤ 5).
 
 Generalisation of a model (:data:`MEASURES`): accuracy on the primary family's longer inputs
@@ -238,15 +238,16 @@ def concentration_table(points: list[ModelPoint]) -> Table:
                             "top": [list(c.top) for c in cs], "top_l0_drop": [c.drop for c in cs],
                             "top_l0_share": [c.share for c in cs], "l0_cost": [c.layer0_cost for c in cs],
                             "top_l0_positional": [c.positional for c in cs]})
-    notes = ["Drops in accuracy points on held-out data. Single dominant head: the project's one definition "
+    notes = ["Drops in accuracy points on held-out data. Single-head deposit: the project's one definition "
              "(exactly one head of the model ≥ 50 points, every other ≤ 5), k of n seeds with a 95% Wilson interval. Top head: the model's "
              "most harmful head per seed (drop). Share: the top layer-0 head's part of layer 0's summed positive "
              "single-head drops. L0 cost: all of layer 0 ablated together. Positional: the top layer-0 head's "
-             "positional score (split-half R² of a position-only logit template). Flagged: seeds where "
-             "`probes.deposit` flagged a layer."]
+             "positional score (split-half R² of a position-only logit template). Layer concentration: seeds with a "
+             "concentrated layer, any layer (`probes.find_concentrations`: top head ≥ 20 points, ≥ 50% of its layer, "
+             "CI-separated)."]
     return Table("concentration", "Concentration per encoding (held-out ablation)",
-                 ["task", "encoding", "source", "seeds", "acc %", "single dominant head", "top head (drop, pts)",
-                  "top L0 drop (pts)", "top L0 share %", "L0 cost (pts)", "top L0 positional", "flagged"],
+                 ["task", "encoding", "source", "seeds", "acc %", "single-head deposit", "top head (drop, pts)",
+                  "top L0 drop (pts)", "top L0 share %", "L0 cost (pts)", "top L0 positional", "layer concentration"],
                  rows, records, notes)
 
 
