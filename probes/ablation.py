@@ -61,7 +61,7 @@ from torch import Tensor
 from pe_interp.hardware import autocast
 from pe_interp.io import atomic_write_json, nan_array, read_json, to_json
 from pe_interp.modes import eval_mode
-from probes.metrics import Metric, MetricFn, harm, paired_bootstrap, resolve_metric
+from probes.metrics import Metric, MetricFn, harm, paired_bootstrap, resample_sources, resolve_metric
 
 Head = tuple[int, int]
 METHODS = ("zero", "mean", "resample")
@@ -287,24 +287,6 @@ def head_means(
             mean = torch.cat([mean, overall.expand(width - W, H, D)])
         out[layer] = mean[:width].to(model.W_E.dtype)
     return out
-
-
-def resample_sources(n_examples: int, n_reference: int | None, seed: int) -> Tensor:
-    """Source row for each example in a resample ablation (see the module docstring).
-
-    ``n_reference=None`` means the reference is the evaluated set itself: a seeded random cyclic
-    derangement (``src[perm[i]] = perm[i + 1]``), so no example is its own source."""
-    gen = torch.Generator().manual_seed(int(seed))
-    if n_reference is None:
-        if n_examples < 2:
-            raise ValueError("resample ablation needs at least 2 examples (or a reference set)")
-        perm = torch.randperm(n_examples, generator=gen)
-        src = torch.empty(n_examples, dtype=torch.long)
-        src[perm] = perm.roll(-1)
-        return src
-    if n_reference < 1:
-        raise ValueError("resample ablation: the reference set is empty")
-    return torch.randint(n_reference, (n_examples,), generator=gen)
 
 
 def _capture_z(model, tokens: Tensor, pad_mask: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
@@ -630,7 +612,7 @@ def _ranked(model, tokens, labels, *, pad_mask, method, metric, layers, heads, r
             **kwargs) -> AblationResult:
     """``engine="attribution"`` of :func:`ablate_heads`."""
     from pe_interp.tasks.batch import Batch
-    from probes.attribution import attribute
+    from probes.circuits.attribution import attribute
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(map(repr, METHODS))}")

@@ -14,10 +14,10 @@ from test_report import LOCAL_SCHEMES, DevTools, chromium_binary, is_flat
 
 from pe_interp.cli import main
 from probes import Circuit, attribute, circuit, path_patch
-from probes.agreement import spearman, top_k
-from probes.circuit_view import circuit_html, circuit_page, layout
 from probes.circuits import exact_edges, family_attributions
-from probes.route import HeadRoute, head_route
+from probes.circuits.agreement import spearman, top_k
+from probes.circuits.route import HeadRoute, head_route
+from probes.circuits.view import circuit_html, circuit_page, layout
 
 
 @pytest.fixture(scope="module")

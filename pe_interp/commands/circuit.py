@@ -76,8 +76,8 @@ def circuit_run(model, task, run, *, counterfactual="both", top_n=30, method="at
     import numpy as np
 
     from probes import circuit, faithfulness_curve, family_attributions
-    from probes.graph import head_name
-    from probes.route import head_route
+    from probes.circuits.graph import head_name
+    from probes.circuits.route import head_route
 
     if top_n < 1 or n < 2:
         raise ValueError(f"--top-n must be >= 1 and --n >= 2, got {top_n} and {n}")
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from pe_interp import load_run
     from pe_interp.commands.options import device_arg, out_dir_arg
     from pe_interp.io import atomic_write_text
-    from probes.circuit_view import circuit_page
+    from probes.circuits.view import circuit_page
 
     out_dir_arg(args.out)
     loaded = load_run(args.run_dir, device=device_arg(args.device))

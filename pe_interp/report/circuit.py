@@ -1,13 +1,13 @@
 """The report's circuits section: each run's ``circuit.json`` (written by ``pe-interp circuit``)
-as the offline graph of :mod:`probes.circuit_view`, with the route into its top head."""
+as the offline graph of :mod:`probes.circuits.view`, with the route into its top head."""
 
 from __future__ import annotations
 
 import html
 from typing import Any
 
-from probes.circuit_view import circuit_html
 from probes.circuits import Circuit
+from probes.circuits.view import circuit_html
 
 MAX_MODELS = 12
 

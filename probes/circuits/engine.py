@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probes.graph import COMPONENTS, Graph
+from probes.circuits.graph import COMPONENTS, Graph
 
 PerExample = Callable[[Tensor, Tensor, Tensor], Tensor]
 

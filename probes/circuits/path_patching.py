@@ -32,7 +32,7 @@ import torch
 from pe_interp.config import KV_EMBED_NO_EDGES
 from pe_interp.io import atomic_write_json, nan_array, read_json, to_json
 from pe_interp.modes import eval_mode
-from probes.engine import (
+from probes.circuits.engine import (
     as_pair,
     attend_with,
     capture,
@@ -43,7 +43,7 @@ from probes.engine import (
     resolve,
     writer_hooks,
 )
-from probes.graph import COMPONENTS, build_graph, head_name, parse
+from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
 
 
 @dataclass(frozen=True, eq=False)

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from pe_interp.io import atomic_write_json, read_json, to_json
-from probes.attribution import Attribution
+from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
+from probes.circuits.path_patching import path_patch
+from probes.circuits.scores import Attribution
 from probes.decomposition import logit_terms
-from probes.graph import COMPONENTS, build_graph, head_name, parse
-from probes.path_patching import path_patch
 
 
 @dataclass(frozen=True, eq=False)

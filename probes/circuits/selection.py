@@ -1,51 +1,60 @@
-"""Circuits: the edges that matter, how faithful they are, and what of them is position and what
-content.
+"""Circuits: which edges to keep, so that every kept edge does work.
 
-- :func:`circuit` keeps the top edges of an edge :class:`~probes.attribution.Attribution` (or of
-  several, one per counterfactual family) and returns a frozen :class:`Circuit`.
-- :func:`faithfulness_curve` runs the clean input with every edge outside the top ``n`` ablated
-  (each reader's input rebuilt with the ablated writers' terms replaced: by the corrupt run's,
-  a resampled example's, or their mean per position; TransformerLens' ``faithfulness`` rule) for
-  many ``n`` at once, batched, exact.
-- :func:`family_attributions` scores every edge under each counterfactual family of the task
-  (``task.counterfactuals(n, kind)``), so every edge gets a positional and a content score.
+An edge's attribution score is its effect with everything upstream of it clean. A set of edges
+ranked by magnitude alone can keep edges whose writer is reached by no kept edge from the
+embedding (so it computes its corrupt value and the edge carries nothing) or whose reader
+reaches the logits by no kept edge: a circuit of such edges recovers nothing. Here every circuit
+is **connected**: each kept edge lies on a path of kept edges from the embedding to the logits
+(:func:`prune` removes the others).
+
+A **unit** is an edge ``writer -> reader`` (summed over positions), or, **position-aware**
+(Haklay et al. 2025), an edge at one span of the examples (``Attribution.by_span``: the task's
+``prefix``, ``trigger1``, ``between``, ``trigger2``, ``suffix``, ``padding``): a circuit may keep
+an edge at one span and not at another. Connectivity is then resolved by span: a head's output
+at a span depends on its query input at that span and on its key and value inputs at every span;
+an MLP's on its input at the same span; the readout on every span.
+
+Three orders (:func:`rank_edges`; a circuit of size ``n`` is the longest prefix of the order
+whose pruned units number at most ``n``):
+
+- ``"paths"`` (default): by each unit's **widest path** from the embedding to the logits, the
+  largest over the paths through it of the smallest ``|score|`` on the path (dynamic programming
+  over the layers). Every threshold keeps exactly the union of the paths whose every unit
+  scores at least that much, so the circuits are nested and connected by construction.
+- ``"greedy"`` (Hanna et al. 2024, "Have Faith in Faithfulness"): from the logits down, add the
+  highest-scoring unit whose reader is already in the circuit; then prune.
+- ``"top"``: ``|score|`` alone, not pruned (the unconnected baseline; what :func:`circuit` did
+  before).
+
+A unit's ranking value is ``|score|`` (``"atp*"``: the GradDrop magnitude), summed over the
+families given (``{"position": ..., "content": ...}``) or one family's (``by``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from pe_interp.io import atomic_write_json, nan_array, read_json, to_json
-from pe_interp.modes import eval_mode
-from probes.attribution import Attribution, attribute
-from probes.engine import (
-    Run,
-    as_pair,
-    as_run,
-    capture,
-    contributions,
-    forks,
-    pair_labels,
-    position_means,
-    resolve,
-    writer_hooks,
-)
-from probes.graph import Graph, build_graph, parse
+from probes.circuits.graph import Graph, build_graph_from, node_layer
+from probes.circuits.paths import greedy_order, prune, widest_paths
+from probes.circuits.scores import Attribution
 
-ABLATIONS = ("corrupt", "resample", "mean")
+SELECTIONS = ("paths", "greedy", "top")
 
 
 @dataclass(frozen=True, eq=False)
 class Circuit:
     """A set of edges with their scores. ``scores[family]`` is ``[n_edges]`` (one family
-    ``"score"`` for a single attribution); ``ranking`` is what selected them (largest first)."""
+    ``"score"`` for a single attribution); ``ranking`` is what selected them. Position-aware:
+    ``spans[i]`` is the span at which edge ``i`` is kept (an edge can appear once per span) and
+    ``span_names`` the examples' spans; ``total_edges`` counts the units of the whole graph
+    (edges x spans read). ``faithfulness`` holds the measured faithfulness (``"kept"``: of this
+    circuit) and, from :func:`probes.circuits.faithfulness.minimal_circuit`, the curve."""
 
     nodes: tuple[str, ...]
     edges: tuple[tuple[str, str], ...]
@@ -58,6 +67,12 @@ class Circuit:
     metric: str = ""
     faithfulness: dict[str, Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    spans: tuple[str, ...] | None = None
+    span_names: tuple[str, ...] = ()
+
+    @property
+    def positional(self) -> bool:
+        return self.spans is not None
 
     def share(self, family: str = "position", against: str = "content") -> np.ndarray:
         """Per edge ``|family| / (|family| + |against|)`` (NaN where both are 0)."""
@@ -69,8 +84,22 @@ class Circuit:
         """Indices of the edges whose reader belongs to ``node`` (``"L0H4"`` takes its q, k, v)."""
         return [i for i, (_, r) in enumerate(self.edges) if r == node or r.split(".")[0] == node]
 
+    def label(self, i: int) -> str:
+        """``"embed -> L0H3.k"``, with ``" @ trigger2"`` for a position-aware edge."""
+        w, r = self.edges[i]
+        return f"{w} -> {r}" + (f" @ {self.spans[i]}" if self.spans is not None else "")
+
+    def keep_mask(self, graph: Graph) -> np.ndarray:
+        """``[readers, writers, spans]`` (one span when not position-aware): True where kept."""
+        names = self.span_names if self.positional else ("all",)
+        keep = np.zeros((*graph.valid.shape, len(names)), dtype=bool)
+        for i, (w, r) in enumerate(self.edges):
+            keep[graph.reader_index(r), graph.writer_index(w), names.index(self.spans[i]) if self.positional else 0] = True
+        return keep
+
     def to_dict(self) -> dict[str, Any]:
         return {"nodes": list(self.nodes), "edges": [list(e) for e in self.edges],
+                "spans": None if self.spans is None else list(self.spans), "span_names": list(self.span_names),
                 "scores": {k: to_json(v) for k, v in self.scores.items()}, "ranking": to_json(self.ranking),
                 "n_layers": self.n_layers, "n_heads": self.n_heads, "total_edges": self.total_edges,
                 "method": self.method, "metric": self.metric, "faithfulness": to_json(self.faithfulness),
@@ -78,10 +107,12 @@ class Circuit:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Circuit:
+        spans = d.get("spans")
         return cls(tuple(d["nodes"]), tuple((a, b) for a, b in d["edges"]),
                    {k: nan_array(v) for k, v in d["scores"].items()}, nan_array(d["ranking"]), int(d["n_layers"]),
                    int(d["n_heads"]), int(d["total_edges"]), d.get("method", ""), d.get("metric", ""),
-                   d.get("faithfulness"), dict(d.get("meta") or {}))  # fmt: skip
+                   d.get("faithfulness"), dict(d.get("meta") or {}), None if spans is None else tuple(spans),
+                   tuple(d.get("span_names") or ()))  # fmt: skip
 
     def save(self, path: str | Path) -> Path:
         return atomic_write_json(path, self.to_dict(), indent=1, sort_keys=False)
@@ -91,8 +122,164 @@ class Circuit:
         return cls.from_dict(read_json(path))
 
 
-def _node_of(reader: str) -> str:
-    return reader.split(".")[0]
+# ---------------------------------------------------------------------------------------------
+# the ranking: an order over units, and its circuits
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class Ranking:
+    """An order over the units of one model's graph (see the module docstring). ``circuit(n)``
+    is the first ``n`` units, pruned (``"top"``: not pruned)."""
+
+    graph: Graph
+    order: np.ndarray  # flat indices into [readers, writers, spans], best first
+    value: np.ndarray  # what ordered them, per unit of ``order``
+    rank: np.ndarray  # [readers, writers, spans] ranking magnitude
+    scores: dict[str, np.ndarray]  # family -> [readers, writers, spans] signed scores
+    span_names: tuple[str, ...]  # () when not position-aware; every span, read or not
+    select: str
+    method: str = ""
+    metric: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return len(self.order)
+
+    @property
+    def spans_read(self) -> tuple[str, ...]:
+        """The spans that hold units (those where some unit scores anything)."""
+        live = ~np.isnan(self.rank).all((0, 1))
+        return tuple(n for n, ok in zip(self.span_names, live) if ok)
+
+    @property
+    def positional(self) -> bool:
+        return bool(self.span_names)
+
+    @property
+    def n_spans(self) -> int:
+        return max(1, len(self.span_names))
+
+    def keep(self, n: int) -> np.ndarray:
+        """``[readers, writers, spans]``: the first ``n`` units, pruned unless ``select="top"``."""
+        if not 0 <= n <= self.total:
+            raise ValueError(f"circuit size must be in 0..{self.total}, got {n}")
+        keep = np.zeros(self.rank.size, dtype=bool)
+        keep[self.order[:n]] = True
+        keep = keep.reshape(self.rank.shape)
+        return keep if self.select == "top" else prune(self.graph, keep)
+
+    def prefix_for(self, n: int) -> int:
+        """The longest prefix whose circuit has at most ``n`` units (pruning drops the units of a
+        path until its last unit is in; kept sizes grow with the prefix)."""
+        if not 0 <= n <= self.total:
+            raise ValueError(f"circuit size must be in 0..{self.total}, got {n}")
+        if self.select == "top":
+            return n
+        lo, hi = n, self.total  # keep(n) has at most n units
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.keep(mid).sum() <= n else (lo, mid - 1)
+        return lo
+
+    def size_at(self, threshold: float) -> int:
+        """How many first units have a value of at least ``threshold``."""
+        below = np.flatnonzero(self.value < threshold)
+        return int(below[0]) if len(below) else self.total
+
+    def circuit(self, n: int) -> Circuit:
+        """The circuit of the longest prefix with at most ``n`` units (:meth:`prefix_for`)."""
+        return self.circuit_of(self.keep(self.prefix_for(n)), {"select": self.select, "top_n": int(n)})
+
+    def circuit_of(self, keep: np.ndarray, selection: dict[str, Any] | None = None) -> Circuit:
+        """The :class:`Circuit` of a ``[readers, writers, spans]`` mask, edges in this order."""
+        return circuit_from_mask(self.graph, keep, self.span_names, order=self.order, scores=self.scores, rank=self.rank,
+                                 total=self.total, method=self.method, metric=self.metric,
+                                 meta={"selection": {**(selection or {}), "by": self.meta.get("by")},
+                                       **self.meta.get("attribution", {})})  # fmt: skip
+
+
+def circuit_from_mask(graph: Graph, keep: np.ndarray, span_names: tuple[str, ...], *, order: np.ndarray | None = None,
+                      scores: dict[str, np.ndarray] | None = None, rank: np.ndarray | None = None, total: int = 0,
+                      method: str = "", metric: str = "", meta: dict[str, Any] | None = None) -> Circuit:  # fmt: skip
+    """A :class:`Circuit` of the units where ``keep`` (``[readers, writers, spans]``), listed in
+    ``order`` (flat indices; default graph order), with each family's score and the rank."""
+    W, S = keep.shape[1], keep.shape[2]
+    idx = np.flatnonzero(keep.ravel()) if order is None else order[np.flatnonzero(keep.ravel()[order])]
+    triples = [(int(i) // (W * S), (int(i) // S) % W, int(i) % S) for i in idx]
+    edges = tuple((graph.writers[w], graph.readers[r]) for r, w, _ in triples)
+    nodes = sorted({w for w, _ in edges} | {r.split(".")[0] for _, r in edges}, key=lambda x: (node_layer(x, graph.n_layers), x))
+    return Circuit(
+        nodes=tuple(nodes), edges=edges, scores={k: np.array([v[t] for t in triples]) for k, v in (scores or {}).items()},
+        ranking=np.array([rank[t] for t in triples]) if rank is not None else np.full(len(triples), np.nan),
+        n_layers=graph.n_layers, n_heads=graph.n_heads, total_edges=int(total), method=method, metric=metric,
+        meta=dict(meta or {}), spans=tuple(span_names[s] for _, _, s in triples) if span_names else None,
+        span_names=tuple(span_names),
+    )  # fmt: skip
+
+
+def _families(scores: Attribution | Mapping[str, Attribution], who: str) -> dict[str, Attribution]:
+    fams = {"score": scores} if isinstance(scores, Attribution) else dict(scores)
+    if not fams:
+        raise ValueError(f"{who}: no scores")
+    first = next(iter(fams.values()))
+    for name, a in fams.items():
+        if not isinstance(a, Attribution) or a.granularity != "edge":
+            raise ValueError(f"{who}: {name!r} must be an edge Attribution (attribute(..., granularity='edge'))")
+        if a.writers != first.writers or a.readers != first.readers:
+            raise ValueError(f"{who}: {name!r} scores another graph than the others")
+    return fams
+
+
+def rank_edges(scores: Attribution | Mapping[str, Attribution], *, select: str = "paths", positional: bool = False,
+               by: str | None = None) -> Ranking:  # fmt: skip
+    """A :class:`Ranking` of the units of ``scores`` (one edge :class:`Attribution`, or one per
+    counterfactual family). ``positional``: one unit per edge and span (the attributions need
+    ``by_span``, from ``attribute(..., spans=...)``); spans where no unit scores anything in any
+    family (no example has a position there, or the model never reads it, as a model that masks
+    its pads) are not units. See the module docstring."""
+    if select not in SELECTIONS:
+        raise ValueError(f"select must be one of {', '.join(map(repr, SELECTIONS))}; got {select!r}")
+    fams = _families(scores, "rank_edges")
+    if by is not None and by not in fams:
+        raise ValueError(f"by={by!r} is not one of {', '.join(fams)}")
+    first = next(iter(fams.values()))
+    graph = build_graph_from(first)
+    if positional:
+        for name, a in fams.items():
+            if a.by_span is None:
+                raise ValueError(f"positional circuits need scores per span: {name!r} has none (attribute(..., spans=task.spans(pairs.clean)))")
+            if a.span_names != first.span_names:
+                raise ValueError(f"{name!r} has other spans than the others")
+        sig = {k: np.asarray(a.by_span, dtype=np.float64) for k, a in fams.items()}
+        if any(a.magnitude is not None for a in fams.values()):
+            raise ValueError("positional circuits rank by |score| per span; 'atp*' has no scores per span")
+        mag = {k: np.abs(v) for k, v in sig.items()}
+        live = np.array([any(np.nansum(np.abs(v[..., s])) > 0 for v in sig.values()) for s in range(len(first.span_names))])
+        names = first.span_names
+    else:
+        sig = {k: np.asarray(a.scores, dtype=np.float64)[..., None] for k, a in fams.items()}
+        mag = {k: np.asarray(a.ranking, dtype=np.float64)[..., None] for k, a in fams.items()}
+        live, names = np.ones(1, dtype=bool), ()
+    rank = mag[by] if by else sum(np.nan_to_num(m, nan=0.0) for m in mag.values())
+    units = graph.valid[..., None] & live[None, None, :]
+    rank = np.where(units, rank, np.nan)
+    if select == "paths":
+        value = widest_paths(graph, rank)
+        flat = np.where(units, value, np.nan).ravel()
+        # ties (a path's units share its bottleneck): by their own rank, then graph order
+        idx = np.flatnonzero(units.ravel())
+        order = idx[np.lexsort((-rank.ravel()[idx], -flat[idx]))]
+        value = flat[order]
+    elif select == "greedy":
+        order = greedy_order(graph, np.nan_to_num(rank, nan=-np.inf), units)
+        value = rank.ravel()[order]
+    else:
+        idx = np.flatnonzero(units.ravel())
+        order = idx[np.argsort(-rank.ravel()[idx], kind="stable")]
+        value = rank.ravel()[order]
+    return Ranking(graph=graph, order=order, value=value, rank=rank, scores=sig, span_names=names, select=select,
+                   method=first.method, metric=first.metric,
+                   meta={"by": by, "attribution": dict(first.meta), "families": list(fams)})  # fmt: skip
 
 
 def circuit(
@@ -101,235 +288,26 @@ def circuit(
     top_n: int | None = None,
     threshold: float | None = None,
     by: str | None = None,
+    select: str = "paths",
+    positional: bool = False,
 ) -> Circuit:
-    """The top edges of ``scores``: the ``top_n`` that rank highest, or every edge whose ranking
-    (``|score|``, or ``"atp*"``'s magnitude) is at least ``threshold``. With one attribution per
-    family (``{"position": ..., "content": ...}``) edges rank by the sum of the families'
-    rankings, or by family ``by``; each edge keeps every family's score."""
+    """The first ``top_n`` units of :func:`rank_edges` (or those whose ranking value is at least
+    ``threshold``: ``"paths"``' widest-path value, else ``|score|``), connected unless
+    ``select="top"``. With one attribution per family (``{"position": ..., "content": ...}``)
+    units rank by the sum of the families' rankings, or by family ``by``; each edge keeps every
+    family's score."""
     if (top_n is None) == (threshold is None):
         raise ValueError("circuit: pass exactly one of top_n= and threshold=")
-    fams = {"score": scores} if isinstance(scores, Attribution) else dict(scores)
-    if not fams:
-        raise ValueError("circuit: no scores")
-    first = next(iter(fams.values()))
-    for name, a in fams.items():
-        if not isinstance(a, Attribution) or a.granularity != "edge":
-            raise ValueError(f"circuit: {name!r} must be an edge Attribution (attribute(..., granularity='edge'))")
-        if a.writers != first.writers or a.readers != first.readers:
-            raise ValueError(f"circuit: {name!r} scores another graph than the others")
-    if by is not None and by not in fams:
-        raise ValueError(f"circuit: by={by!r} is not one of {', '.join(fams)}")
-    rank = fams[by].ranking if by else sum(np.nan_to_num(a.ranking, nan=0.0) for a in fams.values())
-    rank = np.where(np.isnan(first.scores), np.nan, rank)
-    flat = np.nan_to_num(rank, nan=-np.inf).ravel()
-    order = np.argsort(-flat, kind="stable")
-    n_valid = int((~np.isnan(rank)).sum())
+    r = rank_edges(scores, select=select, positional=positional, by=by)
     if top_n is not None:
-        if not isinstance(top_n, int) or top_n < 0:
+        if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 0:
             raise ValueError(f"circuit: top_n must be a non-negative integer, got {top_n!r}")
-        keep = order[: min(top_n, n_valid)]
+        n = min(top_n, r.total)
     else:
-        keep = order[flat[order] >= threshold]
-    W = len(first.writers)
-    pairs = [divmod(int(i), W) for i in keep]
-    edges = tuple((first.writers[w], first.readers[r]) for r, w in pairs)
-    nodes = sorted({w for w, _ in edges} | {_node_of(r) for _, r in edges}, key=lambda x: (_depth(x, first.n_layers), x))
-    return Circuit(
-        nodes=tuple(nodes), edges=edges,
-        scores={k: np.array([a.scores[r, w] for r, w in pairs]) for k, a in fams.items()},
-        ranking=np.array([rank[r, w] for r, w in pairs]), n_layers=first.n_layers, n_heads=first.n_heads,
-        total_edges=n_valid, method=first.method, metric=first.metric,
-        meta={"selection": {"top_n": top_n, "threshold": threshold, "by": by}, **first.meta},
-    )  # fmt: skip
+        n = int(r.keep(r.size_at(threshold)).sum())
+    c = r.circuit(n)
+    c.meta["selection"].update({"top_n": top_n, "threshold": threshold})
+    return c
 
 
-def _depth(name: str, n_layers: int) -> float:
-    from probes.graph import node_layer
-
-    return node_layer(name, n_layers)
-
-
-# ---------------------------------------------------------------------------------------------
-# faithfulness: the clean run with the edges outside the circuit ablated
-# ---------------------------------------------------------------------------------------------
-def _reader_groups(graph: Graph) -> list[tuple[str, list[int], bool]]:
-    """``(hook, reader indices, per-head)`` of each reader hook, in graph order."""
-    out = []
-    for layer in range(graph.n_layers):
-        for c in "qkv":
-            out.append((f"blocks.{layer}.attn.hook_{c}_input",
-                        [graph.reader_index(f"L{layer}H{h}.{c}") for h in range(graph.n_heads)], True))  # fmt: skip
-        if graph.has_mlp:
-            out.append((f"blocks.{layer}.hook_mlp_in", [graph.reader_index(f"MLP{layer}")], False))
-    out.append((f"blocks.{graph.n_layers - 1}.hook_resid_post", [graph.reader_index("logits")], False))
-    return out
-
-
-def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn, good, bad) -> Tensor:
-    """Per-example metric ``[k, b]`` of ``k`` copies of ``run``, copy ``j`` keeping the edges where
-    ``keep[j, reader, writer]`` and reading ``repl`` (``[b or 1, pos, writers, d]``) for the rest."""
-    k, b = keep.shape[0], len(run)
-    excl = (~keep & torch.as_tensor(graph.valid, device=keep.device)).to(repl.dtype)
-    live: dict[str, Tensor] = {}
-
-    def grab(x, hook):
-        live[hook.name] = x
-        return None
-
-    def fix(idx: list[int], per_head: bool):
-        def hook(x, hook):
-            contrib = contributions(model, graph, live)  # the writers so far (later ones are not read)
-            nw = contrib.shape[2]
-            diff = repl[..., :nw, :].expand(b, -1, -1, -1)[None] - contrib.view(k, b, *contrib.shape[1:])
-            add = torch.einsum("kbpwd,krw->kbprd", diff, excl[:, idx, :nw])
-            return x + (add.reshape(k * b, *add.shape[2:]) if per_head else add.reshape(k * b, x.shape[1], -1))
-        return hook
-
-    hooks = [(n, grab) for n in writer_hooks(graph)] + [(h, fix(idx, ph)) for h, idx, ph in _reader_groups(graph)]
-    tokens = run.tokens.repeat(k, 1)
-    kv = None if run.key_valid is None else run.key_valid.repeat(k, 1)
-    with forks(model), torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        _prime(live, model, graph, k * b, run)
-        logits = model.forward_unchecked(tokens, kv)
-    return fn(logits, good.repeat(k), bad.repeat(k)).double().view(k, b)
-
-
-def _prime(live: dict, model, graph: Graph, rows: int, run: Run) -> None:
-    """Zeros at every writer hook, so that :func:`contributions` can run before they fire (the
-    zero terms of writers that have not fired are never read: their edges do not exist yet)."""
-    P, d = run.tokens.shape[1], model.cfg.d_model
-    zeros = torch.zeros(rows, P, d, dtype=model.W_E.dtype, device=run.tokens.device)
-    live["hook_embed"] = zeros
-    for layer in range(graph.n_layers):
-        live[f"blocks.{layer}.attn.hook_z"] = zeros.new_zeros(rows, P, graph.n_heads, model.cfg.d_head)
-        if graph.has_mlp:
-            live[f"blocks.{layer}.hook_mlp_out"] = zeros
-
-
-def faithfulness_curve(
-    model,
-    scores: Attribution | Circuit,
-    clean: Any,
-    corrupt: Any = None,
-    *,
-    sizes: Sequence[int] | None = None,
-    ablation: str = "corrupt",
-    metric: Any = "margin",
-    reference: Any = None,
-    seed: int = 0,
-    batch_size: int | None = None,
-) -> dict[str, Any]:
-    """The metric with only the top ``n`` edges of ``scores`` kept, for each ``n`` in ``sizes``.
-
-    ``ablation``: ``"corrupt"`` (the paired corrupt run's writer terms; needs ``corrupt``),
-    ``"resample"`` (those of another clean example: a seeded derangement), ``"mean"`` (their mean
-    per position over ``reference``, default the clean batch). Returns ``{"sizes", "metric"
-    (mean per size), "full", "empty", "recovered" ((m - empty) / (full - empty)), "ablation",
-    "per_example" ([sizes, n])}``.
-    """
-    if ablation not in ABLATIONS:
-        raise ValueError(f"faithfulness_curve: ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}")
-    graph = build_graph(model.cfg)
-    c, k = as_pair(model, clean, corrupt)
-    if ablation == "corrupt" and k is None:
-        raise ValueError("faithfulness_curve: ablation='corrupt' needs corrupt= (or CounterfactualPairs)")
-    if isinstance(scores, Circuit):
-        order = [(graph.reader_index(r), graph.writer_index(w)) for w, r in scores.edges]
-    else:
-        rank = np.nan_to_num(scores.ranking, nan=-np.inf).ravel()
-        idx = np.argsort(-rank, kind="stable")[: int((~np.isnan(scores.ranking)).sum())]
-        order = [divmod(int(i), len(graph.writers)) for i in idx]
-    sizes = list(sizes) if sizes is not None else sorted({0, *np.unique(np.geomspace(1, max(1, len(order)), 12).astype(int)), len(order)})
-    if any(s < 0 or s > len(order) for s in sizes):
-        raise ValueError(f"faithfulness_curve: sizes must be in 0..{len(order)}")
-    _, fn = resolve(metric)
-    good, bad = pair_labels(c, k)
-    rows = batch_size or 256
-    R, W = graph.valid.shape
-    # one copy per size, then every edge kept (the clean run), then none
-    keep = torch.zeros(len(sizes) + 2, R, W, dtype=torch.bool, device=c.tokens.device)
-    for j, s in enumerate(sizes):
-        for r, w in order[:s]:
-            keep[j, r, w] = True
-    keep[len(sizes)] = torch.as_tensor(graph.valid)
-    names = writer_hooks(graph)
-    with eval_mode(model):
-        if ablation == "mean":
-            ref = c if reference is None else as_run(model, reference, what="reference")
-            means = position_means(model, ref, names, rows)
-            repl_all = contributions(model, graph, {n: m[None, : c.tokens.shape[1]] for n, m in means.items()}).detach()
-        out = torch.empty(keep.shape[0], len(c), dtype=torch.float64)
-        per = max(1, rows // max(1, min(len(c), rows)))
-        chunk = max(1, min(len(c), rows))
-        for c0 in range(0, len(c), chunk):
-            sl = slice(c0, c0 + chunk)
-            part = c.rows(sl)
-            if ablation == "mean":
-                repl = repl_all
-            else:
-                src = k.rows(sl) if ablation == "corrupt" else _resampled(c, sl, seed)
-                with torch.no_grad():
-                    repl = contributions(model, graph, capture(model, src, names)[0])
-            for j0 in range(0, keep.shape[0], per):
-                out[j0 : j0 + per, sl] = ablated_metric(model, graph, part, repl, keep[j0 : j0 + per], fn, good[sl], bad[sl]).cpu()
-    m = out.mean(1).numpy()
-    full, empty = float(m[len(sizes)]), float(m[-1])
-    body = m[: len(sizes)]
-    return {"sizes": sizes, "metric": body.tolist(), "full": full, "empty": empty,
-            "recovered": ((body - empty) / (full - empty)).tolist() if full != empty else [float("nan")] * len(sizes),
-            "ablation": ablation, "per_example": out[: len(sizes)].numpy(), "total_edges": graph.n_edges}  # fmt: skip
-
-
-def _resampled(c: Run, sl: slice, seed: int) -> Run:
-    from probes.ablation import resample_sources
-
-    src = resample_sources(len(c), None, seed).to(c.tokens.device)[sl]
-    kv = None if c.key_valid is None else c.key_valid[src]
-    return Run(c.tokens[src], kv, c.pad_mask[src], c.labels[src])
-
-
-def exact_edges(model, clean: Any, corrupt: Any = None, *, metric: Any = "margin", batch_size: int | None = None) -> Attribution:
-    """Every edge's exact effect (:func:`probes.path_patch`, clean into corrupt) in the shape of an
-    edge :class:`Attribution` (``method="path_patch"``), so that :func:`circuit` and the
-    agreement measures take exact and estimated scores alike."""
-    from probes.path_patching import path_patch
-
-    graph = build_graph(model.cfg)
-    scores = np.full(graph.valid.shape, np.nan)
-    for comp in "qkv":
-        receivers = [r for r in graph.readers if r.endswith(f".{comp}") or (comp == "q" and "." not in r)]
-        pp = path_patch(model, clean, corrupt, None, receivers, comp, metric=metric, batch_size=batch_size)
-        for j, r in enumerate(pp.receivers):
-            scores[graph.reader_index(r), [graph.writer_index(w) for w in pp.senders]] = pp.effects[:, j]
-    return Attribution(method="path_patch", granularity="edge", mode="denoise", metric=pp.metric, writers=graph.writers,
-                       readers=graph.readers, scores=np.where(graph.valid, scores, np.nan), n_examples=pp.n_examples,
-                       n_layers=graph.n_layers, n_heads=graph.n_heads, clean_metric=pp.clean_metric,
-                       corrupt_metric=pp.corrupt_metric, meta=dict(pp.meta))  # fmt: skip
-
-
-# ---------------------------------------------------------------------------------------------
-# position and content
-# ---------------------------------------------------------------------------------------------
-def family_attributions(model, task, n: int = 256, *, kinds: Sequence[str] = ("position", "content"), seed: int = 0,
-                        **kwargs) -> dict[str, Attribution]:  # fmt: skip
-    """One edge attribution per counterfactual family of ``task`` (``task.counterfactuals(n,
-    kind, seed)``), with the same metric (default ``"margin"``) so that the families' scores share
-    units; ``kwargs`` go to :func:`probes.attribute` (``method="path_patch"``: exact scores from
-    :func:`exact_edges` instead)."""
-    kwargs.setdefault("metric", "margin")
-    method = kwargs.pop("method", "atp")
-    if method == "path_patch":  # exact
-        return {kind: exact_edges(model, task.counterfactuals(n, kind=kind, seed=seed), **kwargs) for kind in kinds}
-    kwargs.setdefault("granularity", "edge")
-    return {kind: attribute(model, task.counterfactuals(n, kind=kind, seed=seed), method=method, **kwargs) for kind in kinds}
-
-
-def head_of(name: str) -> tuple[int, int]:
-    s = parse(name)
-    if s.head is None:
-        raise ValueError(f"{name!r} is not a head")
-    return s.layer, s.head
-
-
-__all__ = ["ABLATIONS", "Circuit", "ablated_metric", "circuit", "exact_edges", "faithfulness_curve",
-           "family_attributions", "head_of"]
+__all__ = ["SELECTIONS", "Circuit", "Ranking", "circuit", "circuit_from_mask", "prune", "rank_edges", "widest_paths"]

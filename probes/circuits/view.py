@@ -18,7 +18,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from probes.graph import node_layer, parse
+from probes.circuits.graph import node_layer, parse
 
 POSITION, CONTENT = (33, 102, 172), (230, 97, 1)  # blue, orange
 POSITIVE, NEGATIVE = (178, 24, 43), (33, 102, 172)
