@@ -61,7 +61,14 @@ from torch import Tensor
 from pe_interp.hardware import autocast
 from pe_interp.io import atomic_write_json, nan_array, read_json, to_json
 from pe_interp.modes import eval_mode
-from probes.metrics import Metric, MetricFn, harm, paired_bootstrap, resample_sources, resolve_metric
+from probes.metrics import (
+    Metric,
+    MetricFn,
+    harm,
+    paired_bootstrap,
+    resample_sources,
+    resolve_metric,
+)
 
 Head = tuple[int, int]
 METHODS = ("zero", "mean", "resample")
@@ -608,11 +615,11 @@ def _run(
     )
 
 
-def _ranked(model, tokens, labels, *, pad_mask, method, metric, layers, heads, reference, verify_top, seed,
-            **kwargs) -> AblationResult:
+def _ranked(model, tokens, labels, *, pad_mask, method, metric, layers, heads, reference, verify_top, seed, steps,
+            path, **kwargs) -> AblationResult:  # fmt: skip
     """``engine="attribution"`` of :func:`ablate_heads`."""
-    from pe_interp.tasks.batch import Batch
-    from probes.circuits.attribution import attribute
+    from probes.circuits.agreement import spearman
+    from probes.circuits.heads import rank_heads
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(map(repr, METHODS))}")
@@ -621,19 +628,19 @@ def _ranked(model, tokens, labels, *, pad_mask, method, metric, layers, heads, r
     units, _ = _units(model, layers, heads, None)
     tokens, pad_mask = _prepare(model, tokens, pad_mask)
     labels = torch.as_tensor(labels).to(tokens.device).long()
-    clean = Batch(tokens.long(), labels, pad_mask)
-    stand_in = "logit" if resolve_metric(metric).name == "logit" else "logprob"
-    corrupt, ablation, ref = None, "zero" if method == "zero" else "mean", None
-    if method == "mean" and reference is not None:
+    m = resolve_metric(metric, kwargs.get("higher_is_better"))
+    if m.name in ("accuracy", "loss", "logit"):
+        stand_in: Any = m.name
+    else:  # a callable: integrate it itself (higher is better unless told otherwise)
+        sign = 1.0 if m.higher_is_better else -1.0
+        stand_in = lambda logits, lab: sign * m.fn(logits, lab)  # noqa: E731
+    ref = None
+    if reference is not None:
         rt, rp = _as_inputs(reference)
-        rt, rp = _prepare(model, rt, rp)
-        ref = Batch(rt.long(), torch.zeros(len(rt), dtype=torch.long, device=rt.device), rp)
-    if method == "resample":
-        rt, rp = (tokens, pad_mask) if reference is None else _prepare(model, *_as_inputs(reference))
-        src = resample_sources(len(tokens), None if reference is None else len(rt), seed).to(tokens.device)
-        corrupt = Batch(rt[src].long(), labels, rp[src])
-    est = attribute(model, clean, corrupt, metric=stand_in, ablation=ablation, reference=ref, direction="noise")
-    grid = est.head_scores()
+        ref = _prepare(model, rt, rp)
+    est = rank_heads(model, tokens, labels, pad_mask, method=method, reference=ref, seed=seed, surrogate=stand_in,
+                     steps=steps, path=path, batch_size=kwargs.get("batch_size"))  # fmt: skip
+    grid = est["estimate"]
     order = sorted(units, key=lambda u: -grid[u[0]])[:verify_top]
     exact = _run(_sweep_batched, model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric,
                  layers=None, heads=None, head_sets=order, reference=reference, seed=seed, **kwargs)  # fmt: skip
@@ -647,8 +654,14 @@ def _ranked(model, tokens, labels, *, pad_mask, method, metric, layers, heads, r
             out[layer, h] = x[i]
         return out
 
-    meta = {**exact.meta, "engine": "attribution", "stand_in": stand_in, "attribution": grid.tolist(),
-            "verified": [list(u[0]) for u in order]}  # fmt: skip
+    e, x = [float(grid[u[0]]) for u in order], [float(v) for v in exact.drops]
+    verification = {"heads": [list(u[0]) for u in order], "estimate": e, "exact": x,
+                    "max_abs_error": max(abs(a - b) for a, b in zip(e, x)),
+                    "top_agrees": int(np.argmax(e)) == int(np.argmax(x)),
+                    "spearman": spearman(e, x) if len(order) >= 3 else float("nan")}  # fmt: skip
+    meta = {**exact.meta, "engine": "attribution", "stand_in": m.name if isinstance(stand_in, str) else f"{m.name} (itself)",
+            "steps": steps, "path": path, "attribution": grid.tolist(), "verified": verification["heads"],
+            "verification": verification}  # fmt: skip
     return dataclasses.replace(
         exact, values=place(exact.values), drops=place(exact.drops), ci_low=place(exact.ci_low),
         ci_high=place(exact.ci_high), per_example=place(exact.per_example), head_sets=None, meta=meta,
@@ -676,6 +689,8 @@ def ablate_heads(
     higher_is_better: bool | None = None,
     engine: str = "exact",
     verify_top: int = 3,
+    steps: int = 4,
+    path: str = "joint",
     amp: bool = False,
 ) -> AblationResult:
     """Ablate attention heads one at a time (or in sets) and measure ``metric`` each time.
@@ -704,14 +719,18 @@ def ablate_heads(
             (:mod:`pe_interp.hardware`); default fp32, exact. In bf16 every drop is within 2
             accuracy points of fp32 and the deposit verdicts are the same (``benchmarks/bf16_parity.py``).
         engine: ``"exact"`` ablates every head of the grid. ``"attribution"`` ranks every head
-            of the grid by attribution patching (:func:`probes.attribute`, ``method="atp"``, the
-            same ablation; a differentiable stand-in for the metric: the true class's logit for
-            ``"logit"``, its log-probability otherwise), then ablates the ``verify_top`` heads
-            estimated to hurt most exactly. The result is a grid with those heads' exact values
-            and NaN elsewhere; ``meta`` holds the estimates (``"attribution"``, in the
-            stand-in's units), the stand-in and the verified heads. Its top head is exact; a
-            layer's share (:func:`probes.find_deposits`) covers only its verified heads, so it
-            overstates concentration: take deposit verdicts from the exact grid.
+            of the grid by integrated gradients along the ablation path
+            (:func:`probes.circuits.heads.rank_heads`: each head's output moved from its live
+            value to the ablated one, ``steps`` Gauss-Legendre nodes, along ``path``
+            ``"joint"`` or ``"layer"``), in the units of ``metric`` (accuracy: each example's
+            margin change, counted as a flip where it crosses zero; loss; logit; a callable
+            integrated itself), then ablates the ``verify_top`` heads estimated to hurt most
+            exactly. The result is a grid with those heads' exact values and NaN elsewhere;
+            ``meta`` holds the estimates (``"attribution"``), the stand-in, the verified heads
+            and ``"verification"``: their estimates against their exact drops (largest error,
+            whether the estimated top of them is the exact top, Spearman's rho from 3 heads).
+            Its top head is exact among the verified; :func:`probes.find_deposits` refuses the
+            partial grid (a deposit verdict needs every head of a layer).
 
     Returns:
         An :class:`AblationResult`; its ``drops`` are positive when an ablation hurt.
@@ -725,7 +744,7 @@ def ablate_heads(
             model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric, layers=layers,
             heads=heads, reference=reference, per_example=per_example, n_bootstrap=n_bootstrap, ci=ci,
             seed=seed, batch_size=batch_size, progress=progress, higher_is_better=higher_is_better,
-            verify_top=verify_top,
+            verify_top=verify_top, steps=steps, path=path,
         )  # fmt: skip
     return _run(
         _sweep_batched, model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric,

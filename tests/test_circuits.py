@@ -12,7 +12,6 @@ from test_tl_tools import class_metric, random_model, random_pairs
 from transformer_lens.tools.analysis import attribution_patching as ap
 
 from pe_interp.presets import build_run_configs
-from pe_interp.tasks.batch import Batch
 from probes import (
     Circuit,
     ablate_heads,
@@ -227,10 +226,11 @@ def test_attribution_engine_verifies_the_top_heads_exactly(smoke, method):
     for layer, h in verified:
         assert ranked.values[layer, h] == pytest.approx(exact.values[layer, h], abs=1e-12)
     est = np.array(ranked.meta["attribution"])
-    assert est.shape == exact.drops.shape and ranked.meta["stand_in"] == "logprob"
-    if method != "resample":  # the ranking is attribute()'s estimate of the same ablation
-        again = attribute(model, Batch(test.tokens, test.labels, test.pad_mask), metric="logprob", ablation=method)
-        np.testing.assert_allclose(est, again.head_scores(), rtol=1e-9)
+    assert est.shape == exact.drops.shape and ranked.meta["stand_in"] == "accuracy"
+    from probes.circuits.heads import rank_heads
+
+    again = rank_heads(model, test.tokens, test.labels, test.pad_mask, method=method, surrogate="accuracy", steps=4)
+    np.testing.assert_allclose(est, again["estimate"], rtol=1e-12)  # the ranking is rank_heads' estimate
     order = sorted(((est[layer, h], (layer, h)) for layer in range(2) for h in range(4)), reverse=True)
     assert verified == [lh for _, lh in order[:3]]
     with pytest.raises(ValueError, match="partial grid"):  # a layer's share needs every head
