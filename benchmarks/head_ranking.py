@@ -53,12 +53,15 @@ def exact_grid(run, n: int) -> tuple[AblationResult, Batch, float]:
     return res, test, time.perf_counter() - t0
 
 
-def estimate(model, test: Batch, name: str) -> np.ndarray:
+def estimate(model, test: Batch, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """The estimate and what breaks its ties (the engine's order)."""
     if name == "atp-logprob":
-        return attribute(model, test, metric="logprob", direction="noise").head_scores()
+        est = attribute(model, test, metric="logprob", direction="noise").head_scores()
+        return est, est
     path, surrogate, k = name.split("-")
-    return rank_heads(model, test.tokens, test.labels, test.pad_mask.to(test.tokens.device), surrogate=surrogate,
-                      steps=int(k), path=path)["estimate"]  # fmt: skip
+    r = rank_heads(model, test.tokens, test.labels, test.pad_mask.to(test.tokens.device), surrogate=surrogate,
+                   steps=int(k), path=path)  # fmt: skip
+    return r["estimate"], r["tiebreak"]
 
 
 def evaluate(run_dir: str, n: int, names: list[str], verify_top: int) -> dict:
@@ -72,9 +75,9 @@ def evaluate(run_dir: str, n: int, names: list[str], verify_top: int) -> dict:
            "estimators": {}}  # fmt: skip
     for name in names:
         t0 = time.perf_counter()
-        est = estimate(model, test, name)
+        est, tie = estimate(model, test, name)
         seconds = time.perf_counter() - t0
-        order = np.argsort(-est.ravel(), kind="stable")
+        order = np.lexsort((-tie.ravel(), -est.ravel()))
         verified = order[:verify_top]
         found = np.unravel_index(verified[np.argmax(ex.ravel()[verified])], ex.shape)
         out["estimators"][name] = {

@@ -640,8 +640,8 @@ def _ranked(model, tokens, labels, *, pad_mask, method, metric, layers, heads, r
         ref = _prepare(model, rt, rp)
     est = rank_heads(model, tokens, labels, pad_mask, method=method, reference=ref, seed=seed, surrogate=stand_in,
                      steps=steps, path=path, batch_size=kwargs.get("batch_size"))  # fmt: skip
-    grid = est["estimate"]
-    order = sorted(units, key=lambda u: -grid[u[0]])[:verify_top]
+    grid, tie = est["estimate"], est["tiebreak"]
+    order = sorted(units, key=lambda u: (-grid[u[0]], -tie[u[0]]))[:verify_top]
     exact = _run(_sweep_batched, model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric,
                  layers=None, heads=None, head_sets=order, reference=reference, seed=seed, **kwargs)  # fmt: skip
     L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -660,7 +660,7 @@ def _ranked(model, tokens, labels, *, pad_mask, method, metric, layers, heads, r
                     "top_agrees": int(np.argmax(e)) == int(np.argmax(x)),
                     "spearman": spearman(e, x) if len(order) >= 3 else float("nan")}  # fmt: skip
     meta = {**exact.meta, "engine": "attribution", "stand_in": m.name if isinstance(stand_in, str) else f"{m.name} (itself)",
-            "steps": steps, "path": path, "attribution": grid.tolist(), "verified": verification["heads"],
+            "steps": steps, "path": path, "attribution": grid.tolist(), "tiebreak": tie.tolist(), "verified": verification["heads"],
             "verification": verification}  # fmt: skip
     return dataclasses.replace(
         exact, values=place(exact.values), drops=place(exact.drops), ci_low=place(exact.ci_low),

@@ -115,8 +115,10 @@ def rank_heads(
     ``surrogate``: one of :data:`SURROGATES` or ``fn(logits, labels) -> [n]`` (differentiable,
     higher is better). ``tokens``, ``labels``, ``pad_mask``: checked inputs on the model's device; ``reference``:
     ``(tokens, pad_mask)`` for ``mean`` and ``resample`` (default the evaluated examples).
-    Returns ``{"estimate": [n_layers, n_heads] (positive = hurts), "baseline" (the metric's
-    clean mean), "surrogate", "steps", "path"}``."""
+    Returns ``{"estimate": [n_layers, n_heads] (positive = hurts), "tiebreak" (the mean fall of
+    the integrated quantity, which orders heads of equal estimate: accuracy estimates are counts),
+    "baseline" (the metric's clean mean), "surrogate", "steps", "path", "per_example_change"
+    ([n, n_layers, n_heads])}``."""
     if not callable(surrogate) and surrogate not in SURROGATES:
         raise ValueError(f"rank_heads: surrogate must be one of {', '.join(SURROGATES)} or a callable; got {surrogate!r}")
     if path not in PATHS:
@@ -161,6 +163,7 @@ def rank_heads(
                 for layer, g in zip(group, grads):
                     per = (g.double() * w).view(steps, b, H).sum(0)  # integral of dm/da over [0, 1]
                     change[sl, layer] = -per.cpu()
+    tiebreak = -change.mean(0)  # the mean fall of the integrated quantity
     if surrogate == "accuracy":
         right = base > 0
         after = (base[:, None, None] + change) > 0
@@ -173,8 +176,8 @@ def rank_heads(
         estimate = -change.mean(0)
         baseline = float(base.mean())
     name = surrogate if isinstance(surrogate, str) else getattr(surrogate, "__name__", "custom")
-    return {"estimate": estimate.numpy(), "baseline": baseline, "surrogate": name, "steps": steps, "path": path,
-            "per_example_change": change.numpy()}  # fmt: skip
+    return {"estimate": estimate.numpy(), "tiebreak": tiebreak.numpy(), "baseline": baseline, "surrogate": name,
+            "steps": steps, "path": path, "per_example_change": change.numpy()}  # fmt: skip
 
 
 __all__ = ["PATHS", "SURROGATES", "rank_heads"]
