@@ -232,7 +232,7 @@ def test_attribution_engine_verifies_the_top_heads_exactly(smoke, method):
     again = rank_heads(model, test.tokens, test.labels, test.pad_mask, method=method, surrogate="accuracy", steps=4)
     np.testing.assert_allclose(est, again["estimate"], rtol=1e-12)  # the ranking is rank_heads' estimate
     tie = again["tiebreak"]
-    order = sorted(((-est[layer, h], -tie[layer, h], (layer, h)) for layer in range(2) for h in range(4)))
+    order = sorted((-est[layer, h], -tie[layer, h], (layer, h)) for layer in range(2) for h in range(4))
     assert verified == [lh for _, _, lh in order[:3]]
     with pytest.raises(ValueError, match="partial grid"):  # a layer's share needs every head
         find_deposits(ranked)
