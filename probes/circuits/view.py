@@ -163,7 +163,9 @@ def circuit_summary(c: Any) -> str:
     what = (f"the smallest circuit with faithfulness >= {f['target']:g}" if "target" in f
             else f"the first {sel.get('top_n')} by the {sel.get('select', 'top')} order")  # fmt: skip
     kept = f.get("kept")
-    faith = "" if kept is None else f", faithfulness {kept:.3f} on {f.get('n_pairs', '?')} held-out {c.meta.get('counterfactual', '')} pairs"
+    fam = c.meta.get("counterfactual")
+    pairs = f"{f['n_pairs']} held-out {fam + ' ' if fam else ''}pairs" if "n_pairs" in f else "its pairs"
+    faith = "" if kept is None else f", faithfulness {kept:.3f} on {pairs}"
     return f"{what}: {len(c.edges)} of {c.total_edges} {kind} ({share:.1%}){faith}"
 
 
