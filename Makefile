@@ -40,11 +40,12 @@ demo: setup
 reproduce: setup
 	$(VENV)/bin/pe-interp reproduce --preset quick --out runs/reproduce-quick
 
-# The deposit study at `mid` (grids/deposit_mid.yaml: 36 runs of 6 layers x 16 heads, ~20 min each on
-# one core): hours on two cores, resumable (run it again after a stop).
+# The deposit study at `mid` (grids/deposit_mid.yaml: 58 runs of 6 layers x 16 heads, 25-90 min each on
+# one core): a day of two cores, resumable on any machine (runs whose findings/deposit-mid/*.json is
+# committed are not run again); then the study's tables from the findings.
 mid: setup
 	$(VENV)/bin/pe-interp sweep grids/deposit_mid.yaml --out runs/sweeps/deposit-mid
-	$(VENV)/bin/pe-interp report runs/sweeps/deposit-mid
+	$(VENV)/bin/pe-interp study findings/deposit-mid --grid grids/deposit_mid.yaml --readme README.md
 
 lint: setup
 	$(VENV)/bin/ruff check pe_interp probes tests benchmarks
@@ -55,6 +56,7 @@ lint: setup
 # than fp32: the bf16 step is then measured at batch 8 with 2 repeats, so that it ends in minutes.
 bench: setup
 	$(PY) benchmarks/model_step.py --threads 1,0
+	$(PY) benchmarks/model_step.py --size mid --amp --threads 1 --contenders baseline,sdpa,baseline-bf16,sdpa-bf16 $$($(PY) -c "from pe_interp.hardware import cpu_has_bf16; print('' if cpu_has_bf16() else '--steps 1 --repeats 2')")
 	$(PY) benchmarks/model_step.py --amp --threads 1,0 $$($(PY) -c "from pe_interp.hardware import cpu_has_bf16; print('' if cpu_has_bf16() else '--batch 8 --steps 1 --repeats 2 --contenders baseline,sdpa,baseline-bf16,sdpa-bf16')")
 	$(PY) benchmarks/tasks.py
 	$(PY) benchmarks/ablation.py --n 256 --naive-heads 24

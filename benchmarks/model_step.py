@@ -1,6 +1,8 @@
 """Training steps/s of HookedPETransformer (eager and sdpa backends) against a plain PyTorch
 classifier of the same size, at the paper's size (6 layers, d_model 256, 16 heads, d_mlp 512,
-128 tokens, batch 64, RoPE, AdamW; forward + backward + optimizer step).
+128 tokens, batch 64, RoPE, AdamW; forward + backward + optimizer step), or with ``--size mid``
+at the deposit study's size (6 layers, d_model 128, 16 heads, d_mlp 256, 48 tokens, batch 128),
+whose examples/s are the study's training throughput.
 
 On a CPU, ``--amp`` adds bf16 contenders: the plain model and ours under
 ``torch.autocast("cpu", dtype=torch.bfloat16)`` (fp32 master weights), with ratios against the
@@ -50,6 +52,9 @@ from torch import nn  # noqa: E402
 from pe_interp import HookedPETransformer, ModelConfig  # noqa: E402
 
 PAPER = dict(n_layers=6, d_model=256, n_heads=16, d_mlp=512, n_ctx=128, d_vocab=512, n_classes=70)
+# The deposit study's `mid` model (pe_interp.presets): its throughput is the study's.
+MID = dict(n_layers=6, d_model=128, n_heads=16, d_mlp=256, n_ctx=48, d_vocab=128, n_classes=30)
+SIZES = {"paper": (PAPER, 64), "mid": (MID, 128)}  # shape, default batch
 
 
 # ---- the plain PyTorch baseline -----------------------------------------------------------------
@@ -175,8 +180,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=2, help="training steps per timed run")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per contender (median)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per contender first")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--size", choices=sorted(SIZES), default="paper", help="paper (default) or mid (the study's model)")
+    ap.add_argument("--batch", type=int, default=None, help="default: 64 at paper size, 128 at mid")
+    ap.add_argument("--seq", type=int, default=None, help="tokens per example (default: the size's n_ctx)")
     ap.add_argument("--threads", default="0", help="comma list of torch thread counts (0: torch's default)")
     ap.add_argument("--device", default="cpu", help="cpu | cuda")
     ap.add_argument("--amp", action="store_true",
@@ -185,6 +191,10 @@ def main(argv: list[str] | None = None) -> dict:
                     help="comma list of baseline, baseline-bf16, eager, sdpa, sdpa-bf16, triton, auto")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
+    shape, batch = SIZES[args.size]
+    args.batch = args.batch or batch
+    args.seq = args.seq or shape["n_ctx"]
+    args.shape = shape
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("model_step.py: --device cuda, but torch sees no CUDA device")
@@ -209,7 +219,7 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict:
     amp_all = bool(args.amp and cuda)  # CUDA: every contender in bf16, as training runs there
     cpu_bf16 = not cuda and (args.amp or cpu_has_bf16())
     torch.manual_seed(0)
-    size = {**PAPER, "n_ctx": args.seq}
+    size = {**args.shape, "n_ctx": args.seq}
     tokens = torch.randint(1, size["d_vocab"], (args.batch, args.seq))  # no pads: pure compute
     labels = torch.randint(0, size["n_classes"], (args.batch,))
     tokens, labels = tokens.to(device), labels.to(device)
@@ -288,7 +298,7 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict:
     peak = {p: statistics.median(v) for p, v in peaks.items()}
     refs = [r for r in ("baseline", "baseline-bf16") if r in times] or [next(iter(times))]
     print("\nmatmul peak (median " + ", ".join(f"{p} {n_peak}^3 {v:.1f}" for p, v in peak.items()) + " GFLOP/s)")
-    header = f"{'contender':<14} {'ms/step':>9}" + "".join(f" {'vs ' + r:>18}" for r in refs)
+    header = f"{'contender':<14} {'ms/step':>9} {'examples/s':>10}" + "".join(f" {'vs ' + r:>18}" for r in refs)
     header += f" {'GFLOP/s':>8}" + "".join(f" {'of ' + p + ' peak':>13}" for p in peak)
     print(header)
     results = {}
@@ -299,6 +309,7 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict:
         vs = {r: statistics.median(b / x for b, x in zip(times[r], t)) for r in refs}
         results[name] = {
             "steps_per_s": 1 / med,
+            "examples_per_s": args.batch / med,
             "s_per_step": med,
             "s_per_step_all": t,
             "bf16_autocast": amp_of[name],
@@ -308,10 +319,10 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict:
             "fraction_of_matmul_peak": {p: achieved / v for p, v in peak.items()},
             "first_steps_s": first_s[name],
         }
-        print(f"{name:<14} {med * 1e3:>9.1f}" + "".join(f" {vs[r]:>17.2f}x" for r in refs)
+        print(f"{name:<14} {med * 1e3:>9.1f} {args.batch / med:>10.1f}" + "".join(f" {vs[r]:>17.2f}x" for r in refs)
               + f" {achieved:>8.1f}" + "".join(f" {achieved / v:>12.0%}" for v in peak.values()))
     return {
-        "config": {**size, "batch": args.batch, "encoding": "rope", "optimizer": "AdamW"},
+        "config": {**size, "size": args.size, "batch": args.batch, "encoding": "rope", "optimizer": "AdamW"},
         "device": where,
         "amp_bf16": amp_all,
         "native_cpu_bf16": None if cuda else cpu_has_bf16(),

@@ -19,7 +19,9 @@ Three backends compute the same function:
 
 - ``eager`` materialises scores and pattern and fires every hook; it is the reference.
 - ``sdpa`` calls ``F.scaled_dot_product_attention`` with the bias and mask as one float
-  ``attn_mask`` (trains on CPU, gradient into a learned bias included).
+  ``attn_mask`` (trains on CPU, gradient into a learned bias included). Under CPU bf16
+  autocast it takes the fastest of SDPA, SDPA in fp32 and the eager math for the shape,
+  measured once (:mod:`pe_interp.attn_routes`).
 - ``triton`` runs the fused kernel of :mod:`pe_interp.kernels`, with rotation and bias inside.
 
 A layer whose ``hook_attn_scores`` or ``hook_pattern`` has a hook (including caching) always runs
@@ -39,6 +41,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
+from pe_interp import attn_routes
 from pe_interp.config import ModelConfig
 from pe_interp.encodings import Encoding
 
@@ -79,6 +82,20 @@ def affine(x: Tensor, W: Tensor, b: Tensor) -> Tensor:
     if torch.is_autocast_enabled(x.device.type):
         return F.linear(x, W.T, b)
     return x @ W + b
+
+
+def _cpu_bf16_autocast(x: Tensor) -> bool:
+    return x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def _cast_once(dtype: torch.dtype, *xs: Tensor) -> list[Tensor]:
+    """``xs`` in ``dtype``, casting each distinct tensor once (autocast would cast a shared input
+    once per projection that reads it)."""
+    done: dict[int, Tensor] = {}
+    for x in xs:
+        if id(x) not in done:
+            done[id(x)] = x.to(dtype)
+    return [done[id(x)] for x in xs]
 
 
 def _has_hooks(*points: HookPoint) -> bool:
@@ -158,6 +175,8 @@ class Attention(nn.Module):
     ) -> Float[Tensor, "batch pos d_model"]:
         """Inputs are ``[batch, pos, d_model]`` or per-head ``[batch, pos, head, d_model]``."""
         enc, layer = ctx.encoding, self.layer
+        if torch.is_autocast_enabled(x_q.device.type):  # one cast of an input that q, k, v share
+            x_q, x_k, x_v = _cast_once(torch.get_autocast_dtype(x_q.device.type), x_q, x_k, x_v)
         q = self.hook_q(self._project(x_q, self.W_Q, self.b_Q))
         k = self.hook_k(self._project(x_k, self.W_K, self.b_K))
         v = self.hook_v(self._project(x_v, self.W_V, self.b_V))
@@ -174,6 +193,8 @@ class Attention(nn.Module):
             if bias is not None:
                 bias = self.hook_pos_bias(bias)
             run = self._eager if backend == "eager" else self._sdpa
+            if backend == "sdpa" and _cpu_bf16_autocast(q):
+                run = self._routed(q, k, v, bias, ctx.mask)
             z = run(q, k, v, bias, ctx.mask)
         z = self.hook_z(z)
         if self.cfg.use_attn_result:
@@ -209,6 +230,27 @@ class Attention(nn.Module):
             scale=self.scale,
         )
         return z.transpose(1, 2)
+
+    def _sdpa32(self, q, k, v, bias, mask) -> Tensor:
+        """SDPA on fp32 copies of bf16 inputs (see :mod:`pe_interp.attn_routes`)."""
+        with torch.autocast("cpu", enabled=False):
+            z = self._sdpa(q.float(), k.float(), v.float(), None if bias is None else bias.float(), mask)
+        return z.to(q.dtype)
+
+    def _routed(self, q, k, v, bias, mask):
+        """The fastest of the eager, SDPA and fp32-SDPA paths for this shape under CPU bf16
+        autocast, chosen once per shape by :func:`pe_interp.attn_routes.choose`."""
+        runs = {"math": self._eager, "sdpa": self._sdpa, "sdpa32": self._sdpa32}
+        shapes = [tuple(m.shape) for m in (None if bias is None else bias[None], mask) if m is not None]
+        key = attn_routes.RouteKey(
+            device=q.device.type, dtype=str(q.dtype).removeprefix("torch."), q_shape=tuple(q.shape),
+            v_shape=tuple(v.shape), mask_shape=tuple(torch.broadcast_shapes(*shapes)) if shapes else None,
+            dropout=self.training and self.cfg.attn_dropout > 0,
+            grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
+        )
+        fixed = (None if bias is None else bias.detach(), mask)  # the measurement must not touch real grads
+        route = attn_routes.choose(key, lambda r, q_, k_, v_: runs[r](q_, k_, v_, *fixed), q, k, v)
+        return runs[route]
 
     def _fused(self, q, k, v, ctx: AttnContext) -> Tensor:
         from pe_interp.kernels import fused_attention

@@ -7,7 +7,11 @@ A run directory holds:
 - ``train_state.safetensors``: weights, optimizer moments and RNG states, with the step and
   optimizer hyper-parameters as JSON metadata. It is the single source of truth for ``--resume``,
   so a crash between two writes can never pair weights and optimizer state from different steps;
-- ``metrics.jsonl``: one JSON line per evaluation.
+- ``metrics.jsonl``: one JSON line per evaluation;
+- probe results (``ablation.json``, ``deposits.json``, ...), each recording the weights it was
+  computed from (:func:`save_result`: the sha256 of ``model.safetensors`` and its step), which
+  :func:`weights_status` compares with the run's weights now: a result of older weights is stale;
+- ``.pe-interp.lock``: held while a process writes the directory (:func:`pe_interp.io.dir_lock`).
 
 Every file is written to a temporary name and renamed into place, so a reader sees either the old
 or the new file, never half of one. Nothing is ever unpickled.
@@ -16,6 +20,10 @@ or the new file, never half of one. Nothing is ever unpickled.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +31,11 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
+from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file, save_file
 
 from pe_interp import io
-from pe_interp.io import append_jsonl, atomic_write_bytes, atomic_write_json
+from pe_interp.io import append_jsonl, atomic_write_bytes, atomic_write_json, write_result
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -37,11 +46,22 @@ EVAL_SETS = ("test", "all")
 # ``pe_interp.train`` records (the preset, the authors' switch, and the command line that made the
 # run, for ``pe-interp show``). Any other key is a mistake and load_run says so.
 CONFIG_KEYS = ("model", "task", "train", "version", "preset", "authors_quirks", "command")
+# The files that make a directory a run: training into a directory that holds any of them needs
+# resume=True (--resume), and continues that run or is refused.
+RUN_FILES = (CONFIG, WEIGHTS, TRAIN_STATE, METRICS)
+# The key under which a probe result records the weights it was computed from.
+WEIGHTS_KEY = "weights"
+CURRENT, STALE, UNRECORDED = "current", "stale", "unrecorded"
 
 __all__ = [
     "CONFIG",
     "CONFIG_KEYS",
+    "CURRENT",
     "METRICS",
+    "RUN_FILES",
+    "STALE",
+    "UNRECORDED",
+    "WEIGHTS_KEY",
     "TRAIN_STATE",
     "WEIGHTS",
     "CheckpointError",
@@ -51,11 +71,15 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_json",
     "check_state_dict",
+    "config_differences",
     "load_run",
     "load_tensors",
     "read_json",
     "read_jsonl",
+    "save_result",
     "truncate_jsonl",
+    "weights_provenance",
+    "weights_status",
 ]
 
 
@@ -140,6 +164,8 @@ class Run:
     task: Any
     train_cfg: Any  # TrainConfig
     config: dict[str, Any]
+    # the weights loaded, {"sha256": ..., "step": ...}: what probe results record (save_result)
+    provenance: dict[str, Any] | None = None
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.model, self.task))
@@ -205,8 +231,103 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"{run_dir / CONFIG}: invalid config ({err})") from None
     model = HookedPETransformer(model_cfg)
-    state, _ = load_tensors(run_dir / WEIGHTS)
-    check_state_dict(run_dir / WEIGHTS, state, model.state_dict())
+    path = run_dir / WEIGHTS
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    data = path.read_bytes()  # hashed and loaded from the same bytes: the provenance is exact
+    provenance = _provenance(path, data)
+    try:
+        state = load_bytes(data)
+    except (SafetensorError, ValueError, RuntimeError) as err:
+        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({msg})") from None
+    check_state_dict(path, state, model.state_dict())
     model.load_state_dict(state)
     model.to(device).eval()
-    return Run(run_dir, model, task, train_cfg, config)
+    return Run(run_dir, model, task, train_cfg, config, provenance)
+
+
+# ---- which weights a result came from -------------------------------------------------------------
+def _provenance(path: Path, data: bytes) -> dict[str, Any]:
+    """``{"sha256", "step"}`` of a weights file's bytes (the step from its metadata; None if absent)."""
+    try:
+        n = int.from_bytes(data[:8], "little")
+        meta = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
+        step = int(meta["step"]) if "step" in meta else None
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
+        raise CheckpointError(f"{path}: corrupt or truncated safetensors file (bad header)") from None
+    return {"sha256": hashlib.sha256(data).hexdigest(), "step": step}
+
+
+_PROVENANCE: dict[tuple, dict[str, Any]] = {}  # (path, size, mtime, inode) -> provenance
+
+
+def weights_provenance(run_dir: str | Path) -> dict[str, Any]:
+    """The run's weights now: ``{"sha256": ..., "step": ...}`` of ``model.safetensors``
+    (cached by the file's size, mtime and inode); a CheckpointError if it is missing."""
+    path = Path(run_dir) / WEIGHTS
+    try:
+        st = path.stat()
+    except OSError:
+        raise CheckpointError(f"{path}: file not found") from None
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _PROVENANCE:
+        _PROVENANCE[key] = _provenance(path, path.read_bytes())
+    return dict(_PROVENANCE[key])
+
+
+def save_result(path: str | Path, result: Any, weights: dict[str, Any] | None, *, indent: int | None = 1,
+                kind: str | None = None, **to_dict: Any) -> Path:
+    """Write a probe result (a dict, or an object with ``to_dict(**to_dict)``) with the weights
+    it was computed from under :data:`WEIGHTS_KEY` (``Run.provenance``; None records none), and
+    its kind tag (:func:`pe_interp.io.write_result`; for an object, its module's
+    ``RESULT_KIND`` unless ``kind`` is given). Every probe result written into a run directory
+    goes through here."""
+    data = dict(result) if isinstance(result, dict) else result.to_dict(**to_dict)
+    if kind is None and not isinstance(result, dict):
+        kind = getattr(sys.modules.get(type(result).__module__), "RESULT_KIND", None)
+    if weights is not None:
+        data[WEIGHTS_KEY] = {"sha256": str(weights["sha256"]), "step": weights.get("step")}
+    if kind is not None:
+        return write_result(path, kind, data, indent=indent, sort_keys=False)
+    return atomic_write_json(path, data, indent=indent, sort_keys=False)
+
+
+def weights_status(run_dir: str | Path, result: Any) -> tuple[str, str]:
+    """The one check of a stored probe result against its run: ``(CURRENT, "")`` when the
+    result records the run's weights now, ``(STALE, why)`` when it records other weights,
+    ``(UNRECORDED, why)`` when it records none (written before results did). ``result`` is the
+    stored dict or the path of its JSON file."""
+    if isinstance(result, str | os.PathLike):
+        result = read_json(Path(result))
+    rec = result.get(WEIGHTS_KEY) if isinstance(result, dict) else None
+    if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str):
+        return UNRECORDED, "records no weights (written before results recorded them)"
+    now = weights_provenance(run_dir)
+    if rec["sha256"] == now["sha256"]:
+        return CURRENT, ""
+    return STALE, (f"computed from other weights (step {rec.get('step')}, sha256 {rec['sha256'][:12]}) than the "
+                   f"run's model.safetensors (step {now['step']}, sha256 {now['sha256'][:12]})")
+
+
+def config_differences(saved: dict[str, Any], mine: dict[str, Any], parts=("model", "task", "train")) -> list[str]:
+    """``part.field: saved -> mine`` for every field of the config parts that differs, the
+    task's name and the encoding first and the model fields that follow the task last."""
+    missing = object()
+    out: list[tuple[int, str]] = []
+    for part in parts:
+        a, b = saved.get(part) or {}, mine.get(part) or {}
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            if a != b:
+                out.append((1, f"{part}: {json.dumps(a)[:40]} -> {json.dumps(b)[:40]}"))
+            continue
+        for key in sorted(set(a) | set(b)):
+            x, y = a.get(key, missing), b.get(key, missing)
+            if x != y:
+                show = lambda v: "(absent)" if v is missing else json.dumps(v)[:40]  # noqa: E731
+                rank = 0 if key in ("name", "encoding") else 2 if part == "model" and key in _DERIVED else 1
+                out.append((rank, f"{part}.{key}: {show(x)} -> {show(y)}"))
+    return [text for _, text in sorted(out, key=lambda r: r[0])]
+
+
+_DERIVED = ("n_ctx", "n_classes", "d_vocab")  # model fields that follow the task

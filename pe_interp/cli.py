@@ -8,6 +8,8 @@ loudly; nothing is discovered at run time.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from pe_interp.commands import (
@@ -15,10 +17,12 @@ from pe_interp.commands import (
     circuit,
     decompose,
     demo,
+    generalize,
     patch,
     report,
     reproduce,
     show,
+    study,
     sweep,
     train,
 )
@@ -32,9 +36,11 @@ COMMANDS = {
     patch: ("patch",),
     circuit: ("circuit",),
     decompose: ("decompose",),
+    generalize: ("generalize",),
     report: ("report",),
     reproduce: ("reproduce",),
     sweep: ("sweep", "sweep-report"),
+    study: ("study",),
 }
 
 
@@ -56,11 +62,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What an interrupted command says about going on (when the command itself does not say it).
+RESUME_HINT = {
+    "train": "rerun the same command with --resume to continue from the last checkpoint",
+    "sweep": "rerun the same command to resume (finished cells are kept; running ones go on from their checkpoints)",
+    "reproduce": "rerun the same command to resume (finished cells are kept)",
+    "demo": "rerun the same command to resume (finished cells are kept)",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    from pe_interp import interrupts
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.run(args) or 0)
+        with interrupts.sigterm_raises():  # SIGTERM stops like Ctrl-C: locks released, nothing half-written
+            return int(args.run(args) or 0)
     except (ValueError, FileNotFoundError) as err:
         print(f"pe-interp {args.command}: error: {err}", file=sys.stderr)
         return 2
@@ -68,9 +86,21 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{err.filename}: " if err.filename else ""
         print(f"pe-interp {args.command}: error: {where}{err.strerror or err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"pe-interp {args.command}: interrupted; rerun with --resume to continue", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        signum = getattr(err, "signum", signal.SIGINT)
+        said = str(err) or f"interrupted by {interrupts.signal_name(signum)}"
+        hint = RESUME_HINT.get(args.command, "nothing half-written was kept (results are written whole); "
+                                             "rerun the command")
+        print(f"pe-interp {args.command}: {said}" + ("" if "rerun" in said or "resume" in said else f"; {hint}"),
+              file=sys.stderr)
+        return interrupts.exit_code(signum)
+    except Exception as err:  # a bug, not a bad input: still one line, no traceback (status 1)
+        if os.environ.get("PE_INTERP_TRACEBACK"):
+            raise
+        first = str(err).splitlines()[0] if str(err) else ""
+        print(f"pe-interp {args.command}: internal error: {type(err).__name__}: {first} (a bug, please report it; "
+              "PE_INTERP_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -35,11 +35,25 @@ def cpu_flags() -> frozenset[str]:
 
 
 def cpu_has_bf16() -> bool:
-    """True when the CPU executes bf16 matmuls natively (so bf16 autocast is faster than fp32)."""
+    """True when the CPU executes bf16 matmuls natively (so bf16 autocast is faster than fp32).
+
+    ``PE_INTERP_CPU_BF16=1`` forces True; on a CPU that only emulates bf16 that makes bf16 runs
+    many times slower than fp32, which is said once per process (a warning)."""
+    native = any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)
     forced = os.environ.get(ENV_OVERRIDE)
+    if forced == "1" and not native:
+        _warn_emulated()
     if forced in ("0", "1"):
         return forced == "1"
-    return any(flag in cpu_flags() for flag in BF16_CPU_FLAGS)
+    return native
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_emulated() -> None:
+    import warnings
+
+    warnings.warn(f"{ENV_OVERRIDE}=1 forces bf16 on a CPU without native bf16 ({', '.join(BF16_CPU_FLAGS)} missing): "
+                  "bf16 is emulated there and runs many times slower than fp32", RuntimeWarning, stacklevel=3)
 
 
 @functools.lru_cache(maxsize=1)

@@ -8,15 +8,29 @@
   ``NaN`` literal, which :func:`read_json` still parses.
 - **JSONL**: one JSON object per line, appended as the run goes. A crash mid-append can leave a
   torn last line; :func:`read_jsonl` skips an unparsable *last* line and raises on any other.
+- **Result files**: a probe result is saved with its kind (``{"kind": "ablation", ...}``,
+  :func:`write_result`) and loaded by :func:`load_result`, which says in one line when a file
+  holds another kind of result, a JSON list, or a truncated text. Files from before the tag are
+  recognised by the keys their kind always has (:func:`register_result`), so they still load.
+- **Paths**: a file path that is a directory, or that runs through a file, is refused in one
+  line before anything is written (:func:`check_file_path`).
+- **One writer**: :func:`dir_lock` holds an OS-level lock (``filelock``) on a run or sweep
+  directory while it is written; a second writer gets a one-line :class:`LockedError`. The lock
+  file (:data:`LOCK_FILE`, hidden) stays in place; the OS releases the lock when its process dies,
+  even by SIGKILL, so a killed run never blocks its resume. Taking the lock removes the temporary
+  files a killed writer left (:func:`remove_stray_temps`).
 
 Every probe result's ``save``/``load``, the run directory, the sweep and the report go through here.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
+import re
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -24,20 +38,31 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 __all__ = [
     "CorruptFileError",
+    "LOCK_FILE",
+    "LockedError",
+    "RESULT_KINDS",
     "append_jsonl",
     "atomic_path",
     "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
+    "check_file_path",
+    "dir_lock",
+    "load_result",
     "nan_array",
     "nan_float",
     "read_json",
     "read_jsonl",
+    "read_result",
+    "register_result",
+    "remove_stray_temps",
     "to_json",
     "write_jsonl",
+    "write_result",
 ]
 
 
@@ -46,6 +71,20 @@ class CorruptFileError(ValueError):
 
 
 # ---- atomic writes ----------------------------------------------------------------------------
+def check_file_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a Path if a file can be written there: not a directory, and no parent is a
+    file; a one-line ValueError otherwise (the OS would say "File exists" or "Is a directory")."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory; give a file path inside it, such as {path / 'result.json'}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"cannot write {path}: {parent} is a file, not a directory; choose another path")
+            break
+    return path
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary path in ``path``'s directory to write the file to; on a clean exit it is
@@ -54,7 +93,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         with atomic_path(run_dir / "model.safetensors") as tmp:
             save_file(tensors, tmp)
     """
-    path = Path(path)
+    path = check_file_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -188,3 +227,143 @@ def read_jsonl(path: str | os.PathLike[str], *, missing_ok: bool = False) -> lis
                 break
             raise CorruptFileError(f"{path}: invalid JSON on line {i}") from None
     return out
+
+
+# ---- probe result files ----------------------------------------------------------------------
+# kind -> (the class that loads it, the keys every file of that kind holds); filled by each
+# result class's module (register_result), read to recognise files saved before the kind tag.
+RESULT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {}
+
+
+def register_result(kind: str, loader: str, keys: Iterable[str]) -> str:
+    """Declare a kind of result file: ``loader`` names what loads it (``"AblationResult.load"``),
+    ``keys`` are those its files always hold. Returns ``kind``."""
+    RESULT_KINDS[kind] = (loader, tuple(keys))
+    return kind
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
+
+
+def write_result(path: str | os.PathLike[str], kind: str, data: dict[str, Any], **kwargs: Any) -> Path:
+    """``data`` with ``"kind": kind`` first, as :func:`atomic_write_json` writes it."""
+    return atomic_write_json(path, {"kind": kind, **data}, **kwargs)
+
+
+def read_result(path: str | os.PathLike[str], kind: str) -> dict[str, Any]:
+    """The dict of a result file of ``kind`` (without its tag); a one-line ValueError when it
+    is a directory, not JSON (truncated), not an object, or a result of another kind."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not {_a(kind)} result file")
+    try:
+        data = read_json(path)
+    except CorruptFileError as err:
+        raise CorruptFileError(f"{err}; the file is truncated or damaged, not a readable {kind} result: run the probe "
+                               "again") from None
+    if not isinstance(data, dict):
+        what = {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(data), "number")
+        raise ValueError(f"{path} is a JSON {what}, not {_a(kind)} result")
+    tag = data.get("kind")
+    if isinstance(tag, str) and tag in RESULT_KINDS or tag == kind:
+        if tag != kind:
+            raise ValueError(f"{path} is {_a(tag)} result, not {_a(kind)} result; load it with "
+                             f"{RESULT_KINDS[tag][0]}")
+        return {k: v for k, v in data.items() if k != "kind"}
+    # a file from before the tag: known by its keys
+    keys = RESULT_KINDS[kind][1] if kind in RESULT_KINDS else ()
+    missing = [k for k in keys if k not in data]
+    if missing:
+        others = [k for k, (_, ks) in RESULT_KINDS.items() if k != kind and ks and all(x in data for x in ks)]
+        if others:
+            raise ValueError(f"{path} is {_a(others[0])} result, not {_a(kind)} result; load it with "
+                             f"{RESULT_KINDS[others[0]][0]}")
+        raise ValueError(f"{path} is not {_a(kind)} result (it has no {missing[0]!r} key)")
+    return data
+
+
+def load_result(path: str | os.PathLike[str], kind: str, from_dict: Any) -> Any:
+    """``from_dict(read_result(path, kind))``, with a damaged file's error on one line."""
+    data = read_result(path, kind)
+    try:
+        return from_dict(data)
+    except KeyError as err:
+        raise ValueError(f"{path}: a damaged {kind} result (no {err.args[0]!r} key)") from None
+    except (TypeError, ValueError, IndexError, AttributeError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"{path}: a damaged {kind} result ({first})") from None
+# ---- one writer per directory ----------------------------------------------------------------
+LOCK_FILE = ".pe-interp.lock"
+# atomic_path's temporary names: "." + the file's name + "." + mkstemp's 8 random characters + ".tmp"
+_TEMP = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+_HELD: dict[str, list[Any]] = {}  # lock path -> [FileLock, depth]: re-entrant within a process
+
+
+class LockedError(ValueError):
+    """Another process is writing the directory (the message names it and what to do)."""
+
+
+def remove_stray_temps(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporary files of :func:`atomic_path` that a killed writer left in
+    ``directory`` and its sub-directories, except those that are locked units of their own
+    (a sweep's run directories); returns what was removed. Call it only while holding the lock."""
+    root, removed = Path(directory), []
+    for here, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not (Path(here) / d / LOCK_FILE).exists()]
+        for name in files:
+            if _TEMP.match(name):
+                (Path(here) / name).unlink(missing_ok=True)
+                removed.append(Path(here) / name)
+    return removed
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock, as its holder recorded it (empty when unreadable)."""
+    try:
+        info = json.loads(path.read_text())
+        return f" (pid {int(info['pid'])}: {str(info['command'])[:120]}, since {info['since']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def _program() -> str:
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    return "pe-interp" if name in ("cli.py", "__main__.py") else name
+
+
+@contextmanager
+def dir_lock(directory: str | os.PathLike[str], what: str = "directory", timeout: float = 0.0,
+             hint: str = "wait for it to end, or use another directory") -> Iterator[Path]:
+    """Hold ``directory``'s lock (creating the directory) while the block writes into it.
+
+    Re-entrant within a process (a sweep cell holds its run's lock while ``train`` takes it
+    again); another process holding it for ``timeout`` seconds raises a one-line
+    :class:`LockedError` naming that process. On first acquisition the stray temporary files
+    of a killed writer are removed."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_FILE
+    key = str(path.resolve())
+    if key in _HELD:
+        _HELD[key][1] += 1
+        try:
+            yield directory
+        finally:
+            _HELD[key][1] -= 1
+        return
+    lock = FileLock(key, timeout=timeout)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise LockedError(f"{directory}: another process is writing this {what}{_holder(path)}; {hint}") from None
+    _HELD[key] = [lock, 1]
+    try:
+        with open(path, "w") as f:  # in place: the lock is on this inode (flock, not replaced)
+            f.write(json.dumps({"pid": os.getpid(), "command": " ".join([_program(), *sys.argv[1:]]),
+                                "since": datetime.datetime.now().isoformat(timespec="seconds")}))
+        remove_stray_temps(directory)
+        yield directory
+    finally:
+        del _HELD[key]
+        lock.release()

@@ -44,6 +44,7 @@ from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from pe_interp.attention import Attention, AttnContext, _has_hooks, affine, build_mask
+from pe_interp.checks import check_token_tensor
 from pe_interp.config import ModelConfig
 from pe_interp.encodings import build_encoding
 
@@ -258,8 +259,7 @@ class HookedPETransformer(HookedRootModule):
     ) -> tuple[Int[Tensor, "batch pos"], Bool[Tensor, "batch pos"] | None]:
         """Validate tokens and return them with the key-validity mask (None: nothing masked)."""
         cfg = self.cfg
-        if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise ValueError(f"tokens must be an integer tensor [batch, pos], got {getattr(tokens, 'dtype', type(tokens))}")
+        check_token_tensor(tokens)
         if tokens.ndim != 2 or tokens.shape[1] == 0:
             raise ValueError(f"tokens must have shape [batch, pos] with pos >= 1, got {tuple(tokens.shape)}")
         if tokens.shape[1] > cfg.n_ctx:

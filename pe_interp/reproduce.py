@@ -5,8 +5,9 @@ failed run is reported rather than stopping the rest. Every model gets held-out 
 full head-ablation sweep with deposit detection, and deposit dynamics recorded during training;
 task-1 models with a rotary part (multiplicative or hybrid) also get head patching with distance
 counterfactuals and per-head positional scores; the heads the report shows get their attention
-patterns stored; and the sweep measures the gradient "seeds" at initialisation (C15). The report
-then only reads.
+patterns stored; every model is scored on longer inputs than it was trained on (the
+length-generalisation probe); and the sweep measures the gradient "seeds" at initialisation (C15).
+The report then only reads.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pe_interp.io import dir_lock
 from pe_interp.report import write_report
 from pe_interp.report.labels import ENCODINGS, encoding_label
 from pe_interp.sweep import Grid, SweepSummary, parse_grid, run_sweep
 
 SMOKE_ENCODINGS = ["nope", "sinusoidal", "rope"]
 DEFAULT_SEEDS = {"smoke": 1, "quick": 3, "paper": 3}
-PROBES = ("dynamics", "ablation", "patching", "positional", "attention", "decomposition", "gradients")
+PROBES = ("dynamics", "ablation", "patching", "positional", "attention", "decomposition", "generalization", "gradients")
 
 
 def reproduce_grid(
@@ -114,7 +116,7 @@ def checkpoint_cell(source: str | Path, sweep_dir: str | Path, probes: tuple[str
     Idempotent: a rerun only runs probes the cell lacks, unless the checkpoint's weights changed."""
     import shutil
 
-    from pe_interp.checkpoint import load_run
+    from pe_interp.checkpoint import WEIGHTS_KEY, load_run
     from pe_interp.io import atomic_write_json, read_json
     from pe_interp.presets import encoding_text
     from pe_interp.sweep import CELL, RESULT, Cell, run_cell
@@ -145,7 +147,7 @@ def checkpoint_cell(source: str | Path, sweep_dir: str | Path, probes: tuple[str
         atomic_write_json(cell_dir / CELL, {"id": cell.id, "params": params, "seed": cell.seed,
                                             "source": str(source), "command": config.get("command")})
         atomic_write_json(cell_dir / RESULT, {"id": cell.id, "params": params, "seed": cell.seed, "final": final,
-                                              "probes_run": []})
+                                              "probes_run": [], WEIGHTS_KEY: run.provenance})
     run_cell(cell, sweep_dir, probes, options=DEMO_PROBE_OPTIONS if options is None else options)
     return read_json(cell_dir / RESULT)
 
@@ -166,15 +168,17 @@ def demo(
     # One process per cell, even above the core count: three cells on two cores then finish
     # together instead of the third running alone after the first two.
     workers = workers or len(grid.cells())
-    summary = run_sweep(grid, out, workers=workers, progress=progress)
-    failed = dict(summary.failed)
-    for source in committed_checkpoints(checkpoints) if checkpoints is not None else []:
-        try:
-            checkpoint_cell(source, out)
-        except (ValueError, OSError) as err:  # reported, like a failed cell; the demo goes on
-            failed[f"checkpoint {source}"] = f"{type(err).__name__}: {err}"
-    report = write_report(out, preset=preset, title=f"pe-interp demo: RoPE and controls on task 1 (preset {preset})")
-    return SweepSummary(done=summary.done, skipped=summary.skipped, failed=failed), report
+    with dir_lock(out, "sweep directory"):  # the sweep, the checkpoint cells and the report: one writer
+        summary = run_sweep(grid, out, workers=workers, progress=progress)
+        failed = dict(summary.failed)
+        for source in committed_checkpoints(checkpoints) if checkpoints is not None else []:
+            try:
+                checkpoint_cell(source, out)
+            except (ValueError, OSError) as err:  # reported, like a failed cell; the demo goes on
+                failed[f"checkpoint {source}"] = f"{type(err).__name__}: {err}"
+        report = write_report(out, preset=preset, title=f"pe-interp demo: RoPE and controls on task 1 (preset {preset})")
+    return SweepSummary(done=summary.done, skipped=summary.skipped, failed=failed,
+                        recomputed=summary.recomputed), report
 
 
 __all__ = ["CHECKPOINTS", "DEFAULT_SEEDS", "DEMO_ENCODINGS", "DEMO_OVERRIDES", "DEMO_PROBES", "checkpoint_cell", "committed_checkpoints",

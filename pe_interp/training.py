@@ -10,6 +10,7 @@ a training process).
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,13 +20,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pe_interp import hardware
+from pe_interp import attn_routes, hardware, interrupts
 from pe_interp._version import __version__
 from pe_interp.callbacks import Callback
 from pe_interp.checkpoint import (
     CONFIG,
     CONFIG_KEYS,
     METRICS,
+    RUN_FILES,
     TRAIN_STATE,
     WEIGHTS,
     CheckpointError,
@@ -33,11 +35,15 @@ from pe_interp.checkpoint import (
     atomic_save_tensors,
     atomic_write_json,
     check_state_dict,
+    config_differences,
     load_tensors,
     read_json,
     truncate_jsonl,
+    weights_provenance,
 )
+from pe_interp.checks import check_finite_weights, check_labels
 from pe_interp.config import ModelConfig, TrainConfig, check_device, check_run_configs
+from pe_interp.io import dir_lock
 from pe_interp.model import HookedPETransformer
 from pe_interp.modes import eval_mode
 from pe_interp.tasks import task_from_dict
@@ -64,6 +70,11 @@ def evaluate(
     Rows whose label is ``ignore_index`` count in neither (the authors' task-2 protocol)."""
     if len(batch) == 0:
         raise ValueError("evaluate: the batch is empty (need at least 1 example)")
+    check_finite_weights(model, "evaluate")
+    try:
+        check_labels(batch.labels, model.cfg.n_classes, len(batch), what="batch.labels")
+    except ValueError as err:
+        raise ValueError(f"evaluate: {err}") from None
     device = model.W_E.device
     correct, loss_sum, counted = 0, 0.0, 0
     with eval_mode(model):
@@ -78,7 +89,33 @@ def evaluate(
             counted += len(labels)
     if counted == 0:
         raise ValueError(f"evaluate: every label is the ignored class {ignore_index}")
+    if not math.isfinite(loss_sum):  # finite weights, yet the logits overflowed
+        fix = "evaluate without amp (float32)" if amp else "check the inputs and the weights' scale"
+        raise ValueError(f"evaluate: the loss is not finite ({loss_sum}) although the weights are: the logits "
+                         f"overflow; {fix}")
     return {"acc": correct / counted, "loss": loss_sum / counted}
+
+
+def _check_optimizer_state(path: Path, state: dict[int, dict[str, torch.Tensor]], params: dict[str, torch.Tensor],
+                           step: int) -> None:
+    """A CheckpointError naming the first optimizer tensor that is missing or misshapen: the
+    optimizer would load the rest and fail at its next step (or restart its moments silently)."""
+    names = list(params)
+    damaged = "the file is damaged: restore it from a copy, or train again into a new --out"
+    if step > 0 and not state:
+        raise CheckpointError(f"{path}: no optimizer tensors (optim.*) although the run is at step {step}; {damaged}")
+    keys = sorted({k for entry in state.values() for k in entry})
+    for idx in sorted(state):
+        if not 0 <= idx < len(names):
+            raise CheckpointError(f"{path}: optimizer tensors for parameter {idx}, but the model has {len(names)}; {damaged}")
+        missing = [k for k in keys if k not in state[idx]]
+        if missing:
+            raise CheckpointError(f"{path}: optimizer tensor 'optim.{idx}.{missing[0]}' (of {names[idx]}) is missing; {damaged}")
+        shape = tuple(params[names[idx]].shape)
+        for k, v in state[idx].items():
+            if v.ndim > 0 and tuple(v.shape) != shape:
+                raise CheckpointError(f"{path}: optimizer tensor 'optim.{idx}.{k}' has shape {tuple(v.shape)}, its "
+                                      f"parameter {names[idx]} {shape}; {damaged}")
 
 
 def _autocast(device: torch.device, amp: bool):
@@ -149,20 +186,28 @@ class Trainer:
             "param_groups": json.dumps(opt["param_groups"]),
             "running": json.dumps(self.running),
             "stopped": str(int(self.stopped)),
+            # bf16 attention routes chosen by measurement (pe_interp.attn_routes): pinned on
+            # resume, so that a resumed run computes exactly what an uninterrupted one did
+            "attn_routes": json.dumps(attn_routes.chosen()),
         }
         atomic_save_tensors(self.run_dir / TRAIN_STATE, tensors, meta)
         atomic_save_tensors(self.run_dir / WEIGHTS, weights, {"step": str(self.step)})
 
-    def load_checkpoint(self) -> None:
+    def check_same_config(self) -> None:
+        """Refuse to continue a run whose config.json differs from this run's, naming the fields."""
         assert self.run_dir is not None
         saved = _normalised(read_json(self.run_dir / CONFIG), self.run_dir / CONFIG)
         mine = _normalised(json.loads(json.dumps(self.config_record())), self.run_dir / CONFIG)
-        for part in ("model", "task", "train"):
-            if saved.get(part) != mine[part]:
-                raise CheckpointError(
-                    f"{self.run_dir / CONFIG}: the {part} config differs from this run's; "
-                    "resume with the same settings or use a new --out"
-                )
+        diff = config_differences(saved, mine)
+        if diff:
+            shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")
+            raise CheckpointError(
+                f"{self.run_dir}: resume with other settings than the run's (saved -> now: {shown}); "
+                "resume with the run's settings (pe-interp show prints them) or use a new --out"
+            )
+
+    def load_checkpoint(self) -> None:
+        assert self.run_dir is not None
         path = self.run_dir / TRAIN_STATE
         tensors, meta = load_tensors(path)
         try:
@@ -178,6 +223,7 @@ class Trainer:
             if key.startswith("optim."):
                 _, idx, name = key.split(".", 2)
                 state.setdefault(int(idx), {})[name] = value
+        _check_optimizer_state(path, state, dict(self.model.named_parameters()), step)
         try:
             self.optimizer.load_state_dict({"state": state, "param_groups": groups})
         except (ValueError, KeyError) as err:
@@ -189,6 +235,8 @@ class Trainer:
                 torch.cuda.set_rng_state_all(cuda)
         self.step = step
         self.stopped = meta.get("stopped") == "1"
+        if "attn_routes" in meta:
+            attn_routes.pin(json.loads(meta["attn_routes"]))
         if "running" in meta:
             self.running = json.loads(meta["running"])
 
@@ -198,31 +246,51 @@ class Trainer:
         return torch.randperm(self.train_cfg.n_train, generator=gen)
 
     def fit(self, resume: bool = False) -> TrainResult:
-        cfg = self.train_cfg
-        if self.run_dir is not None:
+        """Train to the end (or to ``stop_at_acc``). With a run directory, it is locked while
+        written (another writer gets a one-line error), a directory that holds a run is only
+        continued (``resume``, with the same config), and SIGINT/SIGTERM stop after the current
+        step with a checkpoint (:class:`~pe_interp.interrupts.Interrupted`)."""
+        with interrupts.deferred():
+            if self.run_dir is None:
+                torch.manual_seed(self.train_cfg.seed)
+                return self._fit()
             if self.run_dir.exists() and not self.run_dir.is_dir():
                 raise CheckpointError(f"{self.run_dir}: exists and is not a directory; choose a new run directory")
             if resume and not (self.run_dir / CONFIG).is_file():
                 what = "does not exist" if not self.run_dir.exists() else f"holds no run ({CONFIG} missing)"
                 raise CheckpointError(f"{self.run_dir}: nothing to resume, the directory {what}; "
                                       "start the run without resume (--resume)")
-            has_state = (self.run_dir / TRAIN_STATE).exists()
-            if resume and has_state:
-                self.load_checkpoint()
-                truncate_jsonl(self.run_dir / METRICS, self.step)
-            elif not resume and (has_state or (self.run_dir / METRICS).exists()):
-                raise CheckpointError(
-                    f"{self.run_dir}: already holds a run; pass resume=True (--resume) or choose a new directory"
-                )
-            else:
-                torch.manual_seed(cfg.seed)  # dropout stream of a fresh run
-                if resume:  # started, but killed before its first checkpoint: start again
-                    truncate_jsonl(self.run_dir / METRICS, 0)
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.run_dir / CONFIG, self.config_record())
-        else:
-            torch.manual_seed(cfg.seed)
+            with dir_lock(self.run_dir, "run directory", hint="wait for it to end, or use another --out"):
+                self._open_run_dir(resume)
+                return self._fit()
 
+    def _open_run_dir(self, resume: bool) -> None:
+        """Start, continue or refuse (under the run directory's lock); then write config.json."""
+        assert self.run_dir is not None
+        if (self.run_dir / "grid.json").exists():
+            raise CheckpointError(f"{self.run_dir}: a sweep directory (grid.json), not a run directory; choose another one")
+        held = [name for name in RUN_FILES if (self.run_dir / name).exists()]
+        if not resume and held:
+            raise CheckpointError(f"{self.run_dir}: already holds a run ({', '.join(held)}); pass resume=True "
+                                  "(--resume) to continue it with the same settings, or choose a new directory")
+        if resume:
+            self.check_same_config()
+        if resume and (self.run_dir / TRAIN_STATE).exists():
+            self.load_checkpoint()
+            truncate_jsonl(self.run_dir / METRICS, self.step)
+        elif resume and (self.run_dir / WEIGHTS).exists():  # finished or checkpointed, its state lost
+            step = weights_provenance(self.run_dir)["step"]
+            raise CheckpointError(
+                f"{self.run_dir}: {TRAIN_STATE} is missing, so the run cannot be continued, and starting again "
+                f"would replace its {WEIGHTS} (step {step}); restore {TRAIN_STATE} or choose a new directory")
+        else:
+            torch.manual_seed(self.train_cfg.seed)  # dropout stream of a fresh run
+            if resume:  # started, but killed before its first checkpoint: start again
+                truncate_jsonl(self.run_dir / METRICS, 0)
+        atomic_write_json(self.run_dir / CONFIG, self.config_record())
+
+    def _fit(self) -> TrainResult:
+        cfg = self.train_cfg
         history: list[dict[str, Any]] = []
         for cb in self.callbacks:
             cb.on_train_start(self)
@@ -293,6 +361,8 @@ class Trainer:
                 if self.step % ckpt_every == 0 or self.step == total or self.stopped:
                     self.save_checkpoint()
                     last_good = self.step
+                if (signum := interrupts.requested()) is not None:
+                    self._interrupt(signum, last_good)
         finally:
             if bar is not None:
                 bar.close()
@@ -300,6 +370,16 @@ class Trainer:
             cb.on_train_end(self)
         final = history[-1] if history else {"step": self.step, **_prefixed(evaluate(model, self.test, cfg.eval_batch_size, cfg.amp, cfg.ignore_index))}
         return TrainResult(final=final, history=history, run_dir=self.run_dir, model=self.model)
+
+
+    def _interrupt(self, signum: int, last_good: int) -> None:
+        """Save a checkpoint at this step (a step boundary: a resume replays exactly) and stop."""
+        if self.run_dir is not None and last_good != self.step:
+            self.save_checkpoint()
+        where = (f"the run is saved in {self.run_dir} at step {self.step}: continue it with resume=True "
+                 "(the same command with --resume)") if self.run_dir is not None else "no run directory, nothing saved"
+        raise interrupts.Interrupted(f"stopped by {interrupts.signal_name(signum)} at step {self.step} of "
+                                     f"{self.train_cfg.total_steps}; {where}", signum)
 
 
 def _normalised(record: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -1,11 +1,13 @@
 """Probes: pure functions of a model and data that return frozen result objects.
 
 - :mod:`probes.ablation`: head ablation sweeps (zero, mean, resample), batched and exact.
-- :mod:`probes.deposit`: deposit detection, and deposit dynamics during training.
+- :mod:`probes.deposit`: the single-head deposit (``dominance``), layer concentration
+  (``find_deposits``), and their dynamics during training.
 - :mod:`probes.patching`: activation patching over heads, positions, q/k/v, pattern, residual.
 - :mod:`probes.decomposition`: attention-logit terms, Toeplitz score, positional score per head.
 - :mod:`probes.gradients`: gradient coherence per head at initialisation (the "seed").
 - :mod:`probes.patterns`: attention patterns of chosen heads.
+- :mod:`probes.generalization`: accuracy on longer inputs than training (translated, lengthened).
 - :mod:`probes.circuits`: attribution patching (AtP, AtP*, EAP-IG) of nodes and edges, exact
   path patching, connected and position-aware circuits, their faithfulness, the exact (ACDC)
   reference, heads ranked along the ablation path, the circuit graph view.
@@ -38,10 +40,13 @@ from probes.decomposition import (
 from probes.deposit import (
     DepositDynamics,
     DepositReport,
+    Dominance,
     LayerDeposit,
+    dominance,
     find_deposits,
     load_dynamics,
 )
+from probes.generalization import Condition, GeneralizationResult, length_generalization, widened
 from probes.gradients import (
     QK_PARAMS,
     CoherenceResult,
@@ -57,11 +62,14 @@ from probes.patterns import AttentionPatterns, attention_patterns
 __all__ = [
     "AblationResult",
     "AttentionPatterns",
+    "Condition",
+    "GeneralizationResult",
     "Attribution",
     "Circuit",
     "CoherenceResult",
     "DepositDynamics",
     "DepositReport",
+    "Dominance",
     "LayerDeposit",
     "LogitTerms",
     "PatchResult",
@@ -78,10 +86,13 @@ __all__ = [
     "coherence_report",
     "faithfulness_curve",
     "family_attributions",
+    "dominance",
     "find_deposits",
     "format_coherence_report",
     "gradient_coherence",
     "keep_only",
+    "length_generalization",
+    "widened",
     "load_coherence",
     "load_dynamics",
     "logit_terms",

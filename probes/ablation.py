@@ -59,8 +59,23 @@ import torch
 from torch import Tensor
 
 from pe_interp.hardware import autocast
-from pe_interp.io import atomic_write_json, nan_array, read_json, to_json
+from pe_interp.io import (
+    load_result,
+    nan_array,
+    register_result,
+    to_json,
+    write_result,
+)
 from pe_interp.modes import eval_mode
+from probes.inputs import (
+    FiniteWatch,
+    check_count,
+    check_examples,
+    check_finite_model,
+    check_head,
+    check_layer,
+    check_layers,
+)
 from probes.metrics import (
     Metric,
     MetricFn,
@@ -78,6 +93,9 @@ ENGINES = ("exact", "attribution")
 # ------------------------------------------------------------------------------------------------
 # Result
 # ------------------------------------------------------------------------------------------------
+RESULT_KIND = register_result("ablation", "AblationResult.load", ("baseline", "values", "drops", "method", "metric", "n_layers", "n_heads"))
+
+
 @dataclass(frozen=True, eq=False)
 class AblationResult:
     """The outcome of :func:`ablate_heads`.
@@ -126,7 +144,7 @@ class AblationResult:
     def layer(self, layer: int) -> np.ndarray:
         """The drops of one layer's heads (grid sweeps only)."""
         self._need_grid()
-        return self.drops[layer]
+        return self.drops[check_layer(self.n_layers, layer, "AblationResult")]
 
     def top_head(self, layer: int) -> int:
         """The head whose ablation hurts most in ``layer`` (grid sweeps only)."""
@@ -189,11 +207,11 @@ class AblationResult:
         )
 
     def save(self, path: str | Path, per_example: bool = False) -> Path:
-        return atomic_write_json(path, self.to_dict(per_example=per_example), indent=1, sort_keys=False)
+        return write_result(path, RESULT_KIND, self.to_dict(per_example=per_example), indent=1, sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path) -> AblationResult:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -205,8 +223,9 @@ def keep_only(model_or_n_heads: Any, layer: int, head: int) -> frozenset[Head]:
     Ablating it measures how much of the layer's contribution ``head`` carries alone.
     ``model_or_n_heads`` is a model (its ``cfg.n_heads`` is used) or the number of heads."""
     n_heads = model_or_n_heads if isinstance(model_or_n_heads, int) else model_or_n_heads.cfg.n_heads
-    if not 0 <= head < n_heads:
-        raise ValueError(f"head {head} out of range [0, {n_heads})")
+    check_head(n_heads, head, "keep_only")
+    if not isinstance(model_or_n_heads, int):
+        check_layer(model_or_n_heads, layer, "keep_only")
     return frozenset((layer, h) for h in range(n_heads) if h != head)
 
 
@@ -220,12 +239,23 @@ def _as_inputs(ref: Any) -> tuple[Tensor, Tensor | None]:
     raise ValueError("reference must be a token tensor, a (tokens, pad_mask) pair or a Batch")
 
 
-def _prepare(model, tokens: Tensor, pad_mask: Tensor | None) -> tuple[Tensor, Tensor]:
-    device = model.W_E.device
-    tokens = tokens.to(device)
-    pad_mask = (tokens != model.cfg.pad_id) if pad_mask is None else pad_mask.to(device)
-    model.check_inputs(tokens, pad_mask)
+def _prepare(model, tokens: Tensor, pad_mask: Tensor | None, what: str = "tokens", who: str = "") -> tuple[Tensor, Tensor]:
+    mask = "pad_mask" if what == "tokens" else f"the {what}'s pad_mask"
+    tokens, _, pad_mask = check_examples(model, tokens, None, pad_mask, who=who, what=what, mask_name=mask)
     return tokens, pad_mask
+
+
+def _checked(model, tokens, labels, pad_mask, n_bootstrap, reference, who: str) -> tuple[Tensor, Tensor, Tensor]:
+    """The checks of a sweep, before any work: finite weights, the examples, the reference, the
+    bootstrap count."""
+    check_finite_model(model, who)
+    check_count(n_bootstrap, "n_bootstrap", 0, who)
+    tokens, labels, pad_mask = check_examples(model, tokens, labels, pad_mask, who=who)
+    if tokens.shape[0] == 0:
+        raise ValueError(f"{who}: no examples to evaluate")
+    if reference is not None:
+        _prepare(model, *_as_inputs(reference), "reference", who)
+    return tokens, labels, pad_mask
 
 
 def _needed_width(model, pad_mask: Tensor) -> Tensor:
@@ -261,7 +291,9 @@ def head_means(
     """
     tokens, pad_mask = _prepare(model, tokens, pad_mask)
     batch_size = default_batch_size(model) if batch_size is None else batch_size
-    layers = sorted(set(range(model.cfg.n_layers) if layers is None else layers))
+    layers = sorted(set(range(model.cfg.n_layers) if layers is None else check_layers(model, layers, "head_means")))
+    if not layers:
+        raise ValueError("head_means: layers is empty; pass None for every layer")
     N, W = tokens.shape
     width = W if width is None else width
     H, D = model.cfg.n_heads, model.cfg.d_head
@@ -323,7 +355,7 @@ class _Replacement:
                 self.src = resample_sources(tokens.shape[0], None, seed)
             else:
                 rt, rp = _as_inputs(reference)
-                self.ref_tokens, self.ref_pm = _prepare(model, rt, rp)
+                self.ref_tokens, self.ref_pm = _prepare(model, rt, rp, "reference")
                 if self.ref_tokens.shape[1] != tokens.shape[1]:
                     raise ValueError(
                         "resample ablation: the reference must have the padded length of the evaluated "
@@ -355,11 +387,7 @@ def _units(model, layers, heads, head_sets) -> tuple[list[tuple[Head, ...]], boo
     L, H = model.cfg.n_layers, model.cfg.n_heads
 
     def check(layer: int, head: int) -> Head:
-        if not (isinstance(layer, int | np.integer) and 0 <= layer < L):
-            raise ValueError(f"layer {layer!r} out of range [0, {L})")
-        if not (isinstance(head, int | np.integer) and 0 <= head < H):
-            raise ValueError(f"head {head!r} out of range [0, {H})")
-        return int(layer), int(head)
+        return check_layer(L, layer, "ablate_heads"), check_head(H, head, "ablate_heads")
 
     if head_sets is not None:
         if layers is not None or heads is not None:
@@ -549,17 +577,16 @@ def _run(
         raise ValueError(f"ci must be in (0, 1), got {ci!r}")
     m = resolve_metric(metric, higher_is_better)
     units, grid = _units(model, layers, heads, head_sets)
-    tokens, pad_mask = _prepare(model, tokens, pad_mask)
-    labels = torch.as_tensor(labels).to(tokens.device).long()
-    if labels.shape != tokens.shape[:1]:
-        raise ValueError(f"labels must have shape {tuple(tokens.shape[:1])}, got {tuple(labels.shape)}")
+    who = "ablate_heads_naive" if sweep is _sweep_naive else "ablate_heads"
+    tokens, labels, pad_mask = _checked(model, tokens, labels, pad_mask, n_bootstrap, reference, who)
     N = tokens.shape[0]
-    if N == 0:
-        raise ValueError("no examples to evaluate")
     needed_layers = {layer for unit in units for layer, _ in unit}
+    watch = FiniteWatch()  # the logits of every forward, checked once at the end
     with eval_mode(model), torch.no_grad(), autocast(tokens.device, amp):
         repl = _Replacement(model, method, tokens, pad_mask, reference, needed_layers, seed, batch_size)
-        base_pe, vals_pe = sweep(model, tokens, labels, pad_mask, units, m, repl, batch_size, progress)
+        watched = Metric(m.name, watch.wrap(m.fn), m.higher_is_better)
+        base_pe, vals_pe = sweep(model, tokens, labels, pad_mask, units, watched, repl, batch_size, progress)
+    watch.check(who, amp)
     base_np = base_pe.numpy()
     vals_np = vals_pe.numpy()
     baseline = float(base_np.mean())
@@ -626,8 +653,8 @@ def _ranked(model, tokens, labels, *, pad_mask, method, metric, layers, heads, r
     if not isinstance(verify_top, int) or verify_top < 1:
         raise ValueError(f"verify_top must be a positive integer, got {verify_top!r}")
     units, _ = _units(model, layers, heads, None)
-    tokens, pad_mask = _prepare(model, tokens, pad_mask)
-    labels = torch.as_tensor(labels).to(tokens.device).long()
+    tokens, labels, pad_mask = _checked(model, tokens, labels, pad_mask, kwargs.get("n_bootstrap", 0), reference,
+                                        "ablate_heads")
     m = resolve_metric(metric, kwargs.get("higher_is_better"))
     if m.name in ("accuracy", "loss", "logit"):
         stand_in: Any = m.name
@@ -637,7 +664,7 @@ def _ranked(model, tokens, labels, *, pad_mask, method, metric, layers, heads, r
     ref = None
     if reference is not None:
         rt, rp = _as_inputs(reference)
-        ref = _prepare(model, rt, rp)
+        ref = _prepare(model, rt, rp, "reference", "ablate_heads")
     est = rank_heads(model, tokens, labels, pad_mask, method=method, reference=ref, seed=seed, surrogate=stand_in,
                      steps=steps, path=path, batch_size=kwargs.get("batch_size"))  # fmt: skip
     grid, tie = est["estimate"], est["tiebreak"]

@@ -38,9 +38,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_interp.config import ModelConfig
-from pe_interp.io import atomic_write_json, read_json
+from pe_interp.io import load_result, register_result, write_result
 from pe_interp.model import HookedPETransformer
 from pe_interp.modes import eval_mode
+from probes.inputs import check_labels
 
 ALL_PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "encoding")
 QK_PARAMS = ("W_Q", "W_K", "b_Q", "b_K", "encoding")
@@ -228,6 +229,9 @@ def head_gradient_stats(
 # ---------------------------------------------------------------------------------------------
 # public API
 # ---------------------------------------------------------------------------------------------
+RESULT_KIND = register_result("gradient coherence", "CoherenceResult.load", ("encoding", "seeds", "values", "norm_of_mean", "mean_norm"))
+
+
 @dataclass(frozen=True, eq=False)
 class CoherenceResult:
     """Gradient coherence per (init seed, layer, head).
@@ -297,11 +301,11 @@ class CoherenceResult:
         )
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_json(path, self.to_dict())
+        return write_result(path, RESULT_KIND, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> CoherenceResult:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
 
 def gradient_coherence(
@@ -332,8 +336,10 @@ def gradient_coherence(
     tokens, labels, pad_mask = _batch_parts(batch, cfg.pad_id)
     if tokens.shape[0] < 1:
         raise ValueError("gradient_coherence: empty batch")
-    if int(labels.max()) >= cfg.n_classes or int(labels.min()) < 0:
-        raise ValueError(f"gradient_coherence: labels must be in [0, {cfg.n_classes})")
+    try:
+        labels = check_labels(labels, cfg.n_classes, tokens.shape[0])
+    except ValueError as err:
+        raise ValueError(f"gradient_coherence: {err}") from None
     vals, nom, mn = [], [], []
     for s in seeds:
         if base is not None and init_seeds is None:
@@ -362,18 +368,23 @@ def gradient_coherence(
     )
 
 
+SET_KIND = register_result("gradient coherence set", "load_coherence", ("results",))
+
+
 def save_coherence(path: str | Path, results: dict[str, CoherenceResult], key: Any = None) -> Path:
     """Several encodings' coherence results in one file ``{"key": key, "results": {encoding:
     CoherenceResult.to_dict()}}`` (``key``: what they were computed from, for the writer to tell
     whether they are current)."""
     data = {"key": key, "results": {k: r.to_dict() for k, r in results.items()}}
-    return atomic_write_json(path, data, sort_keys=False)  # the encodings stay in their order
+    return write_result(path, SET_KIND, data, sort_keys=False)  # the encodings stay in their order
 
 
 def load_coherence(path: str | Path) -> tuple[dict[str, CoherenceResult], Any]:
     """Invert :func:`save_coherence`: ``(results, key)``."""
-    stored = read_json(path)
-    return {k: CoherenceResult.from_dict(d) for k, d in stored["results"].items()}, stored.get("key")
+    def from_dict(stored: dict[str, Any]) -> tuple[dict[str, CoherenceResult], Any]:
+        return {k: CoherenceResult.from_dict(d) for k, d in stored["results"].items()}, stored.get("key")
+
+    return load_result(path, SET_KIND, from_dict)
 
 
 def coherence_report(

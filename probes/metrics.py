@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from probes.inputs import check_count
+
 MetricFn = Callable[[Tensor, Tensor], Tensor]
 
 
@@ -91,6 +93,18 @@ def harm(baseline: np.ndarray | float, ablated: np.ndarray | float, higher_is_be
     return diff if higher_is_better else -diff
 
 
+def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a rate of ``k`` successes in ``n`` trials (``z = 1.96``: 95%);
+    ``(nan, nan)`` for ``n = 0``."""
+    if n <= 0:
+        return float("nan"), float("nan")
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
 def bootstrap_ci(
     values: np.ndarray | Tensor,
     denominator: np.ndarray | Tensor | None = None,
@@ -113,6 +127,7 @@ def bootstrap_ci(
     """
     if not 0.0 < ci < 1.0:
         raise ValueError(f"ci must be in (0, 1), got {ci!r}")
+    check_count(n_bootstrap, "n_bootstrap", 0)
     if isinstance(values, Tensor):
         values = values.detach().cpu().double().numpy()
     values = np.asarray(values, dtype=np.float64)
@@ -206,3 +221,24 @@ __all__ = [
     "resample_sources",
     "resolve_metric",
 ]
+
+
+def wilson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a rate ``k`` of ``n`` (e.g. seeds that show a deposit): the
+    interval of choice for small ``n`` and rates near 0 or 1 (it never leaves [0, 1] and is not
+    degenerate at k = 0). ``(nan, nan)`` for ``n = 0``."""
+    import statistics
+
+    if not (isinstance(k, int) and isinstance(n, int) and 0 <= k <= n):
+        raise ValueError(f"wilson needs integers 0 <= k <= n, got k={k!r}, n={n!r}")
+    if not 0 < level < 1:
+        raise ValueError(f"wilson level must be in (0, 1), got {level!r}")
+    if n == 0:
+        return float("nan"), float("nan")
+    z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    low = 0.0 if k == 0 else max(0.0, float(centre - half))  # exact at the ends (no 1e-17 residue)
+    high = 1.0 if k == n else min(1.0, float(centre + half))
+    return low, high

@@ -64,8 +64,21 @@ import torch
 from torch import Tensor
 
 from pe_interp.hardware import autocast
-from pe_interp.io import atomic_write_json, nan_array, read_json
+from pe_interp.io import (
+    load_result,
+    nan_array,
+    register_result,
+    write_result,
+)
 from pe_interp.modes import eval_mode
+from probes.inputs import (
+    FiniteWatch,
+    check_count,
+    check_examples,
+    check_finite_model,
+    check_layers,
+    check_token_tensor,
+)
 from probes.metrics import bootstrap_ci
 
 HEAD_VECTOR_SITES = ("z", "q", "k", "v")
@@ -79,6 +92,9 @@ DEFAULT_METRIC_NAME = "normalized_logit_diff"
 # ---------------------------------------------------------------------------------------------
 # result
 # ---------------------------------------------------------------------------------------------
+RESULT_KIND = register_result("patching", "PatchResult.load", ("site", "by_position", "direction", "values", "axis_names"))
+
+
 @dataclass(frozen=True, eq=False)
 class PatchResult:
     """What :func:`patch` returns.
@@ -195,18 +211,18 @@ class PatchResult:
         )
 
     def save(self, path: str | Path, per_example: bool = False) -> Path:
-        return atomic_write_json(path, self.to_dict(per_example=per_example))
+        return write_result(path, RESULT_KIND, self.to_dict(per_example=per_example))
 
     @classmethod
     def load(cls, path: str | Path) -> PatchResult:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
 
 # the keys PatchResult.to_dict writes for its own fields (the rest of a saved dict is ``extra``)
 _SAVED_FIELDS = {
     "site", "by_position", "direction", "layers", "axis_names", "shape", "metric", "clean_value",
     "corrupt_value", "n_examples", "n_bootstrap", "ci_level", "values", "ci_low", "ci_high", "top",
-    "per_example",
+    "per_example", "kind",
 }
 
 
@@ -364,8 +380,12 @@ def normalized_logit_diff_metric(
 
 
 def _check_tokens(name: str, t: Tensor) -> Tensor:
-    if not isinstance(t, Tensor) or t.ndim != 2:
-        raise ValueError(f"patch: {name} must be a [batch, pos] integer tensor, got {getattr(t, 'shape', type(t))}")
+    try:
+        check_token_tensor(t, name)
+    except ValueError as err:
+        raise ValueError(f"patch: {err}") from None
+    if t.ndim != 2:
+        raise ValueError(f"patch: {name} must be a [batch, pos] integer tensor, got shape {tuple(t.shape)}")
     return t
 
 
@@ -412,6 +432,7 @@ def patch(
         amp: bf16 autocast where the device runs bf16 natively (:mod:`pe_interp.hardware`);
             default fp32, exact.
     """
+    check_finite_model(model, "patch")
     if site not in SITES:
         raise ValueError(f"patch: unknown site {site!r}; expected one of {', '.join(SITES)}")
     if direction not in DIRECTIONS:
@@ -428,13 +449,13 @@ def patch(
         raise ValueError("patch: no examples")
     if pad_mask is not None and (pad_mask.shape != clean_tokens.shape or pad_mask.dtype != torch.bool):
         raise ValueError(f"patch: pad_mask must be a bool tensor shaped {tuple(clean_tokens.shape)}")
-    if batch_size < 1:
-        raise ValueError(f"patch: batch_size must be >= 1, got {batch_size}")
+    check_count(batch_size, "batch_size", 1, "patch")
+    check_count(n_bootstrap, "n_bootstrap", 0, "patch")
     cfg = model.cfg
     if layers is None:
         layers = tuple(range(cfg.n_layers))
-    layers = tuple(int(i) for i in layers)
-    if not layers or any(not 0 <= i < cfg.n_layers for i in layers):
+    layers = tuple(check_layers(model, layers, "patch"))
+    if not layers:
         raise ValueError(f"patch: layers must be a non-empty subset of 0..{cfg.n_layers - 1}, got {layers}")
     if site == "mlp_out" and not cfg.d_mlp:
         raise ValueError("patch: site 'mlp_out' needs a model with MLPs (d_mlp > 0)")
@@ -442,16 +463,14 @@ def patch(
         by_position = site in BLOCK_SITES
     default_metric = metric is None
     device = model.W_E.device
-    if default_metric:
-        if clean_labels is None or corrupt_labels is None:
-            raise ValueError("patch: the default metric needs clean_labels and corrupt_labels (or pass metric=)")
-        clean_labels = torch.as_tensor(clean_labels, device=device).long()
-        corrupt_labels = torch.as_tensor(corrupt_labels, device=device).long()
-        if clean_labels.shape != (n,) or corrupt_labels.shape != (n,):
-            raise ValueError(f"patch: clean_labels and corrupt_labels must have shape ({n},)")
-
-    clean_tokens, corrupt_tokens = clean_tokens.to(device), corrupt_tokens.to(device)
-    pad_mask = None if pad_mask is None else pad_mask.to(device)
+    if default_metric and (clean_labels is None or corrupt_labels is None):
+        raise ValueError("patch: the default metric needs clean_labels and corrupt_labels (or pass metric=)")
+    # both runs share pad_mask (pairs are aligned): it must fit the clean and the corrupt tokens
+    clean_tokens, clean_labels, mask = check_examples(model, clean_tokens, clean_labels, pad_mask, who="patch",
+                                                      what="clean_tokens", label_name="clean_labels")
+    corrupt_tokens, corrupt_labels, _ = check_examples(model, corrupt_tokens, corrupt_labels, pad_mask, who="patch",
+                                                       what="corrupt_tokens", label_name="corrupt_labels")
+    pad_mask = None if pad_mask is None else mask
     if direction == "clean_to_corrupt":
         src_tokens, recv_tokens = clean_tokens, corrupt_tokens
     else:
@@ -463,6 +482,7 @@ def patch(
     chunk = n if not default_metric else min(n, batch_size)
     group = max(1, batch_size // chunk)
 
+    watch = FiniteWatch()  # every logit of the call, checked once after the loop
     with eval_mode(model), torch.no_grad(), autocast(device, amp):
         ld_cells = None  # default metric: [len(layers), n_cells, n] patched logit differences
         custom_vals: list[list[Tensor]] = [[None] * n_cells for _ in layers]  # type: ignore[list-item]
@@ -479,7 +499,7 @@ def patch(
             for li, layer in enumerate(layers):
                 for c0 in range(0, n_cells, group):
                     c1 = min(n_cells, c0 + group)
-                    logits = patcher.run(layer, masks[c0:c1]).reshape(c1 - c0, k, -1)
+                    logits = watch.see(patcher.run(layer, masks[c0:c1]).reshape(c1 - c0, k, -1))
                     if default_metric:
                         good = clean_labels[rows].expand(c1 - c0, k)
                         bad = corrupt_labels[rows].expand(c1 - c0, k)
@@ -487,11 +507,10 @@ def patch(
                     else:
                         for c in range(c1 - c0):
                             custom_vals[li][c0 + c] = torch.as_tensor(metric(logits[c])).detach()
-        src_logits = torch.cat(src_logits_all)
-        recv_logits = torch.cat(recv_logits_all)
-        clean_logits, corrupt_logits = (
-            (src_logits, recv_logits) if direction == "clean_to_corrupt" else (recv_logits, src_logits)
-        )
+        src_logits = watch.see(torch.cat(src_logits_all))
+        recv_logits = watch.see(torch.cat(recv_logits_all))
+    watch.check("patch", amp)
+    clean_logits, corrupt_logits = (src_logits, recv_logits) if direction == "clean_to_corrupt" else (recv_logits, src_logits)
 
     grid = (len(layers), *cell_shape)
     ci_low = ci_high = None

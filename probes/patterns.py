@@ -12,8 +12,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_interp.io import atomic_write_json, nan_array, read_json, to_json
+from pe_interp.io import (
+    load_result,
+    nan_array,
+    register_result,
+    to_json,
+    write_result,
+)
 from pe_interp.modes import eval_mode
+from probes.inputs import check_example, check_examples, check_finite_model, check_heads
 
 Head = tuple[int, int]
 
@@ -39,6 +46,9 @@ def token_labels(tokens: Tensor, pad_mask: Tensor | None = None, task: Any = Non
             label = str(i)
         out.append(f"{label}@{pos}")
     return out
+
+
+RESULT_KIND = register_result("attention patterns", "AttentionPatterns.load", ("heads", "pattern", "tokens"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,11 +87,11 @@ class AttentionPatterns:
         )
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_json(path, self.to_dict(), indent=None)
+        return write_result(path, RESULT_KIND, self.to_dict(), indent=None)
 
     @classmethod
     def load(cls, path: str | Path) -> AttentionPatterns:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
 
 def attention_patterns(
@@ -102,13 +112,18 @@ def attention_patterns(
     ``labels`` (class indices) and ``task`` give the example's label value; ``task`` also names
     its triggers in the token labels. ``decimals`` rounds the weights (to keep stored files
     small)."""
-    if not heads:
-        raise ValueError("attention_patterns: no heads given")
-    heads = tuple((int(a), int(b)) for a, b in heads)
-    tokens = tokens if tokens.ndim == 2 else tokens[None]
-    device = model.W_E.device
-    row = tokens[example : example + 1].to(device)
-    pm = None if pad_mask is None else (pad_mask if pad_mask.ndim == 2 else pad_mask[None])[example : example + 1].to(device)
+    who = "attention_patterns"
+    if heads is None or not len(heads):
+        raise ValueError(f"{who}: no heads given; pass (layer, head) pairs such as [(0, 0)]")
+    heads = tuple(check_heads(model, heads, who))
+    check_finite_model(model, who)
+    if isinstance(tokens, Tensor) and tokens.ndim == 1:
+        tokens = tokens[None]
+        pad_mask = pad_mask[None] if isinstance(pad_mask, Tensor) and pad_mask.ndim == 1 else pad_mask
+    tokens, labels, full_pm = check_examples(model, tokens, labels, pad_mask, who=who)
+    example = check_example(example, tokens.shape[0], who)
+    row = tokens[example : example + 1]
+    pm = None if pad_mask is None else full_pm[example : example + 1]
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in sorted({layer for layer, _ in heads})]
     with eval_mode(model), torch.no_grad():
         _, cache = model.run_with_cache(row, pm, names_filter=names)

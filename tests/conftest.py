@@ -86,6 +86,30 @@ def make_model(make_config):
     return make
 
 
+def smoke_trainer(crash_at: int | None = None, **overrides):
+    """``run(out, resume=False) -> state dict`` for a smoke-size task-1 RoPE run (2 epochs,
+    checkpoints every 3 steps); with ``crash_at`` the run is killed (KeyboardInterrupt) at that
+    step, after its first checkpoint: for resume tests."""
+    from pe_interp.callbacks import Callback
+    from pe_interp.presets import build_run_configs
+    from pe_interp.training import Trainer
+
+    model_cfg, task, train_cfg = build_run_configs("distance", "rope", "smoke", 0, epochs=2, checkpoint_every=3,
+                                                   **overrides)
+
+    class Crash(Callback):
+        def on_step(self, trainer, step, loss):
+            if step == crash_at:
+                raise KeyboardInterrupt
+
+    def run(out, resume: bool = False, crash: bool = False) -> dict[str, torch.Tensor]:
+        t = Trainer(model_cfg, task, train_cfg, run_dir=out, callbacks=[Crash()] if crash else [], progress=False)
+        t.fit(resume=resume)
+        return {k: v.clone() for k, v in t.model.state_dict().items()}
+
+    return run
+
+
 def random_tokens(
     batch: int, n_pos: int, d_vocab: int = TINY["d_vocab"], seed: int = 0, lengths=None
 ) -> torch.Tensor:
@@ -101,6 +125,15 @@ def random_tokens(
 def tokens_fn():
     """The :func:`random_tokens` helper, as a fixture."""
     return random_tokens
+
+
+@pytest.fixture(scope="session")
+def probe_world(tmp_path_factory):
+    """A tiny trained run, its model, examples and counterfactual pairs, and one saved result
+    file of each kind: what the probe bad-input tables build on (``tests/bad_input_env.py``)."""
+    from bad_input_env import build_world
+
+    return build_world(tmp_path_factory.mktemp("probe-inputs"))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -353,7 +353,7 @@ def test_result_json_round_trip(tmp_path):
 # the CLI, on a fake run (load_run is someone else's)
 # ------------------------------------------------------------------------------------------------
 def test_cli_ablate_writes_outputs(tmp_path, monkeypatch, capsys):
-    import pe_interp
+    import pe_interp.checkpoint
     from pe_interp.commands import ablate as cmd
 
     model = make_model().eval()
@@ -361,7 +361,7 @@ def test_cli_ablate_writes_outputs(tmp_path, monkeypatch, capsys):
 
     class FakeRun:
         def __init__(self):
-            self.model = model
+            self.model, self.run_dir, self.provenance = model, tmp_path, None
 
         def examples(self, on="test", n=None):
             assert on == "test"
@@ -369,7 +369,7 @@ def test_cli_ablate_writes_outputs(tmp_path, monkeypatch, capsys):
             return SimpleNamespace(tokens=toks[:n], labels=labels[:n], pad_mask=pm[:n])
 
     calls = []
-    monkeypatch.setattr(pe_interp, "load_run", lambda d, device="cpu": calls.append(d) or FakeRun(), raising=False)
+    monkeypatch.setattr(pe_interp.checkpoint, "load_run", lambda d, device="cpu": calls.append(d) or FakeRun())
     parser = argparse.ArgumentParser()
     cmd.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["ablate", str(tmp_path), "--n", "25", "--metric", "loss", "--n-bootstrap", "50",
@@ -383,4 +383,5 @@ def test_cli_ablate_writes_outputs(tmp_path, monkeypatch, capsys):
     for name in ("ablation_heatmap.png", "ablation_layers.png"):
         assert (tmp_path / "figures" / name).read_bytes()[:4] == b"\x89PNG"
     out = capsys.readouterr().out
-    assert "deposits:" in out and "layer" in out
+    assert "layer concentration:" in out and "layer" in out  # metric "loss": no single-head deposit verdict (accuracy only)
+    assert "single-head deposit" not in out

@@ -105,14 +105,15 @@ def test_show_prints_config_accuracy_verdict_and_files(tmp_path, capsys):
     assert main(["show", str(out)]) == 0
     text = capsys.readouterr().out
     for piece in ("encoding   rope (multiplicative)", "re-create  pe-interp train --task distance --encoding rope",
-                  "accuracy     held-out", "length-only ceiling 44.4%", "deposit      not measured",
+                  "accuracy     held-out", "length-only ceiling 44.4%", "single-head deposit  not measured",
                   "model.safetensors", "config.json"):
         assert piece in text, piece
     assert main(["ablate", str(out), "--no-progress", "--n-bootstrap", "50", "--no-figures"]) == 0
     capsys.readouterr()
     assert main(["show", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "deposit      " in text and "layer 0    top H" in text and "deposits.json" in text
+    assert "single-head deposit  no: top L" in text and "→ no single-head deposit" in text
+    assert "layer concentration  " in text and "layer 0    top H" in text and "deposits.json" in text
 
 
 def test_report_writes_a_run_report(tmp_path, capsys):

@@ -17,6 +17,9 @@ DISTANCE = {
     "distance-small": DistanceTask(d_vocab=20, max_between=6, max_side=3, max_len=11, seed=3),
     "distance-distinct": DistanceTask(d_vocab=24, max_between=6, max_side=3, max_len=14, distinct_fillers=True),
     "distance-tiny": DistanceTask(d_vocab=6, max_between=3, max_side=2, max_len=7),
+    # lengthened for the generalisation probe: 4 more fillers before t1, 2 more after t2
+    "distance-extended": DistanceTask(d_vocab=30, max_between=6, max_side=3, max_len=20, distinct_fillers=True,
+                                      extra_left=4, extra_right=2),
 }
 COUNT = {
     "count": CountTask(),
@@ -55,8 +58,9 @@ def trigger_slots(task: DistanceTask, row: list[int], label: int) -> tuple[int, 
 
 def in_generator_support(task: DistanceTask, row: list[int], first: int, second: int) -> bool:
     right = len(row) - 1 - second
-    lowest = 0 if len(row) == task.max_len else 1
-    return 1 <= first <= task.max_side and 2 <= second - first <= task.max_between + 1 and lowest <= right <= task.max_side
+    lowest = 0 if len(row) == task.max_len else 1 + task.extra_right
+    return (task.extra_left + 1 <= first <= task.extra_left + task.max_side and 2 <= second - first <= task.max_between + 1
+            and lowest <= right <= task.max_side + task.extra_right)
 
 
 def fillers(row: list[int], slots: tuple[int, int]) -> list[int]:

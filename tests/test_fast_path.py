@@ -13,7 +13,7 @@ import os
 
 import pytest
 import torch
-from conftest import ENCODINGS, TINY
+from conftest import ENCODINGS, TINY, smoke_trainer
 
 from pe_interp import HookedPETransformer, ModelConfig, hardware
 from pe_interp.kernels.rope import apply_rope, rope_angles
@@ -91,10 +91,18 @@ def test_complex_rope_is_the_two_real_rotation(start, dim, heads_first, dtype):
     tol = 1e-6 if dtype == torch.float32 else 1e-12
     torch.testing.assert_close(got.double(), ref, atol=tol, rtol=tol)
     assert got.dtype == dtype
-    # bf16 has no complex kernels: the two-real form, within bf16 rounding.
-    half = apply_rope(x.bfloat16(), cos, sin, start, mask, heads_first=heads_first)
+    # bf16 input: rotated in fp32 and rounded once, so exactly the fp32 rotation of the bf16
+    # values, rounded; the two-real form in bf16 arithmetic (an explicit compute_dtype) is
+    # within bf16 rounding of it.
+    xb = x.bfloat16()
+    half = apply_rope(xb, cos, sin, start, mask, heads_first=heads_first)
     assert half.dtype == torch.bfloat16
+    want = apply_rope(xb.float(), cos, sin, start, mask, heads_first=heads_first).bfloat16()
+    assert torch.equal(half, want)
     torch.testing.assert_close(half.double(), ref, atol=0.05, rtol=0.02)
+    two_real = apply_rope(xb, cos, sin, start, mask, heads_first=heads_first, compute_dtype=torch.bfloat16)
+    assert two_real.dtype == torch.bfloat16
+    torch.testing.assert_close(two_real.double(), half.double(), atol=0.05, rtol=0.02)
 
 
 # ---- bf16 ---------------------------------------------------------------------------------------
@@ -147,26 +155,12 @@ def test_bf16_logits_within_tolerance_of_fp32(encoding, monkeypatch):
 def test_bf16_training_resumes_bit_for_bit(tmp_path, monkeypatch):
     """Killed after its first checkpoint and resumed, a bf16-autocast run reaches the weights of an
     uninterrupted bf16 run exactly (and they differ from an fp32 run's)."""
-    from pe_interp.callbacks import Callback
-    from pe_interp.presets import build_run_configs
-    from pe_interp.training import Trainer
-
     monkeypatch.setenv(hardware.ENV_OVERRIDE, "1")
-    model_cfg, task, train_cfg = build_run_configs("distance", "rope", "smoke", 0, epochs=2, checkpoint_every=3)
-
-    class Crash(Callback):
-        def on_step(self, trainer, step, loss):
-            if step == 5:
-                raise KeyboardInterrupt
-
-    def run(out, callbacks=(), resume=False):
-        t = Trainer(model_cfg, task, train_cfg, run_dir=out, callbacks=callbacks, progress=False)
-        t.fit(resume=resume)
-        return {k: v.clone() for k, v in t.model.state_dict().items()}
+    run = smoke_trainer(crash_at=5)
 
     ref = run(tmp_path / "ref")
     with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "killed", [Crash()])
+        run(tmp_path / "killed", crash=True)
     resumed = run(tmp_path / "killed", resume=True)
     assert all(torch.equal(ref[k], resumed[k]) for k in ref)
     monkeypatch.setenv(hardware.ENV_OVERRIDE, "0")

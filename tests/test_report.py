@@ -9,6 +9,7 @@ import contextlib
 import fcntl
 import io
 import json
+import math
 import os
 import re
 import select
@@ -70,10 +71,35 @@ def test_smoke_summary_matches_the_golden_file(repro):
     got = json.loads((repro.out / "summary.json").read_text())
     got.pop("out_dir")
     want = json.loads(GOLDEN.read_text())
-    if got != want:
-        diffs = [k for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k)]
+    # The C15 evidence (gradient coherence at initialisation) is a reduction over float32
+    # matmuls whose last bit depends on the CPU's vector unit (AVX2 and AVX-512 kernels differ
+    # by 1 ulp, measured): its floats are held to 1e-6 relative, everything else exactly.
+    diffs = sorted(k for k in set(got) | set(want)
+                   if not _same(got.get(k), want.get(k), rel=1e-6 if k == "gradients" else 0.0))
+    if diffs:
         pytest.fail(f"summary.json differs from {GOLDEN.name} in {diffs} (see the docstring to regenerate "
                     "it when numbers are meant to change)")
+
+
+def _same(a, b, rel: float) -> bool:
+    """Equal JSON values, floats within ``rel`` (0: exactly)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], rel) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y, rel) for x, y in zip(a, b))
+    if rel and isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+    return a == b and type(a) is type(b)
+
+
+def test_golden_comparison_is_strict():
+    """The comparison above: exact outside the tolerance, and a 1e-5 change in a gradient fails."""
+    assert _same({"a": [1.0, 2]}, {"a": [1.0, 2]}, 0.0)
+    assert not _same({"a": [1.0, 2]}, {"a": [1.0 + 1e-12, 2]}, 0.0)
+    assert not _same({"a": 1}, {"a": 1.0}, 0.0)
+    assert _same({"g": [0.0967933014]}, {"g": [0.0967933088]}, 1e-6)
+    assert not _same({"g": [0.0967933014]}, {"g": [0.0967943014]}, 1e-6)
+    assert not _same({"g": [1.0]}, {"g": [1.0], "h": 1}, 1e-6)
 
 
 def md_section(md: str, title_start: str) -> str:
@@ -104,7 +130,7 @@ def test_summary_has_three_well_formed_tables(repro):
     assert "preset `smoke`" in md
     assert "Failed cells**: none" in md
     assert "2 layers, d_model 32, 4 heads" in md  # from the runs' config.json
-    for title in ("Accuracy by encoding", "Deposits", "Claims C1–C17", "Task baselines"):
+    for title in ("Accuracy by encoding", "Single-head deposits", "Claims C1–C17", "Task baselines"):
         rows = md_table(md_section(md, title))
         n = len(rows[0])
         assert all(len(r) == n for r in rows), f"{title}: ragged table"
@@ -172,7 +198,7 @@ def test_deposit_table(repro):
     recs = data["tables"]["deposits"]["records"]
     assert len(recs) == 2 * len(ENCODINGS) and {r["encoding"] for r in recs} == set(ENCODINGS)
     for r in recs:
-        assert r["measured"] and r["deposit_found"] in (True, False)
+        assert r["measured"] and r["layer_concentration"] in (True, False) and r["single_head_deposit"] in (True, False)
         assert isinstance(r["layer"], int) and isinstance(r["head"], int)
         assert r["ci"] is not None and r["ci"][0] <= r["drop"] + 1e-9 <= r["ci"][1] + 2e-9
         # the share is the head's drop over its layer's summed positive drops, from the stored sweep
@@ -242,11 +268,12 @@ def test_flagged_deposit_and_failed_cell_are_reported(repro, tmp_path):
     write_report(out, preset="smoke")
     md = (out / "summary.md").read_text()
     assert "**Failed cells (1)**" in md and "`broken-cell`: RuntimeError: deliberate" in md
-    rows = md_table(md_section(md, "Deposits"))
+    rows = md_table(md_section(md, "Single-head deposits and layer concentration"))
     row = next(r for r in rows[2:] if r[0] == "rope" and r[2] == "distance")
-    assert row[6] == "yes: L0H1" and (row[7], row[8]) == ("0", "1")
+    # a flagged layer is a layer concentration, not a single-head deposit
+    assert (row[6], row[7]) == ("no", "L0H1")
     text = (out / "report.html").read_text()
-    assert "layer 0, head 1 (flagged deposit head)" in text
+    assert "layer 0, head 1 (top head of a concentrated layer)" in text
     assert "broken-cell" in text
 
 
@@ -286,7 +313,7 @@ def test_report_html_is_self_contained(repro):
     for src in imgs:
         assert src.startswith("data:image/png;base64,"), src[:60]
         Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).verify()
-    for key in ("Claims C1–C17", "Accuracy by encoding and task", "Deposits: single-head ablation per model"):
+    for key in ("Claims C1–C17", "Accuracy by encoding and task", "Single-head deposits and layer concentration, per model"):
         assert key in text
     assert "sourceMappingURL" not in text
     # Bundle exactly once; one small render call per widget.

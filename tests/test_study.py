@@ -77,7 +77,7 @@ def test_table_and_verdict():
     t = study_table(Path("/nonexistent"), rows)
     assert [r[0] for r in t.rows] == ["base", "init_mode=normal", "encoding=nope"]
     base_row = dict(zip(t.columns, t.rows[0]))
-    assert base_row["single dominant head (of seeds with room)"] == "2/3"
+    assert base_row["single-head deposit (of seeds with room)"] == "2/3"
     assert base_row["top drop (pts)"] == f"{np.mean([60, 7, 60]):.1f} ± {np.std([60, 7, 60], ddof=1):.1f}"
     assert t.notes == [verdict] and "| base |" in t.markdown()
     none = study_verdict(rows[1:])

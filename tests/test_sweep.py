@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 
 import pytest
@@ -144,7 +145,8 @@ def test_progress_of_cells_that_start_together():
 def test_unparseable_file(tmp_path):
     f = tmp_path / "x.yaml"
     f.write_text("axes: [unclosed\n")
-    with pytest.raises(ValueError, match="x.yaml: cannot parse"):
+    with pytest.raises(ValueError, match=r"x.yaml: invalid YAML at line 2, column 1: expected ',' or '\]', but got "
+                                         r"'<stream end>' \(while parsing a flow sequence that starts on line 1\)$"):
         load_grid(f)
 
 
@@ -168,15 +170,18 @@ def test_resume_skips_finished_cells_and_failures_do_not_stop_others(tmp_path):
     after = load_file(str(victim / "run" / "model.safetensors"))
     assert all(torch.equal(before[k], after[k]) for k in before)
 
-    # a cell that raises is recorded and the rest go on
+    # a cell that raises is recorded and the rest go on (in a directory of its own: a sweep
+    # directory belongs to one grid); its finished cell is skipped
     bad = parse_grid({**TINY, "axes": {"encoding": ["rope"], "lr": [1e-3]}, "seeds": [0, 5]})
-    (tmp_path / "cells" / bad.cells()[1].id / "run").mkdir(parents=True)
-    (tmp_path / "cells" / bad.cells()[1].id / "run" / "train_state.safetensors").write_bytes(b"junk")
-    out = run_sweep(bad, tmp_path, backend="local", workers=1, progress=False)
+    shutil.copytree(tmp_path / "cells" / bad.cells()[0].id, tmp_path / "bad" / "cells" / bad.cells()[0].id)
+    (tmp_path / "bad" / "cells" / bad.cells()[1].id / "run").mkdir(parents=True)
+    (tmp_path / "bad" / "cells" / bad.cells()[1].id / "run" / "train_state.safetensors").write_bytes(b"junk")
+    out = run_sweep(bad, tmp_path / "bad", backend="local", workers=1, progress=False)
     assert list(out.failed) == [bad.cells()[1].id] and "CheckpointError" in out.failed[bad.cells()[1].id]
     assert out.done == [] and out.skipped == [bad.cells()[0].id]
-    results, errors = collect(tmp_path)
+    _, errors = collect(tmp_path / "bad")
     assert len(errors) == 1 and "traceback" in errors[0]
+    results, _ = collect(tmp_path)
     rows = aggregate(results, ["encoding"])
     assert [(r["encoding"], r["n_seeds"]) for r in rows] == [("alibi", 2), ("rope", 2)]
     accs = [r["final"]["test_acc"] for r in results if r["params"]["encoding"] == "rope"]

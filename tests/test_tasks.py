@@ -25,6 +25,7 @@ from pe_interp.tasks import (
     CounterfactualPairs,
     CountTask,
     DistanceTask,
+    RetrieveTask,
     SyntheticTask,
     make_task,
     row_hashes,
@@ -39,6 +40,8 @@ TASKS = {
     "count": CountTask(),
     "count-ignore-zero": CountTask(ignore_zero=True),
     "count-small": CountTask(d_vocab=12, n_triggers=4, max_count=8, length=10, seed=5),
+    "retrieve": RetrieveTask(),
+    "retrieve-small": RetrieveTask(d_vocab=20, offset=2, max_side=3, max_after=6, max_len=10, seed=3),
 }
 TINY = {  # vocabularies so small that independent draws collide all the time
     "distance": DistanceTask(d_vocab=5, max_between=3, max_side=2, max_len=7),
@@ -73,6 +76,8 @@ def true_value(task: SyntheticTask, label: int) -> int:
     """The task-level label of a class index, from the public mapping."""
     if isinstance(task, DistanceTask):
         return int(task.class_to_distance(label))
+    if isinstance(task, RetrieveTask):
+        return int(task.values[label])
     return int(task.class_to_count(label))
 
 
@@ -394,10 +399,11 @@ def test_jsonl_round_trip(name: str, tmp_path) -> None:
     for field in ("tokens", "labels", "pad_mask"):
         assert torch.equal(getattr(back, field), getattr(batch, field))
     lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert len(lines) == 50 and set(lines[0]) == {"text", "distance"}  # the authors' keys
+    key = task.jsonl_label_key  # the authors' "distance" (tasks 1 and 2); "target" for task 3
+    assert len(lines) == 50 and set(lines[0]) == {"text", key}
     for obj, row, label in zip(lines, rows_of(batch), batch.labels.tolist()):
         assert obj["text"] == " ".join(f"w{t}" for t in row)
-        assert obj["distance"] == true_value(task, label)
+        assert obj[key] == true_value(task, label)
 
 
 def test_jsonl_reads_count_key_and_empty_file(tmp_path) -> None:
@@ -448,6 +454,7 @@ def test_to_dict_round_trip(name: str) -> None:
 def test_make_task() -> None:
     assert make_task("distance", max_between=5, max_len=40) == DistanceTask(max_between=5, max_len=40)
     assert make_task("count").name == "count" and make_task("distance").name == "distance"
+    assert make_task("retrieve").name == "retrieve"
     with pytest.raises(ValueError, match="unknown task"):
         make_task("reverse")
     with pytest.raises(ValueError, match="bad arguments"):

@@ -13,15 +13,22 @@ import dataclasses
 import time
 from pathlib import Path
 
-from pe_interp.commands.options import add_device_flag, at_least, device_arg, positive_n
+from pe_interp.commands.options import (
+    add_device_flag,
+    at_least,
+    device_arg,
+    positive_n,
+    writing_run,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "ablate",
-        help="ablate each attention head and find single-head deposits",
-        description="Ablate each attention head of a trained run on its held-out set, one at a time, "
-        "and flag layers where one head carries the layer (the single-head deposit pattern).",
+        help="ablate each attention head: single-head deposit and layer concentration",
+        description="Ablate each attention head of a trained run on its held-out set, one at a time; say "
+        "whether the model has a single-head deposit (one head costs >= 50 points, every other moves accuracy "
+        "by <= 5 either way) and flag the layers where one head carries most of its layer (layer concentration).",
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `pe-interp train`")
     p.add_argument("--method", choices=["zero", "mean", "resample"], default="zero")
@@ -33,25 +40,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap replicates for the CIs (0: none)")
     p.add_argument("--batch-size", type=int, default=None, help="rows per forward (default 128 on CPU, 2048 on GPU)")
     add_device_flag(p)
-    p.add_argument("--min-drop", type=float, default=None, help="deposit threshold (default 0.2 for accuracy)")
-    p.add_argument("--min-share", type=float, default=0.5, help="deposit threshold on the top head's share")
+    p.add_argument("--min-drop", type=float, default=None, help="layer-concentration threshold on the top head's drop (default 0.2 for accuracy)")
+    p.add_argument("--min-share", type=float, default=0.5, help="layer-concentration threshold on the top head's share of its layer")
     p.add_argument("--no-figures", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp import load_run
-    from probes.ablation import ablate_heads
-    from probes.deposit import find_deposits
+    from probes.inputs import check_fraction, check_threshold
 
     run_dir = Path(args.run_dir)
     positive_n(args.n, "--n")
     at_least(args.n_bootstrap, 0, "--n-bootstrap")
-    at_least(args.min_drop, 0, "--min-drop")
-    at_least(args.min_share, 0, "--min-share", high=1)
-    device = device_arg(args.device)
-    loaded = load_run(run_dir, device=device)
+    if args.min_drop is not None:
+        check_threshold(args.min_drop, "--min-drop")
+    check_fraction(args.min_share, "--min-share")  # what find_deposits takes, checked before the sweep
+    with writing_run(run_dir, device=device_arg(args.device)) as loaded:
+        return _ablate(args, run_dir, loaded)
+
+
+def _ablate(args: argparse.Namespace, run_dir: Path, loaded) -> int:
+    import numpy as np
+
+    from pe_interp.checkpoint import save_result
+    from probes.ablation import ablate_heads
+    from probes.deposit import dominance, find_deposits
+
     model = loaded.model
     test = loaded.examples(args.on, args.n)
     t0 = time.perf_counter()
@@ -63,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - t0
     result = dataclasses.replace(result, meta={**result.meta, "eval_set": args.on})
     report = find_deposits(result, min_drop=args.min_drop, min_share=args.min_share)
-    result.save(run_dir / "ablation.json")
-    report.save(run_dir / "deposits.json")
+    save_result(run_dir / "ablation.json", result, loaded.provenance, per_example=False)
+    save_result(run_dir / "deposits.json", report, loaded.provenance)
     if not args.no_figures:
         from probes.plots import plot_drop_heatmap, plot_layer_lines
 
@@ -74,7 +89,9 @@ def run(args: argparse.Namespace) -> int:
     where = "held-out" if args.on == "test" else "train + held-out"
     print(f"{run_dir}: {result.n_examples} {where} examples, {model.cfg.encoding_name}, {elapsed:.1f} s")
     print(report.summary())
+    if result.is_grid and not np.isnan(result.drops).any() and result.metric == "accuracy":
+        print(f"single-head deposit: {dominance(result).text()}")
     found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits) or "none"
-    print(f"deposits: {found}")
+    print(f"layer concentration: {found}")
     print(f"wrote {run_dir / 'ablation.json'}, {run_dir / 'deposits.json'}" + ("" if args.no_figures else f", {run_dir / 'figures'}/"))
     return 0

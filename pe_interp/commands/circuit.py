@@ -2,10 +2,11 @@
 every edge's positional and content score, the route into its top head and the circuit's
 faithfulness.
 
-1. The top head: the deposit head of ``RUN_DIR/ablation.json`` (``pe-interp ablate``), or the
-   head whose ablation hurts most when nothing is flagged; without that file, the head that hurts
-   most of the three ``ablate_heads(engine="attribution")`` ranks first (no deposit verdict: that
-   needs every head of a layer).
+1. The top head, from ``RUN_DIR/ablation.json`` (``pe-interp ablate``): the single-head deposit
+   (:func:`probes.dominance`) when there is one, else the flagged head of the shallowest layer
+   with layer concentration (:func:`probes.find_deposits`), else the head whose ablation hurts
+   most; without that file, the head that hurts most of the three
+   ``ablate_heads(engine="attribution")`` ranks first (no verdict: that needs every head).
 2. Edge scores (``--method``: ``eap-ig``, ``atp``, ``atp*`` or exact ``path_patch``) on the
    task's position-only and content-only counterfactuals, and on ``--counterfactual``'s family,
    which ranks the edges; per span of the examples (the task's ``prefix``, ``trigger1``,
@@ -62,26 +63,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
-    """The deposit head (or the top head) and where it comes from."""
+    """The single-head deposit, the layer-concentration head or the top head, and where it comes from."""
     import numpy as np
 
-    from probes import AblationResult, ablate_heads, find_deposits
+    from pe_interp.checkpoint import STALE, weights_status
+    from probes import AblationResult, ablate_heads, dominance, find_deposits
 
     path = Path(run.run_dir) / "ablation.json"
     if path.is_file():
+        status, why = weights_status(run.run_dir, path)
+        if status == STALE:  # its top head would be another model's
+            raise ValueError(f"{path}: {why}; rerun `pe-interp ablate {run.run_dir}` (or remove the file) first")
         result = AblationResult.load(path)
+        d = dominance(result)
+        if d.single:
+            return (d.layer, d.head), "single-head deposit (ablation.json)"
         report = find_deposits(result)
         if report.first is not None:
-            return report.first, "deposit head (ablation.json)"
+            return report.first, "layer concentration, no single-head deposit (ablation.json)"
         layer, head = np.unravel_index(np.nanargmax(result.drops), result.drops.shape)
-        return (int(layer), int(head)), "largest ablation drop, no deposit flagged (ablation.json)"
-    # Without a full grid there is no deposit verdict (a layer's share needs every head's drop):
+        return (int(layer), int(head)), "largest ablation drop; no single-head deposit or layer concentration (ablation.json)"
+    # Without a full grid there is no verdict (dominance and a layer's share need every head's drop):
     # the head whose exact ablation hurts most among the three that attribution ranks first.
     test = run.test_set(n)
     result = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, engine="attribution",
                           verify_top=3, n_bootstrap=0)  # fmt: skip
     layer, head = np.unravel_index(np.nanargmax(result.drops), result.drops.shape)
-    return (int(layer), int(head)), "largest exact drop of the 3 heads attribution ranks first (no ablation.json, no deposit verdict)"
+    return (int(layer), int(head)), "largest exact drop of the 3 heads attribution ranks first (no ablation.json, no verdict)"
 
 
 def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method="eap-ig", n=128, metric="margin",
@@ -166,21 +174,26 @@ def body_html(c) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp import load_run
-    from pe_interp.commands.options import device_arg, out_dir_arg
-    from pe_interp.io import atomic_write_text
-    from probes.circuits.view import circuit_page, circuit_summary, span_counts
+    from pe_interp.commands.options import device_arg, out_dir_arg, writing_run
 
     out_dir_arg(args.out)
     if args.faithful is not None and not 0 < args.faithful <= 1:
         raise ValueError(f"--faithful must be in (0, 1], got {args.faithful}")
-    loaded = load_run(args.run_dir, device=device_arg(args.device))
+    with writing_run(args.run_dir, device=device_arg(args.device), out=args.out) as loaded:
+        return _circuit(args, loaded)
+
+
+def _circuit(args: argparse.Namespace, loaded) -> int:
+    from pe_interp.checkpoint import save_result
+    from pe_interp.io import atomic_write_text
+    from probes.circuits.view import circuit_page, circuit_summary, span_counts
+
     t0 = time.perf_counter()
     c, route = circuit_run(loaded.model, loaded.task, loaded, counterfactual=args.counterfactual, top_n=args.top_n,
                            method=args.method, n=args.n, metric=args.metric, seed=args.seed, faithful=args.faithful,
                            positional=not args.whole_edges, select=args.select)  # fmt: skip
     out = Path(args.out or args.run_dir)
-    c.save(out / "circuit.json")
+    save_result(out / "circuit.json", c, loaded.provenance)
     title = f"{c.meta['encoding']}: circuit ({c.method}, ranked by the {args.counterfactual} family)"
     atomic_write_text(out / "circuit.html", circuit_page(c, title=title, body=body_html(c), highlight=c.meta["top_head"]))
     print(f"{args.run_dir}: {circuit_summary(c)}; top head {c.meta['top_head']}, {time.perf_counter() - t0:.1f} s")

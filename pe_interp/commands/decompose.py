@@ -50,9 +50,11 @@ def decompose_run(
     example: int = 0,
     task: Any = None,
     figures: bool = True,
+    weights: dict[str, Any] | None = None,
 ) -> tuple[Any, Any, dict[str, Path]]:
-    """The work of ``pe-interp decompose`` on a model and a batch (``tokens``, ``pad_mask``)."""
-    from pe_interp.io import atomic_write_json
+    """The work of ``pe-interp decompose`` on a model and a batch (``tokens``, ``pad_mask``);
+    ``weights``: the run's provenance (``Run.provenance``), recorded in the JSON file."""
+    from pe_interp.checkpoint import save_result
     from probes.decomposition import logit_terms, positional_scores
 
     cfg = model.cfg
@@ -74,7 +76,7 @@ def decompose_run(
     payload["positional_scores"] = None if scores is None else scores.to_dict()
     payload["model_encoding"] = str(getattr(cfg, "encoding_name", cfg.encoding))
     written = {"json": out_dir / f"decompose_{tag}.json"}
-    atomic_write_json(written["json"], payload)
+    save_result(written["json"], payload, weights, indent=2)
     if figures:
         from probes.viz import attention_html, plot_logit_terms, plot_rope_terms, save_html
 
@@ -89,17 +91,20 @@ def decompose_run(
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp import load_run
+    from pe_interp.commands.options import writing_run
 
     if args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")
-    device = device_arg(args.device)
-    loaded = load_run(args.run_dir, device=device)
+    with writing_run(args.run_dir, device=device_arg(args.device)) as loaded:
+        return _decompose(args, loaded)
+
+
+def _decompose(args: argparse.Namespace, loaded) -> int:
     data = loaded.test_set(max(args.n, args.example + 1))
     t0 = time.perf_counter()
     terms, scores, written = decompose_run(
         loaded.model, data, args.run_dir, layer=args.layer, head=args.head, example=args.example,
-        task=loaded.task, figures=not args.no_figures,
+        task=loaded.task, figures=not args.no_figures, weights=loaded.provenance,
     )  # fmt: skip
     print(f"{args.run_dir}: L{terms.layer}H{terms.head} on example {terms.example}, {time.perf_counter() - t0:.1f} s")
     print(f"  terms sum to the logits within {terms.check():.2e}")

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     summary, report = demo(args.out, preset=args.preset, encodings=args.encodings,
                            checkpoints=args.checkpoints or None, workers=args.workers, progress=not args.no_progress)
-    cells, _ = load_cells(args.out)
+    cells, errors = load_cells(args.out)  # a cell whose results came from other weights is an error there
     task = first_task(cells)
     if task is not None:
         answer, lines = deposit_answer(cells, task)
@@ -55,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
             print("  - " + line.replace("**", ""))
     for name, err in summary.failed.items():
         print(f"  FAILED {name}: {err}")
+    for e in errors:
+        if e.get("stale"):
+            print(f"  LEFT OUT {e['id']}: {e['error']}")
     print(f"\nreport: {Path(report).resolve()}")
     print(json.dumps({"out": str(args.out), "done": len(summary.done), "skipped": len(summary.skipped),
                       "failed": summary.failed, "wall_s": round(time.time() - t0, 1)}))

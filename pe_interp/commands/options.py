@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pe_interp.config import (
@@ -94,7 +96,7 @@ HELP: dict[str, str] = {
     "lr_schedule": "warmup_cosine, or the authors' LambdaLR",
     # tasks
     "max_between": "largest number of tokens between the two triggers",
-    "max_side": "largest number of tokens on each side of the triggers",
+    "max_side": "largest number of tokens on each side of the triggers (task 1), before the marker (task 3)",
     "max_len": "truncation length",
     "fillers_include_triggers": "trigger tokens may appear among the fillers (the authors')",
     "distinct_fillers": "distinct filler tokens within each segment (the authors')",
@@ -103,6 +105,10 @@ HELP: dict[str, str] = {
     "max_count": "largest count",
     "length": "sequence length",
     "ignore_zero": "leave count 0 out",
+    "offset": "the target's distance after the marker",
+    "max_after": "largest number of tokens after the marker",
+    "extra_left": "more fillers before everything (length generalisation; the decisive tokens move right)",
+    "extra_right": "more fillers after everything (length generalisation)",
 }
 
 
@@ -141,16 +147,17 @@ def setting_fields() -> dict[str, tuple[str, Any, str]]:
         for f in dataclasses.fields(cls):
             if f.name not in NOT_FLAGS and f.name not in DERIVED and f.name not in out:
                 out[f.name] = (str(f.type), f.default, group)
+    owners: dict[str, list[str]] = {}
     for task_name, cls in TASKS.items():
         for f in dataclasses.fields(cls):
-            if f.name in NOT_FLAGS:
+            if f.name in NOT_FLAGS or (f.name in out and f.name not in owners):
                 continue
-            if f.name in out:
-                prev = out[f.name]
-                if prev[2].startswith("task"):
-                    out[f.name] = (prev[0], prev[1], "task: both")
-                continue
-            out[f.name] = (str(f.type), f.default, f"task: {task_name}")
+            owners.setdefault(f.name, []).append(task_name)
+            if f.name not in out:
+                out[f.name] = (str(f.type), f.default, "")
+    for name, tasks in owners.items():
+        group = "task: every" if len(tasks) == len(TASKS) else "task: " + ", ".join(tasks)
+        out[name] = (*out[name][:2], group)
     return out
 
 
@@ -158,11 +165,11 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> list[str]:
     """Add a flag for every run setting (see the module docstring); returns their dests."""
     groups: dict[str, Any] = {}
     titles = {"model": "model (ModelConfig; a flag not given keeps the preset's value, else the default shown)",
-              "training": "training (TrainConfig)", "task: both": "task settings (both tasks)"}
+              "training": "training (TrainConfig)", "task: every": "task settings (every task)"}
     names = []
     for name, (annotation, default, group) in setting_fields().items():
         if group not in groups:
-            title = titles.get(group, f"task settings (--task {group.removeprefix('task: ')} only)")
+            title = titles.get(group, f"task settings (--task {group.removeprefix('task: ').replace(', ', ' or ')} only)")
             groups[group] = parser.add_argument_group(title)
         _add(groups[group], name, annotation, default, HELP.get(name, name.replace("_", " ")))
         names.append(name)
@@ -227,5 +234,19 @@ def out_dir_arg(value: str | None, flag: str = "--out") -> str | None:
     return value
 
 
+@contextmanager
+def writing_run(run_dir: str, device: str = "cpu", out: str | None = None) -> Iterator[Any]:
+    """The loaded run (:func:`~pe_interp.checkpoint.load_run`: a one-line error for a missing or
+    broken run directory) with the directory the command writes into locked (the run's, or
+    ``out``): not while the run trains, nor while another command writes there (a one-line
+    error instead)."""
+    from pe_interp.checkpoint import load_run
+    from pe_interp.io import dir_lock
+
+    loaded = load_run(run_dir, device=device)
+    with dir_lock(out or loaded.run_dir, "run directory" if out is None else "output directory"):
+        yield loaded
+
+
 __all__ = ["DERIVED", "NOT_FLAGS", "add_device_flag", "add_setting_flags", "at_least", "device_arg", "given_settings",
-           "out_dir_arg", "positive_n", "setting_fields"]
+           "out_dir_arg", "positive_n", "setting_fields", "writing_run"]

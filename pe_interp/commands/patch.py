@@ -64,10 +64,12 @@ def patch_run(
     n_bootstrap: int = 1000,
     example: int = 0,
     figures: bool = True,
+    weights: dict[str, Any] | None = None,
 ) -> tuple[Any, dict[str, Path]]:
-    """The work of ``pe-interp patch`` on a model and task; returns the result and written files."""
-    from pe_interp.io import atomic_write_json
-    from probes.patching import patch
+    """The work of ``pe-interp patch`` on a model and task; returns the result and written files.
+    ``weights``: the run's provenance (``Run.provenance``), recorded in the JSON files."""
+    from pe_interp.checkpoint import save_result
+    from probes.patching import RESULT_KIND, patch
 
     if n < 1:
         raise ValueError(f"--n must be >= 1, got {n}")
@@ -89,7 +91,7 @@ def patch_run(
     )
     written: dict[str, Path] = {}
     for name in ("patching.json", f"patching_{key}.json"):
-        atomic_write_json(out_dir / name, payload)
+        save_result(out_dir / name, payload, weights, indent=2, kind=RESULT_KIND)
         written[name] = out_dir / name
     if figures:
         from probes.viz import (
@@ -126,17 +128,19 @@ def _top_heads(result, k: int) -> list[tuple[int, int]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp import load_run
-    from pe_interp.commands.options import at_least
+    from pe_interp.commands.options import at_least, writing_run
 
     at_least(args.n_bootstrap, 0, "--n-bootstrap")
-    device = device_arg(args.device)
-    loaded = load_run(args.run_dir, device=device)
+    with writing_run(args.run_dir, device=device_arg(args.device)) as loaded:
+        return _patch(args, loaded)
+
+
+def _patch(args: argparse.Namespace, loaded) -> int:
     t0 = time.perf_counter()
     result, written = patch_run(
         loaded.model, loaded.task, args.run_dir, site=args.site, by_position=args.by_position,
         direction=args.direction, n=args.n, seed=args.seed, layers=args.layers, batch_size=args.batch_size,
-        n_bootstrap=args.n_bootstrap, example=args.example, figures=not args.no_figures,
+        n_bootstrap=args.n_bootstrap, example=args.example, figures=not args.no_figures, weights=loaded.provenance,
     )  # fmt: skip
     elapsed = time.perf_counter() - t0
     print(

@@ -14,20 +14,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "patch / decompose), or for a sweep, reproduce or demo directory (also summary.md and summary.json).")
     p.add_argument("dir", metavar="RUN_OR_SWEEP_DIR")
     p.add_argument("--title", default=None, help="the report's title")
+    p.add_argument("--link-with", nargs="+", default=None, metavar="NAME=SWEEP_DIR",
+                   help="add other sweeps' models (e.g. mid=runs/sweeps/deposit-mid) to the length-generalisation, "
+                   "concentration and link tables of a sweep's report")
     p.set_defaults(run=run)
+
+
+def link_dirs(values: list[str] | None) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for value in values or []:
+        name, sep, where = value.partition("=")
+        if not sep or not name or not where:
+            raise ValueError(f"--link-with: expected NAME=SWEEP_DIR, got {value!r}")
+        if not (Path(where) / "grid.json").is_file():
+            raise ValueError(f"--link-with {value}: {where} is not a sweep directory (no grid.json)")
+        out[name] = Path(where)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     from pe_interp.io import read_json
 
     path = Path(args.dir)
+    linked = link_dirs(args.link_with)
     if (path / "grid.json").is_file():
         from pe_interp.report import write_report
 
         grid = read_json(path / "grid.json")
         base = grid.get("base", {}) if isinstance(grid, dict) else {}
-        out = write_report(path, preset=str(base.get("preset", "quick")), title=args.title)
+        out = write_report(path, preset=str(base.get("preset", "quick")), title=args.title, link_with=linked)
         print(f"wrote {path / 'summary.md'}, {path / 'summary.json'} and {out}")
+    elif linked:
+        raise ValueError("--link-with: only a sweep's report links other sweeps' models")
     elif (path / "config.json").is_file():
         from pe_interp.checkpoint import load_run
         from pe_interp.report.run import write_run_report

@@ -1,4 +1,5 @@
-"""``pe-interp show RUN_DIR``: a run's config, accuracy, deposit verdict and files, as text."""
+"""``pe-interp show RUN_DIR``: a run's config, accuracy, single-head deposit verdict, layer
+concentration and files, as text."""
 
 from __future__ import annotations
 
@@ -19,9 +20,22 @@ def _pct(x) -> str:
     return "—" if not isinstance(x, int | float) or math.isnan(x) else f"{100 * x:.1f}%"
 
 
+def _status(run_dir: Path, path: Path) -> tuple[str, str]:
+    """A result file's :func:`~pe_interp.checkpoint.weights_status`; ("unreadable", why) for a
+    file that is not JSON (show lists it, it does not stop)."""
+    from pe_interp.checkpoint import weights_status
+
+    try:
+        return weights_status(run_dir, path)
+    except ValueError as err:
+        return "unreadable", str(err)
+
+
 def run(args: argparse.Namespace) -> int:
-    from pe_interp.checkpoint import load_run
-    from probes import DepositReport
+    import numpy as np
+
+    from pe_interp.checkpoint import STALE, UNRECORDED, load_run
+    from probes import AblationResult, DepositReport, dominance
 
     run_dir = Path(args.run_dir)
     loaded = load_run(run_dir)  # validates config and weights: a one-line error otherwise
@@ -52,20 +66,37 @@ def run(args: argparse.Namespace) -> int:
         print(f"             chance {_pct(task.chance_accuracy())}, length-only ceiling {_pct(task.length_only_accuracy())}")
     else:
         print("accuracy     no evaluation recorded yet (metrics.jsonl is empty)")
-    if (run_dir / "deposits.json").is_file():
-        report = DepositReport.load(run_dir / "deposits.json")
-        if report.deposits:
-            found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits)
-            print(f"deposit      YES: {found} ({report.method}-ablation, {report.metric})")
+    status = {p.name: _status(run_dir, p) for p in sorted(run_dir.glob("*.json")) if p.name != "config.json"}
+    if status.get("ablation.json", (None,))[0] == STALE:  # another model's verdict: not shown as this one's
+        print(f"single-head deposit  STALE: ablation.json was {status['ablation.json'][1]}; rerun: pe-interp ablate {run_dir}")
+    elif (run_dir / "ablation.json").is_file():
+        ablation = AblationResult.load(run_dir / "ablation.json")
+        if ablation.is_grid and not np.isnan(ablation.drops).any():
+            d = dominance(ablation)
+            verdict = "YES" if d.single else "no"
+            print(f"single-head deposit  {verdict}: {d.text()} ({ablation.method}-ablation, {ablation.metric}, "
+                  f"{ablation.n_examples} examples)")
         else:
-            print(f"deposit      none flagged ({report.method}-ablation, {report.metric})")
+            print("single-head deposit  not judged: the ablation grid is partial (every head must be measured)")
+    else:
+        print(f"single-head deposit  not measured (run: pe-interp ablate {run_dir})")
+    if status.get("deposits.json", (None,))[0] == STALE:
+        print(f"layer concentration  STALE: deposits.json was {status['deposits.json'][1]}")
+    elif (run_dir / "deposits.json").is_file():
+        report = DepositReport.load(run_dir / "deposits.json")
+        found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits) or "none"
+        print(f"layer concentration  {found} (a layer's top head ≥ {100 * report.min_drop:.0f} pts and "
+              f"≥ {100 * report.min_share:.0f}% of its layer's drop)")
         for s in report.layers:
-            mark = "deposit" if s.is_deposit else "; ".join(s.failed)
+            mark = "concentrated" if s.is_deposit else "; ".join(s.failed)
             print(f"  layer {s.layer}    top H{s.top_head} drop {s.top_drop:.3f}, runner-up H{s.second_head} "
                   f"{s.second_drop:.3f}, share {s.share:.2f}: {mark}")
-    else:
-        print(f"deposit      not measured (run: pe-interp ablate {run_dir})")
+        if status["deposits.json"][0] == UNRECORDED:
+            print(f"  (deposits.json {status['deposits.json'][1]}: rerun pe-interp ablate to tie it to these weights)")
     print("files")
     for p in sorted(q for q in run_dir.rglob("*") if q.is_file() and not q.name.startswith(".")):
-        print(f"  {str(p.relative_to(run_dir)):<40} {p.stat().st_size:>12,} bytes")
+        mark = {STALE: "  STALE: of other weights", UNRECORDED: "  (weights not recorded)",
+                "unreadable": "  (unreadable)"}.get(
+            status.get(str(p.relative_to(run_dir)), (None,))[0], "")
+        print(f"  {str(p.relative_to(run_dir)):<40} {p.stat().st_size:>12,} bytes{mark}")
     return 0

@@ -32,7 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run_sweep_cmd(args: argparse.Namespace) -> int:
     from pe_interp.commands.options import at_least, out_dir_arg, positive_n
     from pe_interp.sweep import load_grid, run_sweep
+    from pe_interp.sweep.executors import sweep_lock
     from pe_interp.sweep.grid import MAX_CELLS
+    from pe_interp.sweep.owner import claim
 
     positive_n(args.max_cells, "--max-cells")
     positive_n(args.workers, "--workers")
@@ -47,12 +49,14 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
         return 0
     if args.backend == "local":  # every cell would train, then fail on it: say so before starting
         check_local_devices(cells, args.grid)
-    print(f"{grid.name}: {len(cells)} cells; probes: " + (", ".join(grid.probes) or "none"), file=sys.stderr, flush=True)
     out = Path(args.out or Path("runs") / "sweeps" / grid.name)
-    summary = run_sweep(grid, out, backend=args.backend, workers=args.workers, address=args.address,
-                        max_retries=args.max_retries, progress=not args.no_progress)
+    with sweep_lock(out):  # a second sweep, or another grid: one line before anything else is said
+        claim(out, grid)
+        print(f"{grid.name}: {len(cells)} cells; probes: " + (", ".join(grid.probes) or "none"), file=sys.stderr, flush=True)
+        summary = run_sweep(grid, out, backend=args.backend, workers=args.workers, address=args.address,
+                            max_retries=args.max_retries, progress=not args.no_progress)
     print(json.dumps({"sweep_dir": str(out), "done": len(summary.done), "skipped": len(summary.skipped),
-                      "failed": summary.failed}))
+                      "failed": summary.failed, "recomputed": summary.recomputed}))
     write_report(out, grid.varying)
     return 1 if summary.failed else 0
 

@@ -20,6 +20,7 @@ from pe_interp.commands.options import (
     positive_n,
 )
 from pe_interp.presets import PRESETS
+from pe_interp.tasks import TASKS
 
 ENCODING_HELP = (
     "a registered name, a '+'-joined composition, parts with parameters "
@@ -34,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Train one model on one task. Every ModelConfig, TrainConfig and task field has a flag; "
         "a flag not given keeps the preset's value.",
     )
-    p.add_argument("--task", choices=["distance", "count"], default="distance")
+    p.add_argument("--task", choices=list(TASKS), default="distance")
     p.add_argument("--encoding", default="rope", help=ENCODING_HELP)
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick")
     p.add_argument("--seed", type=int, default=0, help="seeds the model, the data and the training order")

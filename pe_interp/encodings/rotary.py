@@ -29,6 +29,14 @@ from .base import (
 __all__ = ["DecoupledRoPE", "RoPE", "apply_rope", "rope_angles"]
 
 
+def _out_dtype(q: torch.Tensor) -> torch.dtype | None:
+    """Under CPU autocast, half-precision q/k leave the rotation in fp32 (where it was computed):
+    the attention either runs in fp32 or casts them once (pe_interp.attn_routes)."""
+    if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and torch.is_autocast_enabled("cpu"):
+        return torch.float32
+    return None
+
+
 @register_encoding("rope")
 class RoPE(Encoding):
     """Rotary position embedding (Su et al.).
@@ -74,9 +82,10 @@ class RoPE(Encoding):
             self.register_buffer("head_mask", mask, persistent=False)
 
     def rotate(self, q, k, layer):
+        out = _out_dtype(q)
         return (
-            apply_rope(q, self.cos, self.sin, 0, self.head_mask),
-            apply_rope(k, self.cos, self.sin, 0, self.head_mask),
+            apply_rope(q, self.cos, self.sin, 0, self.head_mask, out_dtype=out),
+            apply_rope(k, self.cos, self.sin, 0, self.head_mask, out_dtype=out),
         )
 
     def rotary_spans(self, layer: int) -> tuple[RotarySpan, ...]:
@@ -145,8 +154,9 @@ class DecoupledRoPE(Encoding):
         return torch.cat([q, q_r], dim=-1), torch.cat([k, k_r], dim=-1)
 
     def rotate(self, q, k, layer):
-        start = q.shape[-1] - self.d_rope
-        return apply_rope(q, self.cos, self.sin, start), apply_rope(k, self.cos, self.sin, start)
+        start, out = q.shape[-1] - self.d_rope, _out_dtype(q)
+        return (apply_rope(q, self.cos, self.sin, start, out_dtype=out),
+                apply_rope(k, self.cos, self.sin, start, out_dtype=out))
 
     def fused(self, layer: int, n_pos: int) -> FusedPE:
         from pe_interp.kernels import RopeSpec

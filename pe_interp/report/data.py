@@ -8,6 +8,7 @@ statistics are :func:`probes.deposit.layer_stats`, the one definition).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -23,19 +24,14 @@ from pe_interp.io import read_json
 from pe_interp.report.labels import ENCODINGS, encoding_label
 from pe_interp.sweep import collect
 from pe_interp.sweep.probing import ATTENTION, DECOMPOSITION, AttentionRecord
+from pe_interp.tasks import task_from_dict
 from probes import AblationResult, DepositReport, PatchResult, PositionalScores
 from probes.deposit import LayerDeposit, dynamics_arrays, layer_stats, load_dynamics
+from probes.deposit.dominance import GRANULE_TOL, LARGE_DROP, SMALL_DROP, Dominance, dominance
 
-TASK_ORDER = ("distance", "count")
-TASK_TITLES = {"distance": "Task 1 (distance)", "count": "Task 2 (count)"}
+TASK_ORDER = ("distance", "count", "retrieve")
+TASK_TITLES = {"distance": "Task 1 (distance)", "count": "Task 2 (count)", "retrieve": "Task 3 (retrieve)"}
 KIND_ORDER = ("none", "additive", "multiplicative", "hybrid")
-# A drop is "large" from this many accuracy points on (the C7 threshold, fixed from the claim
-# text "about 60 points"; see claims.py).
-LARGE_DROP = 0.50
-# A drop is "small" (negligible) up to this many accuracy points (the C8 tolerance, "within a few
-# points of baseline").
-SMALL_DROP = 0.05
-
 # A claim's verdict (see claims.py).
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURED = "reproduced", "not reproduced", "not measured"
 # A check that holds by construction (C17): it tests this code, not the paper.
@@ -64,7 +60,8 @@ def ci_of(a: AblationResult, layer: int, head: int) -> tuple[float, float] | Non
 
 
 def large_heads(a: AblationResult, threshold: float = LARGE_DROP) -> list[tuple[int, int]]:
-    ls, hs = np.nonzero(np.nan_to_num(a.drops, nan=-math.inf) >= threshold)
+    """Heads whose drop is at least ``threshold`` (at the evaluation set's granularity)."""
+    ls, hs = np.nonzero(np.nan_to_num(a.drops, nan=-math.inf) >= threshold - GRANULE_TOL)
     return [(int(x), int(y)) for x, y in zip(ls, hs)]
 
 
@@ -78,57 +75,6 @@ def max_other(a: AblationResult, layer: int, head: int) -> float:
 def margins(a: AblationResult) -> list[float]:
     """Each layer's top-minus-runner-up drop (:attr:`probes.deposit.LayerDeposit.margin`)."""
     return [s.margin if (s := layer_deposit(a, layer)) is not None else math.nan for layer in range(a.n_layers)]
-
-
-@dataclass(frozen=True)
-class Dominance:
-    """Whether one model (one seed) has a **single dominant head**: the one definition of a
-    "deposit" / "single-head concentration" used by claims C7–C11, C14 and C16.
-
-    A model has a single dominant head when exactly one head of the whole model has a drop
-    ≥ :data:`LARGE_DROP` and every other head's drop is ≤ :data:`SMALL_DROP`.
-    """
-
-    layer: int  # the top head (largest drop in the whole model)
-    head: int
-    drop: float
-    runner_up: float  # largest drop among all other heads of the model
-    share: float  # top head's share of the model's total positive drop
-    n_large: int  # heads with a drop >= LARGE_DROP
-    baseline: float
-
-    @property
-    def top_large(self) -> bool:
-        return self.drop >= LARGE_DROP
-
-    @property
-    def others_small(self) -> bool:
-        return self.runner_up <= SMALL_DROP
-
-    @property
-    def single(self) -> bool:
-        """Exactly one head with a large drop, every other head's drop small."""
-        return self.top_large and self.n_large == 1 and self.others_small
-
-    @property
-    def room(self) -> bool:
-        """Could this model show a large drop at all (baseline ≥ LARGE_DROP)?"""
-        return self.baseline >= LARGE_DROP
-
-    def text(self) -> str:
-        return (f"top L{self.layer}H{self.head} drop {100 * self.drop:.1f} pts of baseline "
-                f"{100 * self.baseline:.1f}%, runner-up {100 * self.runner_up:.1f} pts, top share "
-                f"{100 * self.share:.0f}%, heads ≥ {100 * LARGE_DROP:.0f} pts: {self.n_large} → "
-                + ("single dominant head" if self.single else "no single dominant head"))
-
-
-def dominance(a: AblationResult) -> Dominance:
-    """The :class:`Dominance` statistics of one single-head ablation grid."""
-    layer, head, drop = top(a)
-    pos = np.clip(np.nan_to_num(a.drops, nan=0.0), 0.0, None)
-    share = float(pos[layer, head] / pos.sum()) if pos.sum() > 0 else 0.0
-    return Dominance(layer, head, drop, max_other(a, layer, head), share,
-                     len(large_heads(a, LARGE_DROP)), a.baseline)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -244,8 +190,10 @@ def load_cell(r: dict[str, Any], out_dir: Path, varying: list[str]) -> CellInfo:
 
 def load_run_cell(run_dir: str | Path) -> CellInfo:
     """One run directory (``pe-interp train``, then any of ``ablate``, ``patch``, ``decompose``)
-    as a :class:`CellInfo`, from the files the probes wrote into it."""
-    from pe_interp.checkpoint import read_jsonl
+    as a :class:`CellInfo`, from the files the probes wrote into it. A result computed from
+    other weights than the run's (:func:`~pe_interp.checkpoint.weights_status`) is left out and
+    named in ``extra["stale"]`` (file -> why)."""
+    from pe_interp.checkpoint import STALE, read_jsonl, weights_status
 
     run_dir = Path(run_dir)
     config = read_json(run_dir / "config.json")
@@ -256,11 +204,20 @@ def load_run_cell(run_dir: str | Path) -> CellInfo:
     spec = spec["name"] if isinstance(spec, dict) and set(spec) == {"name"} else spec
     if isinstance(spec, list) and all(isinstance(s, dict) and set(s) == {"name"} for s in spec):
         spec = "+".join(s["name"] for s in spec)
-    ablation = AblationResult.load(run_dir / "ablation.json") if (run_dir / "ablation.json").is_file() else None
-    deposits = DepositReport.load(run_dir / "deposits.json") if (run_dir / "deposits.json").is_file() else None
-    decomposition = None
-    if (run_dir / DECOMPOSITION).is_file():
-        decomposition = read_json(run_dir / DECOMPOSITION)
+    stale: dict[str, str] = {}
+
+    def fresh(name: str) -> bool:  # the result file is there and of the run's weights (else noted)
+        path = run_dir / name
+        if not path.is_file():
+            return False
+        status, why = weights_status(run_dir, path)
+        if status == STALE:
+            stale[name] = why
+        return status != STALE
+
+    ablation = AblationResult.load(run_dir / "ablation.json") if fresh("ablation.json") else None
+    deposits = DepositReport.load(run_dir / "deposits.json") if fresh("deposits.json") else None
+    decomposition = read_json(run_dir / DECOMPOSITION) if fresh(DECOMPOSITION) else None
     model_cfg = ModelConfig.from_dict(config["model"])
     label = encoding_label(spec)
     if label not in {known for known, _ in ENCODINGS}:
@@ -277,10 +234,11 @@ def load_run_cell(run_dir: str | Path) -> CellInfo:
         config=config,
         ablation=ablation if ablation is not None and ablation.is_grid else None,
         deposits=deposits,
-        patching=PatchResult.load(run_dir / "patching.json") if (run_dir / "patching.json").is_file() else None,
-        positional=PositionalScores.load(run_dir / "positional.json") if (run_dir / "positional.json").is_file() else None,
-        attention=AttentionRecord.load(run_dir / ATTENTION) if (run_dir / ATTENTION).is_file() else None,
+        patching=PatchResult.load(run_dir / "patching.json") if fresh("patching.json") else None,
+        positional=PositionalScores.load(run_dir / "positional.json") if fresh("positional.json") else None,
+        attention=AttentionRecord.load(run_dir / ATTENTION) if fresh(ATTENTION) else None,
         decomposition=decomposition,
+        extra={"stale": stale} if stale else {},
     )
 
 
@@ -310,6 +268,35 @@ def label_order(cells: list[CellInfo]) -> list[str]:
 def task_order(cells: list[CellInfo]) -> list[str]:
     tasks = list(dict.fromkeys(c.task for c in cells))
     return sorted(tasks, key=lambda t: (TASK_ORDER.index(t) if t in TASK_ORDER else 99, t))
+
+
+@functools.lru_cache(maxsize=64)
+def _baselines(task_json: str) -> dict[str, float]:
+    task = task_from_dict(json.loads(task_json))
+    return {"chance": task.chance_accuracy(), "length_only": task.length_only_accuracy(),
+            "n_classes": task.n_classes, "max_len": task.max_len}
+
+
+def cell_baselines(cell: CellInfo) -> dict[str, float] | None:
+    """Exact chance and length-only accuracies of this cell's own task configuration."""
+    if not cell.config or "task" not in cell.config:
+        return None
+    return dict(_baselines(json.dumps(cell.config["task"], sort_keys=True)))
+
+
+def task_baselines(cells: list[CellInfo]) -> dict[str, dict[str, float]]:
+    """Exact chance and length-only accuracies of each task, from the task objects of the runs.
+
+    A task whose runs have more than one configuration (another ``max_len``, another vocabulary,
+    the authors' generator) has no single baseline and is left out: judge those cells with
+    :func:`cell_baselines`."""
+    out: dict[str, dict[str, float]] = {}
+    for t in task_order(cells):
+        configs = {json.dumps(c.config["task"], sort_keys=True) for c in cells
+                   if c.task == t and c.config and "task" in c.config}
+        if len(configs) == 1:
+            out[t] = dict(_baselines(configs.pop()))
+    return out
 
 
 @dataclass(frozen=True)
@@ -345,6 +332,7 @@ __all__ = [
     "CellInfo",
     "Dominance",
     "acc_stats",
+    "cell_baselines",
     "ci_of",
     "dominance",
     "label_order",
@@ -354,6 +342,7 @@ __all__ = [
     "load_run_cell",
     "margins",
     "max_other",
+    "task_baselines",
     "task_order",
     "top",
 ]

@@ -35,6 +35,18 @@ def to_data_uri(fig, dpi: int = 100) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def save_png(fig, path, dpi: int = 100):
+    """Write ``fig`` as a PNG file (atomically: a temporary file, then a rename)."""
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=dpi)
+    os.replace(tmp, path)
+    return path
+
+
 def wrapped(title: str, width_in: float, fontsize: float = 10) -> str:
     """``title`` broken into lines that fit a figure ``width_in`` inches wide (so that
     constrained layout never clips it)."""

@@ -140,6 +140,23 @@ def positional_section(cells: list[CellInfo]) -> str:
             + "<div class='figs'>" + "".join(parts) + "</div>")
 
 
+def generalization_section(summary: Summary) -> str:
+    """The length-generalisation tables, the concentration table, the link and its scatter."""
+    from pe_interp.report.generalization import link_scatter
+
+    tables = summary.tables
+    out = "".join(table_html(t) for k, t in tables.items() if k.startswith("generalization-"))
+    out += table_html(tables["concentration"]) + table_html(tables["link"])
+    for task in dict.fromkeys(r["task"] for r in tables["link"].records):
+        uri = link_scatter(tables["link"], task)
+        if uri:
+            out += img(uri, f"retention against concentration, {task}")
+            out += (f"<p class='caption'>{html.escape(task)}: each point a model (circles: quick; triangles: "
+                    "mid), retention on translated inputs against each concentration measure; ρ: Spearman, "
+                    "with its bootstrap interval.</p>")
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 def render_html(summary: Summary, report_title: str | None = None) -> str:
     cells = summary.cells
@@ -180,7 +197,7 @@ def render_html(summary: Summary, report_title: str | None = None) -> str:
                      + f" · baseline {100 * base:.1f}%")
             figs.append(model_heatmap(models, title, vmax=vmax))
         if figs:
-            dep += (f"<h3>{html.escape(task)}: accuracy drop per ablated head (flagged deposit heads outlined; "
+            dep += (f"<h3>{html.escape(task)}: accuracy drop per ablated head (heads of a concentrated layer outlined; "
                     f"one colour scale, ±{100 * vmax:.0f} points)</h3>"
                     "<div class='figs'>" + "".join(img(f, "ablation heatmap") for f in figs) + "</div>")
     lines = ""
@@ -194,10 +211,12 @@ def render_html(summary: Summary, report_title: str | None = None) -> str:
     if lines:
         dep += ("<h3>Per-layer head ablation of task-1 models with a rotary part (the paper's plots; lowest "
                 "seed)</h3>" + lines)
-    sections.append(("deposits", "Deposits: head ablation", dep))
+    sections.append(("deposits", "Single-head deposits and layer concentration: head ablation", dep))
     if "study" in summary.tables:
         t = summary.tables["study"]
         sections.append(("study", t.title, table_html(t)))
+    if "link" in summary.tables:
+        sections.append(("generalization", "Length generalisation and concentration", generalization_section(summary)))
 
     dyn_html = ""
     for label in label_order(cells):
@@ -208,8 +227,8 @@ def render_html(summary: Summary, report_title: str | None = None) -> str:
     if not dyn_html:
         dyn_html = "<p class='note'>No deposit dynamics recorded (deposit_dynamics.jsonl) in these runs.</p>"
     else:
-        dyn_html = ("<p class='note'>Single-head ablation drops of layer 0 measured during training on a fixed "
-                    "probe batch (`probes.deposit.DepositDynamics`): each head's drop, and the margin between "
+        dyn_html = ("<p class='note'>Single-head ablation drops of layer 0 measured during training on the "
+                    "first held-out examples (`probes.deposit.DepositDynamics`): each head's drop, and the margin between "
                     "the first and second head (C16), lowest seed of each task-1 model.</p>" + dyn_html)
     sections.append(("dynamics", "Deposit dynamics", dyn_html))
 
@@ -223,7 +242,7 @@ def render_html(summary: Summary, report_title: str | None = None) -> str:
            "then the other heads of its layer in order of ablation drop. Hover or click a head in the "
            "widget to compare.</p>"
            + widgets.bundle_html() + att)
-    sections.append(("attention", "Attention patterns of deposit heads", att))
+    sections.append(("attention", "Attention patterns of the top heads", att))
     # The claims come after the figures: the first screen answers the main question instead.
     sections.append(("claims", "Claims C1–C17", table_html(summary.tables["claims"], status_col="Status")))
 

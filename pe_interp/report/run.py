@@ -14,6 +14,7 @@ import html
 import math
 from pathlib import Path
 
+from pe_interp.checkpoint import STALE, weights_status
 from pe_interp.io import atomic_write_text, read_json
 from pe_interp.report.cvis import InlineWidgets
 from pe_interp.report.data import load_run_cell
@@ -38,6 +39,17 @@ def render_run_html(run_dir: str | Path) -> str:
     config = cell.config or {}
     m, tr, task = config.get("model", {}), config.get("train", {}), config.get("task", {})
     parts = []
+    stale = dict(cell.extra.get("stale", {}))
+    for f in sorted(run_dir.glob("decompose_L*H*.json")):
+        status, why = weights_status(run_dir, f)
+        if status == STALE:
+            stale[f.name] = why
+    if stale:  # shown first: results of other weights are left out of this report, and say so
+        parts.append("<div class='verdict'><p class='answer'><b>Stale results left out.</b> These files were computed "
+                     "from other weights than this run's <code>model.safetensors</code>; rerun the command that wrote "
+                     "each (<code>pe-interp ablate</code>, <code>patch</code>, <code>decompose</code>):</p><ul>"
+                     + "".join(f"<li><code>{html.escape(k)}</code>: {html.escape(v)}</li>" for k, v in stale.items())
+                     + "</ul></div>")
     if cell.ablation is None:
         parts.append("<div class='verdict'><p class='answer'><b>Not measured yet.</b> This run has no head-ablation "
                      f"sweep: run <code>pe-interp ablate {html.escape(str(run_dir))}</code>, then this command again."
@@ -70,6 +82,8 @@ def render_run_html(run_dir: str | Path) -> str:
     more = patching_section([cell]) if cell.patching is not None else ""
     more += positional_section([cell]) + decomposition_section([cell])
     for f in sorted(run_dir.glob("decompose_L*H*.json")):
+        if f.name in stale:
+            continue
         d = read_json(f)
         shares = d.get("variance_shares", {})
         body = [[k, _fmt(v)] for k, v in shares.items()]

@@ -3,9 +3,9 @@ carries the position, with the numbers behind it, and claims C7, C8, C14 and C16
 condition by the very criteria of :mod:`pe_interp.report.claims`.
 
 A condition is a set of settings that differ from the grid's ``base`` (the base itself is the
-condition "base"); its cells are its seeds. "Single dominant head" is the one definition of
-:class:`pe_interp.report.data.Dominance` (exactly one head of the whole model with a drop ≥ 50
-points, every other head ≤ 5 points); the table also gives each condition's top-head drop,
+condition "base"); its cells are its seeds. "Single-head deposit" is the one definition of
+:func:`probes.deposit.dominance` (exactly one head of the whole model with a drop ≥ 50
+points, every other head within 5 points either way); the table also gives each condition's top-head drop,
 runner-up drop, the top head's share of the model's summed drop, its 95% CI and its layer, so a
 verdict can be read against the numbers. Nothing here computes on a model.
 """
@@ -13,7 +13,6 @@ verdict can be read against the numbers. Nothing here computes on a model.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -30,8 +29,10 @@ from pe_interp.report.data import (
     ci_of,
     dominance,
     load_cells,
+    task_baselines,
 )
-from pe_interp.report.summary import Table, task_baselines
+from pe_interp.report.summary import Table
+from pe_interp.sweep.grid import condition_name
 
 __all__ = ["Condition", "StudyRow", "conditions", "group_conditions", "is_study", "rows_of", "study_markdown", "study_rows", "study_table", "study_verdict"]
 
@@ -53,22 +54,18 @@ class StudyRow:
     acc_mean: float
     acc_std: float
     n_room: int  # seeds whose baseline leaves room for a 50-point drop
-    n_single: int  # of those, seeds with a single dominant head
+    n_single: int  # of those, seeds with a single-head deposit
     top: tuple[str, ...]  # per seed: "L{l}H{h}"
     top_drop: tuple[float, ...]
     runner_up: tuple[float, ...]
     share: tuple[float, ...]
     top_ci: tuple[tuple[float, float] | None, ...]
-    flagged: int  # seeds where probes.deposit flags a layer
+    flagged: int  # seeds with a layer concentration (probes.deposit.find_deposits flags a layer)
     claims: dict[str, str]  # claim id -> status (task-1 conditions)
     evidence: dict[str, str]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def _fmt(v: Any) -> str:
-    return json.dumps(v) if isinstance(v, dict | list) else str(v)
 
 
 def conditions(sweep_dir: str | Path) -> list[Condition]:
@@ -87,15 +84,13 @@ def group_conditions(cells: list[CellInfo], grid: dict[str, Any]) -> list[Condit
     groups: dict[str, list[CellInfo]] = {}
     changes: dict[str, dict[str, Any]] = {}
     for c in cells:
-        diff = {k: v for k, v in sorted(c.params.items()) if base.get(k) != v}
-        diff |= {k: None for k in base if k not in c.params}
-        name = ", ".join(f"{k}={_fmt(v)}" for k, v in diff.items()) or "base"
+        name = condition_name(c.params, base)
         groups.setdefault(name, []).append(c)
-        changes[name] = diff
+        changes[name] = {k: v for k, v in sorted(c.params.items()) if base.get(k) != v} | {
+            k: None for k in base if k not in c.params}
     order = ["base"]
     for v in grid.get("variants", []):
-        diff = {k: x for k, x in sorted(v.items()) if k != "seeds" and base.get(k) != x}
-        order.append(", ".join(f"{k}={_fmt(x)}" for k, x in diff.items()) or "base")
+        order.append(condition_name({**base, **{k: x for k, x in v.items() if k != "seeds"}}, base))
     rank = {name: i for i, name in enumerate(dict.fromkeys(order))}
     return [Condition(n, changes[n], tuple(sorted(groups[n], key=lambda c: c.seed)))
             for n in sorted(groups, key=lambda n: (rank.get(n, len(rank)), n))]
@@ -157,19 +152,19 @@ def _mean_pts(xs: tuple[float, ...]) -> str:
 
 
 STUDY_COLUMNS = [
-    "condition", "task", "seeds", "held-out acc %", "single dominant head (of seeds with room)", "top head per seed",
-    "top drop (pts)", "runner-up drop (pts)", "top share %", "top CI (pts)", "probes.deposit flags",
+    "condition", "task", "seeds", "held-out acc %", "single-head deposit (of seeds with room)", "top head per seed",
+    "top drop (pts)", "runner-up drop (pts)", "top share %", "top CI (pts)", "layer concentration",
     "C7", "C8", "C14", "C16",
 ]
 
 
 def study_verdict(rows: list[StudyRow]) -> str:
-    """One sentence: how many task-1 models have a single dominant head, and in which conditions."""
+    """One sentence: how many task-1 models have a single-head deposit, and in which conditions."""
     total_room = sum(r.n_room for r in rows if r.task == "distance")
     total_single = sum(r.n_single for r in rows if r.task == "distance")
     with_deposit = [r.condition for r in rows if r.n_single]
-    return (f"Single dominant head (exactly one head with a drop ≥ {100 * LARGE_DROP:.0f} points, every "
-            f"other ≤ {100 * SMALL_DROP:.0f}): {total_single} of {total_room} task-1 models with room for such "
+    return (f"Single-head deposit (exactly one head with a drop ≥ {100 * LARGE_DROP:.0f} points, every "
+            f"other within {100 * SMALL_DROP:.0f} either way): {total_single} of {total_room} task-1 models with room for such "
             "a drop, " + (f"in: {', '.join(with_deposit)}." if with_deposit else "in no condition."))
 
 

@@ -35,11 +35,11 @@ from pe_interp.report.data import (
     large_heads,
     layer_deposit,
     load_cells,
+    task_baselines,
     task_order,
     top,
 )
 from pe_interp.report.labels import paper_acc
-from pe_interp.tasks import task_from_dict
 
 SOURCE_NOTE = (
     "Paper numbers come from secondary summaries of the paper (papernotes, opennovelty; digest §5, "
@@ -120,7 +120,8 @@ class Summary:
         out = [f"# Reproduction summary: preset `{self.preset}`", ""]
         out += self.header_lines()
         out += ["", SOURCE_NOTE, ""]
-        for key in ("accuracy", "baselines", "deposits", "study", "claims"):
+        extra = [k for k in self.tables if k.startswith("generalization-")] + ["concentration", "link"]
+        for key in ("accuracy", "baselines", "deposits", "study", *extra, "claims"):
             if key not in self.tables:
                 continue
             t = self.tables[key]
@@ -183,19 +184,6 @@ def _header(cells: list[CellInfo], out_dir: Path) -> dict[str, Any]:
     return h
 
 
-def task_baselines(cells: list[CellInfo]) -> dict[str, dict[str, float]]:
-    """Exact chance and length-only accuracies of each task, from the task objects of the runs."""
-    out: dict[str, dict[str, float]] = {}
-    for t in task_order(cells):
-        cfg = next((c.config for c in cells if c.task == t and c.config and "task" in c.config), None)
-        if cfg is None:
-            continue
-        task = task_from_dict(cfg["task"])
-        out[t] = {"chance": task.chance_accuracy(), "length_only": task.length_only_accuracy(),
-                  "n_classes": task.n_classes, "max_len": task.max_len}
-    return out
-
-
 # ------------------------------------------------------------------------------------------------
 # tables
 # ------------------------------------------------------------------------------------------------
@@ -242,61 +230,59 @@ def baselines_table(baselines: dict[str, dict[str, float]]) -> Table:
 
 
 def deposit_table(cells: list[CellInfo]) -> Table:
-    cols = ["Encoding", "Kind", "Task", "Seed", "Test acc %", "Ablation baseline %", "Deposit found?",
-            "Layer", "Head", "Drop (pts)", "Share of layer drop", "CI (pts)"]
+    cols = ["Encoding", "Kind", "Task", "Seed", "Test acc %", "Ablation baseline %", "Single-head deposit?",
+            "Layer concentration", "Layer", "Head", "Drop (pts)", "Share of layer drop", "CI (pts)"]
     order = {lab: i for i, lab in enumerate(label_order(cells))}
     tasks = task_order(cells)
     rows, records = [], []
     for c in sorted(cells, key=lambda c: (tasks.index(c.task), order[c.label], c.seed)):
         a = c.ablation
         rec: dict[str, Any] = {"id": c.id, "encoding": c.label, "kind": c.kind, "task": c.task, "seed": c.seed,
-                               "test_acc": _num(c.test_acc), "deposit_found": c.found,
-                               "flagged_heads": [list(h) for h in c.flagged]}
+                               "test_acc": _num(c.test_acc), "layer_concentration": c.found,
+                               "concentrated_heads": [list(h) for h in c.flagged]}
         if a is None:
             rows.append([c.label, c.kind, c.task, str(c.seed), _fmt_pct(c.test_acc), "—", "not measured",
-                         "—", "—", "—", "—", "—"])
+                         "—", "—", "—", "—", "—", "—"])
             rec["measured"] = False
             records.append(rec)
             continue
-        layer, head = c.flagged[0] if c.found else top(a)[:2]
+        d = dominance(a)
+        layer, head = d.layer, d.head
         st = layer_deposit(a, layer)
         drop = float(a.drops[layer, head])
         pos = [max(0.0, x) for x in a.drops[layer] if not math.isnan(x)]
         share = drop / sum(pos) if sum(pos) > 0 and drop > 0 else 0.0
         ci = ci_of(a, layer, head)
         if c.found:
-            found = "yes: " + ", ".join(f"L{x}H{y}" for x, y in c.flagged)
+            concentrated = ", ".join(f"L{x}H{y}" for x, y in c.flagged)
         else:
-            found = {False: "no (strongest head shown)", None: "n/a (no deposit report)"}[c.found]
+            concentrated = {False: "none", None: "n/a (no report)"}[c.found]
         level = a.ci
-        d = dominance(a)
-        rows.append([c.label, c.kind, c.task, str(c.seed), _fmt_pct(c.test_acc), _fmt_pct(a.baseline), found,
-                     str(layer), str(head), f"{100 * drop:.1f}", f"{100 * share:.0f}%",
+        rows.append([c.label, c.kind, c.task, str(c.seed), _fmt_pct(c.test_acc), _fmt_pct(a.baseline),
+                     "yes" if d.single else "no", concentrated, str(layer), str(head), f"{100 * drop:.1f}", f"{100 * share:.0f}%",
                      "—" if ci is None else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}] ({100 * level:.0f}%)"])
         rec.update({"measured": True, "baseline": _num(a.baseline), "layer": layer, "head": head,
                     "drop": _num(drop), "share": round(share, 4), "ci": None if ci is None else [_num(ci[0]), _num(ci[1])],
                     "ci_level": level, "layer_top_head": st.top_head, "method": a.method, "metric": a.metric,
                     "n_examples": a.n_examples, "max_drop": _num(top(a)[2]), "heads_ge_50": len(large_heads(a)),
-                    "runner_up": _num(d.runner_up),
-                    "single_dominant_head": d.single})
+                    "runner_up": _num(d.runner_up), "others_max_abs": _num(d.others_max_abs),
+                    "single_head_deposit": d.single})
         records.append(rec)
     report = next((c.deposits for c in cells if c.deposits is not None), None)
     rule = ""
     if report is not None:
-        rule = (" Its rule (`probes.deposit.find_deposits`): a layer's top head is flagged when its drop "
-                f"≥ {100 * report.min_drop:.0f} points, its share of the layer's "
-                f"drop ≥ {100 * report.min_share:.0f}%"
-                + (", and its CI lies above the runner-up's drop" if report.require_separation else "")
-                + f". The claims below use their own, fixed definition of a deposit: {DOMINANT}.")
+        rule = (" **Layer concentration** (`probes.deposit.find_deposits`, a looser, per-layer flag, not a "
+                f"deposit): a layer's top head costs ≥ {100 * report.min_drop:.0f} points and ≥ "
+                f"{100 * report.min_share:.0f}% of the layer's drop"
+                + (", and its CI lies above the runner-up's drop" if report.require_separation else "") + ".")
     notes = [
         "Single-head ablation on held-out examples (`probes.ablation`, zero ablation of the head's "
-        "output, = the authors' value-zeroing). **Deposit found?** is `probes.deposit`'s verdict, "
-        "with every flagged head; the row shows the first flagged head, or, when none is flagged, the "
+        f"output, = the authors' value-zeroing). **Single-head deposit?**: {DOMINANT}. The row shows the "
         "head with the largest drop in the whole model." + rule + " **Drop** is accuracy points lost; "
         "**share** is the head's drop over the sum of the positive drops of all heads in its layer; "
         "**CI** is the paired bootstrap interval of the drop.",
     ]
-    return Table("deposits", "Deposits: single-head ablation per model", cols, rows, records, notes)
+    return Table("deposits", "Single-head deposits and layer concentration, per model", cols, rows, records, notes)
 
 
 def claims_table(claims: list[Claim]) -> Table:

@@ -14,10 +14,19 @@ import math
 
 import numpy as np
 
-from pe_interp.report.data import CHECKPOINT_KEY, TASK_TITLES, CellInfo, label_order, task_order
+from pe_interp.report.data import (
+    CHECKPOINT_KEY,
+    LARGE_DROP,
+    SMALL_DROP,
+    TASK_TITLES,
+    CellInfo,
+    Dominance,
+    dominance,
+    label_order,
+    task_order,
+)
 from pe_interp.report.figures import common_vmax, logit_terms_figure, model_heatmap
 from pe_interp.report.markup import img, inline_md
-from probes import DepositReport, LayerDeposit
 
 CSS = """
 .verdict { border: 2px solid #444; border-radius: 6px; padding: 10px 16px; margin: 12px 0 8px 0;
@@ -31,12 +40,6 @@ CSS = """
 
 def _pts(x: float) -> str:
     return "—" if x is None or math.isnan(x) else f"{100 * x:.1f} pts"
-
-
-def strongest_layer(report: DepositReport) -> LayerDeposit | None:
-    """The layer whose top head's ablation hurts most."""
-    layers = [s for s in report.layers if not math.isnan(s.top_drop)]
-    return max(layers, key=lambda s: s.top_drop) if layers else None
 
 
 def _models(cells: list[CellInfo], task: str) -> list[tuple[str, list[CellInfo]]]:
@@ -57,50 +60,62 @@ def _acc(models: list[CellInfo]) -> str:
     return f"held-out acc {mean:.1f}%" + (f" (mean of {len(vals)} seeds)" if len(vals) > 1 else "")
 
 
-def model_line(label: str, models: list[CellInfo]) -> tuple[bool, str]:
-    """(any deposit flagged, one Markdown line saying where it is or what is nearest to one)."""
-    flagged = [c for c in models if c.found]
-    n = len(models)
-    if flagged:
-        c = flagged[0]
-        layer, head = c.deposits.first
-        s = c.deposits.layer(layer)
-        where = ", ".join(f"seed {m.seed}: L{m.deposits.first[0]}H{m.deposits.first[1]}" for m in flagged)
-        runner = f"L{layer}H{s.second_head}" if s.second_head is not None else "none"
-        return True, (f"**{label}** ({_acc(models)}): **deposit at L{layer}H{head}** in {len(flagged)} of {n} "
-                      f"seed(s) ({where}). Ablating it costs {_pts(s.top_drop)}, {100 * s.share:.0f}% of layer "
-                      f"{layer}'s summed drop; the runner-up {runner} costs {_pts(s.second_drop)}.")
-    c = models[0]
-    s = strongest_layer(c.deposits)
-    if s is None:
-        return False, f"**{label}** ({_acc(models)}): no head could be scored."
-    seeds = f"{n} seeds" if n > 1 else f"seed {c.seed}"
-    runner = f"L{s.layer}H{s.second_head}" if s.second_head is not None else "no other head"
+def _why_not(d: Dominance) -> str:
     why = []
-    if not s.top_drop >= c.deposits.min_drop:
-        why.append(f"below the {100 * c.deposits.min_drop:.0f}-point bar")
-    if not s.share >= c.deposits.min_share:
-        why.append(f"only {100 * s.share:.0f}% of layer {s.layer}'s summed drop")
-    if c.deposits.require_separation and s.ci_separated is False:
-        why.append("its CI reaches down to the runner-up's drop")
+    if not d.top_large:
+        why.append(f"below the {100 * LARGE_DROP:.0f}-point bar")
+    if d.n_large > 1:
+        why.append(f"{d.n_large} heads cost ≥ {100 * LARGE_DROP:.0f} points")
+    if not d.others_small:
+        why.append(f"another head moves accuracy by {_pts(d.others_max_abs)} (> {100 * SMALL_DROP:.0f})")
+    return "; ".join(why) or "no criterion met"
+
+
+def _concentration(models: list[CellInfo]) -> str:
+    """The looser per-layer flag of probes.deposit, in its own words."""
+    flagged = [c for c in models if c.found]
+    if not flagged:
+        return " Layer concentration: none."
+    where = ", ".join(f"seed {c.seed}: L{c.deposits.first[0]}H{c.deposits.first[1]} "
+                      f"({100 * c.deposits.layer(c.deposits.first[0]).share:.0f}% of its layer)" for c in flagged)
+    return f" Layer concentration in {len(flagged)} of {len(models)} seed(s) ({where})."
+
+
+def model_line(label: str, models: list[CellInfo]) -> tuple[bool, str]:
+    """(a single-head deposit in some seed, one Markdown line: where it is, or what is nearest to
+    one, and the looser layer concentration). A single-head deposit is
+    :func:`probes.deposit.dominance`'s: one head ≥ 50 points, every other within 5."""
+    n = len(models)
+    doms = [(c, dominance(c.ablation)) for c in models]
+    singles = [(c, d) for c, d in doms if d.single]
+    if singles:
+        c, d = singles[0]
+        where = ", ".join(f"seed {m.seed}: L{e.layer}H{e.head}" for m, e in singles)
+        return True, (f"**{label}** ({_acc(models)}): **single-head deposit at L{d.layer}H{d.head}** in {len(singles)} of "
+                      f"{n} seed(s) ({where}). Ablating it costs {_pts(d.drop)}; every other head moves accuracy by "
+                      f"at most {_pts(d.others_max_abs)}." + _concentration(models))
+    c, d = doms[0]
+    seeds = f"{n} seeds" if n > 1 else f"seed {c.seed}"
     others = ""
     if n > 1:
-        tops = [strongest_layer(m.deposits) for m in models[1:]]
         others = " Other seeds' top heads: " + ", ".join(
-            f"L{t.layer}H{t.top_head} ({_pts(t.top_drop)}, {100 * t.share:.0f}%)" for t in tops if t is not None) + "."
-    return False, (f"**{label}** ({_acc(models)}): no deposit ({seeds}). Top head L{s.layer}H{s.top_head}"
-                   f"{f' (seed {c.seed})' if n > 1 else ''}: {_pts(s.top_drop)} ({'; '.join(why) or 'no criterion met'}); "
-                   f"runner-up {runner}: {_pts(s.second_drop)}.{others}")
+            f"L{e.layer}H{e.head} ({_pts(e.drop)}, runner-up {_pts(e.runner_up)})" for _, e in doms[1:]) + "."
+    return False, (f"**{label}** ({_acc(models)}): no single-head deposit ({seeds}). Top head L{d.layer}H{d.head}"
+                   f"{f' (seed {c.seed})' if n > 1 else ''}: {_pts(d.drop)} ({_why_not(d)}); runner-up "
+                   f"{_pts(d.runner_up)}.{others}" + _concentration(models))
 
 
 def criterion(cells: list[CellInfo]) -> str:
     report = next((c.deposits for c in cells if c.deposits is not None), None)
+    text = (f"A single-head deposit: exactly one head of the model costs ≥ {100 * LARGE_DROP:.0f} accuracy points "
+            f"when zero-ablated alone, and every other head moves accuracy by ≤ {100 * SMALL_DROP:.0f} points either "
+            "way (claims C7/C8).")
     if report is None:
-        return ""
+        return text
     sep = ", and the lower end of its bootstrap CI lies above the runner-up's drop" if report.require_separation else ""
-    return (f"`probes.deposit` flags a layer when ablating its top head ({report.method}-ablation, "
-            f"{report.metric}) costs ≥ {100 * report.min_drop:.0f} points and ≥ {100 * report.min_share:.0f}% of the "
-            f"layer's summed drop{sep}.")
+    return text + (f" Layer concentration (looser, per layer): ablating a layer's top head ({report.method}-ablation, "
+                   f"{report.metric}) costs ≥ {100 * report.min_drop:.0f} points and ≥ {100 * report.min_share:.0f}% of "
+                   f"the layer's summed drop{sep}.")
 
 
 def evidence_lines(cells: list[CellInfo], task: str) -> list[str]:
@@ -141,7 +156,7 @@ def first_task(cells: list[CellInfo]) -> str | None:
 
 
 def deposit_answer(cells: list[CellInfo], task: str) -> tuple[str, list[tuple[bool, str]]]:
-    """The answer in one Markdown sentence, and each model's (deposit found, line)."""
+    """The answer in one Markdown sentence, and each model's (single-head deposit found, line)."""
     title = TASK_TITLES.get(task, task)
     models = _models(cells, task)
     verdicts = [model_line(label, ms) for label, ms in models]
@@ -155,7 +170,8 @@ def deposit_answer(cells: list[CellInfo], task: str) -> tuple[str, list[tuple[bo
     else:
         runs = f", {n_runs} runs" if n_runs > len(models) else ""
         which = "this model" if len(models) == 1 else f"any of the {len(models)} models"
-        answer = f"**No**: no single-head deposit in {which} on {title}{runs}; no one head carries its layer."
+        answer = (f"**No**: no single-head deposit in {which} on {title}{runs}: no one head costs ≥ "
+                  f"{100 * LARGE_DROP:.0f} points while every other stays within {100 * SMALL_DROP:.0f}.")
     return answer, verdicts
 
 
@@ -191,7 +207,7 @@ def first_screen(cells: list[CellInfo]) -> str:
         f"<p class='answer'>{inline_md(answer)}</p><ul>{body}</ul>"
         f"<p class='note'>{inline_md(criterion(cells))} Heatmaps: the drop in held-out accuracy when each head "
         f"is zero-ablated alone (rows: layers, columns: heads; one colour scale, ±{100 * vmax:.0f} points; "
-        "flagged heads outlined).</p></div>"
+        "heads of a concentrated layer outlined).</p></div>"
         f"<div class='firstfigs'>{''.join(figs)}</div>"
         + (f"<ul class='note'>{evidence}</ul>" if evidence else "")
     )
@@ -221,5 +237,4 @@ def decomposition_section(cells: list[CellInfo]) -> str:
             "each term's share of the logit variance.</p>" + "".join(parts))
 
 
-__all__ = ["CSS", "criterion", "decomposition_section", "deposit_answer", "evidence_lines", "first_screen", "first_task", "model_line",
-           "strongest_layer"]
+__all__ = ["CSS", "criterion", "decomposition_section", "deposit_answer", "evidence_lines", "first_screen", "first_task", "model_line"]

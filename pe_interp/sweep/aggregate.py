@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from pe_interp.checkpoint import CURRENT, STALE, WEIGHTS, weights_status
 from pe_interp.io import read_json
 from pe_interp.sweep.grid import ERROR, RESULT
 from probes import DepositReport
@@ -15,12 +16,20 @@ __all__ = ["aggregate", "collect", "deposits_of", "format_table"]
 
 
 def collect(sweep_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(results, errors) of every cell in a sweep directory, in the order of the cell ids."""
+    """(results, errors) of every cell in a sweep directory, in the order of the cell ids. A
+    result whose probes came from other weights than its run's (:func:`weights_status`) is not
+    a result: it is an error record that says so, until the sweep runs again and recomputes it."""
     cells_dir = Path(sweep_dir) / "cells"
     results, errors = [], []
     for d in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
         if (d / RESULT).is_file():
-            results.append(read_json(d / RESULT))
+            result = read_json(d / RESULT)
+            status, why = weights_status(d / "run", result) if (d / "run" / WEIGHTS).is_file() else (CURRENT, "")
+            if status == STALE:
+                errors.append({"id": result.get("id", d.name), "error": f"stale results: {why}; rerun the sweep to "
+                               "recompute them", "stale": True})
+            else:
+                results.append(result)
         elif (d / ERROR).is_file():
             errors.append(read_json(d / ERROR))
     return results, errors
@@ -33,7 +42,9 @@ def deposits_of(result: dict[str, Any]) -> DepositReport | None:
 
 
 def aggregate(results: list[dict[str, Any]], axes: list[str]) -> list[dict[str, Any]]:
-    """One row per setting of ``axes``: accuracy mean ± std over seeds, and deposit counts."""
+    """One row per setting of ``axes``: accuracy mean ± std over seeds, how many seeds have a
+    layer concentration, and layer 0's top-head drop, runner-up drop and share, each a mean over
+    the ``l0_seeds`` seeds with an ablation report (every one of them)."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in results:
         key = tuple((a, r["params"].get(a, "(base)")) for a in axes)
@@ -47,10 +58,11 @@ def aggregate(results: list[dict[str, Any]], axes: list[str]) -> list[dict[str, 
         row["acc_std"] = statistics.stdev(accs) if len(accs) > 1 else 0.0
         reports = [r for m in members if (r := deposits_of(m)) is not None]
         if reports:
-            row["deposit_seeds"] = sum(bool(r.deposits) for r in reports)
-            # each seed's first flagged layer, else its first layer
-            shown = [next((s for s in r.layers if s.is_deposit), r.layers[0]) for r in reports if r.layers]
-            l0 = [s for s in shown if s.layer == 0]
+            # the looser per-layer flag of probes.deposit (not a single-head deposit)
+            row["concentrated_seeds"] = sum(bool(r.deposits) for r in reports)
+            # layer 0 of every seed with an ablation report: the means are over all of them
+            l0 = [s for r in reports for s in r.layers if s.layer == 0]
+            row["l0_seeds"] = len(l0)
             if l0:
                 row["l0_top_drop"] = statistics.fmean(s.top_drop for s in l0)
                 row["l0_second_drop"] = statistics.fmean(s.second_drop for s in l0)

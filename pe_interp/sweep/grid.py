@@ -20,7 +20,8 @@ from pe_interp.presets import build_run_configs
 from pe_interp.sweep.probing import CALLBACKS, PROBE_OPTIONS, PROBES, SWEEP_PROBES
 from pe_interp.tasks import TASKS
 
-__all__ = ["CELL", "ERROR", "GRID_KEYS", "MAX_CELLS", "PROBES_RUN", "RESULT", "RUN_KEYS", "Cell", "Grid", "count_cells", "load_grid", "parse_grid"]
+__all__ = ["CELL", "ERROR", "GRID_KEYS", "MAX_CELLS", "PROBES_RUN", "RESULT", "RUN_KEYS", "Cell", "Grid", "condition_name", "count_cells",
+           "load_grid", "parse_grid"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 GRID_KEYS = {"name", "base", "axes", "variants", "seeds", "probes", "probe_options", "resources", "findings"}
@@ -35,6 +36,18 @@ def _allowed_fields() -> set[str]:
     for cls in TASKS.values():
         fields |= {f.name for f in dataclasses.fields(cls)}
     return fields - {"seed", "n_ctx", "n_classes"}  # seeds are their own key; sizes follow the task
+
+
+def condition_name(params: dict[str, Any], base: dict[str, Any]) -> str:
+    """How a cell's settings differ from a grid's base: ``"base"``, or ``key=value, ...`` (sorted
+    by key; a base key the cell lacks reads ``key=None``). The study's name of a condition."""
+    diff = {k: v for k, v in sorted(params.items()) if base.get(k) != v}
+    diff |= {k: None for k in base if k not in params}
+
+    def fmt(v: Any) -> str:
+        return json.dumps(v) if isinstance(v, dict | list) else str(v)
+
+    return ", ".join(f"{k}={fmt(v)}" for k, v in diff.items()) or "base"
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,10 @@ class Grid:
                 for seed in variant.get("seeds", self.seeds):
                     out.append(Cell(tuple(order), seed))
         return out
+
+    def condition(self, cell: Cell) -> str:
+        """The cell's condition (:func:`condition_name` against this grid's base)."""
+        return condition_name(cell.kwargs, self.base)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {
@@ -280,7 +297,23 @@ def _distance(a: str, b: str) -> int:
 
 class _YAML12Loader(yaml.SafeLoader):
     """YAML with YAML 1.2's booleans: only true/false. PyYAML's 1.1 rules read the key ``on``
-    (``probe_options: {ablation: {on: all}}``) as True, and ``no`` as False."""
+    (``probe_options: {ablation: {on: all}}``) as True, and ``no`` as False. A key given twice
+    in one mapping is an error (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first given on line {seen[key] + 1})", key_node.start_mark)
+                seen[key] = key_node.start_mark.line
+            except TypeError:  # an unhashable key: PyYAML's own error follows
+                break
+        return super().construct_mapping(node, deep=deep)
 
 
 _YAML12Loader.yaml_implicit_resolvers = {
@@ -289,6 +322,17 @@ _YAML12Loader.yaml_implicit_resolvers = {
 }
 _YAML12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                                     list("tTfF"))
+
+
+def _yaml_error(err: yaml.YAMLError) -> str:
+    """PyYAML's error on one line, with the line and column of the problem (its marks are 0-based)."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context, cmark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    extra = f" ({context} that starts on line {cmark.line + 1})" if context and cmark is not None and mark is not None \
+        and cmark.line != mark.line else ""
+    return f"invalid YAML at {where}{problem}{extra}"
 
 
 def load_grid(path: str | Path, max_cells: int = MAX_CELLS) -> Grid:
@@ -304,8 +348,10 @@ def load_grid(path: str | Path, max_cells: int = MAX_CELLS) -> Grid:
             data = tomllib.loads(text)
         else:
             data = yaml.load(text, Loader=_YAML12Loader)  # noqa: S506 - a SafeLoader
-    except Exception as err:  # yaml.YAMLError / tomllib.TOMLDecodeError
-        raise ValueError(f"{path}: cannot parse ({str(err).splitlines()[0]})") from None
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: {_yaml_error(err)}") from None
+    except Exception as err:  # tomllib.TOMLDecodeError: its message names the line and column
+        raise ValueError(f"{path}: invalid TOML: {str(err).splitlines()[0]}") from None
     grid = parse_grid(data, str(path), max_cells=max_cells)
     if grid.findings is not None:  # relative to the grid file, so that any working directory finds it
         grid = dataclasses.replace(grid, findings=str((path.parent / grid.findings).resolve()))

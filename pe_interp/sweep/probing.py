@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pe_interp.checkpoint import save_result
 from pe_interp.config import ModelConfig
-from pe_interp.io import atomic_write_json, read_json
+from pe_interp.io import atomic_write_json, load_result, read_json, register_result, write_result
 from pe_interp.presets import build_run_configs
 from pe_interp.tasks import task_from_dict
 from probes import (
@@ -32,6 +33,7 @@ from probes import (
     attention_patterns,
     find_deposits,
     gradient_coherence,
+    length_generalization,
     load_coherence,
     logit_terms,
     patch,
@@ -42,8 +44,9 @@ from probes import (
 if TYPE_CHECKING:
     from pe_interp.checkpoint import Run
 
-ABLATION, DEPOSITS, PATCHING, POSITIONAL, ATTENTION, LAYER_ABLATION = (
+ABLATION, DEPOSITS, PATCHING, POSITIONAL, ATTENTION, LAYER_ABLATION, GENERALIZATION = (
     "ablation.json", "deposits.json", "patching.json", "positional.json", "attention.json", "layer_ablation.json",
+    "generalization.json",
 )
 ROTARY_KINDS = ("multiplicative", "hybrid")
 
@@ -70,14 +73,14 @@ def _probe_ablation(run: Run, n: int = 2000, on: str = "test", whole_layers: boo
     test = run.examples(on, n)
     result = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, method="zero")
     report = find_deposits(result)
-    result.save(run.run_dir / ABLATION)
-    report.save(run.run_dir / DEPOSITS)
+    save_result(run.run_dir / ABLATION, result, run.provenance, per_example=False)
+    save_result(run.run_dir / DEPOSITS, report, run.provenance)
     record = {"ablation": result.to_dict(per_example=False), "deposits": report.to_dict()}
     if whole_layers:
         cfg = run.model.cfg
         sets = [[(layer, h) for h in range(cfg.n_heads)] for layer in range(cfg.n_layers)]
         layers = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, method="zero", head_sets=sets)
-        layers.save(run.run_dir / LAYER_ABLATION)
+        save_result(run.run_dir / LAYER_ABLATION, layers, run.provenance, per_example=False)
         record["layers"] = layers.to_dict(per_example=False)
     return record
 
@@ -95,18 +98,31 @@ def _probe_patching(run: Run, n: int = 256) -> dict[str, Any] | None:
         run.model, pairs.clean.tokens, pairs.corrupt.tokens, site="z", pad_mask=pairs.clean.pad_mask,
         clean_labels=pairs.clean.labels, corrupt_labels=pairs.corrupt.labels,
     )
-    result.save(run.run_dir / PATCHING)
+    save_result(run.run_dir / PATCHING, result, run.provenance)
     return result.to_dict()
 
 
-def _probe_positional(run: Run, n: int = 128) -> dict[str, Any] | None:
-    """Per-head positional scores (task-1 rotary models only)."""
-    if not _rotary_task1(run):
+def _probe_positional(run: Run, n: int = 128, every_model: bool = False) -> dict[str, Any] | None:
+    """Per-head positional scores (task-1 rotary models only; ``every_model``: any model)."""
+    if not (every_model or _rotary_task1(run)):
         return None
     test = run.test_set(n)
     result = positional_scores(run.model, test.tokens, pad_mask=test.pad_mask)
-    result.save(run.run_dir / POSITIONAL)
+    save_result(run.run_dir / POSITIONAL, result, run.provenance)
     return result.to_dict()
+
+
+def _probe_generalization(run: Run, n: int = 1000, extras: list[int] | None = None) -> dict[str, Any] | None:
+    """Length generalisation (:func:`probes.length_generalization`) on fresh rows that are not in
+    the run's training set; None for a task that cannot lengthen its inputs."""
+    if not run.task.extensions:
+        return None
+    train, _ = run.task.splits(run.train_cfg.n_train, run.train_cfg.n_test, seed=run.train_cfg.seed)
+    result = length_generalization(run.model, run.task, n=n, extras=extras, exclude=train,
+                                   ignore_index=run.train_cfg.ignore_index, seed=run.train_cfg.seed)
+    result.save(run.run_dir / GENERALIZATION)
+    return {"file": GENERALIZATION, "trained": result.trained.accuracy,
+            **{f: result.family_mean(f) for f in result.families}}
 
 
 # Attention patterns for the report's widgets: on this many held-out examples; all heads of the
@@ -116,6 +132,9 @@ def _probe_positional(run: Run, n: int = 128) -> dict[str, Any] | None:
 ATTENTION_EXAMPLES = 2
 MAX_WEIGHTS = 60_000
 DECIMALS = 3
+
+
+RESULT_KIND = register_result("attention record", "AttentionRecord.load", ("layer", "head", "why", "examples"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,23 +158,23 @@ class AttentionRecord:
                    tuple(AttentionPatterns.from_dict(e) for e in d["examples"]))
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_json(path, self.to_dict(), indent=None)
+        return write_result(path, RESULT_KIND, self.to_dict(), indent=None)
 
     @classmethod
     def load(cls, path: str | Path) -> AttentionRecord:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
 
 def choose_head(ablation: AblationResult, deposits: DepositReport, task: str, kind: str) -> tuple[int, int, str] | None:
-    """The head whose attention the report shows for a cell: its flagged deposit head (the
+    """The head whose attention the report shows for a cell: the top head of its concentrated layer (the
     shallowest), else for a task-1 model with a rotary part the layer-0 head whose ablation hurts
     most; None otherwise."""
     if deposits.first is not None:
         layer, head = deposits.first
-        return layer, head, "flagged deposit head"
+        return layer, head, "top head of a concentrated layer"
     if task == "distance" and kind in ROTARY_KINDS:
         top = deposits.layer(0)
-        return 0, top.top_head, f"no deposit flagged; top layer-0 head (drop {100 * top.top_drop:.1f} pts)"
+        return 0, top.top_head, f"no layer concentration; top layer-0 head (drop {100 * top.top_drop:.1f} pts)"
     return None
 
 
@@ -184,7 +203,7 @@ def _probe_attention(run: Run) -> dict[str, Any] | None:
             labels=test.labels, decimals=DECIMALS,
         ))
     record = AttentionRecord(layer, head, why, tuple(examples))
-    record.save(run.run_dir / ATTENTION)
+    save_result(run.run_dir / ATTENTION, record, run.provenance, indent=None)
     return {"file": ATTENTION, "layer": layer, "head": head, "why": why}
 
 
@@ -192,11 +211,11 @@ DECOMPOSITION = "decomposition.json"
 
 
 def top_head(ablation: AblationResult, deposits: DepositReport) -> tuple[int, int, str]:
-    """The head a cell's logit decomposition looks at: its flagged deposit head (the shallowest),
+    """The head a cell's logit decomposition looks at: the top head of its concentrated layer (the shallowest),
     else the head whose ablation hurts most in the whole model."""
     if deposits.first is not None:
         layer, head = deposits.first
-        return layer, head, "flagged deposit head"
+        return layer, head, "top head of a concentrated layer"
     filled = np.nan_to_num(ablation.drops, nan=-np.inf)
     layer, head = (int(i) for i in np.unravel_index(int(np.argmax(filled)), filled.shape))
     return layer, head, f"top head by ablation (drop {100 * float(ablation.drops[layer, head]):.1f} pts)"
@@ -228,7 +247,7 @@ def _probe_decomposition(run: Run, example: int = 0) -> dict[str, Any] | None:
         "matrices": {k: rounded(v) for k, v in mats.items()},
         "region": terms.region[:n, :n].cpu().numpy().tolist(),
     }
-    atomic_write_json(run.run_dir / DECOMPOSITION, record, indent=None)
+    save_result(run.run_dir / DECOMPOSITION, record, run.provenance, indent=None)
     return {"file": DECOMPOSITION, "layer": layer, "head": head, "why": why}
 
 
@@ -258,13 +277,15 @@ PROBES: dict[str, Callable[[Any], dict[str, Any] | None]] = {
     "positional": _probe_positional,
     "attention": _probe_attention,
     "decomposition": _probe_decomposition,
+    "generalization": _probe_generalization,
 }
 CALLBACKS: dict[str, Callable[[Any], Any]] = {"dynamics": _dynamics_callback}
 # The keyword options a grid's ``probe_options`` may pass to each probe or callback.
 PROBE_OPTIONS: dict[str, set[str]] = {
     "ablation": {"n", "on", "whole_layers"},
     "patching": {"n"},
-    "positional": {"n"},
+    "positional": {"n", "every_model"},
+    "generalization": {"n", "extras"},
     "decomposition": {"example"},
     "dynamics": {"points", "n_probe", "layers", "every"},
 }

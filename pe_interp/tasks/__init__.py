@@ -1,11 +1,14 @@
-"""The paper's two synthetic classification tasks (paper digest §3).
+"""The paper's two synthetic classification tasks (paper digest §3), and a third that needs position
+and content together.
 
 - :class:`DistanceTask` (Task 1, position-sensitive): the distance between two fixed triggers.
 - :class:`CountTask` (Task 2, position-agnostic): how many of a fixed set of triggers occur.
+- :class:`RetrieveTask` (Task 3, beyond the paper): the token a fixed offset after a marker.
 
-Both produce :class:`Batch` objects of right-padded token ids (``PAD_ID = 0``), vectorised and
-seeded; both give disjoint train/test splits, exact chance and length-only baselines,
-counterfactual pairs for activation patching, and the authors' JSONL format.
+All produce :class:`Batch` objects of right-padded token ids (``PAD_ID = 0``), vectorised and
+seeded; all give disjoint train/test splits, exact chance and length-only baselines,
+counterfactual pairs for activation patching, longer variants for length generalisation
+(``extended``), and the authors' JSONL format.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from pe_interp.tasks.base import SyntheticTask, derive_seed
 from pe_interp.tasks.batch import PAD_ID, Batch, CounterfactualPairs, row_hashes
 from pe_interp.tasks.count import CountTask
 from pe_interp.tasks.distance import DistanceTask
+from pe_interp.tasks.retrieve import RetrieveTask
 
-TASKS: dict[str, type[SyntheticTask]] = {"distance": DistanceTask, "count": CountTask}
+TASKS: dict[str, type[SyntheticTask]] = {"distance": DistanceTask, "count": CountTask, "retrieve": RetrieveTask}
 
 
 def make_task(name: str, **kwargs: Any) -> SyntheticTask:
-    """Build a task by name (``"distance"`` or ``"count"``); unknown names or fields raise ValueError."""
+    """Build a task by name (``"distance"``, ``"count"`` or ``"retrieve"``); unknown names or fields raise ValueError."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; expected one of {', '.join(map(repr, TASKS))}")
     cls = TASKS[name]
@@ -46,6 +50,7 @@ __all__ = [
     "CountTask",
     "CounterfactualPairs",
     "DistanceTask",
+    "RetrieveTask",
     "SyntheticTask",
     "derive_seed",
     "make_task",

@@ -30,6 +30,11 @@ from pe_interp.tasks.batch import Batch, CounterfactualPairs, row_hashes
 
 _MAX_REFILL_ROUNDS = 32
 COUNTERFACTUAL_KINDS = ("position", "content", "both")
+# How a task can be made longer for length generalisation (:meth:`SyntheticTask.extended`):
+# "shift" adds fillers before everything (the positions that matter move right), "right" after
+# everything (they stay), "sides" half before and half after; "length" makes a fixed-length,
+# shuffled sequence longer.
+EXTENSION_FAMILIES = ("shift", "sides", "right", "length")
 
 
 def derive_seed(*parts: object) -> int:
@@ -62,6 +67,8 @@ class SyntheticTask(ABC):
 
     name: ClassVar[str]
     jsonl_label_key: ClassVar[str] = "distance"  # the key the authors' data files use
+    # The ways :meth:`extended` can lengthen this task's inputs (a subset of EXTENSION_FAMILIES).
+    extensions: ClassVar[tuple[str, ...]] = ()
     # Provided by the concrete dataclasses:
     d_vocab: int
     seed: int
@@ -217,6 +224,31 @@ class SyntheticTask(ABC):
             )
         return self._counterfactual_family(n, kind, self.generator("counterfactuals", kind, seed))
 
+    # ----------------------------------------------------------------- longer inputs
+    def extended(self, family: str, extra: int) -> SyntheticTask:
+        """The same task on inputs ``extra`` tokens longer: the same classes, label values and
+        special tokens (triggers, marker), so a model trained on ``self`` can be scored on it.
+
+        ``family`` is one of :attr:`extensions`: ``"shift"`` puts ``extra`` more fillers before
+        everything, so the tokens that decide the label sit ``extra`` positions further right
+        (translation); ``"right"`` puts them after everything (the same positions, longer
+        inputs); ``"sides"`` puts ``extra // 2`` before and the rest after; ``"length"`` (a task
+        whose tokens are shuffled over a fixed length) makes every sequence ``extra`` tokens
+        longer with the same label distribution. Every row of the extended task is exactly
+        ``extra`` tokens longer than the row the generator would otherwise draw, and
+        ``max_len`` grows by ``extra``. ``extended(f, 0)`` is ``self``.
+        """
+        if family not in self.extensions:
+            raise ValueError(
+                f"{type(self).__name__}.extended: family must be one of "
+                f"{', '.join(map(repr, self.extensions)) or '(none)'}; got {family!r}"
+            )
+        check_int(f"{type(self).__name__}.extended", "extra", extra, 0)
+        return self if extra == 0 else self._extended(family, extra)
+
+    def _extended(self, family: str, extra: int) -> SyntheticTask:
+        raise NotImplementedError(f"{type(self).__name__} has no extensions")
+
     # ----------------------------------------------------------------- exact baselines
     def chance_accuracy(self) -> float:
         """Accuracy of the best constant prediction (the most frequent class)."""
@@ -252,6 +284,16 @@ class SyntheticTask(ABC):
     # ----------------------------------------------------------------- shared helpers
     def _label_to_class(self) -> dict[int, int]:
         return {int(v): c for c, v in enumerate(self.label_values.tolist())}
+
+
+def extend_sides(task: Any, family: str, extra: int) -> Any:
+    """:meth:`SyntheticTask.extended` for a task with ``extra_left``, ``extra_right`` and
+    ``max_len`` fields (fillers before and after its segments)."""
+    left = {"shift": extra, "sides": extra // 2, "right": 0}[family]
+    return dataclasses.replace(
+        task, extra_left=task.extra_left + left, extra_right=task.extra_right + extra - left,
+        max_len=task.max_len + extra,
+    )
 
 
 def first_occurrences(keys: Int[Tensor, " n"]) -> Tensor:

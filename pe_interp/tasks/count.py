@@ -16,6 +16,7 @@ do not, on this task).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 from typing import ClassVar
@@ -42,6 +43,7 @@ class CountTask(SyntheticTask):
     seed: int = 0
 
     name: ClassVar[str] = "count"
+    extensions: ClassVar[tuple[str, ...]] = ("length",)
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -74,6 +76,10 @@ class CountTask(SyntheticTask):
     def filler_ids(self) -> Int[Tensor, " n_fillers"]:
         ids = torch.arange(1, self.d_vocab)
         return ids[~torch.isin(ids, self.trigger_ids)]
+
+    def _extended(self, family: str, extra: int) -> CountTask:
+        """Longer sequences, the same count distribution (so the trigger density falls)."""
+        return dataclasses.replace(self, length=self.length + extra)
 
     # ----------------------------------------------------------------- labels
     @property

@@ -15,6 +15,10 @@ exactly one ``t1`` and one ``t2``. Each way the authors' generator differs is a 
   replacement, as the authors' per-segment ``random.sample``;
 - ``dedup=True``: exact duplicate training sequences are removed (and refilled), as the authors
   deduplicate their generated set. Test rows never repeat a training row in any case.
+
+For length generalisation, ``extra_left`` / ``extra_right`` add that many fillers to every row's
+left / right side (``left ~ U{1..max_side} + extra_left``): the triggers move ``extra_left``
+positions right, the distances and classes stay (:meth:`~pe_interp.tasks.base.SyntheticTask.extended`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from pe_interp.tasks.base import SyntheticTask, check_bool, check_int
+from pe_interp.tasks.base import SyntheticTask, check_bool, check_int, extend_sides
 from pe_interp.tasks.batch import PAD_ID, Batch, CounterfactualPairs
 from pe_interp.tasks.sampling import draw_ids
 
@@ -45,9 +49,12 @@ class DistanceTask(SyntheticTask):
     fillers_include_triggers: bool = False
     distinct_fillers: bool = False
     dedup: bool = False
+    extra_left: int = 0
+    extra_right: int = 0
     seed: int = 0
 
     name: ClassVar[str] = "distance"
+    extensions: ClassVar[tuple[str, ...]] = ("shift", "sides", "right")
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -57,16 +64,19 @@ class DistanceTask(SyntheticTask):
         check_int(owner, "d_vocab", self.d_vocab, 4, why="PAD + 2 triggers + at least 1 other id")
         check_int(owner, "max_between", self.max_between, 2, why="at least 2 distance classes")
         check_int(owner, "max_side", self.max_side, 1)
-        need = self.max_side + self.max_between + 2
+        check_int(owner, "extra_left", self.extra_left, 0)
+        check_int(owner, "extra_right", self.extra_right, 0)
+        need = self.extra_left + self.max_side + self.max_between + 2
         check_int(
             owner, "max_len", self.max_len, need,
-            why=f"max_side + max_between + 2 = {need}, so truncation never cuts the second trigger",
+            why=f"extra_left + max_side + max_between + 2 = {need}, so truncation never cuts the second trigger",
         )
         check_int(owner, "seed", self.seed, 0)
         pool = self.d_vocab - (1 if self.fillers_include_triggers else 3)
-        if self.distinct_fillers and pool < max(self.max_between, self.max_side):
+        segment = max(self.max_between, self.max_side + max(self.extra_left, self.extra_right))
+        if self.distinct_fillers and pool < segment:
             raise ValueError(
-                f"{owner}.distinct_fillers: a segment of up to {max(self.max_between, self.max_side)} "
+                f"{owner}.distinct_fillers: a segment of up to {segment} "
                 f"distinct fillers needs at least that many filler ids; d_vocab={self.d_vocab} gives {pool}"
             )
 
@@ -134,9 +144,9 @@ class DistanceTask(SyntheticTask):
     # ----------------------------------------------------------------- generation
     def _draw(self, n: int, gen: torch.Generator) -> tuple[Batch, Tensor, Tensor]:
         """Samples plus the generator's trigger positions ``first`` and ``second`` per row."""
-        left = torch.randint(1, self.max_side + 1, (n,), generator=gen)
+        left = torch.randint(1, self.max_side + 1, (n,), generator=gen) + self.extra_left
         between = torch.randint(1, self.max_between + 1, (n,), generator=gen)
-        right = torch.randint(1, self.max_side + 1, (n,), generator=gen)
+        right = torch.randint(1, self.max_side + 1, (n,), generator=gen) + self.extra_right
         first, second = left, left + between + 1
         pos = torch.arange(self.max_len)
         if self.distinct_fillers:
@@ -159,15 +169,24 @@ class DistanceTask(SyntheticTask):
         def segment(size: int) -> Tensor:  # [n, size]: a uniform ordered sample without replacement
             return ids[torch.rand(n, len(ids), generator=gen).topk(size, dim=1).indices]
 
-        left, middle, right = segment(self.max_side), segment(self.max_between), segment(self.max_side)
+        sl, sr = self._side_sizes
+        left, middle, right = segment(sl), segment(self.max_between), segment(sr)
         pos = torch.arange(self.max_len)[None, :]
         tokens = torch.where(
             pos < first[:, None],
-            left.gather(1, pos.clamp(max=self.max_side - 1).expand(n, -1)),
+            left.gather(1, pos.clamp(max=sl - 1).expand(n, -1)),
             middle.gather(1, (pos - first[:, None] - 1).clamp(0, self.max_between - 1)),
         )
-        after = right.gather(1, (pos - second[:, None] - 1).clamp(0, self.max_side - 1))
+        after = right.gather(1, (pos - second[:, None] - 1).clamp(0, sr - 1))
         return torch.where(pos > second[:, None], after, tokens)
+
+    @property
+    def _side_sizes(self) -> tuple[int, int]:
+        """The longest left and right filler segments."""
+        return self.max_side + self.extra_left, self.max_side + self.extra_right
+
+    def _extended(self, family: str, extra: int) -> DistanceTask:
+        return extend_sides(self, family, extra)
 
     def _generate(self, n: int, gen: torch.Generator) -> Batch:
         return self._draw(n, gen)[0]
@@ -216,9 +235,9 @@ class DistanceTask(SyntheticTask):
         - ``"position"``: the same tokens (the same multiset, the same fillers at all but at most
           two positions) with the triggers moved to a new placement at another distance. The
           placement is uniform over those the generator could produce at this length: new left
-          side ``1..max_side``, distance ``2..max_between + 1`` other than the clean one, right
-          side ``1..max_side`` (``0..max_side`` when the row fills ``max_len``, as truncation
-          allows). ``t1`` swaps with the token in its new slot, then ``t2`` does, so the fillers
+          side ``1..max_side`` (plus ``extra_left``), distance ``2..max_between + 1`` other than
+          the clean one, right side ``1..max_side`` (plus ``extra_right``; from 0 when the row
+          fills ``max_len``, as truncation allows). ``t1`` swaps with the token in its new slot, then ``t2`` does, so the fillers
           that were there take the triggers' old slots and at most four positions change. With
           ``fillers_include_triggers`` a slot holding a trigger-valued filler is never a new slot;
           with ``distinct_fillers`` a corrupt row whose moved fillers repeat one in their new
@@ -264,12 +283,13 @@ class DistanceTask(SyntheticTask):
         generator could produce at each row's length, and whether the row has one."""
         n, side, most = len(clean), self.max_side, self.max_between
         length = clean.lengths
-        lefts = torch.arange(1, side + 1)
+        lefts = torch.arange(1, side + 1) + self.extra_left
         distances = torch.arange(2, most + 2)
         seconds = lefts[:, None] + distances[None, :]  # [side, distance]
         right = length[:, None, None] - 1 - seconds
-        lowest_right = (length < self.max_len).long()  # 0 only where truncation can leave none
-        valid = (right >= lowest_right[:, None, None]) & (right <= side)
+        # 0 only where truncation can leave none
+        lowest_right = torch.where(length < self.max_len, 1 + self.extra_right, 0)
+        valid = (right >= lowest_right[:, None, None]) & (right <= side + self.extra_right)
         valid &= distances != (second - first)[:, None, None]
         if self.fillers_include_triggers:  # never move a trigger onto a trigger-valued filler
             pos = torch.arange(self.max_len)
@@ -320,15 +340,16 @@ class DistanceTask(SyntheticTask):
                 keys = torch.rand(n, vocab, generator=gen).masked_fill(~pool, -1.0)
                 return keys.topk(size, dim=1).indices
 
-            left, middle, right = segment(self.max_side), segment(self.max_between), segment(self.max_side)
+            sl, sr = self._side_sizes
+            left, middle, right = segment(sl), segment(self.max_between), segment(sr)
             need = torch.stack([first, second - first - 1, clean.lengths - second - 1], dim=1)
             fits = (need <= available[:, None]).all(dim=1)
             tokens = torch.where(
                 pos < first[:, None],
-                left.gather(1, pos.clamp(max=self.max_side - 1).expand(n, -1)),
+                left.gather(1, pos.clamp(max=sl - 1).expand(n, -1)),
                 middle.gather(1, (pos - first[:, None] - 1).clamp(0, self.max_between - 1)),
             )
-            after = right.gather(1, (pos - second[:, None] - 1).clamp(0, self.max_side - 1))
+            after = right.gather(1, (pos - second[:, None] - 1).clamp(0, sr - 1))
             tokens = torch.where(pos > second[:, None], after, tokens)
         else:
             pool_first = torch.argsort((~pool).to(torch.int8), dim=1, stable=True)
@@ -344,14 +365,16 @@ class DistanceTask(SyntheticTask):
     def length_label_counts(self) -> Int[Tensor, "len n_classes"]:
         """Counts of (left, between, right) triples per (length, class); total B * S**2.
 
-        ``s = left + right`` takes value ``s`` in ``min(s - 1, 2S + 1 - s)`` ways; the length is
-        ``min(s + between + 2, max_len)`` and the class ``between - 1``.
+        ``s = left + right`` (before the extras) takes value ``s`` in ``min(s - 1, 2S + 1 - s)``
+        ways; the length is ``min(s + extra_left + extra_right + between + 2, max_len)`` and the
+        class ``between - 1``.
         """
         side, most = self.max_side, self.max_between
         s = torch.arange(2, 2 * side + 1)
         ways = torch.minimum(s - 1, 2 * side + 1 - s)
         between = torch.arange(1, most + 1)
-        length = torch.clamp(s[:, None] + between[None, :] + 2, max=self.max_len)
+        extra = self.extra_left + self.extra_right
+        length = torch.clamp(s[:, None] + between[None, :] + 2 + extra, max=self.max_len)
         cls = (between - 1).expand_as(length)
         counts = torch.zeros(self.max_len + 1, most, dtype=torch.long)
         counts.index_put_(

@@ -62,7 +62,7 @@ def acdc(
             raise ValueError("acdc: span ids need span_names=")
     S = max(1, len(names))
     ev = _Evaluator(model, clean, corrupt, ablation="corrupt", metric=metric, reference=None, seed=0,
-                    batch_size=batch_size or 256 * 4, spans=spans, n_spans=S)  # fmt: skip
+                    batch_size=batch_size or 256 * 4, spans=spans, n_spans=S, who="acdc")  # fmt: skip
     graph = ev.graph
     units = np.broadcast_to(graph.valid[..., None], (*graph.valid.shape, S)).copy()
     if ev.ids is not None:

@@ -62,6 +62,7 @@ from probes.circuits.engine import (
 )
 from probes.circuits.graph import Graph, build_graph, head_name, parse
 from probes.circuits.scores import Attribution, span_ids
+from probes.inputs import FiniteWatch, check_count, check_finite_model
 
 METHODS = ("atp", "atp*", "eap-ig")
 GRANULARITIES = ("node", "edge")
@@ -264,8 +265,11 @@ def attribute(
             raise ValueError(f"attribute: {name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"attribute: steps must be a positive integer, got {steps!r}")
+    if batch_size is not None:
+        check_count(batch_size, "batch_size", 1, "attribute")
+    check_finite_model(model, "attribute")
     graph = build_graph(model.cfg)
-    c, k = as_pair(model, clean, corrupt)
+    c, k = as_pair(model, clean, corrupt, "attribute")
     if method == "eap-ig" and k is None:
         raise ValueError("attribute: method='eap-ig' integrates from the corrupt input to the clean one; pass corrupt= (or use 'atp'/'atp*' for ablation)")
     if method == "eap-ig" and not torch.equal(c.pad_mask, k.pad_mask):
@@ -279,6 +283,8 @@ def attribute(
         raise ValueError("attribute: method='atp*' (GradDrop over layers) needs a model with at least 2 layers")
     mode = direction if k is not None else ablation
     metric_name, fn = resolve(metric)
+    watch = FiniteWatch()  # every logit the metric sees, checked once at the end
+    fn = watch.wrap(fn)
     edges = granularity == "edge" or method == "atp*"
     rows = batch_size or (256 if model.W_E.device.type == "cpu" else 4096)
     cfg = model.cfg
@@ -289,7 +295,7 @@ def attribute(
     with eval_mode(model), forks(model, on=edges):
         means = None
         if k is None and ablation == "mean":
-            ref = c if reference is None else as_run(model, reference, what="reference")
+            ref = c if reference is None else as_run(model, reference, what="reference", who="attribute")
             if ref.tokens.shape[1] < P:
                 raise ValueError(f"attribute: the reference is shorter ({ref.tokens.shape[1]}) than the examples ({P})")
             means = position_means(model, ref, writer_hooks(graph), rows)
@@ -303,6 +309,7 @@ def attribute(
         good, bad = pair_labels(c, k)
         m_clean = mean_metric(model, c, fn, good, bad, rows)
         m_corrupt = float("nan") if k is None else mean_metric(model, k, fn, good, bad, rows)
+    watch.check("attribute")
     per_pos = [t.cpu().numpy() / n for t in totals]
     if edges:
         mask = graph.valid[..., None]

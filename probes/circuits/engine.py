@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from probes.circuits.graph import COMPONENTS, Graph
+from probes.inputs import check_examples
 
 PerExample = Callable[[Tensor, Tensor, Tensor], Tensor]
 
@@ -80,41 +81,40 @@ class Run:
         return Run(self.tokens[sl], kv, self.pad_mask[sl], self.labels[sl])
 
 
-def as_run(model, x: Any, labels: Tensor | None = None, what: str = "clean") -> Run:
+def as_run(model, x: Any, labels: Tensor | None = None, what: str = "clean", who: str = "") -> Run:
     """A :class:`Run` from a ``Batch`` (tokens, labels, pad_mask) or a token tensor (then
-    ``labels`` default to zeros: pass them for the built-in metrics)."""
-    device = model.W_E.device
+    ``labels`` default to zeros: pass them for the built-in metrics), checked
+    (:func:`probes.inputs.check_examples`; ``who`` prefixes the message)."""
     if hasattr(x, "tokens") and hasattr(x, "pad_mask"):
         tokens, pad_mask = x.tokens, x.pad_mask
         labels = x.labels if labels is None else labels
     elif isinstance(x, Tensor):
         tokens, pad_mask = x, None
     else:
-        raise ValueError(f"{what} must be a Batch or a [batch, pos] token tensor, got {type(x).__name__}")
-    if tokens.ndim != 2 or tokens.shape[0] == 0:
-        raise ValueError(f"{what}: tokens must be a non-empty [batch, pos] tensor, got {tuple(tokens.shape)}")
-    tokens = tokens.to(device)
-    pad_mask = (tokens != model.cfg.pad_id) if pad_mask is None else pad_mask.to(device)
-    tokens, key_valid = model.check_inputs(tokens, pad_mask)
+        raise ValueError(f"{who + ': ' if who else ''}{what} must be a Batch or a [batch, pos] token tensor, "
+                         f"got {type(x).__name__}")
+    if getattr(tokens, "ndim", None) == 2 and tokens.shape[0] == 0:
+        raise ValueError(f"{who + ': ' if who else ''}{what}.tokens must be a non-empty [batch, pos] tensor, "
+                         f"got {tuple(tokens.shape)}")
+    tokens, labels, pad_mask = check_examples(model, tokens, labels, pad_mask, who=who, what=f"{what}.tokens",
+                                              label_name=f"{what}.labels")
+    key_valid = model.check_inputs(tokens, pad_mask)[1]
     if labels is None:
-        labels = torch.zeros(tokens.shape[0], dtype=torch.long)
-    labels = torch.as_tensor(labels).to(device).long()
-    if labels.shape != tokens.shape[:1]:
-        raise ValueError(f"{what}: labels must have shape ({tokens.shape[0]},), got {tuple(labels.shape)}")
+        labels = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
     return Run(tokens, key_valid, pad_mask, labels)
 
 
-def as_pair(model, clean: Any, corrupt: Any) -> tuple[Run, Run | None]:
+def as_pair(model, clean: Any, corrupt: Any, who: str = "") -> tuple[Run, Run | None]:
     """Clean and corrupt runs from ``(CounterfactualPairs, None)``, ``(Batch, Batch)``,
     ``(tokens, tokens)`` or ``(Batch, None)`` (no corrupt run)."""
     if hasattr(clean, "clean") and hasattr(clean, "corrupt"):
         if corrupt is not None:
             raise ValueError("pass CounterfactualPairs alone, or clean and corrupt batches, not both")
         clean, corrupt = clean.clean, clean.corrupt
-    c = as_run(model, clean)
+    c = as_run(model, clean, who=who)
     if corrupt is None:
         return c, None
-    k = as_run(model, corrupt, what="corrupt")
+    k = as_run(model, corrupt, what="corrupt", who=who)
     if k.tokens.shape != c.tokens.shape:
         raise ValueError(
             f"clean and corrupt must have the same shape (positions line up), got {tuple(c.tokens.shape)} "

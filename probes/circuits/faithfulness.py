@@ -37,6 +37,7 @@ from probes.circuits.engine import (
 from probes.circuits.graph import Graph, build_graph
 from probes.circuits.scores import Attribution, span_ids
 from probes.circuits.selection import Circuit, Ranking, rank_edges
+from probes.inputs import check_count, check_finite_model
 from probes.metrics import resample_sources
 
 ABLATIONS = ("corrupt", "resample", "mean")
@@ -152,14 +153,18 @@ class _Evaluator:
     """Measures keep masks ``[k, readers, writers, spans]`` on fixed pairs: the mean metric of
     each, the clean run's (everything kept) and the corrupt one's (nothing kept)."""
 
-    def __init__(self, model, clean, corrupt, *, ablation, metric, reference, seed, batch_size, spans, n_spans):
+    def __init__(self, model, clean, corrupt, *, ablation, metric, reference, seed, batch_size, spans, n_spans,
+                 who: str = "faithfulness"):
         if ablation not in ABLATIONS:
-            raise ValueError(f"faithfulness: ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}")
+            raise ValueError(f"{who}: ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}")
+        if batch_size is not None:
+            check_count(batch_size, "batch_size", 1, who)
+        check_finite_model(model, who)
         self.model, self.graph = model, build_graph(model.cfg)
         clean_batch = clean.clean if hasattr(clean, "clean") else clean
-        self.c, self.k = as_pair(model, clean, corrupt)
+        self.c, self.k = as_pair(model, clean, corrupt, who)
         if ablation == "corrupt" and self.k is None:
-            raise ValueError("faithfulness: ablation='corrupt' needs corrupt= (or CounterfactualPairs)")
+            raise ValueError(f"{who}: ablation='corrupt' needs corrupt= (or CounterfactualPairs)")
         self.ids = None
         if n_spans > 1 or spans is not None:
             if spans is None:  # a circuit of spans, evaluated without them
@@ -177,7 +182,7 @@ class _Evaluator:
         self.repl_all = None
         if ablation == "mean":
             with eval_mode(model):
-                ref = self.c if reference is None else as_run(model, reference, what="reference")
+                ref = self.c if reference is None else as_run(model, reference, what="reference", who=who)
                 means = position_means(model, ref, names, self.rows)
                 P = self.c.tokens.shape[1]
                 self.repl_all = contributions(model, self.graph, {n: m[None, :P] for n, m in means.items()}).detach()
@@ -284,7 +289,8 @@ def faithfulness_curve(
         graph = build_graph(model.cfg)
         n_spans = len(scores.span_names) if scores.positional else 1
         ev = _Evaluator(model, clean, corrupt, ablation=ablation, metric=metric, reference=reference, seed=seed,
-                        batch_size=batch_size, spans=spans if scores.positional else None, n_spans=n_spans)  # fmt: skip
+                        batch_size=batch_size, spans=spans if scores.positional else None, n_spans=n_spans,
+                        who="faithfulness_curve")  # fmt: skip
         sizes = list(sizes) if sizes is not None else [len(scores.edges)]
         if any(s < 0 or s > len(scores.edges) for s in sizes):
             raise ValueError(f"faithfulness_curve: sizes must be in 0..{len(scores.edges)}")
@@ -295,7 +301,8 @@ def faithfulness_curve(
         return out
     r = _ranking(scores, select=select, positional=positional, by=by)
     ev = _Evaluator(model, clean, corrupt, ablation=ablation, metric=metric, reference=reference, seed=seed,
-                    batch_size=batch_size, spans=spans if r.positional else None, n_spans=r.n_spans)  # fmt: skip
+                    batch_size=batch_size, spans=spans if r.positional else None, n_spans=r.n_spans,
+                    who="faithfulness_curve")  # fmt: skip
     if sizes is None:
         sizes = default_sizes(r.total)
     sizes = list(sizes)
@@ -343,7 +350,8 @@ def minimal_circuit(
         raise ValueError(f"minimal_circuit: target must be in (0, 1], got {target!r}")
     r = _ranking(scores, select=select, positional=positional, by=by)
     ev = _Evaluator(model, clean, corrupt, ablation=ablation, metric=metric, reference=reference, seed=seed,
-                    batch_size=batch_size, spans=spans if r.positional else None, n_spans=r.n_spans)  # fmt: skip
+                    batch_size=batch_size, spans=spans if r.positional else None, n_spans=r.n_spans,
+                    who="minimal_circuit")  # fmt: skip
     full, empty = ev.ends()
     seen: dict[int, tuple[int, float, float]] = {}  # size -> (kept, recovered, metric)
 

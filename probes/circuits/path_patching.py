@@ -30,7 +30,13 @@ import numpy as np
 import torch
 
 from pe_interp.config import KV_EMBED_NO_EDGES
-from pe_interp.io import atomic_write_json, nan_array, read_json, to_json
+from pe_interp.io import (
+    load_result,
+    nan_array,
+    register_result,
+    to_json,
+    write_result,
+)
 from pe_interp.modes import eval_mode
 from probes.circuits.engine import (
     as_pair,
@@ -44,6 +50,9 @@ from probes.circuits.engine import (
     writer_hooks,
 )
 from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
+from probes.inputs import FiniteWatch, check_count, check_finite_model
+
+RESULT_KIND = register_result("path patching", "PathPatch.load", ("senders", "receivers", "values"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,11 +88,11 @@ class PathPatch:
                    float(d["clean_metric"]), float(d["corrupt_metric"]), int(d["n_examples"]), dict(d.get("meta") or {}))  # fmt: skip
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_json(path, self.to_dict(), indent=None, sort_keys=False)
+        return write_result(path, RESULT_KIND, self.to_dict(), indent=None, sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path) -> PathPatch:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
 
 def _names(graph, senders, receivers, component: str) -> tuple[list[str], list[str]]:
@@ -133,12 +142,17 @@ def path_patch(
     """
     if component not in COMPONENTS:
         raise ValueError(f"path_patch: component must be one of {', '.join(COMPONENTS)}; got {component!r}")
+    if batch_size is not None:
+        check_count(batch_size, "batch_size", 1, "path_patch")
+    check_finite_model(model, "path_patch")
     graph = build_graph(model.cfg)
-    c, k = as_pair(model, clean, corrupt)
+    c, k = as_pair(model, clean, corrupt, "path_patch")
     if k is None:
         raise ValueError("path_patch: needs a corrupt run (pass CounterfactualPairs or corrupt=)")
     s_names, r_names = _names(graph, senders, receivers, component)
     metric_name, fn = resolve(metric)
+    watch = FiniteWatch()  # every logit the metric sees, checked once at the end
+    fn = watch.wrap(fn)
     good, bad = pair_labels(c, k)
     rows = batch_size or (256 if model.W_E.device.type == "cpu" else 4096)
     n, L = len(c), graph.n_layers
@@ -169,6 +183,7 @@ def path_patch(
                     sums[np.ix_(ok, cols)] += out
         m_clean = mean_metric(model, c, fn, good, bad, rows)
         m_corrupt = mean_metric(model, k, fn, good, bad, rows)
+    watch.check("path_patch")
     values = np.where(valid, sums / n, np.nan)
     return PathPatch(tuple(s_names), tuple(r_names), values, metric_name, m_clean, m_corrupt, n,
                      {"encoding": model.cfg.encoding_name, "kv_source": model.cfg.kv_source})  # fmt: skip

@@ -19,11 +19,18 @@ from typing import Any
 
 import numpy as np
 
-from pe_interp.io import atomic_write_json, read_json, to_json
+from pe_interp.io import (
+    load_result,
+    register_result,
+    to_json,
+    write_result,
+)
 from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
 from probes.circuits.path_patching import path_patch
 from probes.circuits.scores import Attribution
 from probes.decomposition import logit_terms
+
+RESULT_KIND = register_result("head route", "HeadRoute.load", ("head", "metric", "n_examples", "exact", "layer0"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,11 +67,11 @@ class HeadRoute:
                    d.get("gaps") or {}, d.get("layer0"))  # fmt: skip
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_json(path, self.to_dict(), indent=1, sort_keys=False)
+        return write_result(path, RESULT_KIND, self.to_dict(), indent=1, sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path) -> HeadRoute:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
 
 def layer0_terms(model, batch, head: int, n: int = 16) -> dict[str, Any]:

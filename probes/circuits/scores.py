@@ -12,8 +12,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_interp.io import atomic_write_json, nan_array, read_json, to_json
+from pe_interp.io import (
+    load_result,
+    nan_array,
+    register_result,
+    to_json,
+    write_result,
+)
 from probes.circuits.graph import head_name
+
+RESULT_KIND = register_result("attribution", "Attribution.load", ("method", "granularity", "writers", "readers", "scores"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,11 +118,11 @@ class Attribution:
         )  # fmt: skip
 
     def save(self, path: str | Path, by_position: bool = False) -> Path:
-        return atomic_write_json(path, self.to_dict(by_position), indent=None, sort_keys=False)
+        return write_result(path, RESULT_KIND, self.to_dict(by_position), indent=None, sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path) -> Attribution:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
 
 def span_ids(spans: Any, names: Any, shape: tuple, who: str) -> tuple[Tensor, tuple[str, ...]]:

@@ -39,12 +39,20 @@ from typing import Any
 
 import numpy as np
 
-from pe_interp.io import atomic_write_json, nan_array, read_json, to_json
+from pe_interp.io import (
+    load_result,
+    nan_array,
+    register_result,
+    to_json,
+    write_result,
+)
 from probes.circuits.graph import Graph, build_graph_from, node_layer
 from probes.circuits.paths import greedy_order, prune, widest_paths
 from probes.circuits.scores import Attribution
 
 SELECTIONS = ("paths", "greedy", "top")
+
+RESULT_KIND = register_result("circuit", "Circuit.load", ("nodes", "edges", "scores", "ranking", "total_edges"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,11 +123,11 @@ class Circuit:
                    tuple(d.get("span_names") or ()))  # fmt: skip
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_json(path, self.to_dict(), indent=1, sort_keys=False)
+        return write_result(path, RESULT_KIND, self.to_dict(), indent=1, sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path) -> Circuit:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
 
 # ---------------------------------------------------------------------------------------------

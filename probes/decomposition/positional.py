@@ -10,13 +10,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pe_interp.io import atomic_write_json, nan_array, read_json
+from pe_interp.io import (
+    load_result,
+    nan_array,
+    register_result,
+    write_result,
+)
 from pe_interp.modes import eval_mode
 from probes.decomposition.toeplitz import toeplitz_score
+from probes.inputs import check_count, check_examples, check_finite_model
 
 __all__ = ["PositionalScores", "positional_scores"]
 
 DEFINITION = "split-half R^2 of a position-only (query, key) template; toeplitz = mean per-example Toeplitz R^2"
+
+
+RESULT_KIND = register_result("positional scores", "PositionalScores.load", ("scores", "toeplitz", "n_examples"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,11 +82,11 @@ class PositionalScores:
         )
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_json(path, self.to_dict())
+        return write_result(path, RESULT_KIND, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> PositionalScores:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
 
 def positional_scores(
@@ -85,6 +94,10 @@ def positional_scores(
 ) -> PositionalScores:
     """:class:`PositionalScores` of every head on ``tokens [n, pos]`` (n >= 2)."""
     cfg = model.cfg
+    check_finite_model(model, "positional_scores")
+    check_count(batch_size, "batch_size", 1, "positional_scores")
+    tokens, _, checked_pm = check_examples(model, tokens, None, pad_mask, who="positional_scores")
+    pad_mask = None if pad_mask is None else checked_pm
     n, n_pos = tokens.shape
     if n < 2:
         raise ValueError("positional_scores: need at least 2 examples (the template is split-half)")

@@ -14,6 +14,7 @@ from torch import Tensor
 from pe_interp.modes import eval_mode
 from probes.decomposition.rope import RopeTerms, rope_spans, rope_terms
 from probes.decomposition.toeplitz import toeplitz_score
+from probes.inputs import check_example, check_examples, check_finite_model, check_head, check_layer
 
 __all__ = ["LogitTerms", "logit_terms"]
 
@@ -129,19 +130,16 @@ def logit_terms(
     Layer 0 gives the content / position / offset Gram terms (plus ``relative_bias``); any
     layer gives ``"qk"`` and ``"relative_bias"``; rotary heads also get :class:`RopeTerms`.
     """
-    cfg = model.cfg
-    if not 0 <= layer < cfg.n_layers:
-        raise ValueError(f"logit_terms: layer must be in 0..{cfg.n_layers - 1}, got {layer}")
-    if not 0 <= head < cfg.n_heads:
-        raise ValueError(f"logit_terms: head must be in 0..{cfg.n_heads - 1}, got {head}")
-    if tokens.ndim == 1:
+    who = "logit_terms"
+    layer, head = check_layer(model, layer, who), check_head(model, head, who)
+    check_finite_model(model, who)
+    if isinstance(tokens, Tensor) and tokens.ndim == 1:
         tokens = tokens[None]
-        pad_mask = None if pad_mask is None else pad_mask.reshape(1, -1)
-    if not 0 <= example < tokens.shape[0]:
-        raise ValueError(f"logit_terms: example must be in 0..{tokens.shape[0] - 1}, got {example}")
-    device = model.W_E.device
-    toks = tokens[example : example + 1].to(device)
-    pm = None if pad_mask is None else pad_mask[example : example + 1].to(device)
+        pad_mask = pad_mask.reshape(1, -1) if isinstance(pad_mask, Tensor) else pad_mask
+    tokens, _, full_pm = check_examples(model, tokens, None, pad_mask, who=who)
+    example = check_example(example, tokens.shape[0], who)
+    toks = tokens[example : example + 1]
+    pm = None if pad_mask is None else full_pm[example : example + 1]
     pre = f"blocks.{layer}"
     names = [
         f"{pre}.attn.hook_attn_scores",

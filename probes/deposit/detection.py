@@ -1,8 +1,12 @@
-"""Detecting the single-head deposit pattern in an ablation sweep.
+"""Layer concentration in an ablation sweep.
 
-:func:`find_deposits` reads an :class:`~probes.ablation.AblationResult` layer by layer and says
-whether one head carries (almost) all of what the layer contributes: the paper's "single-head
-deposit pattern" (digest §6), which the paper itself judged by eye from per-layer line plots.
+:func:`find_deposits` reads an :class:`~probes.ablation.AblationResult` layer by layer and flags
+a **layer concentration** where one head carries most of what *its layer* contributes (the
+per-layer line plots by which the paper judged its "deposit pattern", digest §6). A layer
+concentration is weaker than a **single-head deposit**, which is a property of the whole model
+(:func:`probes.deposit.dominance`: one head ≥ 50 points, every other within 5): a model can
+have a concentrated layer and still several heads that matter. Thresholds are compared at the
+evaluation set's granularity, and an exact tie for a layer's top is never flagged.
 :func:`layer_stats` is the one definition of a layer's deposit statistics (top head, runner-up,
 margin, share, entropy, Gini), used by detection, by the dynamics callback, by the report and by
 the claims.
@@ -18,8 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from pe_interp.io import atomic_write_json, nan_float, read_json, to_json
+from pe_interp.io import (
+    load_result,
+    nan_float,
+    register_result,
+    to_json,
+    write_result,
+)
 from probes.ablation import AblationResult, Head
+from probes.deposit.dominance import GRANULE_TOL, at_least
+from probes.inputs import check_fraction, check_layers, check_threshold
 
 DEFAULT_MIN_DROP_ACCURACY = 0.2
 DEFAULT_MIN_SHARE = 0.5
@@ -136,10 +148,12 @@ def layer_stats(
     hi = float(ci_high[top]) if ci_high is not None else float("nan")
     separated = None if (math.isnan(lo) or second is None) else bool(lo > second_drop)
     failed = []
-    if not top_drop >= min_drop or not top_drop > 0:
+    if not at_least(top_drop, min_drop) or not top_drop > GRANULE_TOL:
         failed.append(f"top drop {top_drop:.3g} < min_drop {min_drop:.3g}")
-    if not share >= min_share:
+    if not at_least(share, min_share):
         failed.append(f"share {share:.3g} < min_share {min_share:.3g}")
+    if second is not None and not top_drop - second_drop > GRANULE_TOL:
+        failed.append(f"tie: head {second} drops as much as head {top}")
     if require_separation and separated is False:
         failed.append(f"CI low {lo:.3g} of the top head does not exceed the second head's drop {second_drop:.3g}")
     return LayerDeposit(
@@ -159,6 +173,9 @@ def layer_stats(
     )
 
 
+RESULT_KIND = register_result("deposit", "DepositReport.load", ("deposits", "layers", "thresholds"))
+
+
 @dataclass(frozen=True)
 class DepositReport:
     """Per-layer deposit verdicts of one ablation sweep (see :func:`find_deposits`)."""
@@ -176,7 +193,7 @@ class DepositReport:
         for s in self.layers:
             if s.layer == layer:
                 return s
-        raise KeyError(f"layer {layer} is not in this report")
+        raise ValueError(f"layer {layer} is not in this report; it has layers {[s.layer for s in self.layers]}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -207,11 +224,11 @@ class DepositReport:
         )
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_json(path, self.to_dict(), indent=1, sort_keys=False)
+        return write_result(path, RESULT_KIND, self.to_dict(), indent=1, sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path) -> DepositReport:
-        return cls.from_dict(read_json(path))
+        return load_result(path, RESULT_KIND, cls.from_dict)
 
     @property
     def first(self) -> Head | None:
@@ -222,7 +239,7 @@ class DepositReport:
         """A short fixed-width table, one row per layer."""
         rows = [
             f"{self.method}-ablation, metric {self.metric}, baseline {self.baseline:.4f}",
-            f"{'layer':>5} {'head':>4} {'drop':>8} {'CI':>19} {'2nd':>8} {'share':>6} {'entropy':>7} deposit",
+            f"{'layer':>5} {'head':>4} {'drop':>8} {'CI':>19} {'2nd':>8} {'share':>6} {'entropy':>7} concentrated",
         ]
         for s in self.layers:
             ci = "" if math.isnan(s.top_ci[0]) else f"[{s.top_ci[0]:.3f}, {s.top_ci[1]:.3f}]"
@@ -267,6 +284,10 @@ def find_deposits(
     ``ablate_heads(engine="attribution")`` leaves it), whose shares would be overstated; layers
     not swept at all are skipped.
     """
+    check_fraction(min_share, "min_share", "find_deposits")
+    if min_drop is not None:
+        check_threshold(min_drop, "min_drop", "find_deposits")
+    check_layers(result.n_layers, layers, "find_deposits")
     if not result.is_grid:
         raise ValueError("find_deposits needs a layers x heads sweep, not head sets")
     if min_drop is None:

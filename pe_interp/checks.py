@@ -1,0 +1,109 @@
+"""Input checks that the model, the trainer's evaluation and the probes share: token tensors,
+class labels and finite weights. Each refuses with a one-line ``ValueError`` that names the
+problem and the fix, before any work; each costs at most one host sync per call.
+
+The probes' own checks (pad masks against tokens, layers, heads, examples, bootstrap counts)
+build on these in :mod:`probes.inputs`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "TOKEN_DTYPES",
+    "check_finite_weights",
+    "check_labels",
+    "check_token_tensor",
+    "finite_number",
+    "nonfinite_weight",
+    "type_name",
+]
+
+# what F.embedding takes after .long(); int8 is left out: it holds ids only up to 127
+TOKEN_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
+
+
+def type_name(x: Any) -> str:
+    """``"numpy.ndarray"``, ``"list"``, ``"torch.float32 tensor"``: what a message calls a value."""
+    if isinstance(x, Tensor):
+        return f"a {x.dtype} tensor"
+    kind = type(x)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__.split('.')[0]}.{kind.__name__}"
+
+
+def check_token_tensor(tokens: Any, what: str = "tokens") -> Tensor:
+    """``tokens`` if it is a torch tensor of integer ids (of a dtype the embedding takes); the
+    shape and the vocabulary are the model's to check (:meth:`HookedPETransformer.check_inputs`)."""
+    if isinstance(tokens, np.ndarray):
+        raise ValueError(f"{what} must be a torch tensor of token ids [batch, pos], got a numpy array "
+                         f"({tokens.dtype}); convert it with torch.from_numpy()")
+    if not isinstance(tokens, Tensor):
+        raise ValueError(f"{what} must be a torch tensor of token ids [batch, pos], got {type_name(tokens)}; "
+                         "convert it with torch.tensor()")
+    if tokens.dtype not in TOKEN_DTYPES:
+        hint = ("int8 holds ids only up to 127" if tokens.dtype == torch.int8
+                else "token ids are whole numbers, not floats or booleans")
+        raise ValueError(f"{what} must be an integer tensor [batch, pos] (int64, int32, int16 or uint8), got "
+                         f"{tokens.dtype} ({hint}); pass {what}.long()")
+    return tokens
+
+
+def check_labels(labels: Any, n_classes: int, n: int | None = None, *, what: str = "labels",
+                 device: torch.device | str | None = None) -> Tensor:
+    """``labels`` as int64 class indices (on ``device``): a 1-D integer tensor, array or list of
+    ``n`` values in ``0..n_classes - 1``. Float labels are refused rather than truncated."""
+    if not isinstance(labels, Tensor):
+        try:
+            labels = torch.as_tensor(labels)
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"{what} must be a 1-D tensor of class indices, got {type_name(labels)}") from None
+    if labels.dtype == torch.bool or labels.is_floating_point() or labels.is_complex():
+        why = "booleans are not class indices" if labels.dtype == torch.bool else "a float label would be truncated"
+        raise ValueError(f"{what} must be integer class indices in 0..{n_classes - 1}, got {labels.dtype} "
+                         f"({why}); pass {what}.long() if they are whole numbers")
+    expected = "(n,)" if n is None else f"({n},)"
+    if labels.ndim != 1 or (n is not None and labels.shape[0] != n):
+        raise ValueError(f"{what} must have shape {expected}, one class per example, got {tuple(labels.shape)}")
+    labels = labels.to(device=device, dtype=torch.long) if device is not None else labels.long()
+    bad = (labels < 0) | (labels >= n_classes)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(f"{what} must be integers in 0..{n_classes - 1} (the model's classes), got "
+                         f"{int(labels[i])} at index {i}")
+    return labels
+
+
+def nonfinite_weight(model: nn.Module) -> tuple[str, str] | None:
+    """``(name, "NaN" | "inf")`` of the first parameter or floating buffer holding a non-finite
+    value, or None; one host sync when every weight is finite."""
+    tensors = [(k, t) for k, t in (*model.named_parameters(), *model.named_buffers()) if t.is_floating_point()]
+    if not tensors:
+        return None
+    flags = torch.stack([torch.isfinite(t).all() for _, t in tensors])
+    if bool(flags.all()):
+        return None
+    for (name, t), ok in zip(tensors, flags.tolist()):
+        if not ok:
+            return name, "NaN" if bool(torch.isnan(t).any()) else "inf"
+    return None  # pragma: no cover - flags said otherwise
+
+
+def check_finite_weights(model: nn.Module, who: str = "") -> None:
+    """Refuse a model with a NaN or inf weight: its outputs would read like a real (null) result."""
+    bad = nonfinite_weight(model)
+    if bad is not None:
+        prefix = f"{who}: " if who else ""
+        raise ValueError(f"{prefix}the model has non-finite weights ({bad[1]} in {bad[0]}); its training diverged "
+                         "or the weights were edited: reload the run (load_run) or retrain it")
+
+
+def finite_number(value: Any) -> bool:
+    """A real number (not bool) that is finite."""
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool) \
+        and math.isfinite(float(value))

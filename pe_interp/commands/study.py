@@ -1,0 +1,66 @@
+"""``pe-interp study FINDINGS_DIR``: the deposit study from its committed findings (one JSON file
+per finished cell, written by a sweep whose grid names ``findings``): in ``FINDINGS_DIR/study/``,
+``STUDY.md`` (the table by condition with rates and Wilson intervals, the verdict, the table by
+model), ``study.json`` and ``dynamics.png`` (layer 0 over training), and, with ``--readme``, the
+README's study table. It only reads the findings, so it can be rerun at any time, on any machine."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("study", help="the deposit study's tables, verdict and dynamics figure from its findings",
+                       description="Read FINDINGS_DIR/*.json (per-cell summaries a sweep wrote) and write STUDY.md, "
+                       "study.json and dynamics.png into FINDINGS_DIR/study (or --out).")
+    p.add_argument("findings", metavar="FINDINGS_DIR")
+    p.add_argument("--grid", default=None, help="order the conditions as this grid file's variants")
+    p.add_argument("--out", default=None, help="where to write (default: FINDINGS_DIR/study)")
+    p.add_argument("--readme", default=None,
+                   help="also replace the block between <!-- study:NAME begin/end --> markers in this file "
+                        "(NAME: the findings directory's name)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pe_interp.io import atomic_write_text
+    from pe_interp.report.findings import (
+        condition_rows,
+        markdown,
+        model_rows,
+        study_dynamics_figure,
+        to_json,
+        update_readme,
+        verdict,
+    )
+    from pe_interp.sweep import load_grid
+    from pe_interp.sweep.findings import load_findings
+
+    src = Path(args.findings)
+    findings = load_findings(src)
+    if not findings:
+        raise ValueError(f"{src}: no findings yet (a sweep writes one per finished cell)")
+    order = None
+    if args.grid:
+        grid = load_grid(args.grid)
+        order = [grid.condition(c) for c in grid.cells()]
+    out = Path(args.out) if args.out else src / "study"
+    out.mkdir(parents=True, exist_ok=True)
+    models = model_rows(findings)
+    conds = condition_rows(models, order)
+    table = markdown(conds, models)
+    fig = study_dynamics_figure(findings, out / "dynamics.png", order)
+    atomic_write_text(out / "STUDY.md", f"# The deposit study: {src.name}\n\n{table}"
+                      + ("\n![layer 0 over training](dynamics.png)\n" if fig else ""))
+    atomic_write_text(out / "study.json", to_json(conds, models))
+    print(verdict(conds))
+    print(f"wrote {out / 'STUDY.md'}, {out / 'study.json'}" + (f" and {fig}" if fig else ""))
+    if args.readme:
+        short = table.split("\n\nPer model:")[0]
+        block = (f"{short}\n\nFrom `{src}` ({len(findings)} findings; `pe-interp study {src} --readme "
+                 f"{args.readme}` regenerates this table, the per-model table is in `{out}/STUDY.md`).")
+        if not update_readme(args.readme, src.name, block):
+            raise ValueError(f"{args.readme}: no <!-- study:{src.name} begin --> / <!-- study:{src.name} end --> markers")
+        print(f"updated {args.readme}")
+    return 0
