@@ -27,9 +27,9 @@ import torch
 
 from pe_interp import load_run
 from probes import ablate_heads, attribute, patch
-from probes.agreement import agreement
 from probes.circuits import exact_edges
-from probes.engine import METRICS
+from probes.circuits.agreement import agreement
+from probes.circuits.engine import METRICS
 
 MARGIN = METRICS["margin"]
 

@@ -6,8 +6,11 @@ its baseline measured in the same run (medians of ``--repeats``; one thread).
    equal before timing).
 2. ``probes.path_patch`` over every head sender and receiver against TransformerLens'
    ``get_act_patch_direct_path_all_sources`` (q, k, v).
-3. ``ablate_heads(engine="attribution", verify_top=k)`` against the exact full grid, at the
-   ``quick`` size and at the paper's (6 layers x 16 heads, d_model 256, 120 positions).
+3. ``probes.faithfulness_curve`` of a circuit (the top 30 edges, whole) against TransformerLens'
+   ``faithfulness`` on the same pairs (checked equal before timing).
+4. ``ablate_heads(engine="attribution", verify_top=k)`` (integrated gradients along the ablation
+   path, 4 nodes, then ``k`` exact ablations) against the exact full grid, at the ``quick`` size
+   and at the paper's (6 layers x 16 heads, d_model 256, 120 positions); goal >= 3x at paper size.
 
     python benchmarks/circuits.py [--run runs/circuits-quick/rope] [--repeats 3] [--paper-n 256]
 
@@ -100,6 +103,15 @@ def main(argv: list[str] | None = None) -> int:
         sl, sh = 0, 1
         assert abs(float(tl[sl, sh, 1, 2]) - ours.values[ours.senders.index("L0H1"), ours.receivers.index(f"L1H2.{comp}")]) < 1e-4
         print(row(f"path_patch all head sources, {comp} (vs direct_path_all_sources)", t_ours, t_tl, 5))
+    from probes.circuits import circuit, faithfulness_curve
+
+    a = attribute(model, clean, corrupt, metric=fn, granularity="edge")
+    c = circuit(a, top_n=30, select="top")
+    t_ours, ours = timed(lambda: faithfulness_curve(model, c, clean, corrupt, sizes=[30], metric=fn), args.repeats)
+    edges = tl_edges(c, clean.shape[1], model.cfg.n_layers)
+    t_tl, tl = timed(lambda: ap.faithfulness(model, clean, corrupt, tl_metric, edges), 1)
+    assert abs(ours["recovered"][0] - tl.recovered) < 1e-4, (ours["recovered"][0], tl.recovered)
+    print(row("faithfulness_curve, 30 edges (vs faithfulness)", t_ours, t_tl, 5))
     test = task.sample(1000, seed=3)
     for label, m, b in (("quick", model, test),) + ((("paper", *_paper(args.paper_n)),) if args.paper_n else ()):
         t_grid, grid = timed(lambda m=m, b=b: ablate_heads(m, b.tokens, b.labels, pad_mask=b.pad_mask, n_bootstrap=0), 1)
@@ -108,9 +120,26 @@ def main(argv: list[str] | None = None) -> int:
                                                                    engine="attribution", verify_top=k), 1)  # fmt: skip
             same = np.nanargmax(ranked.drops) == np.nanargmax(grid.drops)
             print(row(f"ablate_heads engine='attribution' verify_top={k}, {label} size, {len(b)} examples "
-                      f"(vs exact grid; same top head: {bool(same)})", t_k, t_grid, 50 if label == "paper" else None))
+                      f"(vs exact grid; same top head: {bool(same)})", t_k, t_grid, 3 if label == "paper" else None))
     sys.stdout.flush()
     return 0
+
+
+def tl_edges(c, n_pos: int, n_layers: int) -> list:
+    """The circuit's edges as TransformerLens ``Node`` pairs, at every position."""
+
+    def node(name: str, pos: int, reader: bool) -> ap.Node:
+        if name == "embed":
+            return ap.Node(kind="embed", position=pos)
+        if name == "logits":
+            return ap.Node(kind="logits", position=pos, layer=n_layers - 1)
+        if name.startswith("MLP"):
+            return ap.Node(kind="mlp_in" if reader else "mlp_out", position=pos, layer=int(name[3:]))
+        head, _, comp = name.partition(".")
+        layer, h = (int(x) for x in head[1:].split("H"))
+        return ap.Node(kind=f"{comp}_input" if reader else "attn_head_out", position=pos, layer=layer, head=h)
+
+    return [(node(w, p, False), node(r, p, True)) for w, r in c.edges for p in range(n_pos)]
 
 
 def _paper(n: int):

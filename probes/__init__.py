@@ -8,9 +8,9 @@
 - :mod:`probes.gradients`: gradient coherence per head at initialisation (the "seed").
 - :mod:`probes.patterns`: attention patterns of chosen heads.
 - :mod:`probes.generalization`: accuracy on longer inputs than training (translated, lengthened).
-- :mod:`probes.attribution`, :mod:`probes.path_patching`, :mod:`probes.circuits`: attribution
-  patching (AtP, AtP*, EAP-IG) of nodes and edges, exact path patching, circuits and their
-  faithfulness, over the residual-stream graph of :mod:`probes.graph`.
+- :mod:`probes.circuits`: attribution patching (AtP, AtP*, EAP-IG) of nodes and edges, exact
+  path patching, connected and position-aware circuits, their faithfulness, the exact (ACDC)
+  reference, heads ranked along the ablation path, the circuit graph view.
 - :mod:`probes.plots`, :mod:`probes.viz`: matplotlib figures and offline circuitsvis HTML.
 
 Each result saves and loads itself (``save``/``load``, ``to_dict``/``from_dict``) through
@@ -19,8 +19,16 @@ Each result saves and loads itself (``save``/``load``, ``to_dict``/``from_dict``
 """
 
 from probes.ablation import AblationResult, ablate_heads, ablate_heads_naive, keep_only
-from probes.attribution import Attribution, attribute
-from probes.circuits import Circuit, circuit, faithfulness_curve, family_attributions
+from probes.circuits import (
+    Attribution,
+    Circuit,
+    PathPatch,
+    attribute,
+    circuit,
+    faithfulness_curve,
+    family_attributions,
+    path_patch,
+)
 from probes.decomposition import (
     LogitTerms,
     PositionalScores,
@@ -52,7 +60,6 @@ from probes.gradients import (
     save_coherence,
 )
 from probes.patching import SITES, PatchResult, normalized_logit_diff_metric, patch
-from probes.path_patching import PathPatch, path_patch
 from probes.patterns import AttentionPatterns, attention_patterns
 
 __all__ = [

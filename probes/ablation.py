@@ -76,7 +76,14 @@ from probes.inputs import (
     check_layer,
     check_layers,
 )
-from probes.metrics import Metric, MetricFn, harm, paired_bootstrap, resolve_metric
+from probes.metrics import (
+    Metric,
+    MetricFn,
+    harm,
+    paired_bootstrap,
+    resample_sources,
+    resolve_metric,
+)
 
 Head = tuple[int, int]
 METHODS = ("zero", "mean", "resample")
@@ -319,24 +326,6 @@ def head_means(
             mean = torch.cat([mean, overall.expand(width - W, H, D)])
         out[layer] = mean[:width].to(model.W_E.dtype)
     return out
-
-
-def resample_sources(n_examples: int, n_reference: int | None, seed: int) -> Tensor:
-    """Source row for each example in a resample ablation (see the module docstring).
-
-    ``n_reference=None`` means the reference is the evaluated set itself: a seeded random cyclic
-    derangement (``src[perm[i]] = perm[i + 1]``), so no example is its own source."""
-    gen = torch.Generator().manual_seed(int(seed))
-    if n_reference is None:
-        if n_examples < 2:
-            raise ValueError("resample ablation needs at least 2 examples (or a reference set)")
-        perm = torch.randperm(n_examples, generator=gen)
-        src = torch.empty(n_examples, dtype=torch.long)
-        src[perm] = perm.roll(-1)
-        return src
-    if n_reference < 1:
-        raise ValueError("resample ablation: the reference set is empty")
-    return torch.randint(n_reference, (n_examples,), generator=gen)
 
 
 def _capture_z(model, tokens: Tensor, pad_mask: Tensor, layers: Sequence[int]) -> dict[int, Tensor]:
@@ -653,11 +642,11 @@ def _run(
     )
 
 
-def _ranked(model, tokens, labels, *, pad_mask, method, metric, layers, heads, reference, verify_top, seed,
-            **kwargs) -> AblationResult:
+def _ranked(model, tokens, labels, *, pad_mask, method, metric, layers, heads, reference, verify_top, seed, steps,
+            path, **kwargs) -> AblationResult:  # fmt: skip
     """``engine="attribution"`` of :func:`ablate_heads`."""
-    from pe_interp.tasks.batch import Batch
-    from probes.attribution import attribute
+    from probes.circuits.agreement import spearman
+    from probes.circuits.heads import rank_heads
 
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; expected one of {', '.join(map(repr, METHODS))}")
@@ -666,20 +655,20 @@ def _ranked(model, tokens, labels, *, pad_mask, method, metric, layers, heads, r
     units, _ = _units(model, layers, heads, None)
     tokens, labels, pad_mask = _checked(model, tokens, labels, pad_mask, kwargs.get("n_bootstrap", 0), reference,
                                         "ablate_heads")
-    clean = Batch(tokens.long(), labels, pad_mask)
-    stand_in = "logit" if resolve_metric(metric).name == "logit" else "logprob"
-    corrupt, ablation, ref = None, "zero" if method == "zero" else "mean", None
-    if method == "mean" and reference is not None:
+    m = resolve_metric(metric, kwargs.get("higher_is_better"))
+    if m.name in ("accuracy", "loss", "logit"):
+        stand_in: Any = m.name
+    else:  # a callable: integrate it itself (higher is better unless told otherwise)
+        sign = 1.0 if m.higher_is_better else -1.0
+        stand_in = lambda logits, lab: sign * m.fn(logits, lab)  # noqa: E731
+    ref = None
+    if reference is not None:
         rt, rp = _as_inputs(reference)
-        rt, rp = _prepare(model, rt, rp, "reference")
-        ref = Batch(rt.long(), torch.zeros(len(rt), dtype=torch.long, device=rt.device), rp)
-    if method == "resample":
-        rt, rp = (tokens, pad_mask) if reference is None else _prepare(model, *_as_inputs(reference), "reference")
-        src = resample_sources(len(tokens), None if reference is None else len(rt), seed).to(tokens.device)
-        corrupt = Batch(rt[src].long(), labels, rp[src])
-    est = attribute(model, clean, corrupt, metric=stand_in, ablation=ablation, reference=ref, direction="noise")
-    grid = est.head_scores()
-    order = sorted(units, key=lambda u: -grid[u[0]])[:verify_top]
+        ref = _prepare(model, rt, rp, "reference", "ablate_heads")
+    est = rank_heads(model, tokens, labels, pad_mask, method=method, reference=ref, seed=seed, surrogate=stand_in,
+                     steps=steps, path=path, batch_size=kwargs.get("batch_size"))  # fmt: skip
+    grid, tie = est["estimate"], est["tiebreak"]
+    order = sorted(units, key=lambda u: (-grid[u[0]], -tie[u[0]]))[:verify_top]
     exact = _run(_sweep_batched, model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric,
                  layers=None, heads=None, head_sets=order, reference=reference, seed=seed, **kwargs)  # fmt: skip
     L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -692,8 +681,14 @@ def _ranked(model, tokens, labels, *, pad_mask, method, metric, layers, heads, r
             out[layer, h] = x[i]
         return out
 
-    meta = {**exact.meta, "engine": "attribution", "stand_in": stand_in, "attribution": grid.tolist(),
-            "verified": [list(u[0]) for u in order]}  # fmt: skip
+    e, x = [float(grid[u[0]]) for u in order], [float(v) for v in exact.drops]
+    verification = {"heads": [list(u[0]) for u in order], "estimate": e, "exact": x,
+                    "max_abs_error": max(abs(a - b) for a, b in zip(e, x)),
+                    "top_agrees": int(np.argmax(e)) == int(np.argmax(x)),
+                    "spearman": spearman(e, x) if len(order) >= 3 else float("nan")}  # fmt: skip
+    meta = {**exact.meta, "engine": "attribution", "stand_in": m.name if isinstance(stand_in, str) else f"{m.name} (itself)",
+            "steps": steps, "path": path, "attribution": grid.tolist(), "tiebreak": tie.tolist(), "verified": verification["heads"],
+            "verification": verification}  # fmt: skip
     return dataclasses.replace(
         exact, values=place(exact.values), drops=place(exact.drops), ci_low=place(exact.ci_low),
         ci_high=place(exact.ci_high), per_example=place(exact.per_example), head_sets=None, meta=meta,
@@ -721,6 +716,8 @@ def ablate_heads(
     higher_is_better: bool | None = None,
     engine: str = "exact",
     verify_top: int = 3,
+    steps: int = 4,
+    path: str = "joint",
     amp: bool = False,
 ) -> AblationResult:
     """Ablate attention heads one at a time (or in sets) and measure ``metric`` each time.
@@ -749,14 +746,18 @@ def ablate_heads(
             (:mod:`pe_interp.hardware`); default fp32, exact. In bf16 every drop is within 2
             accuracy points of fp32 and the deposit verdicts are the same (``benchmarks/bf16_parity.py``).
         engine: ``"exact"`` ablates every head of the grid. ``"attribution"`` ranks every head
-            of the grid by attribution patching (:func:`probes.attribute`, ``method="atp"``, the
-            same ablation; a differentiable stand-in for the metric: the true class's logit for
-            ``"logit"``, its log-probability otherwise), then ablates the ``verify_top`` heads
-            estimated to hurt most exactly. The result is a grid with those heads' exact values
-            and NaN elsewhere; ``meta`` holds the estimates (``"attribution"``, in the
-            stand-in's units), the stand-in and the verified heads. Its top head is exact; a
-            layer's share (:func:`probes.find_deposits`) covers only its verified heads, so it
-            overstates concentration: take deposit verdicts from the exact grid.
+            of the grid by integrated gradients along the ablation path
+            (:func:`probes.circuits.heads.rank_heads`: each head's output moved from its live
+            value to the ablated one, ``steps`` Gauss-Legendre nodes, along ``path``
+            ``"joint"`` or ``"layer"``), in the units of ``metric`` (accuracy: each example's
+            margin change, counted as a flip where it crosses zero; loss; logit; a callable
+            integrated itself), then ablates the ``verify_top`` heads estimated to hurt most
+            exactly. The result is a grid with those heads' exact values and NaN elsewhere;
+            ``meta`` holds the estimates (``"attribution"``), the stand-in, the verified heads
+            and ``"verification"``: their estimates against their exact drops (largest error,
+            whether the estimated top of them is the exact top, Spearman's rho from 3 heads).
+            Its top head is exact among the verified; :func:`probes.find_deposits` refuses the
+            partial grid (a deposit verdict needs every head of a layer).
 
     Returns:
         An :class:`AblationResult`; its ``drops`` are positive when an ablation hurt.
@@ -770,7 +771,7 @@ def ablate_heads(
             model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric, layers=layers,
             heads=heads, reference=reference, per_example=per_example, n_bootstrap=n_bootstrap, ci=ci,
             seed=seed, batch_size=batch_size, progress=progress, higher_is_better=higher_is_better,
-            verify_top=verify_top,
+            verify_top=verify_top, steps=steps, path=path,
         )  # fmt: skip
     return _run(
         _sweep_batched, model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric,

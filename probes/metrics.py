@@ -1,5 +1,5 @@
-"""Per-example metrics for ablation sweeps, and the one bootstrap over examples (ablation and
-patching both use :func:`bootstrap_ci`).
+"""Per-example metrics for ablation sweeps, the one bootstrap over examples (ablation and
+patching both use :func:`bootstrap_ci`), and the seeded resample sources.
 
 Every metric maps class logits ``[batch, n_classes]`` and labels ``[batch]`` to one number per
 example; a sweep's score is the mean over examples. Built-ins:
@@ -177,6 +177,25 @@ def paired_bootstrap(
     return bootstrap_ci(diff, n_bootstrap=n_bootstrap, ci=ci, seed=seed, max_elements=max_elements)
 
 
+def resample_sources(n_examples: int, n_reference: int | None, seed: int) -> Tensor:
+    """Source row for each example in a resample ablation (see :mod:`probes.ablation`; the
+    faithfulness of a circuit under ``ablation="resample"`` uses the same sources).
+
+    ``n_reference=None`` means the reference is the evaluated set itself: a seeded random cyclic
+    derangement (``src[perm[i]] = perm[i + 1]``), so no example is its own source."""
+    gen = torch.Generator().manual_seed(int(seed))
+    if n_reference is None:
+        if n_examples < 2:
+            raise ValueError("resample ablation needs at least 2 examples (or a reference set)")
+        perm = torch.randperm(n_examples, generator=gen)
+        src = torch.empty(n_examples, dtype=torch.long)
+        src[perm] = perm.roll(-1)
+        return src
+    if n_reference < 1:
+        raise ValueError("resample ablation: the reference set is empty")
+    return torch.randint(n_reference, (n_examples,), generator=gen)
+
+
 __all__ = [
     "METRICS",
     "Metric",
@@ -187,6 +206,7 @@ __all__ = [
     "logit_per_example",
     "loss_per_example",
     "paired_bootstrap",
+    "resample_sources",
     "resolve_metric",
 ]
 

@@ -73,7 +73,7 @@ def build_world(root: Path) -> World:
         path_patch,
         positional_scores,
     )
-    from probes.route import HeadRoute
+    from probes.circuits.route import HeadRoute
 
     pe_interp.train(out=root / "run", progress=False, **TINY)
     loaded = load_run(root / "run")

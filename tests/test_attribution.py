@@ -13,8 +13,8 @@ from transformer_lens.tools.analysis import attribution_patching as ap
 
 from pe_interp.tasks.batch import Batch
 from probes import ablate_heads, attribute, path_patch
-from probes.engine import contributions, writer_hooks
-from probes.graph import build_graph
+from probes.circuits.engine import contributions, writer_hooks
+from probes.circuits.graph import build_graph
 
 FN = lambda logits, good, bad: logits[:, 1] - logits[:, 0]  # noqa: E731  (class_metric(1, 0) per row)
 

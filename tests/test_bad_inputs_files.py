@@ -39,7 +39,7 @@ from probes import (
     find_deposits,
     load_coherence,
 )
-from probes.route import HeadRoute
+from probes.circuits.route import HeadRoute
 
 
 def _load_grid(path: str):

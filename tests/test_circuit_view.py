@@ -14,10 +14,10 @@ from test_report import LOCAL_SCHEMES, DevTools, chromium_binary, is_flat
 
 from pe_interp.cli import main
 from probes import Circuit, attribute, circuit, path_patch
-from probes.agreement import spearman, top_k
-from probes.circuit_view import circuit_html, circuit_page, layout
 from probes.circuits import exact_edges, family_attributions
-from probes.route import HeadRoute, head_route
+from probes.circuits.agreement import spearman, top_k
+from probes.circuits.route import HeadRoute, head_route
+from probes.circuits.view import circuit_html, circuit_page, layout
 
 
 @pytest.fixture(scope="module")
@@ -50,15 +50,31 @@ def test_svg_has_one_path_per_edge_coloured_by_share(loaded):
     c = circuit(fams, top_n=12)
     frag = circuit_html(c, title="t")
     paths = re.findall(r"<path class='edge'[^>]*stroke='rgb\((\d+),(\d+),(\d+)\)'[^>]*data-tip='([^']*)'", frag)
-    assert len(paths) == 12
+    assert len(paths) == len(c.edges) > 6
     share = dict(zip([f"{w} -&gt; {r}" for w, r in c.edges], c.share()))
     for _, _, b, tip in paths:
         s = share[tip.split("\n")[0]]
         assert abs((int(b) - 1) / (172 - 1) - s) < 0.02 or np.isnan(s)  # blue channel runs 1 (content) .. 172 (position)
         assert re.search(r"position: [+-]\d\.\d{4}", tip) and "content:" in tip
     assert "http" not in frag.replace("http://www.w3.org/2000/svg", "")  # offline
-    single = circuit_html(circuit(fams["position"], top_n=5))
+    one = circuit(fams["position"], top_n=5, select="top")
+    single = circuit_html(one)
     assert single.count("<path class='edge'") == 5 and "positive" in single
+
+
+def test_position_aware_circuit_draws_one_dashed_path_per_span(loaded):
+    from probes.circuits.view import DASHES
+
+    fams = family_attributions(loaded.model, loaded.task, 16, seed=1, positional=True)
+    c = circuit(fams, top_n=25, positional=True)
+    frag = circuit_html(c, title="spans")
+    paths = re.findall(r"<path class='edge'[^>]*?(?: stroke-dasharray='([^']*)')? data-tip='([^']*)'", frag)
+    assert len(paths) == len(c.edges) and len(set(c.spans)) > 1
+    for dash, tip in paths:
+        span = tip.split("\n")[0].rsplit(" @ ", 1)[1]
+        assert dash == DASHES[c.span_names.index(span) % len(DASHES)]
+    for name in set(c.spans):
+        assert f"</svg>{name} " in frag  # the legend names each span drawn
 
 
 def test_route_into_a_head_is_exact_path_patching(loaded):
@@ -99,23 +115,58 @@ def test_agreement_measures():
     assert np.isnan(spearman([1, np.nan], [2, 3]))
 
 
-def test_cli_writes_circuit_json_and_html(smoke_run, capsys):
+def test_cli_writes_circuit_json_and_html(smoke_run, capsys, tmp_path):
+    from probes.circuits import faithfulness_curve
+    from probes.circuits.graph import build_graph
+    from probes.circuits.paths import prune
+
     rc = main(["circuit", str(smoke_run), "--n", "16", "--top-n", "10", "--method", "atp", "--counterfactual", "position"])
     assert rc == 0
     c = Circuit.load(smoke_run / "circuit.json")
+    printed = capsys.readouterr().out
     # the printed edges say whether they enter the top head
     into = c.into(c.meta["top_head"])
     heading = f"edges of the circuit into {c.meta['top_head']}:" if into else f"no edge of the circuit enters {c.meta['top_head']}"
-    assert heading in capsys.readouterr().out
-    assert len(c.edges) == 10 and set(c.scores) == {"position", "content"}
+    assert heading in printed and "kept per span:" in printed
+    assert 0 < len(c.edges) <= 10 and c.positional and set(c.scores) == {"position", "content"}
+    graph = build_graph(loaded_model(smoke_run).cfg)
+    keep = c.keep_mask(graph)
+    assert np.array_equal(prune(graph, keep), keep)  # connected
     assert c.meta["top_head"] and c.meta["route"]["exact"]["position"]["q"]
     curve = c.faithfulness
     assert curve["sizes"][0] == 0 and curve["recovered"][0] == pytest.approx(0.0, abs=1e-9)
-    order = np.argsort(-np.abs(np.asarray(c.scores["position"])), kind="stable")
-    assert list(order) == list(range(10))  # ranked by the position family, as asked
+    run = loaded_model(smoke_run, whole=True)
+    held_out = run.task.counterfactuals(16, kind="position", seed=1)
+    again = faithfulness_curve(run.model, c, held_out, spans=run.task)
+    assert again["recovered"][0] == pytest.approx(curve["kept"], rel=1e-9)  # the kept circuit's own faithfulness
     page = (smoke_run / "circuit.html").read_text()
-    assert page.count("<path class='edge'") == 10 and "Faithfulness" in page
+    assert page.count("<path class='edge'") == len(c.edges) and "Faithfulness" in page and " @ " in page
     assert main(["circuit", str(smoke_run), "--top-n", "0"]) == 2  # a one-line error
+    assert main(["circuit", str(smoke_run), "--method", "atp*"]) == 2  # atp* scores whole edges only
+    assert main(["circuit", str(smoke_run), "--faithful", "1.5"]) == 2
+
+
+def test_cli_faithful_keeps_the_smallest_circuit_that_reaches_it(smoke_run, capsys, tmp_path):
+    rc = main(["circuit", str(smoke_run), "--n", "16", "--method", "atp", "--faithful", "0.8", "--out", str(tmp_path)])
+    assert rc == 0
+    raw = json.loads((tmp_path / "circuit.json").read_text())
+    assert {"edges", "spans", "total_edges", "faithfulness"} <= set(raw)
+    f = raw["faithfulness"]
+    assert f["kept"] >= 0.8 and f["target"] == 0.8 and f["size"] == len(raw["edges"]) < raw["total_edges"]
+    shorter = f["sizes"].index(f["prefix"] - 1)
+    assert f["recovered"][shorter] < 0.8  # one unit less does not reach it
+    out = capsys.readouterr().out
+    assert f"the smallest circuit with faithfulness >= 0.8: {len(raw['edges'])} of {raw['total_edges']}" in out
+    whole = main(["circuit", str(smoke_run), "--n", "16", "--method", "atp*", "--whole-edges", "--faithful", "0.8",
+                  "--out", str(tmp_path / "w")])  # fmt: skip
+    assert whole == 0 and Circuit.load(tmp_path / "w" / "circuit.json").spans is None
+
+
+def loaded_model(path, whole: bool = False):
+    from pe_interp import load_run
+
+    run = load_run(path)
+    return run if whole else run.model
 
 
 def hover_check(path) -> dict:
@@ -149,7 +200,7 @@ def hover_check(path) -> dict:
 
 def test_graph_renders_and_hovers_in_chromium(loaded, tmp_path):
     fams = family_attributions(loaded.model, loaded.task, 16, seed=1)
-    c = circuit(fams, top_n=15)
+    c = circuit(fams, top_n=15, select="top")
     page = tmp_path / "circuit.html"
     page.write_text(circuit_page(c, title="smoke", highlight=c.nodes[1]))
     res = hover_check(page)
@@ -168,7 +219,7 @@ def test_report_section_shows_each_runs_circuit(loaded, tmp_path):
     from pe_interp.report.circuit import circuits_section
 
     fams = family_attributions(loaded.model, loaded.task, 16, seed=1)
-    c = circuit(fams, top_n=6)
+    c = circuit(fams, top_n=6, select="top")
     c = type(c)(**{**c.__dict__, "meta": {**c.meta, "top_head": "L0H1", "route": {"exact": {"position": {"q": {"embed": 0.25}}}}}})
     runs = []
     for i, label in enumerate(("rope", "rope", "t5")):

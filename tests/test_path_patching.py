@@ -13,8 +13,8 @@ from transformer_lens import patching as tlp
 
 from pe_interp.config import KV_EMBED_NO_EDGES
 from probes import PathPatch, path_patch
-from probes.engine import contributions, writer_hooks
-from probes.graph import build_graph
+from probes.circuits.engine import contributions, writer_hooks
+from probes.circuits.graph import build_graph
 
 FN = lambda logits, good, bad: logits[:, 1] - logits[:, 0]  # noqa: E731
 HEADS = [f"L{layer}H{h}" for layer in range(3) for h in range(2)]

@@ -294,6 +294,9 @@ def test_every_probe_runs_on_task_3(tmp_path) -> None:
     assert gen.families == ["shift", "sides", "right"] and gen.trained.n == 32
     assert main(["report", str(run_dir)]) == 0 and (run_dir / "report.html").is_file()
     task = pe_interp.load_run(run_dir).task
+    circ = json.loads((run_dir / "circuit.json").read_text())  # position-aware over task 3's own spans
+    assert circ["kind"] == "circuit" and circ["span_names"] == list(task.span_names)
+    assert circ["spans"] and set(circ["spans"]) <= set(task.span_names) and len(circ["spans"]) == len(circ["edges"])
     coherence = gradient_coherence(pe_interp.load_run(run_dir).model.cfg, task.sample(16, seed=0), init_seeds=[0])
     assert coherence.values.shape == (1, 2, 4) and bool(torch.isfinite(coherence.values).all())
     authors = tmp_path / "authors"

@@ -131,3 +131,23 @@ def test_the_layer_flag_is_called_a_concentration():
     report = probes.find_concentrations(ablation([[0.6, 0.1, 0.0, 0.0], [0.1, 0.1, 0.1, 0.1]]))
     assert report.concentrated == report.deposits == ((0, 0),)
     assert [s.is_concentrated for s in report.layers] == [True, False]
+
+
+def test_circuit_names_its_top_head_by_the_two_definitions(tmp_path):
+    """`pe-interp circuit` says "single-head deposit" only for dominance() and "layer
+    concentration" for find_deposits' looser flag; neither when nothing is flagged."""
+    from types import SimpleNamespace
+
+    from pe_interp.commands.circuit import top_head
+
+    run = SimpleNamespace(run_dir=tmp_path)
+    cases = [(grid((1, 2, 0.652), (0, 1, 0.03), rest=0.01), (1, 2), "single-head deposit (ablation.json)"),
+             (grid((0, 0, 0.652), (1, 1, 0.258), rest=0.01), (0, 0),
+              "layer concentration, no single-head deposit (ablation.json)"),
+             (grid((1, 3, 0.02), rest=0.015), (1, 3),
+              "largest ablation drop; no single-head deposit or layer concentration (ablation.json)")]  # fmt: skip
+    for drops, head, why in cases:
+        a = ablation(drops)
+        assert dominance(a).single == why.startswith("single") and bool(find_deposits(a).deposits) != why.startswith("largest")
+        a.save(tmp_path / "ablation.json")
+        assert top_head(run) == (head, why)

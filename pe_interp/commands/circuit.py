@@ -1,20 +1,27 @@
-"""``pe-interp circuit RUN_DIR``: the circuit of a trained run, with every edge's positional and
-content score, the route into its top head and the circuit's faithfulness.
+"""``pe-interp circuit RUN_DIR``: the circuit of a trained run, position-aware and connected, with
+every edge's positional and content score, the route into its top head and the circuit's
+faithfulness.
 
-1. The top head: the deposit head of ``RUN_DIR/ablation.json`` (``pe-interp ablate``), or the
-   head whose ablation hurts most when nothing is flagged; without that file, the head that hurts
-   most of the three ``ablate_heads(engine="attribution")`` ranks first (no deposit verdict: that
-   needs every head of a layer).
-2. Edge scores (``--method``: ``atp``, ``atp*``, ``eap-ig`` or exact ``path_patch``) on the
+1. The top head, from ``RUN_DIR/ablation.json`` (``pe-interp ablate``): the single-head deposit
+   (:func:`probes.dominance`) when there is one, else the flagged head of the shallowest layer
+   with layer concentration (:func:`probes.find_deposits`), else the head whose ablation hurts
+   most; without that file, the head that hurts most of the three
+   ``ablate_heads(engine="attribution")`` ranks first (no verdict: that needs every head).
+2. Edge scores (``--method``: ``eap-ig``, ``atp``, ``atp*`` or exact ``path_patch``) on the
    task's position-only and content-only counterfactuals, and on ``--counterfactual``'s family,
-   which ranks the edges; the circuit keeps the ``--top-n`` best.
-3. Exact path patching of every writer into the top head's q, k and v under both families, and
+   which ranks the edges; per span of the examples (the task's ``prefix``, ``trigger1``,
+   ``between``, ``trigger2``, ``suffix``, ``padding``) unless ``--whole-edges``.
+3. The circuit (``--select``, default ``paths``: every kept edge on a path from the embedding to
+   the logits): with ``--faithful T`` the smallest one whose faithfulness reaches ``T`` on
+   held-out pairs of that family (seed ``--seed + 1``), else the ``--top-n`` best; its
+   faithfulness curve and the kept circuit's own faithfulness (other edges take the corrupt
+   run's values).
+4. Exact path patching of every writer into the top head's q, k and v under both families, and
    for a layer-0 head its logit terms (content, position, offset).
-4. The faithfulness curve of the ranking on that family's pairs (the other edges take the
-   corrupt run's values).
 
-Writes ``RUN_DIR/circuit.json`` (or ``--out DIR``) (:meth:`probes.Circuit.load` reads it; the route, the top head
-and the curve are in it) and ``RUN_DIR/circuit.html`` (offline).
+Writes ``RUN_DIR/circuit.json`` (or ``--out DIR``) (:meth:`probes.Circuit.load` reads it: the kept
+``edges`` and their ``spans``, ``total_edges``, ``faithfulness`` with ``kept``; the route, the
+top head and the curve) and ``RUN_DIR/circuit.html`` (offline).
 """
 
 from __future__ import annotations
@@ -28,18 +35,26 @@ from typing import Any
 
 from pe_interp.commands.options import add_device_flag
 
-METHODS = ("atp", "atp*", "eap-ig", "path_patch")
+METHODS = ("eap-ig", "atp", "atp*", "path_patch")
+SELECTS = ("paths", "greedy", "top")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("circuit", help="the circuit of a run: position and content edges, the route into its top head",
                        description=(__doc__ or "").split("\n\n")[0])  # fmt: skip
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `pe-interp train`")
-    p.add_argument("--counterfactual", default="both", choices=["position", "content", "both"],
-                   help="the family whose scores rank the edges (position and content are always scored)")
-    p.add_argument("--top-n", type=int, default=30, help="edges kept")
-    p.add_argument("--method", default="atp*", choices=METHODS)
-    p.add_argument("--n", type=int, default=128, help="counterfactual pairs per family")
+    p.add_argument("--counterfactual", default="position", choices=["position", "content", "both"],
+                   help="the family whose scores rank the edges and whose pairs measure faithfulness "
+                        "(position and content are always scored)")  # fmt: skip
+    p.add_argument("--faithful", type=float, default=None, metavar="T",
+                   help="keep the smallest circuit whose faithfulness on held-out pairs reaches T (0 < T <= 1)")
+    p.add_argument("--top-n", type=int, default=30, help="edges kept (without --faithful)")
+    p.add_argument("--whole-edges", action="store_true", help="edges at every position, not per span of the examples")
+    p.add_argument("--select", default="paths", choices=SELECTS,
+                   help="paths: by widest path from the embedding to the logits; greedy: from the logits down; "
+                        "top: by |score| alone (not connected)")  # fmt: skip
+    p.add_argument("--method", default="eap-ig", choices=METHODS)
+    p.add_argument("--n", type=int, default=128, help="counterfactual pairs per family (and held-out pairs)")
     p.add_argument("--metric", default="margin", choices=["margin", "logit_diff", "logprob", "logit"])
     p.add_argument("--seed", type=int, default=0)
     add_device_flag(p, default="cpu")
@@ -48,11 +63,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
-    """The deposit head (or the top head) and where it comes from."""
+    """The single-head deposit, the layer-concentration head or the top head, and where it comes from."""
     import numpy as np
 
     from pe_interp.checkpoint import STALE, weights_status
-    from probes import AblationResult, ablate_heads, find_deposits
+    from probes import AblationResult, ablate_heads, dominance, find_deposits
 
     path = Path(run.run_dir) / "ablation.json"
     if path.is_file():
@@ -60,46 +75,61 @@ def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
         if status == STALE:  # its top head would be another model's
             raise ValueError(f"{path}: {why}; rerun `pe-interp ablate {run.run_dir}` (or remove the file) first")
         result = AblationResult.load(path)
+        d = dominance(result)
+        if d.single:
+            return (d.layer, d.head), "single-head deposit (ablation.json)"
         report = find_deposits(result)
         if report.first is not None:
-            return report.first, "deposit head (ablation.json)"
+            return report.first, "layer concentration, no single-head deposit (ablation.json)"
         layer, head = np.unravel_index(np.nanargmax(result.drops), result.drops.shape)
-        return (int(layer), int(head)), "largest ablation drop, no deposit flagged (ablation.json)"
-    # Without a full grid there is no deposit verdict (a layer's share needs every head's drop):
+        return (int(layer), int(head)), "largest ablation drop; no single-head deposit or layer concentration (ablation.json)"
+    # Without a full grid there is no verdict (dominance and a layer's share need every head's drop):
     # the head whose exact ablation hurts most among the three that attribution ranks first.
     test = run.test_set(n)
     result = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, engine="attribution",
                           verify_top=3, n_bootstrap=0)  # fmt: skip
     layer, head = np.unravel_index(np.nanargmax(result.drops), result.drops.shape)
-    return (int(layer), int(head)), "largest exact drop of the 3 heads attribution ranks first (no ablation.json, no deposit verdict)"
+    return (int(layer), int(head)), "largest exact drop of the 3 heads attribution ranks first (no ablation.json, no verdict)"
 
 
-def circuit_run(model, task, run, *, counterfactual="both", top_n=30, method="atp*", n=128, metric="margin",
-                seed=0) -> tuple[Any, Any]:  # fmt: skip
+def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method="eap-ig", n=128, metric="margin",
+                seed=0, faithful=None, positional=True, select="paths") -> tuple[Any, Any]:  # fmt: skip
     """The work of ``pe-interp circuit``: returns the circuit (route and curve in it) and the route."""
-    import numpy as np
-
-    from probes import circuit, faithfulness_curve, family_attributions
-    from probes.graph import head_name
-    from probes.route import head_route
+    from probes import family_attributions
+    from probes.circuits import faithfulness_curve, minimal_circuit, rank_edges
+    from probes.circuits.faithfulness import default_sizes
+    from probes.circuits.graph import head_name
+    from probes.circuits.route import head_route
 
     if top_n < 1 or n < 2:
         raise ValueError(f"--top-n must be >= 1 and --n >= 2, got {top_n} and {n}")
+    if faithful is not None and not 0 < faithful <= 1:
+        raise ValueError(f"--faithful must be in (0, 1], got {faithful}")
+    if positional and method in ("atp*", "path_patch"):
+        raise ValueError(f"--method {method} scores whole edges only; pass --whole-edges, or --method eap-ig or atp")
     kinds = ["position", "content"] + ([counterfactual] if counterfactual == "both" else [])
-    fams = family_attributions(model, task, n, kinds=kinds, seed=seed, method=method, metric=metric)
-    c = circuit(fams, top_n=top_n, by=counterfactual)
-    pairs = task.counterfactuals(n, kind=counterfactual, seed=seed)
-    total = int((~np.isnan(fams[counterfactual].scores)).sum())
-    sizes = sorted({0, *range(1, top_n + 1, max(1, top_n // 10)), top_n,
-                    *np.unique(np.geomspace(max(1, top_n), total, 6).astype(int)).tolist(), total})
-    curve = faithfulness_curve(model, fams[counterfactual], pairs, sizes=sizes, metric=metric)
-    curve.pop("per_example")
+    fams = family_attributions(model, task, n, kinds=kinds, seed=seed, method=method, metric=metric, positional=positional)
+    ranking = rank_edges(fams, select=select, positional=positional, by=counterfactual)
+    held_out = task.counterfactuals(n, kind=counterfactual, seed=seed + 1)
+    spans = task if positional else None
+    if faithful is not None:
+        c = minimal_circuit(model, ranking, held_out, target=faithful, spans=spans, metric=metric)
+    else:
+        c = ranking.circuit(top_n)
+        sizes = sorted({*default_sizes(ranking.total, 12), len(c.edges)})
+        curve = faithfulness_curve(model, ranking, held_out, sizes=sizes, spans=spans, metric=metric)
+        curve.pop("per_example")
+        at = curve["sizes"].index(len(c.edges))
+        c = dataclasses.replace(c, faithfulness={**curve, "kept": curve["recovered"][at], "size": len(c.edges),
+                                                 "n_pairs": n})  # fmt: skip
     (layer, head), why = top_head(run)
     route = head_route(model, task, (layer, head), n=n, seed=seed, metric=metric,
                        attributions={k: fams[k] for k in ("position", "content")})  # fmt: skip
     meta = {**c.meta, "top_head": head_name(layer, head), "top_head_source": why, "route": route.to_dict(),
-            "counterfactual": counterfactual, "n_pairs": n, "seed": seed, "encoding": model.cfg.encoding_name}
-    return dataclasses.replace(c, faithfulness=curve, meta=meta), route
+            "counterfactual": counterfactual, "n_pairs": n, "seed": seed, "held_out_seed": seed + 1,
+            "encoding": model.cfg.encoding_name}  # fmt: skip
+    c.faithfulness["n_pairs"] = n
+    return dataclasses.replace(c, meta=meta), route
 
 
 def _num(x: Any) -> str:
@@ -108,6 +138,8 @@ def _num(x: Any) -> str:
 
 def body_html(c) -> str:
     """The tables under the graph: the route into the top head, layer-0 terms, the curve."""
+    from probes.circuits.view import circuit_summary, span_counts
+
     route, f = c.meta["route"], c.faithfulness
     rows = []
     for kind, comps in route["exact"].items():
@@ -115,7 +147,9 @@ def body_html(c) -> str:
             for s, v in sorted(senders.items(), key=lambda kv: -abs(kv[1]))[:6]:
                 est = route.get("estimate", {}).get(kind, {}).get(comp, {}).get(s)
                 rows.append(f"<tr><td>{kind}</td><td>{comp}</td><td>{html.escape(s)}</td><td>{_num(v)}</td><td>{_num(est)}</td></tr>")
-    parts = [f"<h2>Into {html.escape(c.meta['top_head'])} ({html.escape(c.meta['top_head_source'])})</h2>",
+    parts = [f"<p><b>{html.escape(circuit_summary(c))}</b>" + (f"; kept per span: {html.escape(span_counts(c))}" if c.positional else "")
+             + "</p>",
+             f"<h2>Into {html.escape(c.meta['top_head'])} ({html.escape(c.meta['top_head_source'])})</h2>",
              "<p>Exact path patching of each writer into the head's query, key and value input alone (clean into "
              f"corrupt, metric {html.escape(route['metric'])}), under each counterfactual family; the attribution "
              f"estimate of the same edge beside it. Metric gaps m(clean) − m(corrupt): "
@@ -129,9 +163,12 @@ def body_html(c) -> str:
         parts.append("<h3>Layer-0 logit terms (probes.logit_terms, mean over "
                      f"{l0['n_examples']} examples)</h3><table border='1' cellpadding='3' style='border-collapse:collapse'>"
                      f"<tr><th>term</th><th>variance share</th><th>Toeplitz</th></tr>{cells}</table>")  # fmt: skip
-    pts = "".join(f"<tr><td>{s}</td><td>{m:+.3f}</td><td>{r:.3f}</td></tr>" for s, m, r in zip(f["sizes"], f["metric"], f["recovered"]))
-    parts.append(f"<h2>Faithfulness ({html.escape(c.meta['counterfactual'])} pairs, other edges take the corrupt run's values)"
-                 f"</h2><p>clean {f['full']:+.3f}, nothing kept {f['empty']:+.3f}</p><table border='1' cellpadding='3' "
+    kept = f.get("kept_sizes") or f.get("kept")
+    kept = kept if isinstance(kept, list) else f["sizes"]
+    pts = "".join(f"<tr><td>{k}</td><td>{m:+.3f}</td><td>{r:.3f}</td></tr>" for k, m, r in zip(kept, f["metric"], f["recovered"]))
+    parts.append(f"<h2>Faithfulness (held-out {html.escape(c.meta['counterfactual'])} pairs, other edges take the corrupt "
+                 f"run's values)</h2><p>clean {f['full']:+.3f}, nothing kept {f['empty']:+.3f}, area under the curve "
+                 f"{f.get('area', float('nan')):.3f}</p><table border='1' cellpadding='3' "
                  f"style='border-collapse:collapse'><tr><th>edges kept</th><th>metric</th><th>recovered</th></tr>{pts}</table>")  # fmt: skip
     return "".join(parts)
 
@@ -140,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
     from pe_interp.commands.options import device_arg, out_dir_arg, writing_run
 
     out_dir_arg(args.out)
+    if args.faithful is not None and not 0 < args.faithful <= 1:
+        raise ValueError(f"--faithful must be in (0, 1], got {args.faithful}")
     with writing_run(args.run_dir, device=device_arg(args.device), out=args.out) as loaded:
         return _circuit(args, loaded)
 
@@ -147,24 +186,25 @@ def run(args: argparse.Namespace) -> int:
 def _circuit(args: argparse.Namespace, loaded) -> int:
     from pe_interp.checkpoint import save_result
     from pe_interp.io import atomic_write_text
-    from probes.circuit_view import circuit_page
+    from probes.circuits.view import circuit_page, circuit_summary, span_counts
 
     t0 = time.perf_counter()
     c, route = circuit_run(loaded.model, loaded.task, loaded, counterfactual=args.counterfactual, top_n=args.top_n,
-                           method=args.method, n=args.n, metric=args.metric, seed=args.seed)  # fmt: skip
+                           method=args.method, n=args.n, metric=args.metric, seed=args.seed, faithful=args.faithful,
+                           positional=not args.whole_edges, select=args.select)  # fmt: skip
     out = Path(args.out or args.run_dir)
     save_result(out / "circuit.json", c, loaded.provenance)
     title = f"{c.meta['encoding']}: circuit ({c.method}, ranked by the {args.counterfactual} family)"
     atomic_write_text(out / "circuit.html", circuit_page(c, title=title, body=body_html(c), highlight=c.meta["top_head"]))
-    print(f"{args.run_dir}: {len(c.edges)} of {c.total_edges} edges, top head {c.meta['top_head']}, "
-          f"{time.perf_counter() - t0:.1f} s")
+    print(f"{args.run_dir}: {circuit_summary(c)}; top head {c.meta['top_head']}, {time.perf_counter() - t0:.1f} s")
+    if c.positional:
+        print(f"  kept per span: {span_counts(c)}")
     share = c.share()
     into = c.into(c.meta["top_head"])[:5]
     print(f"  edges of the circuit into {c.meta['top_head']}:" if into else
-          f"  no edge of the circuit enters {c.meta['top_head']} (raise --top-n); its first edges:")
+          f"  no edge of the circuit enters {c.meta['top_head']}; its first edges:")
     for i in into or range(min(5, len(c.edges))):
-        w, r = c.edges[i]
-        print(f"  {w} -> {r}: position {c.scores['position'][i]:+.3f}, content {c.scores['content'][i]:+.3f}, "
+        print(f"  {c.label(i)}: position {c.scores['position'][i]:+.3f}, content {c.scores['content'][i]:+.3f}, "
               f"position share {share[i]:.2f}")
     print(f"wrote {out / 'circuit.json'}, {out / 'circuit.html'}")
     return 0

@@ -1,13 +1,14 @@
 """The report's circuits section: each run's ``circuit.json`` (written by ``pe-interp circuit``)
-as the offline graph of :mod:`probes.circuit_view`, with the route into its top head."""
+as the offline graph of :mod:`probes.circuits.view`, with its size, its measured faithfulness,
+its edges per span and the route into its top head."""
 
 from __future__ import annotations
 
 import html
 from typing import Any
 
-from probes.circuit_view import circuit_html
 from probes.circuits import Circuit
+from probes.circuits.view import circuit_html, circuit_summary, span_counts
 
 MAX_MODELS = 12
 
@@ -43,12 +44,16 @@ def circuits_section(cells: list) -> str:
         top = c.meta.get("top_head", "")
         title = f"{cell.label} · {cell.task} · seed {cell.seed}: top head {top}"
         parts.append(circuit_html(c, title=title, highlight=top, width=860, height=420))
-        parts.append(f"<p class='note'>Exact path patching into {html.escape(top)}: {html.escape(_route_line(c))}</p>")
+        spans = f"; kept per span: {span_counts(c)}" if c.positional else ""
+        parts.append(f"<p class='note'>{html.escape(circuit_summary(c) + spans)}. Exact path patching into "
+                     f"{html.escape(top)}: {html.escape(_route_line(c))}</p>")  # fmt: skip
     if not parts:
         return ("<p class='note'>No circuits in these runs: <code>pe-interp circuit RUN_DIR</code> writes "
                 "<code>circuit.json</code> into a run directory, and this section shows it.</p>")
     return ("<p class='note'>Edges of the residual-stream graph scored on position-only and content-only "
-            "counterfactuals (colour: the positional share; width: the score; hover for the numbers).</p>"
+            "counterfactuals, each kept edge on a path from the embedding to the logits; a position-aware circuit "
+            "keeps an edge per span of the examples (dashes: the span; colour: the positional share; width: the "
+            "score; hover for the numbers).</p>"
             + "".join(parts))
 
 

@@ -105,6 +105,15 @@ class SyntheticTask(ABC):
         """``n`` pairs of one family of :meth:`counterfactuals` (``kind`` already checked),
         vectorised over the batch."""
 
+    # ----------------------------------------------------------------- the examples' structure
+    span_names: ClassVar[tuple[str, ...]] = ()
+
+    def spans(self, batch: Batch) -> Int[Tensor, "batch pos"]:
+        """Each position's span (an index into :attr:`span_names`): the parts every example of
+        the task is built from, as its generator lays them out (a position-aware circuit keeps an
+        edge at some spans and not at others)."""
+        raise ValueError(f"{type(self).__name__} defines no spans")
+
     # ----------------------------------------------------------------- derived properties
     @property
     def n_classes(self) -> int:

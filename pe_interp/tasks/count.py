@@ -105,6 +105,16 @@ class CountTask(SyntheticTask):
     def count_to_class(self, n: int | Tensor) -> int | Tensor:
         return n - self.min_count
 
+    # ----------------------------------------------------------------- spans
+    span_names: ClassVar[tuple[str, ...]] = ("trigger", "filler", "padding")
+
+    def spans(self, batch: Batch) -> Int[Tensor, "batch pos"]:
+        """Each position's part of its example: a ``trigger``, a ``filler``, or ``padding`` (the
+        generator's rows have none; rows read from files may)."""
+        is_trigger = torch.isin(batch.tokens, self.trigger_ids.to(batch.tokens.device))
+        out = torch.where(is_trigger, 0, 1)
+        return torch.where(batch.pad_mask.to(out.device), out, 2)
+
     # ----------------------------------------------------------------- generation
     def _with_counts(self, counts: Int[Tensor, " batch"], gen: torch.Generator) -> Batch:
         """One sequence per requested count: ``counts[i]`` triggers, shuffled among fillers.

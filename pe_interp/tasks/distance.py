@@ -113,6 +113,34 @@ class DistanceTask(SyntheticTask):
     def distance_to_class(d: int | Tensor) -> int | Tensor:
         return d - 2
 
+    # ----------------------------------------------------------------- spans
+    span_names: ClassVar[tuple[str, ...]] = ("prefix", "trigger1", "between", "trigger2", "suffix", "padding")
+
+    def spans(self, batch: Batch) -> Int[Tensor, "batch pos"]:
+        """Each position's part of its example: the left fillers (``prefix``), ``t1``
+        (``trigger1``), the fillers ``between``, ``t2`` (``trigger2``), the right fillers
+        (``suffix``), pads (``padding``). The triggers are the ``t1`` and ``t2`` at the labelled
+        distance (``label + 2``); with ``fillers_include_triggers`` a trigger-valued filler could
+        form a second such pair, and the leftmost is taken."""
+        tokens, labels = batch.tokens, batch.labels
+        n, width = tokens.shape
+        t1, t2 = self.triggers
+        pos = torch.arange(width, device=tokens.device)
+        d = self.class_to_distance(labels.long())[:, None]
+        ahead = tokens.gather(1, (pos[None] + d).clamp(max=width - 1))
+        pair = (tokens == t1) & (ahead == t2) & (pos[None] + d < width)
+        if not bool(pair.any(1).all()):
+            row = int((~pair.any(1)).nonzero()[0, 0])
+            raise ValueError(f"{self.name}: row {row} holds no t1 followed by t2 at its labelled distance")
+        first = pair.to(torch.int8).argmax(1)[:, None]
+        second = first + d
+        out = torch.full_like(tokens, 2)  # between
+        out = torch.where(pos < first, 0, out)
+        out = torch.where(pos == first, 1, out)
+        out = torch.where(pos == second, 3, out)
+        out = torch.where(pos > second, 4, out)
+        return torch.where(batch.pad_mask.to(tokens.device), out, 5)
+
     # ----------------------------------------------------------------- generation
     def _draw(self, n: int, gen: torch.Generator) -> tuple[Batch, Tensor, Tensor]:
         """Samples plus the generator's trigger positions ``first`` and ``second`` per row."""

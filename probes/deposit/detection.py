@@ -289,7 +289,10 @@ def find_deposits(
        as ``ci_separated=None``) when the sweep had no bootstrap.
 
     Each layer also reports the margin (first minus second drop), the normalised entropy and
-    Gini of its positive drops and the criteria that failed. Works on grid sweeps only.
+    Gini of its positive drops and the criteria that failed. Works on grid sweeps only, and
+    refuses a partial grid (a layer with some heads not ablated, as
+    ``ablate_heads(engine="attribution")`` leaves it), whose shares would be overstated; layers
+    not swept at all are skipped.
     """
     check_fraction(min_share, "min_share", "find_deposits")
     if min_drop is not None:
@@ -300,6 +303,14 @@ def find_deposits(
     if min_drop is None:
         min_drop = DEFAULT_MIN_DROP_ACCURACY if result.metric == "accuracy" else 0.0
     wanted = range(result.n_layers) if layers is None else sorted(set(layers))
+    for layer in wanted:
+        done = int((~np.isnan(result.drops[layer])).sum())
+        if 0 < done < result.n_heads:
+            raise ValueError(
+                f"find_deposits: layer {layer} has {done} of {result.n_heads} heads ablated (a partial grid"
+                f"{', engine=attribution' if result.meta.get('engine') == 'attribution' else ''}); a layer's share "
+                "needs every head's drop: ablate the whole layer (engine='exact')"
+            )
     stats = []
     for layer in wanted:
         s = layer_stats(

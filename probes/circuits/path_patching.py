@@ -38,7 +38,7 @@ from pe_interp.io import (
     write_result,
 )
 from pe_interp.modes import eval_mode
-from probes.engine import (
+from probes.circuits.engine import (
     as_pair,
     attend_with,
     capture,
@@ -49,7 +49,7 @@ from probes.engine import (
     resolve,
     writer_hooks,
 )
-from probes.graph import COMPONENTS, build_graph, head_name, parse
+from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
 from probes.inputs import FiniteWatch, check_count, check_finite_model
 
 RESULT_KIND = register_result("path patching", "PathPatch.load", ("senders", "receivers", "values"))

@@ -25,10 +25,10 @@ from pe_interp.io import (
     to_json,
     write_result,
 )
-from probes.attribution import Attribution
+from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
+from probes.circuits.path_patching import path_patch
+from probes.circuits.scores import Attribution
 from probes.decomposition import logit_terms
-from probes.graph import COMPONENTS, build_graph, head_name, parse
-from probes.path_patching import path_patch
 
 RESULT_KIND = register_result("head route", "HeadRoute.load", ("head", "metric", "n_examples", "exact", "layer0"))
 

@@ -1,7 +1,7 @@
 """Attribution patching: first-order estimates of patching every node or edge, batched over
 examples.
 
-:func:`attribute` scores the graph of :mod:`probes.graph` (writers, and writer -> reader edges
+:func:`attribute` scores the graph of :mod:`probes.circuits.graph` (writers, and writer -> reader edges
 with positions summed). For a node or edge with activation ``a``, every method estimates
 
     effect = m(with a at its clean value) - m(with a at its other value)
@@ -38,23 +38,14 @@ it to exact patching there and to TransformerLens' ``attribution_patch`` everywh
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from pe_interp.io import (
-    load_result,
-    nan_array,
-    register_result,
-    to_json,
-    write_result,
-)
 from pe_interp.modes import eval_mode
-from probes.engine import (
+from probes.circuits.engine import (
     Run,
     as_pair,
     as_run,
@@ -69,111 +60,14 @@ from probes.engine import (
     resolve,
     writer_hooks,
 )
-from probes.graph import Graph, build_graph, head_name, parse
+from probes.circuits.graph import Graph, build_graph, head_name, parse
+from probes.circuits.scores import Attribution, span_ids
 from probes.inputs import FiniteWatch, check_count, check_finite_model
 
 METHODS = ("atp", "atp*", "eap-ig")
 GRANULARITIES = ("node", "edge")
 ABLATIONS = ("zero", "mean")
 DIRECTIONS = ("denoise", "noise")
-
-
-RESULT_KIND = register_result("attribution", "Attribution.load", ("method", "granularity", "writers", "readers", "scores"))
-
-
-@dataclass(frozen=True, eq=False)
-class Attribution:
-    """What :func:`attribute` returns. ``scores`` is ``[writers]`` (node) or ``[readers, writers]``
-    (edge, NaN where there is no edge); ``by_position`` adds a last axis of positions;
-    ``magnitude`` (``"atp*"``) is the GradDrop magnitude with ``scores``' shape."""
-
-    method: str
-    granularity: str
-    mode: str  # denoise | noise | zero | mean
-    metric: str
-    writers: tuple[str, ...]
-    readers: tuple[str, ...]
-    scores: np.ndarray
-    n_examples: int
-    n_layers: int
-    n_heads: int
-    steps: int = 1
-    clean_metric: float = float("nan")
-    corrupt_metric: float = float("nan")
-    by_position: np.ndarray | None = None
-    magnitude: np.ndarray | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ranking(self) -> np.ndarray:
-        """What orders nodes or edges: ``magnitude`` for ``"atp*"``, else ``|scores|``."""
-        return self.magnitude if self.magnitude is not None else np.abs(self.scores)
-
-    def node_scores(self) -> dict[str, float]:
-        """Each writer's score (for edges: the sum of its outgoing edges)."""
-        s = self.scores if self.granularity == "node" else np.nansum(self.scores, axis=0)
-        return dict(zip(self.writers, s.tolist()))
-
-    def head_scores(self) -> np.ndarray:
-        """``[n_layers, n_heads]`` node scores of the heads."""
-        nodes = self.node_scores()
-        return np.array([[nodes[head_name(layer, h)] for h in range(self.n_heads)] for layer in range(self.n_layers)])
-
-    def edge(self, writer: str, reader: str) -> float:
-        self._need_edges()
-        return float(self.scores[self.readers.index(reader), self.writers.index(writer)])
-
-    def edge_scores(self) -> dict[tuple[str, str], float]:
-        """``{(writer, reader): score}`` over the edges that exist."""
-        self._need_edges()
-        r, w = np.nonzero(~np.isnan(self.scores))
-        return {(self.writers[j], self.readers[i]): float(self.scores[i, j]) for i, j in zip(r, w)}
-
-    def top_edges(self, k: int = 10) -> list[tuple[str, str, float]]:
-        """The ``k`` edges that rank highest (see :attr:`ranking`), as ``(writer, reader, score)``."""
-        self._need_edges()
-        rank = np.nan_to_num(self.ranking, nan=-np.inf).ravel()
-        out = []
-        for i in np.argsort(-rank, kind="stable")[:k]:
-            r, w = divmod(int(i), len(self.writers))
-            out.append((self.writers[w], self.readers[r], float(self.scores[r, w])))
-        return out
-
-    def _need_edges(self) -> None:
-        if self.granularity != "edge":
-            raise ValueError("this Attribution holds node scores; run attribute(..., granularity='edge')")
-
-    def to_dict(self, by_position: bool = False) -> dict[str, Any]:
-        return {
-            "method": self.method, "granularity": self.granularity, "mode": self.mode, "metric": self.metric,
-            "writers": list(self.writers), "readers": list(self.readers), "scores": to_json(self.scores),
-            "n_examples": self.n_examples, "n_layers": self.n_layers, "n_heads": self.n_heads,
-            "steps": self.steps, "clean_metric": to_json(self.clean_metric),
-            "corrupt_metric": to_json(self.corrupt_metric),
-            "by_position": to_json(self.by_position) if by_position else None,
-            "magnitude": to_json(self.magnitude), "meta": to_json(self.meta),
-        }  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Attribution:
-        nan = float("nan")
-        return cls(
-            method=d["method"], granularity=d["granularity"], mode=d["mode"], metric=d["metric"],
-            writers=tuple(d["writers"]), readers=tuple(d["readers"]), scores=nan_array(d["scores"]),
-            n_examples=int(d["n_examples"]), n_layers=int(d["n_layers"]), n_heads=int(d["n_heads"]),
-            steps=int(d.get("steps", 1)),
-            clean_metric=nan if d.get("clean_metric") is None else float(d["clean_metric"]),
-            corrupt_metric=nan if d.get("corrupt_metric") is None else float(d["corrupt_metric"]),
-            by_position=nan_array(d.get("by_position")), magnitude=nan_array(d.get("magnitude")),
-            meta=dict(d.get("meta") or {}),
-        )  # fmt: skip
-
-    def save(self, path: str | Path, by_position: bool = False) -> Path:
-        return write_result(path, RESULT_KIND, self.to_dict(by_position), indent=None, sort_keys=False)
-
-    @classmethod
-    def load(cls, path: str | Path) -> Attribution:
-        return load_result(path, RESULT_KIND, cls.from_dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,25 +90,45 @@ def _groups(graph: Graph) -> list[tuple[str, list[int], int, int | None]]:
     return out
 
 
-def _node_by_pos(graph: Graph, delta: dict[str, Tensor], grads: dict[str, Tensor]) -> Tensor:
-    """``[writers, pos]`` sums over the chunk of ``delta . grad`` at each writer's hook."""
-    rows = [(delta["hook_embed"] * grads["hook_embed"]).sum((0, -1))[None]]
+def _binned(x: Tensor, bins: tuple[Tensor, int] | None) -> Tensor:
+    """``x`` (``[b, p, ...]``) summed over the chunk into ``[..., bins]``: one bin per position
+    (``bins`` None), or per span (``bins = (ids [b, p], n_spans)``)."""
+    if bins is None:
+        return x.sum(0).movedim(0, -1)
+    ids, k = bins
+    flat = x.reshape(-1, *x.shape[2:])
+    return flat.new_zeros((k, *x.shape[2:])).index_add_(0, ids.reshape(-1), flat).movedim(0, -1)
+
+
+def _node_by_pos(graph: Graph, delta: dict[str, Tensor], grads: dict[str, Tensor], bins=None) -> Tensor:
+    """``[writers, pos or span]`` sums over the chunk of ``delta . grad`` at each writer's hook."""
+    rows = [_binned((delta["hook_embed"] * grads["hook_embed"]).sum(-1).double(), bins)[None]]
     for layer in range(graph.n_layers):
         z = f"blocks.{layer}.attn.hook_z"
-        rows.append((delta[z] * grads[z]).sum((0, -1)).T)
+        rows.append(_binned((delta[z] * grads[z]).sum(-1).double(), bins))
         if graph.has_mlp:
             m = f"blocks.{layer}.hook_mlp_out"
-            rows.append((delta[m] * grads[m]).sum((0, -1))[None])
-    return torch.cat(rows).double()
+            rows.append(_binned((delta[m] * grads[m]).sum(-1).double(), bins)[None])
+    return torch.cat(rows)
 
 
-def _edge_by_pos(graph: Graph, contrib: Tensor, grads: dict[str, Tensor]) -> Tensor:
-    """``[readers, writers, pos]`` sums over the chunk of ``contribution . reader gradient``."""
+def _edge_by_pos(graph: Graph, contrib: Tensor, grads: dict[str, Tensor], bins=None) -> Tensor:
+    """``[readers, writers, pos or span]`` sums over the chunk of ``contribution . reader gradient``.
+    Per span: the positions of each span (over the chunk's rows) as one contraction."""
     P = contrib.shape[1]
-    out = contrib.new_zeros((len(graph.readers), len(graph.writers), P), dtype=torch.float64)
+    K = P if bins is None else bins[1]
+    out = contrib.new_zeros((len(graph.readers), len(graph.writers), K), dtype=torch.float64)
+    rows = None if bins is None else [(bins[0].reshape(-1) == k).nonzero()[:, 0] for k in range(K)]
+    flat = contrib.reshape(-1, *contrib.shape[2:])
     for hook, idx, nw, head_axis in _groups(graph):
         g = grads[hook] if head_axis is not None else grads[hook][:, :, None]
-        out[idx, :nw] = torch.einsum("bpwd,bprd->rwp", contrib[:, :, :nw], g).double()
+        if rows is None:
+            out[idx, :nw] = torch.einsum("bpwd,bprd->rwp", contrib[:, :, :nw], g).double()
+            continue
+        gf = g.reshape(-1, *g.shape[2:])
+        for k, at in enumerate(rows):
+            if len(at):
+                out[idx, :nw, k] = torch.einsum("nwd,nrd->rw", flat[at, :nw], gf[at]).double()
     return out
 
 
@@ -245,7 +159,7 @@ def _qk_fix(model, graph: Graph, base: Run, acts: dict, contrib: Tensor, gpat: l
     return out
 
 
-def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, edges, steps, fn, rows):
+def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, edges, steps, fn, rows, bins=None):
     """Summed (not yet averaged) scores of one chunk of examples, for each gradient variant."""
     W = writer_hooks(graph)
     R = reader_hooks(graph) if edges else []
@@ -280,7 +194,7 @@ def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, 
                 summed[n] = t if n not in summed else summed[n] + t
         delta = {n: a_clean[n] - a_other[n] for n in W}
         with torch.no_grad():
-            return [_scores(graph, delta, {n: t / steps for n, t in summed.items()}, edges, model)]
+            return [_scores(graph, delta, {n: t / steps for n, t in summed.items()}, edges, model, bins)]
     results, patterns = [], []
     pattern_names = [n for n in extra if "pattern" in n]
     for drop in variants:  # one gradient at a time: the readers' gradients are large
@@ -298,7 +212,7 @@ def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, 
             delta = {n: a_clean[n] - a_other[n] for n in W}
         patterns.append({n: g.pop(n) for n in pattern_names})
         with torch.no_grad():
-            results.append(_scores(graph, delta, g, edges, model))
+            results.append(_scores(graph, delta, g, edges, model, bins))
         del g
     if method == "atp*":
         with torch.no_grad():
@@ -312,10 +226,10 @@ def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, 
     return results
 
 
-def _scores(graph, delta, grads, edges, model) -> Tensor:
+def _scores(graph, delta, grads, edges, model, bins=None) -> Tensor:
     if not edges:
-        return _node_by_pos(graph, delta, grads)
-    return _edge_by_pos(graph, contributions(model, graph, delta), grads)
+        return _node_by_pos(graph, delta, grads, bins)
+    return _edge_by_pos(graph, contributions(model, graph, delta), grads, bins)
 
 
 def attribute(
@@ -331,6 +245,8 @@ def attribute(
     reference: Any = None,
     direction: str = "denoise",
     by_position: bool = False,
+    spans: Any = None,
+    span_names: Any = None,
     batch_size: int | None = None,
 ) -> Attribution:
     """Attribution scores of every node (``granularity="node"``) or edge (``"edge"``).
@@ -338,8 +254,11 @@ def attribute(
     ``clean`` is a ``Batch`` or ``CounterfactualPairs`` (then ``corrupt`` is its corrupt side);
     ``corrupt`` a ``Batch`` with the same shape, or None for ``ablation="zero"|"mean"`` (means per
     position over ``reference``, default the clean batch). ``steps``: EAP-IG's integration steps.
-    ``by_position`` keeps a last axis of positions (``"atp"``, ``"eap-ig"``). ``batch_size``: most
-    rows per forward (examples x steps or x writers). See the module docstring."""
+    ``by_position`` keeps a last axis of positions (``"atp"``, ``"eap-ig"``). ``spans``: each
+    clean example's span per position (``[n, pos]`` ids into ``span_names``, e.g.
+    ``task.spans(pairs.clean)``) adds ``by_span``, each span's positions summed per example
+    (``"atp"``, ``"eap-ig"``). ``batch_size``: most rows per forward (examples x steps or x
+    writers). See the module docstring."""
     for name, value, allowed in (("method", method, METHODS), ("granularity", granularity, GRANULARITIES),
                                  ("ablation", ablation, ABLATIONS), ("direction", direction, DIRECTIONS)):  # fmt: skip
         if value not in allowed:
@@ -355,8 +274,11 @@ def attribute(
         raise ValueError("attribute: method='eap-ig' integrates from the corrupt input to the clean one; pass corrupt= (or use 'atp'/'atp*' for ablation)")
     if method == "eap-ig" and not torch.equal(c.pad_mask, k.pad_mask):
         raise ValueError("attribute: method='eap-ig' needs clean and corrupt rows with the same pad_mask")
-    if method == "atp*" and by_position:
-        raise ValueError("attribute: by_position is not available with method='atp*' (its key fix patches every position at once)")
+    if method == "atp*" and (by_position or spans is not None):
+        raise ValueError("attribute: by_position and spans are not available with method='atp*' (its key fix patches every position at once)")
+    if by_position and spans is not None:
+        raise ValueError("attribute: pass by_position or spans, not both")
+    ids, names = (None, ()) if spans is None else span_ids(spans, span_names, c.tokens.shape, "attribute")
     if method == "atp*" and graph.n_layers < 2:
         raise ValueError("attribute: method='atp*' (GradDrop over layers) needs a model with at least 2 layers")
     mode = direction if k is not None else ablation
@@ -380,8 +302,9 @@ def attribute(
         totals: list[Tensor] | None = None
         for c0 in range(0, n, chunk):
             sl = slice(c0, c0 + chunk)
+            bins = None if ids is None else (ids[sl].to(c.tokens.device), len(names))
             part = _chunk(model, graph, c.rows(sl), None if k is None else k.rows(sl), means, mode=mode,
-                          method=method, edges=edges, steps=steps, fn=fn, rows=rows)  # fmt: skip
+                          method=method, edges=edges, steps=steps, fn=fn, rows=rows, bins=bins)  # fmt: skip
             totals = part if totals is None else [a + b for a, b in zip(totals, part)]
         good, bad = pair_labels(c, k)
         m_clean = mean_metric(model, c, fn, good, bad, rows)
@@ -408,8 +331,9 @@ def attribute(
         readers=graph.readers if granularity == "edge" else (), scores=scores, n_examples=n,
         n_layers=graph.n_layers, n_heads=graph.n_heads, steps=steps if method == "eap-ig" else 1,
         clean_metric=m_clean, corrupt_metric=m_corrupt, by_position=per_pos[0] if by_position else None,
+        span_names=tuple(names), by_span=per_pos[0] if ids is not None else None,
         magnitude=magnitude, meta={"encoding": model.cfg.encoding_name, "kv_source": model.cfg.kv_source},
     )  # fmt: skip
 
 
-__all__ = ["ABLATIONS", "DIRECTIONS", "GRANULARITIES", "METHODS", "Attribution", "attribute", "parse"]
+__all__ = ["ABLATIONS", "DIRECTIONS", "GRANULARITIES", "METHODS", "Attribution", "attribute", "parse", "span_ids"]

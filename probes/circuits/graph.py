@@ -147,4 +147,14 @@ def build_graph(cfg) -> Graph:
     return Graph(tuple(writers), tuple(readers), valid, L, H, has_mlp, kv_embed)
 
 
-__all__ = ["COMPONENTS", "Graph", "Site", "build_graph", "head_name", "node_layer", "parse"]
+def build_graph_from(scores) -> Graph:
+    """The :class:`Graph` an edge attribution scored: its writers and readers, an edge wherever
+    it has a score (``scores.scores``, NaN where there is no edge)."""
+    valid = ~np.isnan(np.asarray(scores.scores, dtype=np.float64))
+    kv = [i for i, r in enumerate(scores.readers) if parse(r).component in ("k", "v")]
+    kv_embed = bool(kv) and not valid[kv, 1:].any() and scores.n_layers > 1
+    has_mlp = any(parse(w).kind == "mlp" for w in scores.writers)
+    return Graph(tuple(scores.writers), tuple(scores.readers), valid, scores.n_layers, scores.n_heads, has_mlp, kv_embed)
+
+
+__all__ = ["COMPONENTS", "Graph", "Site", "build_graph", "build_graph_from", "head_name", "node_layer", "parse"]

@@ -1,6 +1,7 @@
 """A circuit as a self-contained SVG graph: nodes laid out by layer (networkx's
 ``multipartite_layout``), edges coloured by their positional against content share and as wide
-as their score, the numbers on hover. No external script, style or font: it works offline, in a
+as their score, a position-aware circuit's edges one per span, side by side and dashed by span,
+the numbers on hover. No external script, style or font: it works offline, in a
 notebook (``IPython.display.HTML(circuit_html(c))``), in ``report.html`` and as a page of its own
 (:func:`circuit_page`).
 
@@ -13,16 +14,18 @@ from __future__ import annotations
 
 import html
 import itertools
+from collections import Counter
 from typing import Any
 
 import networkx as nx
 import numpy as np
 
-from probes.graph import node_layer, parse
+from probes.circuits.graph import node_layer, parse
 
 POSITION, CONTENT = (33, 102, 172), (230, 97, 1)  # blue, orange
 POSITIVE, NEGATIVE = (178, 24, 43), (33, 102, 172)
 PORTS = {"q": -9.0, "k": 0.0, "v": 9.0}
+DASHES = ("", "6,3", "2,3", "8,3,2,3", "1,2", "10,5")  # one per span of a position-aware circuit
 _ids = itertools.count()
 
 STYLE = """
@@ -103,28 +106,37 @@ def circuit_svg(c: Any, *, width: int = 900, height: int = 520, highlight: str |
     xy = layout(nodes, c.n_layers, width, height)
     parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>"]
     order = np.argsort(mag, kind="stable")  # thin edges first, so wide ones are on top
+    spans = getattr(c, "spans", None)
+    names = tuple(getattr(c, "span_names", ()) or ())
     for i in order:
         w, r = c.edges[i]
         x0, y0 = xy[w]
         x1, y1 = xy[r.split(".")[0]]
         comp = parse(r).component
         x1 += PORTS.get(comp, 0.0)
+        dash = ""
+        if spans is not None:  # one path per span, side by side, dashed by span
+            k = names.index(spans[i])
+            x0 += 2.5 * (k - (len(names) - 1) / 2)
+            x1 += 1.5 * (k - (len(names) - 1) / 2)
+            dash = f" stroke-dasharray='{DASHES[k % len(DASHES)]}'" if DASHES[k % len(DASHES)] else ""
         y0, y1 = y0 - 9, y1 + 9
         scores = {k: float(v[i]) for k, v in c.scores.items()}
+        head = f"{w} -> {r}" + ("" if spans is None else f" @ {spans[i]}")
         if two:
             share = abs(scores[pos_fam]) / (abs(scores[pos_fam]) + abs(scores[con_fam]) or 1.0)
             color = _mix(CONTENT, POSITION, share)
-            tip = f"{w} -> {r}\n{pos_fam}: {scores[pos_fam]:+.4f}\n{con_fam}: {scores[con_fam]:+.4f}\n{pos_fam} share: {share:.2f}"
+            tip = f"{head}\n{pos_fam}: {scores[pos_fam]:+.4f}\n{con_fam}: {scores[con_fam]:+.4f}\n{pos_fam} share: {share:.2f}"
         else:
             (name, v), = scores.items()
             color = _mix((255, 255, 255), POSITIVE if v >= 0 else NEGATIVE, 0.9)
-            tip = f"{w} -> {r}\n{name}: {v:+.4f}"
+            tip = f"{head}\n{name}: {v:+.4f}"
         tip += "".join(f"\n{k}: {v:+.4f}" for k, v in scores.items() if two and k not in families)
         stroke = 1.0 + 8.0 * float(mag[i]) / (top or 1.0)
         dy = (y1 - y0) / 2
         d = f"M{x0:.1f},{y0:.1f} C{x0:.1f},{y0 + dy:.1f} {x1:.1f},{y1 - dy:.1f} {x1:.1f},{y1:.1f}"
         esc = html.escape(tip, quote=True)
-        parts.append(f"<path class='edge' d='{d}' stroke='{color}' stroke-width='{stroke:.2f}' data-tip='{esc}'>"
+        parts.append(f"<path class='edge' d='{d}' stroke='{color}' stroke-width='{stroke:.2f}'{dash} data-tip='{esc}'>"
                      f"<title>{html.escape(tip)}</title></path>")  # fmt: skip
     incoming: dict[str, float] = {}
     for (_, r), m in zip(c.edges, mag):
@@ -142,6 +154,35 @@ def circuit_svg(c: Any, *, width: int = 900, height: int = 520, highlight: str |
     return "".join(parts)
 
 
+def circuit_summary(c: Any) -> str:
+    """What the circuit is and how faithful, in one line (the CLI's, the report's, the page's)."""
+    f = c.faithfulness or {}
+    kind = "position-aware edges (edge x span)" if c.positional else "edges"
+    share = len(c.edges) / c.total_edges if c.total_edges else float("nan")
+    sel = c.meta.get("selection", {})
+    what = (f"the smallest circuit with faithfulness >= {f['target']:g}" if "target" in f
+            else f"the first {sel.get('top_n')} by the {sel.get('select', 'top')} order")  # fmt: skip
+    kept = f.get("kept")
+    fam = c.meta.get("counterfactual")
+    pairs = f"{f['n_pairs']} held-out {fam + ' ' if fam else ''}pairs" if "n_pairs" in f else "its pairs"
+    faith = "" if kept is None else f", faithfulness {kept:.3f} on {pairs}"
+    return f"{what}: {len(c.edges)} of {c.total_edges} {kind} ({share:.1%}){faith}"
+
+
+def span_counts(c: Any) -> str:
+    """How many kept edges sit at each span (empty when the circuit is not position-aware)."""
+    if not c.positional:
+        return ""
+    counts = Counter(c.spans)
+    return ", ".join(f"{s} {counts[s]}" for s in c.span_names if counts.get(s))
+
+
+def _dash_sample(k: int) -> str:
+    dash = DASHES[k % len(DASHES)]
+    style = f" stroke-dasharray='{dash}'" if dash else ""
+    return f"<svg width='34' height='8'><line x1='2' y1='4' x2='32' y2='4' stroke='#555' stroke-width='2'{style}/></svg>"
+
+
 def circuit_html(c: Any, *, title: str = "", **kwargs: Any) -> str:
     """The graph with its legend, tooltip and style: a fragment to embed anywhere."""
     uid = f"pe-circuit-{next(_ids)}"
@@ -153,9 +194,15 @@ def circuit_html(c: Any, *, title: str = "", **kwargs: Any) -> str:
     else:
         legend = (f"<span style='background:{_mix((255, 255, 255), POSITIVE, 0.9)}'></span>positive"
                   f"<span style='background:{_mix((255, 255, 255), NEGATIVE, 0.9)}'></span>negative")  # fmt: skip
+    spans = getattr(c, "spans", None)
+    if spans is not None:  # which dash is which span
+        legend += "<br>" + "".join(f"{_dash_sample(k)}{html.escape(name)} " for k, name in enumerate(c.span_names) if name in spans)
     head = f"<p><b>{html.escape(title)}</b></p>" if title else ""
-    note = (f"{len(c.edges)} of {c.total_edges} edges ({html.escape(c.method)}, metric {html.escape(c.metric)}); "
-            "width: |score|; q, k, v enter a head left, middle, right; hover for the numbers")  # fmt: skip
+    kind = "position-aware edges (edge x span)" if spans is not None else "edges"
+    faith = (c.faithfulness or {}).get("kept")
+    note = (f"{len(c.edges)} of {c.total_edges} {kind} ({html.escape(c.method)}, metric {html.escape(c.metric)})"
+            + ("" if faith is None else f", faithfulness {faith:.3f}")
+            + "; width: |score|; q, k, v enter a head left, middle, right; hover for the numbers")  # fmt: skip
     return (f"<div class='pe-circuit' id='{uid}'><style>{STYLE}</style>{head}"
             f"<div class='legend'>{legend}</div>{circuit_svg(c, **kwargs)}<div class='tip'></div>"
             f"<p style='color:#555'>{note}</p><script>{SCRIPT % repr(uid)}</script></div>")  # fmt: skip
@@ -169,4 +216,4 @@ def circuit_page(c: Any, *, title: str = "circuit", body: str = "", **kwargs: An
             f"{circuit_html(c, **kwargs)}{body}</body></html>\n")
 
 
-__all__ = ["circuit_html", "circuit_page", "circuit_svg", "layout"]
+__all__ = ["circuit_html", "circuit_page", "circuit_summary", "circuit_svg", "layout", "span_counts"]

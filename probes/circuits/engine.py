@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probes.graph import COMPONENTS, Graph
+from probes.circuits.graph import COMPONENTS, Graph
 from probes.inputs import check_examples
 
 PerExample = Callable[[Tensor, Tensor, Tensor], Tensor]

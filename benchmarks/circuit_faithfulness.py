@@ -1,0 +1,135 @@
+"""Faithfulness of the circuits attribution selects, against circuit size and against the exact
+(ACDC) reference, on trained runs.
+
+For each run directory, on one counterfactual family (default ``position``; margin metric):
+edges scored by ``--method`` on ``--n`` pairs (seed 0), circuits measured on ``--n`` held-out
+pairs (seed 1), other edges taking the corrupt run's values. For whole edges and for edges per
+span (position-aware), and each order (``paths``: widest path, ``greedy``: Hanna et al.,
+``top``: |score| alone, not connected):
+
+- the faithfulness curve at shares of the graph (``--shares``), its area, and whether the
+  position-aware curve lies above the whole-edge one at every share (same order);
+- the smallest circuit reaching ``--target`` (its size, share, measured faithfulness);
+- with ``--acdc TAU``: the exact iterative-pruning circuit (:func:`probes.circuits.acdc.acdc`, on
+  the selection pairs), its faithfulness on the held-out pairs, and the precision and recall of
+  the attribution circuits against it: at the ACDC circuit's size, and the smallest faithful
+  ones.
+
+    python benchmarks/circuit_faithfulness.py runs/q-rope --acdc 0.01 --out faithfulness.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pe_interp import load_run
+from pe_interp.io import atomic_write_json
+from probes.circuits import attribute, faithfulness_curve, minimal_circuit, rank_edges
+from probes.circuits.acdc import acdc, overlap
+
+
+def evaluate(run_dir: str, args) -> dict:
+    run = load_run(run_dir)
+    model, task = run.model.eval(), run.task
+    sel = task.counterfactuals(args.n, kind=args.family, seed=0)
+    held = task.counterfactuals(args.n, kind=args.family, seed=1)
+    t0 = time.perf_counter()
+    a = attribute(model, sel, method=args.method, granularity="edge", metric="margin", spans=task.spans(sel.clean),
+                  span_names=task.span_names)  # fmt: skip
+    out = {"run": run_dir, "encoding": model.cfg.encoding_name, "task": task.name, "family": args.family,
+           "method": args.method, "n": args.n, "attribute_seconds": time.perf_counter() - t0,
+           "clean": a.clean_metric, "corrupt": a.corrupt_metric, "orders": {}}  # fmt: skip
+    rankings = {}
+    for positional in (False, True):
+        for select in args.select:
+            r = rank_edges(a, select=select, positional=positional)
+            rankings[positional, select] = r
+            t0 = time.perf_counter()
+            sizes = sorted({int(round(s * r.total)) for s in [0.0, *args.shares, 1.0]})
+            curve = faithfulness_curve(model, r, held, sizes=sizes, spans=task)
+            c = minimal_circuit(model, r, held, target=args.target, spans=task)
+            f = c.faithfulness
+            out["orders"][f"{'spans' if positional else 'whole'}-{select}"] = {
+                "total": r.total, "shares": [k / r.total for k in curve["kept"]], "recovered": curve["recovered"],
+                "area": curve["area"], "min_size": f["size"], "min_share": f["size"] / r.total, "min_kept": f["kept"],
+                "min_area": f["area"], "seconds": time.perf_counter() - t0,
+                "circuit": {"edges": [list(e) for e in c.edges], "spans": None if c.spans is None else list(c.spans)},
+            }  # fmt: skip
+            rankings[positional, select, "min"] = c
+    for select in args.select:
+        w, s = out["orders"][f"whole-{select}"], out["orders"][f"spans-{select}"]
+        # the same shares of the graph were asked of both (a circuit's kept units may fall short of a share)
+        above = [np.interp(x, s["shares"], s["recovered"]) >= np.interp(x, w["shares"], w["recovered"]) - 1e-12
+                 for x in sorted(set(w["shares"]) | set(s["shares"]))]  # fmt: skip
+        out["orders"][f"spans-{select}"]["above_whole_everywhere"] = bool(all(above))
+    if args.acdc:
+        out["acdc"] = {}
+        for tau in args.acdc:
+            for positional in (False, True):
+                t0 = time.perf_counter()
+                ref = acdc(model, sel, tau=tau, spans=task if positional else None)
+                seconds = time.perf_counter() - t0
+                held_f = faithfulness_curve(model, ref, held, spans=task if positional else None)["recovered"][0]
+                entry = {"size": len(ref.edges), "total": ref.total_edges, "share": len(ref.edges) / ref.total_edges,
+                         "faithfulness_selection_pairs": ref.faithfulness["kept"], "faithfulness_held_out": held_f,
+                         "forwards": ref.meta["acdc"]["forwards"], "seconds": seconds, "against": {}}  # fmt: skip
+                for select in args.select:
+                    r = rankings[positional, select]
+                    same = r.circuit(len(ref.edges))
+                    entry["against"][select] = {"same_size": overlap(same, ref),
+                                                "smallest_faithful": overlap(rankings[positional, select, "min"], ref)}
+                out["acdc"][f"{'spans' if positional else 'whole'}-tau{tau:g}"] = entry
+    return out
+
+
+def report(res: dict, target: float) -> None:
+    print(f"\n{res['encoding']} {res['task']} ({res['run']}), {res['family']} pairs, {res['method']}, n={res['n']}: "
+          f"clean margin {res['clean']:+.3f}, corrupt {res['corrupt']:+.3f} (attribution {res['attribute_seconds']:.0f} s)")
+    for name, o in res["orders"].items():
+        pts = " ".join(f"{x:.0%}:{y:.2f}" for x, y in zip(o["shares"], o["recovered"]))
+        extra = "" if "above_whole_everywhere" not in o else f", above whole edges at every share: {o['above_whole_everywhere']}"
+        print(f"  {name:13s} area {o['area']:.3f}; smallest >= {target:g}: {o['min_size']} of {o['total']} "
+              f"({o['min_share']:.1%}), faithfulness {o['min_kept']:.3f}{extra}\n      {pts}")
+    for name, e in res.get("acdc", {}).items():
+        print(f"  ACDC {name}: {e['size']} of {e['total']} ({e['share']:.1%}), faithfulness {e['faithfulness_selection_pairs']:.3f}"
+              f" (held out {e['faithfulness_held_out']:.3f}), {e['forwards']} forwards, {e['seconds']:.0f} s")
+        for select, o in e["against"].items():
+            a, b = o["same_size"], o["smallest_faithful"]
+            print(f"    {select:6s} same size: precision {a['precision']:.2f} recall {a['recall']:.2f}; smallest faithful "
+                  f"({b['found']}): precision {b['precision']:.2f} recall {b['recall']:.2f}")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--family", default="position", choices=["position", "content", "both"])
+    p.add_argument("--method", default="eap-ig", choices=["eap-ig", "atp"])
+    p.add_argument("--n", type=int, default=128)
+    p.add_argument("--target", type=float, default=0.9)
+    p.add_argument("--select", nargs="+", default=["paths", "greedy", "top"])
+    p.add_argument("--shares", type=float, nargs="+", default=[0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7])
+    p.add_argument("--acdc", type=float, nargs="*", default=[], help="ACDC thresholds (fractions of the metric gap)")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    results = []
+    for r in args.runs:
+        if not (Path(r) / "model.safetensors").is_file():
+            continue
+        res = evaluate(r, args)
+        results.append(res)
+        report(res, args.target)
+        if args.out:
+            atomic_write_json(args.out, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,394 @@
+"""Faithfulness: a circuit run on the clean input with every edge outside it ablated, over circuit
+size; the curve's area; the smallest circuit that reaches a target.
+
+An ablated edge's reader reads the writer's term from another run instead of the live one
+(TransformerLens' ``faithfulness`` rule, which :func:`ablated_metric` equals edge by edge):
+the paired corrupt run's (``ablation="corrupt"``), a resampled clean example's
+(``"resample"``: a seeded derangement) or their mean per position (``"mean"``). A
+position-aware circuit keeps an edge at some spans of each example and ablates it at the
+others. ``recovered = (m(circuit) - m(nothing kept)) / (m(clean) - m(nothing kept))``.
+
+Select a circuit on one set of pairs and measure it on another (the CLI and the benchmarks use
+held-out pairs, another seed of the same family).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pe_interp.modes import eval_mode
+from probes.circuits.engine import (
+    Run,
+    as_pair,
+    as_run,
+    capture,
+    contributions,
+    forks,
+    pair_labels,
+    position_means,
+    resolve,
+    writer_hooks,
+)
+from probes.circuits.graph import Graph, build_graph
+from probes.circuits.scores import Attribution, span_ids
+from probes.circuits.selection import Circuit, Ranking, rank_edges
+from probes.inputs import check_count, check_finite_model
+from probes.metrics import resample_sources
+
+ABLATIONS = ("corrupt", "resample", "mean")
+
+
+def _reader_groups(graph: Graph) -> list[tuple[str, list[int], bool]]:
+    """``(hook, reader indices, per-head)`` of each reader hook, in graph order."""
+    out = []
+    for layer in range(graph.n_layers):
+        for c in "qkv":
+            out.append((f"blocks.{layer}.attn.hook_{c}_input",
+                        [graph.reader_index(f"L{layer}H{h}.{c}") for h in range(graph.n_heads)], True))  # fmt: skip
+        if graph.has_mlp:
+            out.append((f"blocks.{layer}.hook_mlp_in", [graph.reader_index(f"MLP{layer}")], False))
+    out.append((f"blocks.{graph.n_layers - 1}.hook_resid_post", [graph.reader_index("logits")], False))
+    return out
+
+
+def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn, good, bad, spans: Tensor | None = None) -> Tensor:
+    """Per-example metric ``[k, b]`` of ``k`` copies of ``run``, copy ``j`` keeping the edges where
+    ``keep[j, reader, writer]`` and reading ``repl`` (``[b or 1, pos, writers, d]``) for the rest.
+    Position-aware: ``keep[j, reader, writer, span]`` with ``spans`` (``[b, pos]`` span ids).
+
+    A reader's input is its live value plus, for each ablated writer, the replacement minus the
+    live term. Where most of a reader group's writers are ablated that sum is taken as all of
+    them less the kept ones, so the work follows the smaller of the two sets of writers."""
+    k, b = keep.shape[0], len(run)
+    if keep.ndim == 3:
+        keep = keep[..., None]
+    valid = torch.as_tensor(graph.valid, device=keep.device)[..., None]
+    kept = (keep & valid).to(repl.dtype)  # [k, R, W, S]
+    excl = (~keep & valid).to(repl.dtype)
+    P, W, d = run.tokens.shape[1], len(graph.writers), model.cfg.d_model
+    if spans is not None:
+        flat = spans.reshape(-1).to(keep.device)
+        parts: list[Tensor | None] = [(flat == s).nonzero()[:, 0] for s in range(excl.shape[-1])]
+    elif excl.shape[-1] != 1:
+        raise ValueError("ablated_metric: a keep mask per span needs spans=")
+    else:
+        parts = [None]
+    live: dict[str, Tensor] = {}
+
+    def grab(x, hook):
+        live[hook.name] = x
+        return None
+
+    def take(contrib: Tensor, rows: Tensor | None, cols: Tensor) -> Tensor:
+        """Replacement minus live term of writers ``cols``: ``[k, b, P or rows, cols, d]``."""
+        if rows is None:
+            return repl[:, :, cols][None] - contrib[:, :, :, cols]
+        r = repl[0][:, cols][rows % P] if repl.shape[0] == 1 else repl.reshape(b * P, W, d)[rows][:, cols]
+        return r[None] - contrib.view(k, b * P, W, d)[:, rows][:, :, cols]
+
+    def fix(idx: list[int], per_head: bool):
+        reads = torch.as_tensor(np.flatnonzero(graph.valid[idx].any(0)), device=keep.device)
+
+        def hook(x, hook):
+            contrib = contributions(model, graph, live).view(k, b, P, W, d)
+            add = x.new_zeros(k, b * P, len(idx), d) if parts[0] is not None else None
+            for s, rows in enumerate(parts):
+                if rows is not None and not len(rows):
+                    continue
+                ex, kp = excl[:, idx, :, s], kept[:, idx, :, s]  # [k, readers, writers]
+                ex_cols = ex.amax((0, 1)).nonzero()[:, 0]
+                kp_cols = kp.amax((0, 1)).nonzero()[:, 0]
+                if not len(ex_cols):
+                    continue
+                if len(ex_cols) <= len(kp_cols):
+                    part = torch.einsum("k...wd,krw->k...rd", take(contrib, rows, ex_cols), ex[..., ex_cols])
+                else:  # every writer read, less the kept ones
+                    part = take(contrib, rows, reads).sum(-2).unsqueeze(-2).expand(*([-1] * (3 if rows is None else 2)), len(idx), -1)
+                    if len(kp_cols):
+                        part = part - torch.einsum("k...wd,krw->k...rd", take(contrib, rows, kp_cols), kp[..., kp_cols])
+                if rows is None:
+                    add = part
+                else:
+                    add[:, rows] = part
+            if add is None:
+                return x
+            add = add.reshape(k, b, P, len(idx), d)
+            return x + (add.reshape(k * b, *add.shape[2:]) if per_head else add.reshape(k * b, x.shape[1], -1))
+
+        return hook
+
+    hooks = [(n, grab) for n in writer_hooks(graph)] + [(h, fix(idx, ph)) for h, idx, ph in _reader_groups(graph)]
+    tokens = run.tokens.repeat(k, 1)
+    kv = None if run.key_valid is None else run.key_valid.repeat(k, 1)
+    with forks(model), torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        _prime(live, model, graph, k * b, run)
+        logits = model.forward_unchecked(tokens, kv)
+    return fn(logits, good.repeat(k), bad.repeat(k)).double().view(k, b)
+
+
+def _prime(live: dict, model, graph: Graph, rows: int, run: Run) -> None:
+    """Zeros at every writer hook, so that :func:`contributions` can run before they fire (the
+    zero terms of writers that have not fired are never read: their edges do not exist yet)."""
+    P, d = run.tokens.shape[1], model.cfg.d_model
+    zeros = torch.zeros(rows, P, d, dtype=model.W_E.dtype, device=run.tokens.device)
+    live["hook_embed"] = zeros
+    for layer in range(graph.n_layers):
+        live[f"blocks.{layer}.attn.hook_z"] = zeros.new_zeros(rows, P, graph.n_heads, model.cfg.d_head)
+        if graph.has_mlp:
+            live[f"blocks.{layer}.hook_mlp_out"] = zeros
+
+
+def _resampled(c: Run, sl: slice, seed: int) -> Run:
+    src = resample_sources(len(c), None, seed).to(c.tokens.device)[sl]
+    kv = None if c.key_valid is None else c.key_valid[src]
+    return Run(c.tokens[src], kv, c.pad_mask[src], c.labels[src])
+
+
+class _Evaluator:
+    """Measures keep masks ``[k, readers, writers, spans]`` on fixed pairs: the mean metric of
+    each, the clean run's (everything kept) and the corrupt one's (nothing kept)."""
+
+    def __init__(self, model, clean, corrupt, *, ablation, metric, reference, seed, batch_size, spans, n_spans,
+                 who: str = "faithfulness"):
+        if ablation not in ABLATIONS:
+            raise ValueError(f"{who}: ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}")
+        if batch_size is not None:
+            check_count(batch_size, "batch_size", 1, who)
+        check_finite_model(model, who)
+        self.model, self.graph = model, build_graph(model.cfg)
+        clean_batch = clean.clean if hasattr(clean, "clean") else clean
+        self.c, self.k = as_pair(model, clean, corrupt, who)
+        if ablation == "corrupt" and self.k is None:
+            raise ValueError(f"{who}: ablation='corrupt' needs corrupt= (or CounterfactualPairs)")
+        self.ids = None
+        if n_spans > 1 or spans is not None:
+            if spans is None:  # a circuit of spans, evaluated without them
+                raise ValueError("faithfulness: a position-aware circuit needs the evaluated examples' spans (spans=task or ids)")
+            raw = spans.spans(clean_batch) if hasattr(spans, "spans") else spans
+            self.ids, _ = span_ids(raw, None, self.c.tokens.shape, "faithfulness")
+            if int(self.ids.max()) >= n_spans:
+                raise ValueError(f"faithfulness: span ids go to {int(self.ids.max())}, the circuit has {n_spans} spans")
+        self.n_spans = n_spans
+        _, self.fn = resolve(metric)
+        self.good, self.bad = pair_labels(self.c, self.k)
+        self.rows = batch_size or 256
+        self.ablation, self.seed = ablation, seed
+        names = writer_hooks(self.graph)
+        self.repl_all = None
+        if ablation == "mean":
+            with eval_mode(model):
+                ref = self.c if reference is None else as_run(model, reference, what="reference", who=who)
+                means = position_means(model, ref, names, self.rows)
+                P = self.c.tokens.shape[1]
+                self.repl_all = contributions(model, self.graph, {n: m[None, :P] for n, m in means.items()}).detach()
+        self._full = self._empty = None
+
+    def __call__(self, keeps: np.ndarray) -> np.ndarray:
+        """Per-example metric ``[len(keeps), n]``."""
+        model, graph, c = self.model, self.graph, self.c
+        keep = torch.as_tensor(np.asarray(keeps, dtype=bool), device=c.tokens.device)
+        out = torch.empty(keep.shape[0], len(c), dtype=torch.float64)
+        chunk = max(1, min(len(c), self.rows))
+        per = max(1, self.rows // chunk)
+        names = writer_hooks(graph)
+        with eval_mode(model):
+            for c0 in range(0, len(c), chunk):
+                sl = slice(c0, c0 + chunk)
+                if self.repl_all is not None:
+                    repl = self.repl_all
+                else:
+                    src = self.k.rows(sl) if self.ablation == "corrupt" else _resampled(c, sl, self.seed)
+                    with torch.no_grad():
+                        repl = contributions(model, graph, capture(model, src, names)[0])
+                sp = None if self.ids is None else self.ids[sl].to(c.tokens.device)
+                for j0 in range(0, keep.shape[0], per):
+                    out[j0 : j0 + per, sl] = ablated_metric(model, graph, c.rows(sl), repl, keep[j0 : j0 + per], self.fn,
+                                                            self.good[sl], self.bad[sl], sp).cpu()  # fmt: skip
+        return out.numpy()
+
+    def ends(self) -> tuple[float, float]:
+        """Mean metric with everything kept (the clean run) and with nothing kept."""
+        if self._full is None:
+            shape = (*self.graph.valid.shape, self.n_spans)
+            both = self(np.stack([np.ones(shape, dtype=bool), np.zeros(shape, dtype=bool)]))
+            self._full, self._empty = float(both[0].mean()), float(both[1].mean())
+        return self._full, self._empty
+
+
+def _ranking(scores, *, select, positional, by) -> Ranking:
+    if isinstance(scores, Ranking):
+        return scores
+    if isinstance(scores, Attribution | Mapping):
+        return rank_edges(scores, select=select, positional=positional, by=by)
+    raise ValueError(f"expected an Attribution, a mapping of them, a Ranking or a Circuit, got {type(scores).__name__}")
+
+
+def _circuit_masks(c: Circuit, graph: Graph, sizes: Sequence[int]) -> np.ndarray:
+    names = c.span_names if c.positional else ("all",)
+    keeps = np.zeros((len(sizes), *graph.valid.shape, len(names)), dtype=bool)
+    for j, s in enumerate(sizes):
+        for i, (w, r) in enumerate(c.edges[:s]):
+            keeps[j, graph.reader_index(r), graph.writer_index(w), names.index(c.spans[i]) if c.positional else 0] = True
+    return keeps
+
+
+def curve_area(kept: Sequence[float], recovered: Sequence[float], total: int) -> float:
+    """The area under recovered against the kept share of the graph (trapezoids between the
+    measured sizes, which should include 0 and the whole graph): 1 for a circuit that recovers
+    everything with no edge, 0.5 for a straight line."""
+    x = np.asarray(kept, dtype=np.float64) / max(1, total)
+    y = np.asarray(recovered, dtype=np.float64)
+    o = np.argsort(x, kind="stable")
+    return float(np.trapezoid(y[o], x[o])) if len(x) > 1 else float("nan")
+
+
+def _summary(ev: _Evaluator, sizes, kept, per, total) -> dict[str, Any]:
+    full, empty = ev.ends()
+    m = per.mean(1)
+    rec = ((m - empty) / (full - empty)).tolist() if full != empty else [float("nan")] * len(sizes)
+    return {"sizes": list(map(int, sizes)), "kept": list(map(int, kept)), "metric": m.tolist(), "full": full,
+            "empty": empty, "recovered": rec, "ablation": ev.ablation, "per_example": per, "total_edges": int(total),
+            "area": curve_area(kept, rec, total) if {0, total} <= set(kept) else float("nan")}  # fmt: skip
+
+
+def faithfulness_curve(
+    model,
+    scores: Any,
+    clean: Any,
+    corrupt: Any = None,
+    *,
+    sizes: Sequence[int] | None = None,
+    select: str = "paths",
+    positional: bool = False,
+    by: str | None = None,
+    spans: Any = None,
+    ablation: str = "corrupt",
+    metric: Any = "margin",
+    reference: Any = None,
+    seed: int = 0,
+    batch_size: int | None = None,
+) -> dict[str, Any]:
+    """The metric with the circuit of each size in ``sizes`` kept, every other edge ablated.
+
+    ``scores``: edge attributions (ranked by :func:`probes.circuits.selection.rank_edges` with
+    ``select``, ``positional``, ``by``), a :class:`Ranking`, or a :class:`Circuit` (its edges as
+    listed, first ``n``, not pruned). ``spans``: the evaluated clean examples' spans (the task,
+    or ``[n, pos]`` ids), for position-aware circuits. ``ablation``: ``"corrupt"`` (needs
+    ``corrupt``), ``"resample"``, ``"mean"`` (over ``reference``, default the clean batch).
+
+    A size ``n`` is the circuit of the longest prefix of the ranking with at most ``n`` units.
+    Returns ``{"sizes", "kept" (its units), "metric" (mean per size), "full",
+    "empty", "recovered", "area" (:func:`curve_area`, when the sizes include 0 and the whole
+    graph), "total_edges" (units), "ablation", "per_example" ([sizes, n])}``."""
+    if isinstance(scores, Circuit):
+        graph = build_graph(model.cfg)
+        n_spans = len(scores.span_names) if scores.positional else 1
+        ev = _Evaluator(model, clean, corrupt, ablation=ablation, metric=metric, reference=reference, seed=seed,
+                        batch_size=batch_size, spans=spans if scores.positional else None, n_spans=n_spans,
+                        who="faithfulness_curve")  # fmt: skip
+        sizes = list(sizes) if sizes is not None else [len(scores.edges)]
+        if any(s < 0 or s > len(scores.edges) for s in sizes):
+            raise ValueError(f"faithfulness_curve: sizes must be in 0..{len(scores.edges)}")
+        keeps = _circuit_masks(scores, graph, sizes)
+        total = scores.total_edges
+        out = _summary(ev, sizes, keeps.sum((1, 2, 3)), ev(keeps), total)
+        out["total_edges"] = graph.n_edges * n_spans
+        return out
+    r = _ranking(scores, select=select, positional=positional, by=by)
+    ev = _Evaluator(model, clean, corrupt, ablation=ablation, metric=metric, reference=reference, seed=seed,
+                    batch_size=batch_size, spans=spans if r.positional else None, n_spans=r.n_spans,
+                    who="faithfulness_curve")  # fmt: skip
+    if sizes is None:
+        sizes = default_sizes(r.total)
+    sizes = list(sizes)
+    if any(s < 0 or s > r.total for s in sizes):
+        raise ValueError(f"faithfulness_curve: sizes must be in 0..{r.total}")
+    keeps = np.stack([r.keep(r.prefix_for(s)) for s in sizes]) if sizes else np.zeros((0, *r.rank.shape), dtype=bool)
+    out = _summary(ev, sizes, keeps.sum((1, 2, 3)), ev(keeps), r.total)
+    out.update({"select": r.select, "positional": r.positional, "span_names": list(r.span_names)})
+    return out
+
+
+def default_sizes(total: int, points: int = 16) -> list[int]:
+    """0, about ``points`` sizes spaced geometrically from 1, and the whole graph."""
+    return sorted({0, *np.unique(np.geomspace(1, max(1, total), points).astype(int)).tolist(), total})
+
+
+def minimal_circuit(
+    model,
+    scores: Any,
+    clean: Any,
+    corrupt: Any = None,
+    *,
+    target: float = 0.9,
+    select: str = "paths",
+    positional: bool = False,
+    by: str | None = None,
+    spans: Any = None,
+    ablation: str = "corrupt",
+    metric: Any = "margin",
+    reference: Any = None,
+    seed: int = 0,
+    batch_size: int | None = None,
+    points: int = 16,
+) -> Circuit:
+    """The smallest circuit of the ranking that recovers at least ``target`` on these pairs.
+
+    The curve is measured at :func:`default_sizes`, then between the last size below the target
+    and the first at or above it, 8 sizes at a time, until they are adjacent. Faithfulness need
+    not grow with size, so a smaller circuit than the one returned may reach the target between
+    the measured sizes; the returned circuit's own faithfulness is measured. Its
+    ``faithfulness`` holds ``"target"``, ``"kept"`` (its recovered share), ``"size"``, and the
+    measured curve (``"sizes"``, ``"kept_sizes"``, ``"recovered"``, ``"metric"``, ``"full"``,
+    ``"empty"``, ``"area"``, ``"total_edges"``)."""
+    if not isinstance(target, int | float) or not 0 < target <= 1:
+        raise ValueError(f"minimal_circuit: target must be in (0, 1], got {target!r}")
+    r = _ranking(scores, select=select, positional=positional, by=by)
+    ev = _Evaluator(model, clean, corrupt, ablation=ablation, metric=metric, reference=reference, seed=seed,
+                    batch_size=batch_size, spans=spans if r.positional else None, n_spans=r.n_spans,
+                    who="minimal_circuit")  # fmt: skip
+    full, empty = ev.ends()
+    seen: dict[int, tuple[int, float, float]] = {}  # size -> (kept, recovered, metric)
+
+    def measure(ns: Sequence[int]) -> None:
+        ns = [n for n in dict.fromkeys(ns) if n not in seen]
+        if not ns:
+            return
+        keeps = np.stack([r.keep(n) for n in ns])
+        m = ev(keeps).mean(1)
+        for n, kk, v in zip(ns, keeps.sum((1, 2, 3)), m):
+            seen[n] = (int(kk), float((v - empty) / (full - empty)) if full != empty else float("nan"), float(v))
+
+    grid = default_sizes(r.total, points)
+    measure(grid)
+    hit = [n for n in grid if seen[n][1] >= target]
+    hi = hit[0] if hit else r.total
+    lo = max([n for n in grid if n < hi], default=0)
+    while hi - lo > 1:
+        step = np.unique(np.linspace(lo, hi, 10).astype(int))[1:-1]
+        measure(step.tolist())
+        inside = [n for n in sorted(seen) if lo < n < hi]
+        first = next((n for n in inside if seen[n][1] >= target), None)
+        if first is not None:
+            hi = first
+        lo = max([n for n in inside if n < hi], default=lo)
+        if not len(step):
+            break
+    sizes = sorted(seen)
+    kept = [seen[n][0] for n in sizes]
+    rec = [seen[n][1] for n in sizes]
+    c = r.circuit(hi)
+    faith = {"target": float(target), "kept": seen[hi][1], "size": seen[hi][0], "prefix": int(hi), "metric_kept": seen[hi][2],
+             "sizes": sizes, "kept_sizes": kept, "recovered": rec, "metric": [seen[n][2] for n in sizes], "full": full,
+             "empty": empty, "area": curve_area(kept, rec, r.total), "total_edges": r.total, "ablation": ablation,
+             "select": r.select, "positional": r.positional, "n_pairs": len(ev.c)}  # fmt: skip
+    c.meta["selection"].update({"target": float(target)})
+    return Circuit(**{**c.__dict__, "faithfulness": faith})
+
+
+__all__ = ["ABLATIONS", "ablated_metric", "curve_area", "default_sizes", "faithfulness_curve", "minimal_circuit"]

@@ -1,0 +1,120 @@
+"""Heads ranked along the ablation path (``probes.circuits.heads``) against exact ablation, and
+``ablate_heads(engine="attribution")``'s verification; ``find_deposits`` refuses a partial grid."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_tl_tools import random_model
+
+from probes import ablate_heads, find_deposits
+from probes.circuits.heads import rank_heads
+from probes.metrics import accuracy_per_example
+
+
+def margin(logits, labels):
+    own = logits.gather(1, labels[:, None])[:, 0]
+    return own - logits.scatter(1, labels[:, None], float("-inf")).max(1).values
+
+
+def inputs(n: int = 24, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(5, 9, (n,), generator=g)
+    pad = torch.arange(8)[None] < lengths[:, None]
+    tokens = torch.randint(1, 20, (n, 8), generator=g) * pad
+    labels = torch.randint(0, 5, (n,), generator=g)
+    return tokens, labels, pad
+
+
+def logprob(logits, labels):
+    return logits.log_softmax(-1).gather(1, labels[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("method", ["zero", "mean", "resample"])
+def test_one_head_per_layer_path_integrates_to_the_exact_ablation(method):
+    """With one head per layer, the "layer" path moves one head alone: integrated finely (96
+    Gauss-Legendre nodes: this random model varies fast in layer 0), every
+    example's log-probability change is the exact one (a smooth function of the head's scale;
+    the margin has kinks where the runner-up class changes, so quadrature only approximates it)."""
+    model = random_model("rope", n_heads=1, d_model=8, init_std=0.2)
+    tokens, labels, pad = inputs()
+    exact = ablate_heads(model, tokens, labels, pad_mask=pad, method=method, metric=logprob, per_example=True, n_bootstrap=0)
+    est = rank_heads(model, tokens, labels, pad, method=method, surrogate="logprob", steps=96, path="layer")
+    want = exact.per_example[:, 0] - exact.baseline_per_example[None]  # [layer, example]
+    np.testing.assert_allclose(est["per_example_change"][:, :, 0].T, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(est["estimate"][:, 0], exact.drops[:, 0], rtol=1e-5, atol=1e-6)
+
+
+def test_accuracy_is_the_share_of_margins_that_cross_zero():
+    """The accuracy estimate counts flips of each example's margin plus its integrated change:
+    with the exact margin changes that rule gives the exact accuracy drops."""
+    model = random_model("rope")
+    tokens, labels, pad = inputs(40)
+    acc = ablate_heads(model, tokens, labels, pad_mask=pad, n_bootstrap=0)
+    m = ablate_heads(model, tokens, labels, pad_mask=pad, metric=margin, per_example=True, n_bootstrap=0)
+    base = m.baseline_per_example
+    flips = (base > 0).mean() - (m.per_example > 0).mean(-1)
+    np.testing.assert_allclose(flips, acc.drops, atol=1e-12)
+    est = rank_heads(model, tokens, labels, pad, surrogate="accuracy", steps=3)
+    assert est["baseline"] == pytest.approx(acc.baseline)
+    after = (base[None, None] + np.moveaxis(est["per_example_change"], 0, -1)) > 0
+    np.testing.assert_allclose(est["estimate"], (base > 0).mean() - after.mean(-1), atol=1e-12)
+
+
+def test_joint_path_derivative_is_autograd_of_the_scaled_model():
+    """One node (a = 1/2): each head's estimate is minus the derivative of the mean metric in its
+    own output scale with every head at 1/2, taken here by finite differences."""
+    model = random_model("t5")
+    tokens, labels, pad = inputs(6)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    est = rank_heads(model, tokens, labels, pad, surrogate="logprob", steps=1, path="joint")["estimate"]
+
+    def mean_logprob(layer, head, eps):
+        def hook(z, hook):
+            scale = torch.full((H,), 0.5, dtype=z.dtype)
+            if int(hook.name.split(".")[1]) == layer:
+                scale[head] += eps
+            return z * scale[None, None, :, None]
+
+        with torch.no_grad():
+            logits = model.run_with_hooks(tokens, pad, fwd_hooks=[(f"blocks.{i}.attn.hook_z", hook) for i in range(L)])
+        return float(logits.log_softmax(-1).gather(1, labels[:, None]).mean())
+
+    for layer in range(L):
+        for h in range(H):
+            d = (mean_logprob(layer, h, 1e-5) - mean_logprob(layer, h, -1e-5)) / 2e-5
+            assert est[layer, h] == pytest.approx(d, rel=1e-5, abs=1e-8)  # drop = -(-d) over [0, 1] at one node
+
+
+def test_attribution_engine_reports_the_agreement_it_saw():
+    model = random_model("rope")
+    tokens, labels, pad = inputs(40)
+    exact = ablate_heads(model, tokens, labels, pad_mask=pad, n_bootstrap=0)
+    ranked = ablate_heads(model, tokens, labels, pad_mask=pad, engine="attribution", verify_top=4, n_bootstrap=0)
+    v = ranked.meta["verification"]
+    heads = [tuple(h) for h in v["heads"]]
+    assert len(heads) == 4 and heads == [tuple(h) for h in ranked.meta["verified"]]
+    est = np.array(ranked.meta["attribution"])
+    assert v["estimate"] == [pytest.approx(est[h]) for h in heads]
+    assert v["exact"] == [pytest.approx(exact.drops[h]) for h in heads]
+    assert v["max_abs_error"] == pytest.approx(max(abs(a - b) for a, b in zip(v["estimate"], v["exact"])))
+    best_est, best_exact = max(heads, key=lambda h: est[h]), max(heads, key=lambda h: exact.drops[h])
+    assert v["top_agrees"] == (best_est == best_exact)
+    assert ranked.meta["stand_in"] == "accuracy" and ranked.meta["steps"] == 4
+    assert np.isnan(ranked.drops).sum() == exact.drops.size - 4
+
+
+def test_find_deposits_refuses_a_partial_grid():
+    model = random_model("rope")
+    tokens, labels, pad = inputs(20)
+    ranked = ablate_heads(model, tokens, labels, pad_mask=pad, engine="attribution", verify_top=3, n_bootstrap=0)
+    with pytest.raises(ValueError, match="partial grid") as e:
+        find_deposits(ranked)
+    assert "\n" not in str(e.value)
+    some = ablate_heads(model, tokens, labels, pad_mask=pad, heads=[0], n_bootstrap=0)
+    with pytest.raises(ValueError, match="partial grid"):
+        find_deposits(some)
+    one_layer = ablate_heads(model, tokens, labels, pad_mask=pad, layers=[1], n_bootstrap=0)
+    assert [s.layer for s in find_deposits(one_layer).layers] == [1]  # whole layers are fine
+    assert accuracy_per_example  # the grid's metric
