@@ -96,6 +96,12 @@ def report(res: dict, target: float) -> None:
         extra = "" if "above_whole_everywhere" not in o else f", above whole edges at every share: {o['above_whole_everywhere']}"
         print(f"  {name:13s} area {o['area']:.3f}; smallest >= {target:g}: {o['min_size']} of {o['total']} "
               f"({o['min_share']:.1%}), faithfulness {o['min_kept']:.3f}{extra}\n      {pts}")
+    for select in [k.split("-", 1)[1] for k in res["orders"] if k.startswith("spans-")]:
+        o = res["orders"][f"spans-{select}"]
+        print(f"  goals ({select}): smallest position-aware circuit >= {target:g} holds {o['min_share']:.1%} of the "
+              f"position-aware edges (<= 10%: {'met' if o['min_share'] <= 0.10 and o['min_kept'] >= target else 'NOT met'}); "
+              f"position-aware curve above the whole-edge one at every share: "
+              f"{'met' if o['above_whole_everywhere'] else 'NOT met'}")  # fmt: skip
     for name, e in res.get("acdc", {}).items():
         print(f"  ACDC {name}: {e['size']} of {e['total']} ({e['share']:.1%}), faithfulness {e['faithfulness_selection_pairs']:.3f}"
               f" (held out {e['faithfulness_held_out']:.3f}), {e['forwards']} forwards, {e['seconds']:.0f} s")

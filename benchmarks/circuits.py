@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--pairs", type=int, default=64)
     p.add_argument("--paper-n", type=int, default=256, help="examples for the paper-size ablation timing (0: skip)")
+    p.add_argument("--only-ablation", action="store_true", help="time the head-ablation engine alone (4.)")
+    p.add_argument("--skip-quick", action="store_true", help="in 4., time the paper size only")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     model, task, what = quick_model(args.run)
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     def fn(logits, good, bad):
         return logits[:, 1] - logits[:, 0]
 
-    for gran in ("node", "edge"):
+    for gran in () if args.only_ablation else ("node", "edge"):
         cfg = ap.EdgeAttributionConfig(granularity=gran)
         t_ours, ours = timed(lambda g=gran: attribute(model, clean, corrupt, metric=fn, granularity=g), args.repeats)
         t_tl, tl = timed(lambda c=cfg: ap.attribution_patch(model, clean, corrupt, tl_metric, c), 1 if gran == "edge" else args.repeats)
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         assert abs(want - got) <= 1e-4 * max(1.0, abs(want)), (gran, want, got)  # the same numbers
         print(row(f"attribute, {gran} (vs attribution_patch)", t_ours, t_tl, 10))
     heads = [f"L{layer}H{h}" for layer in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
-    for comp in "qkv":
+    for comp in "" if args.only_ablation else "qkv":
         t_ours, ours = timed(lambda c=comp: path_patch(model, clean, corrupt, heads, heads, c, metric=fn), args.repeats)
 
         def tl_all(c=comp):
@@ -105,15 +107,17 @@ def main(argv: list[str] | None = None) -> int:
         print(row(f"path_patch all head sources, {comp} (vs direct_path_all_sources)", t_ours, t_tl, 5))
     from probes.circuits import circuit, faithfulness_curve
 
-    a = attribute(model, clean, corrupt, metric=fn, granularity="edge")
-    c = circuit(a, top_n=30, select="top")
-    t_ours, ours = timed(lambda: faithfulness_curve(model, c, clean, corrupt, sizes=[30], metric=fn), args.repeats)
-    edges = tl_edges(c, clean.shape[1], model.cfg.n_layers)
-    t_tl, tl = timed(lambda: ap.faithfulness(model, clean, corrupt, tl_metric, edges), 1)
-    assert abs(ours["recovered"][0] - tl.recovered) < 1e-4, (ours["recovered"][0], tl.recovered)
-    print(row("faithfulness_curve, 30 edges (vs faithfulness)", t_ours, t_tl, 5))
+    if not args.only_ablation:
+        a = attribute(model, clean, corrupt, metric=fn, granularity="edge")
+        c = circuit(a, top_n=30, select="top")
+        t_ours, ours = timed(lambda: faithfulness_curve(model, c, clean, corrupt, sizes=[30], metric=fn), args.repeats)
+        edges = tl_edges(c, clean.shape[1], model.cfg.n_layers)
+        t_tl, tl = timed(lambda: ap.faithfulness(model, clean, corrupt, tl_metric, edges), 1)
+        assert abs(ours["recovered"][0] - tl.recovered) < 1e-4, (ours["recovered"][0], tl.recovered)
+        print(row("faithfulness_curve, 30 edges (vs faithfulness)", t_ours, t_tl, 5))
     test = task.sample(1000, seed=3)
-    for label, m, b in (("quick", model, test),) + ((("paper", *_paper(args.paper_n)),) if args.paper_n else ()):
+    quick = () if args.skip_quick else (("quick", model, test),)
+    for label, m, b in quick + ((("paper", *_paper(args.paper_n)),) if args.paper_n else ()):
         t_grid, grid = timed(lambda m=m, b=b: ablate_heads(m, b.tokens, b.labels, pad_mask=b.pad_mask, n_bootstrap=0), 1)
         for k in (1, 3):
             t_k, ranked = timed(lambda m=m, b=b, k=k: ablate_heads(m, b.tokens, b.labels, pad_mask=b.pad_mask, n_bootstrap=0,

@@ -120,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             rho = [e["spearman"] for e in es]
             print(f"  {name:18s} {np.median(rho):+.3f}  {sum(x >= 0.8 for x in rho)}/{len(es)}  "
                   f"{sum(e['top_same'] for e in es)}/{len(es)}  {sum(e['engine_top_same'] for e in es)}/{len(es)}")
+            low = [f"{r['encoding']} {e['spearman']:+.2f}" for r, e in zip(results, es) if not e["spearman"] >= 0.8]
+            print(f"    goals: rho >= 0.8 in every run: {'met' if not low else 'NOT met (' + ', '.join(low) + ')'}; "
+                  f"same top head in {sum(e['top_same'] for e in es)} of {len(es)} (>= 6 of 7: "
+                  f"{'met' if sum(e['top_same'] for e in es) >= 6 / 7 * len(es) else 'NOT met'})")
     if args.out:
         print(f"wrote {args.out}")
     return 0
