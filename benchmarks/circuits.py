@@ -1,4 +1,4 @@
-"""Speed of attribution, path patching and the attribution engine of head ablation, each against
+"""Speed of attribution, path patching and the cheaper engines of head ablation, each against
 its baseline measured in the same run (medians of ``--repeats``; one thread).
 
 1. ``probes.attribute`` (node, edge; plain AtP) against TransformerLens' ``attribution_patch`` on a
@@ -9,8 +9,10 @@ its baseline measured in the same run (medians of ``--repeats``; one thread).
 3. ``probes.faithfulness_curve`` of a circuit (the top 30 edges, whole) against TransformerLens'
    ``faithfulness`` on the same pairs (checked equal before timing).
 4. ``ablate_heads(engine="attribution", verify_top=k)`` (integrated gradients along the ablation
-   path, 4 nodes, then ``k`` exact ablations) against the exact full grid, at the ``quick`` size
-   and at the paper's (6 layers x 16 heads, d_model 256, 120 positions); goal >= 3x at paper size.
+   path, 4 nodes, then ``k`` exact ablations) and ``ablate_heads(engine="sampled", sample=F,
+   verify_top=3)`` (the exact grid on a share ``F`` of the examples, ``--sample``, then 3 exact
+   ablations on all) against the exact full grid, at the ``quick`` size and at the paper's
+   (6 layers x 16 heads, d_model 256, 120 positions); goal >= 3x at paper size.
 
     python benchmarks/circuits.py [--run runs/circuits-quick/rope] [--repeats 3] [--paper-n 256]
 
@@ -67,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--pairs", type=int, default=64)
     p.add_argument("--paper-n", type=int, default=256, help="examples for the paper-size ablation timing (0: skip)")
-    p.add_argument("--only-ablation", action="store_true", help="time the head-ablation engine alone (4.)")
+    p.add_argument("--only-ablation", action="store_true", help="time the head-ablation engines alone (4.)")
+    p.add_argument("--verify", type=int, nargs="*", default=[1, 3], help="verify_top values of engine='attribution' to time")
+    p.add_argument("--sample", type=float, nargs="*", default=[0.2], help="sample shares of engine='sampled' to time")
     p.add_argument("--skip-quick", action="store_true", help="in 4., time the paper size only")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -119,11 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     quick = () if args.skip_quick else (("quick", model, test),)
     for label, m, b in quick + ((("paper", *_paper(args.paper_n)),) if args.paper_n else ()):
         t_grid, grid = timed(lambda m=m, b=b: ablate_heads(m, b.tokens, b.labels, pad_mask=b.pad_mask, n_bootstrap=0), 1)
-        for k in (1, 3):
-            t_k, ranked = timed(lambda m=m, b=b, k=k: ablate_heads(m, b.tokens, b.labels, pad_mask=b.pad_mask, n_bootstrap=0,
-                                                                   engine="attribution", verify_top=k), 1)  # fmt: skip
+        engines = [("attribution", {"verify_top": k}) for k in args.verify] + [("sampled", {"sample": f, "verify_top": 3}) for f in args.sample]
+        for engine, kw in engines:
+            t_k, ranked = timed(lambda m=m, b=b, e=engine, kw=kw: ablate_heads(m, b.tokens, b.labels, pad_mask=b.pad_mask,
+                                                                               n_bootstrap=0, engine=e, **kw), 1)  # fmt: skip
             same = np.nanargmax(ranked.drops) == np.nanargmax(grid.drops)
-            print(row(f"ablate_heads engine='attribution' verify_top={k}, {label} size, {len(b)} examples "
+            opts = ", ".join(f"{k}={v}" for k, v in kw.items())
+            print(row(f"ablate_heads engine='{engine}' {opts}, {label} size, {len(b)} examples "
                       f"(vs exact grid; same top head: {bool(same)})", t_k, t_grid, 3 if label == "paper" else None))
     sys.stdout.flush()
     return 0

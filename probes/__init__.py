@@ -1,6 +1,8 @@
 """Probes: pure functions of a model and data that return frozen result objects.
 
-- :mod:`probes.ablation`: head ablation sweeps (zero, mean, resample), batched and exact.
+- :mod:`probes.ablation`: head ablation sweeps (zero, mean, resample), batched and exact
+  (:mod:`probes.ablation_sweep`), and the cheaper engines that end in exact ablation
+  (:mod:`probes.engines`: ``engine="sampled"``, ``engine="attribution"``).
 - :mod:`probes.deposit`: the single-head deposit (``dominance``), layer concentration
   (``find_concentrations``, also known as ``find_deposits``), and their dynamics during training.
 - :mod:`probes.patching`: activation patching over heads, positions, q/k/v, pattern, residual.

@@ -5,8 +5,8 @@ faithfulness.
 1. The top head, from ``RUN_DIR/ablation.json`` (``pe-interp ablate``): the single-head deposit
    (:func:`probes.dominance`) when there is one, else the flagged head of the shallowest layer
    with layer concentration (:func:`probes.find_deposits`), else the head whose ablation hurts
-   most; without that file, the head that hurts most of the three
-   ``ablate_heads(engine="attribution")`` ranks first (no verdict: that needs every head).
+   most; without that file, the head that hurts most by ``ablate_heads(engine="sampled")`` (the
+   exact grid on a fifth of the examples, its top three verified on all of them; no verdict).
 2. Edge scores (``--method``: ``eap-ig``, ``atp``, ``atp*`` or exact ``path_patch``) on the
    task's position-only and content-only counterfactuals, and on ``--counterfactual``'s family,
    which ranks the edges; per span of the examples (the task's ``prefix``, ``trigger1``,
@@ -83,13 +83,13 @@ def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
             return report.first, "layer concentration, no single-head deposit (ablation.json)"
         layer, head = np.unravel_index(np.nanargmax(result.drops), result.drops.shape)
         return (int(layer), int(head)), "largest ablation drop; no single-head deposit or layer concentration (ablation.json)"
-    # Without a full grid there is no verdict (dominance and a layer's share need every head's drop):
-    # the head whose exact ablation hurts most among the three that attribution ranks first.
+    # Without the full grid, no verdict (it needs every head's drop on every example): the head whose
+    # exact ablation hurts most among the three that the grid on a fifth of the examples ranks first.
     test = run.test_set(n)
-    result = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, engine="attribution",
-                          verify_top=3, n_bootstrap=0)  # fmt: skip
+    result = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, engine="sampled",
+                          sample=0.2, verify_top=3, n_bootstrap=0)  # fmt: skip
     layer, head = np.unravel_index(np.nanargmax(result.drops), result.drops.shape)
-    return (int(layer), int(head)), "largest exact drop of the 3 heads attribution ranks first (no ablation.json, no verdict)"
+    return (int(layer), int(head)), "largest exact drop of the 3 heads a fifth of the examples ranks first (no ablation.json, no verdict)"
 
 
 def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method="eap-ig", n=128, metric="margin",
