@@ -1,5 +1,5 @@
-"""Faithfulness of the circuits attribution selects, against circuit size and against the exact
-(ACDC) reference, on trained runs.
+"""Faithfulness of the circuits attribution (or a learned mask) selects, against circuit size and
+against the exact (ACDC) reference, on trained runs.
 
 For each run directory, on one counterfactual family (default ``position``; margin metric):
 edges scored by ``--method`` on ``--n`` pairs (seed 0), circuits measured on ``--n`` held-out
@@ -8,8 +8,14 @@ span (position-aware), and each order (``paths``: widest path, ``greedy``: Hanna
 ``top``: |score| alone, not connected):
 
 - the faithfulness curve at shares of the graph (``--shares``), its area, and whether the
-  position-aware curve lies above the whole-edge one at every share (same order);
+  position-aware curve lies above the whole-edge one at every share (same order): interpolated
+  between the units each curve's circuits actually kept, and at each share asked (a budget: the
+  largest circuit of at most that share, no interpolation, since a curve is a step function of
+  the budget);
 - the smallest circuit reaching ``--target`` (its size, share, measured faithfulness);
+- with ``--method learned``: units ranked by mask logits learnt for faithfulness and sparsity on
+  ``--learn-n`` selection pairs (:func:`probes.circuits.learned.learn_ranking`), one mask per
+  granularity, measured the same way;
 - with ``--acdc TAU``: the exact iterative-pruning circuit (:func:`probes.circuits.acdc.acdc`, on
   the selection pairs), its faithfulness on the held-out pairs, and the precision and recall of
   the attribution circuits against it: at the ACDC circuit's size, and the smallest faithful
@@ -32,6 +38,7 @@ from pe_interp import load_run
 from pe_interp.io import atomic_write_json
 from probes.circuits import attribute, faithfulness_curve, minimal_circuit, rank_edges
 from probes.circuits.acdc import acdc, overlap
+from probes.circuits.learned import learn_ranking
 
 
 def evaluate(run_dir: str, args) -> dict:
@@ -39,26 +46,43 @@ def evaluate(run_dir: str, args) -> dict:
     model, task = run.model.eval(), run.task
     sel = task.counterfactuals(args.n, kind=args.family, seed=0)
     held = task.counterfactuals(args.n, kind=args.family, seed=1)
+    grains = {"both": (False, True), "whole": (False,), "spans": (True,)}[args.granularity]
     t0 = time.perf_counter()
-    a = attribute(model, sel, method=args.method, granularity="edge", metric="margin", spans=task.spans(sel.clean),
-                  span_names=task.span_names)  # fmt: skip
+    learned = {}
+    if args.method == "learned":  # one mask per granularity, learnt on --learn-n selection pairs
+        pairs = task.counterfactuals(args.learn_n or args.n, kind=args.family, seed=0)
+        for positional in grains:
+            learned[positional] = learn_ranking(model, pairs, spans=task if positional else None,
+                                                sparsity=args.sparsity, steps=args.steps, progress=True)  # fmt: skip
+        meta = next(iter(learned.values())).meta["learned"]
+        clean, corrupt = meta["full"], meta["empty"]
+    else:
+        a = attribute(model, sel, method=args.method, granularity="edge", metric="margin", spans=task.spans(sel.clean),
+                      span_names=task.span_names)  # fmt: skip
+        clean, corrupt = a.clean_metric, a.corrupt_metric
     out = {"run": run_dir, "encoding": model.cfg.encoding_name, "task": task.name, "family": args.family,
            "method": args.method, "n": args.n, "attribute_seconds": time.perf_counter() - t0,
-           "clean": a.clean_metric, "corrupt": a.corrupt_metric, "orders": {}}  # fmt: skip
+           "clean": clean, "corrupt": corrupt, "orders": {}}  # fmt: skip
+    if learned:
+        out["learned"] = {("spans" if k else "whole"): {**r.meta["learned"], "total": r.total} for k, r in learned.items()}
     rankings = {}
-    grains = {"both": (False, True), "whole": (False,), "spans": (True,)}[args.granularity]
     for positional in grains:
         for select in args.select:
-            r = rank_edges(a, select=select, positional=positional)
+            if learned:
+                r = learned[positional].reordered(select)
+            else:
+                r = rank_edges(a, select=select, positional=positional)
             rankings[positional, select] = r
             t0 = time.perf_counter()
-            sizes = sorted({int(round(s * r.total)) for s in [0.0, *args.shares, 1.0]})
+            asked = {x: int(round(x * r.total)) for x in [0.0, *args.shares, 1.0]}
+            sizes = sorted(set(asked.values()))
             curve = faithfulness_curve(model, r, held, sizes=sizes, spans=task)
+            at_share = {x: curve["recovered"][sizes.index(n)] for x, n in asked.items()}
             c = minimal_circuit(model, r, held, target=args.target, spans=task)
             f = c.faithfulness
             out["orders"][f"{'spans' if positional else 'whole'}-{select}"] = {
                 "total": r.total, "shares": [k / r.total for k in curve["kept"]], "recovered": curve["recovered"],
-                "area": curve["area"], "min_size": f["size"], "min_share": f["size"] / r.total, "min_kept": f["kept"],
+                "area": curve["area"], "at_share": at_share, "min_size": f["size"], "min_share": f["size"] / r.total, "min_kept": f["kept"],
                 "min_area": f["area"], "seconds": time.perf_counter() - t0,
                 "circuit": {"edges": [list(e) for e in c.edges], "spans": None if c.spans is None else list(c.spans)},
             }  # fmt: skip
@@ -69,6 +93,9 @@ def evaluate(run_dir: str, args) -> dict:
         above = [np.interp(x, s["shares"], s["recovered"]) >= np.interp(x, w["shares"], w["recovered"]) - 1e-12
                  for x in sorted(set(w["shares"]) | set(s["shares"]))]  # fmt: skip
         out["orders"][f"spans-{select}"]["above_whole_everywhere"] = bool(all(above))
+        # at each size asked (a budget: each granularity's largest circuit of at most that share), no interpolation
+        budget = [s["at_share"][x] >= w["at_share"][x] - 1e-12 for x in w["at_share"]]
+        out["orders"][f"spans-{select}"]["above_whole_at_every_budget"] = bool(all(budget))
     if args.acdc:
         out["acdc"] = {}
         for tau in args.acdc:
@@ -91,10 +118,15 @@ def evaluate(run_dir: str, args) -> dict:
 
 def report(res: dict, target: float) -> None:
     print(f"\n{res['encoding']} {res['task']} ({res['run']}), {res['family']} pairs, {res['method']}, n={res['n']}: "
-          f"clean margin {res['clean']:+.3f}, corrupt {res['corrupt']:+.3f} (attribution {res['attribute_seconds']:.0f} s)")
+          f"clean margin {res['clean']:+.3f}, corrupt {res['corrupt']:+.3f} (scoring {res['attribute_seconds']:.0f} s)")
+    for name, L in res.get("learned", {}).items():
+        print(f"  learned {name}: {L['size']} of {L['total']} units with theta > 0, recovering {L['recovered_hard']:.3f} "
+              f"on the {L['n_pairs']} pairs it learnt on ({L['steps']} steps, sparsity {L['sparsity']:g}, {L['seconds']:.0f} s)")
     for name, o in res["orders"].items():
         pts = " ".join(f"{x:.0%}:{y:.2f}" for x, y in zip(o["shares"], o["recovered"]))
-        extra = "" if "above_whole_everywhere" not in o else f", above whole edges at every share: {o['above_whole_everywhere']}"
+        extra = "" if "above_whole_everywhere" not in o else (
+            f", above whole edges at every share: {o['above_whole_everywhere']} (interpolated), "
+            f"{o['above_whole_at_every_budget']} (at each size asked)")  # fmt: skip
         print(f"  {name:13s} area {o['area']:.3f}; smallest >= {target:g}: {o['min_size']} of {o['total']} "
               f"({o['min_share']:.1%}), faithfulness {o['min_kept']:.3f}{extra}\n      {pts}")
     for select in [k.split("-", 1)[1] for k in res["orders"] if k.startswith("spans-")]:
@@ -102,7 +134,9 @@ def report(res: dict, target: float) -> None:
         print(f"  goals ({select}): smallest position-aware circuit >= {target:g} holds {o['min_share']:.1%} of the "
               f"position-aware edges (<= 10%: {'met' if o['min_share'] <= 0.10 and o['min_kept'] >= target else 'NOT met'}); "
               f"position-aware curve above the whole-edge one at every share: "
-              f"{ {True: 'met', False: 'NOT met', None: 'not compared (one granularity)'}[o.get('above_whole_everywhere')] }")  # fmt: skip
+              f"{ {True: 'met', False: 'NOT met', None: 'not compared (one granularity)'}[o.get('above_whole_everywhere')] } "
+              f"(interpolated), { {True: 'met', False: 'NOT met', None: '-'}[o.get('above_whole_at_every_budget')] } "
+              "(at each size asked)")  # fmt: skip
     for name, e in res.get("acdc", {}).items():
         print(f"  ACDC {name}: {e['size']} of {e['total']} ({e['share']:.1%}), faithfulness {e['faithfulness_selection_pairs']:.3f}"
               f" (held out {e['faithfulness_held_out']:.3f}), {e['forwards']} forwards, {e['seconds']:.0f} s")
@@ -117,8 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("runs", nargs="+")
     p.add_argument("--family", default="position", choices=["position", "content", "both"])
-    p.add_argument("--method", default="eap-ig", choices=["eap-ig", "atp"])
+    p.add_argument("--method", default="eap-ig", choices=["eap-ig", "atp", "learned"],
+                   help="attribution scores, or masks learnt for faithfulness and sparsity (probes.circuits.learned)")
     p.add_argument("--n", type=int, default=128)
+    p.add_argument("--learn-n", type=int, default=None, help="selection pairs to learn the masks on (default --n)")
+    p.add_argument("--sparsity", type=float, default=0.5, help="learned: the weight of the mean mask")
+    p.add_argument("--steps", type=int, default=200, help="learned: Adam steps")
     p.add_argument("--target", type=float, default=0.9)
     p.add_argument("--select", nargs="+", default=["paths", "greedy", "top"])
     p.add_argument("--shares", type=float, nargs="+", default=[0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7])

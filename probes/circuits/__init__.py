@@ -11,6 +11,7 @@ residual-stream graph of :mod:`probes.circuits.graph`.
 - :mod:`~probes.circuits.faithfulness`: a circuit run with every other edge ablated, the
   faithfulness curve over circuit size, its area, the smallest circuit that reaches a target.
 - :mod:`~probes.circuits.acdc`: the exact reference, iterative edge pruning (ACDC).
+- :mod:`~probes.circuits.learned`: units ranked by masks learnt for faithfulness and sparsity.
 - :mod:`~probes.circuits.families`: every edge scored under each counterfactual family.
 - :mod:`~probes.circuits.heads`: heads ranked by integrated gradients along the ablation path.
 - :mod:`~probes.circuits.route`, :mod:`~probes.circuits.agreement`, :mod:`~probes.circuits.view`:
@@ -26,6 +27,7 @@ from probes.circuits.faithfulness import (
     minimal_circuit,
 )
 from probes.circuits.families import exact_edges, family_attributions, head_of
+from probes.circuits.learned import learn_ranking
 from probes.circuits.path_patching import PathPatch, path_patch
 from probes.circuits.selection import SELECTIONS, Circuit, Ranking, circuit, prune, rank_edges
 
@@ -44,6 +46,7 @@ __all__ = [
     "faithfulness_curve",
     "family_attributions",
     "head_of",
+    "learn_ranking",
     "minimal_circuit",
     "path_patch",
     "prune",

@@ -23,7 +23,6 @@ import time
 from typing import Any
 
 import numpy as np
-import torch
 
 from probes.circuits.engine import resolve
 from probes.circuits.faithfulness import _Evaluator
@@ -64,12 +63,7 @@ def acdc(
     ev = _Evaluator(model, clean, corrupt, ablation="corrupt", metric=metric, reference=None, seed=0,
                     batch_size=batch_size or 256 * 4, spans=spans, n_spans=S, who="acdc")  # fmt: skip
     graph = ev.graph
-    units = np.broadcast_to(graph.valid[..., None], (*graph.valid.shape, S)).copy()
-    if ev.ids is not None:
-        # a span no example occupies holds no unit, nor one of pads only where pads are masked
-        real = ev.c.pad_mask.cpu() if model.cfg.mask_padding else torch.ones_like(ev.c.pad_mask.cpu())
-        occupied = np.array([bool(((ev.ids == s) & real).any()) for s in range(S)])
-        units &= occupied[None, None]
+    units = ev.units()
     full, empty = ev.ends()
     threshold = tau * abs(full - empty)
     keep = units.copy()

@@ -60,6 +60,8 @@ def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn
     """Per-example metric ``[k, b]`` of ``k`` copies of ``run``, copy ``j`` keeping the edges where
     ``keep[j, reader, writer]`` and reading ``repl`` (``[b or 1, pos, writers, d]``) for the rest.
     Position-aware: ``keep[j, reader, writer, span]`` with ``spans`` (``[b, pos]`` span ids).
+    A float ``keep`` in [0, 1] is a soft mask (the reader reads ``keep * live + (1 - keep) *
+    repl``); one that requires grad is differentiated through (:mod:`probes.circuits.learned`).
 
     A reader's input is its live value plus, for each ablated writer, the replacement minus the
     live term. Where most of a reader group's writers are ablated that sum is taken as all of
@@ -68,8 +70,12 @@ def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn
     if keep.ndim == 3:
         keep = keep[..., None]
     valid = torch.as_tensor(graph.valid, device=keep.device)[..., None]
-    kept = (keep & valid).to(repl.dtype)  # [k, R, W, S]
-    excl = (~keep & valid).to(repl.dtype)
+    if keep.dtype == torch.bool:
+        kept = (keep & valid).to(repl.dtype)  # [k, R, W, S]
+        excl = (~keep & valid).to(repl.dtype)
+    else:  # a soft mask: the reader reads keep * live + (1 - keep) * replacement
+        kept = keep.to(repl.dtype) * valid
+        excl = (1 - keep.to(repl.dtype)) * valid
     P, W, d = run.tokens.shape[1], len(graph.writers), model.cfg.d_model
     if spans is not None:
         flat = spans.reshape(-1).to(keep.device)
@@ -125,7 +131,7 @@ def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn
     hooks = [(n, grab) for n in writer_hooks(graph)] + [(h, fix(idx, ph)) for h, idx, ph in _reader_groups(graph)]
     tokens = run.tokens.repeat(k, 1)
     kv = None if run.key_valid is None else run.key_valid.repeat(k, 1)
-    with forks(model), torch.no_grad(), model.hooks(fwd_hooks=hooks):
+    with forks(model), torch.set_grad_enabled(keep.requires_grad), model.hooks(fwd_hooks=hooks):
         _prime(live, model, graph, k * b, run)
         logits = model.forward_unchecked(tokens, kv)
     return fn(logits, good.repeat(k), bad.repeat(k)).double().view(k, b)
@@ -210,6 +216,16 @@ class _Evaluator:
                     out[j0 : j0 + per, sl] = ablated_metric(model, graph, c.rows(sl), repl, keep[j0 : j0 + per], self.fn,
                                                             self.good[sl], self.bad[sl], sp).cpu()  # fmt: skip
         return out.numpy()
+
+    def units(self) -> np.ndarray:
+        """``[readers, writers, spans]``: the graph's edges at each span some example occupies
+        (a span of pads only holds none where the model masks its pads)."""
+        units = np.broadcast_to(self.graph.valid[..., None], (*self.graph.valid.shape, self.n_spans)).copy()
+        if self.ids is not None:
+            pads = self.c.pad_mask.cpu()
+            real = pads if self.model.cfg.mask_padding else torch.ones_like(pads)
+            units &= np.array([bool(((self.ids == s) & real).any()) for s in range(self.n_spans)])[None, None]
+        return units
 
     def ends(self) -> tuple[float, float]:
         """Mean metric with everything kept (the clean run) and with nothing kept."""

@@ -194,6 +194,12 @@ class Ranking:
         below = np.flatnonzero(self.value < threshold)
         return int(below[0]) if len(below) else self.total
 
+    def reordered(self, select: str) -> Ranking:
+        """The same units and ranks in the order of another ``select``."""
+        units = ~np.isnan(self.rank)
+        order, value = order_units(self.graph, self.rank, units, select)
+        return Ranking(**{**self.__dict__, "order": order, "value": value, "select": select})
+
     def circuit(self, n: int) -> Circuit:
         """The circuit of the longest prefix with at most ``n`` units (:meth:`prefix_for`)."""
         return self.circuit_of(self.keep(self.prefix_for(n)), {"select": self.select, "top_n": int(n)})
@@ -271,23 +277,31 @@ def rank_edges(scores: Attribution | Mapping[str, Attribution], *, select: str =
     rank = mag[by] if by else sum(np.nan_to_num(m, nan=0.0) for m in mag.values())
     units = graph.valid[..., None] & live[None, None, :]
     rank = np.where(units, rank, np.nan)
+    order, value = order_units(graph, rank, units, select)
+    return Ranking(graph=graph, order=order, value=value, rank=rank, scores=sig, span_names=names, select=select,
+                   method=first.method, metric=first.metric,
+                   meta={"by": by, "attribution": dict(first.meta), "families": list(fams)})  # fmt: skip
+
+
+def order_units(graph: Graph, rank: np.ndarray, units: np.ndarray, select: str) -> tuple[np.ndarray, np.ndarray]:
+    """The units (``units``, ``[readers, writers, spans]``) best first by ``select`` from their
+    non-negative ``rank``: flat indices and the value that ordered each."""
+    if select not in SELECTIONS:
+        raise ValueError(f"select must be one of {', '.join(map(repr, SELECTIONS))}; got {select!r}")
+    rank = np.where(units, rank, np.nan)
     if select == "paths":
         value = widest_paths(graph, rank)
         flat = np.where(units, value, np.nan).ravel()
         # ties (a path's units share its bottleneck): by their own rank, then graph order
         idx = np.flatnonzero(units.ravel())
         order = idx[np.lexsort((-rank.ravel()[idx], -flat[idx]))]
-        value = flat[order]
-    elif select == "greedy":
+        return order, flat[order]
+    if select == "greedy":
         order = greedy_order(graph, np.nan_to_num(rank, nan=-np.inf), units)
-        value = rank.ravel()[order]
-    else:
-        idx = np.flatnonzero(units.ravel())
-        order = idx[np.argsort(-rank.ravel()[idx], kind="stable")]
-        value = rank.ravel()[order]
-    return Ranking(graph=graph, order=order, value=value, rank=rank, scores=sig, span_names=names, select=select,
-                   method=first.method, metric=first.metric,
-                   meta={"by": by, "attribution": dict(first.meta), "families": list(fams)})  # fmt: skip
+        return order, rank.ravel()[order]
+    idx = np.flatnonzero(units.ravel())
+    order = idx[np.argsort(-rank.ravel()[idx], kind="stable")]
+    return order, rank.ravel()[order]
 
 
 def circuit(
@@ -318,4 +332,5 @@ def circuit(
     return c
 
 
-__all__ = ["SELECTIONS", "Circuit", "Ranking", "circuit", "circuit_from_mask", "prune", "rank_edges", "widest_paths"]
+__all__ = ["SELECTIONS", "Circuit", "Ranking", "circuit", "circuit_from_mask", "order_units", "prune", "rank_edges",
+           "widest_paths"]
