@@ -39,6 +39,7 @@ from pe_interp.io import atomic_write_json
 from probes.circuits import attribute, faithfulness_curve, minimal_circuit, rank_edges
 from probes.circuits.acdc import acdc, overlap
 from probes.circuits.learned import learn_ranking
+from probes.circuits.paths import prune
 
 
 def evaluate(run_dir: str, args) -> dict:
@@ -63,8 +64,13 @@ def evaluate(run_dir: str, args) -> dict:
     out = {"run": run_dir, "encoding": model.cfg.encoding_name, "task": task.name, "family": args.family,
            "method": args.method, "n": args.n, "attribute_seconds": time.perf_counter() - t0,
            "clean": clean, "corrupt": corrupt, "orders": {}}  # fmt: skip
-    if learned:
-        out["learned"] = {("spans" if k else "whole"): {**r.meta["learned"], "total": r.total} for k, r in learned.items()}
+    if learned:  # and the circuit each optimisation ended on (theta > 0, connected), on the held-out pairs
+        out["learned"] = {}
+        for k, r in learned.items():
+            end = r.circuit_of(prune(r.graph, np.nan_to_num(r.scores["learned"], nan=-1.0) > 0))
+            held_f = faithfulness_curve(model, end, held, spans=task if k else None)["recovered"][0]
+            out["learned"]["spans" if k else "whole"] = {**r.meta["learned"], "total": r.total, "ended_size": len(end.edges),
+                                                         "ended_held_out": held_f}  # fmt: skip
     rankings = {}
     for positional in grains:
         for select in args.select:
@@ -121,7 +127,8 @@ def report(res: dict, target: float) -> None:
           f"clean margin {res['clean']:+.3f}, corrupt {res['corrupt']:+.3f} (scoring {res['attribute_seconds']:.0f} s)")
     for name, L in res.get("learned", {}).items():
         print(f"  learned {name}: {L['size']} of {L['total']} units with theta > 0, recovering {L['recovered_hard']:.3f} "
-              f"on the {L['n_pairs']} pairs it learnt on ({L['steps']} steps, sparsity {L['sparsity']:g}, {L['seconds']:.0f} s)")
+              f"on the {L['n_pairs']} pairs it learnt on ({L['steps']} steps, sparsity {L['sparsity']:g}, {L['seconds']:.0f} s); "
+              f"connected {L['ended_size']} ({L['ended_size'] / L['total']:.1%}), {L['ended_held_out']:.3f} on held-out pairs")
     for name, o in res["orders"].items():
         pts = " ".join(f"{x:.0%}:{y:.2f}" for x, y in zip(o["shares"], o["recovered"]))
         extra = "" if "above_whole_everywhere" not in o else (

@@ -162,6 +162,18 @@ def test_cli_faithful_keeps_the_smallest_circuit_that_reaches_it(smoke_run, caps
     assert whole == 0 and Circuit.load(tmp_path / "w" / "circuit.json").spans is None
 
 
+def test_cli_learned_ranks_by_learnt_masks_and_keeps_family_scores(smoke_run, capsys, tmp_path):
+    rc = main(["circuit", str(smoke_run), "--n", "16", "--method", "learned", "--sparsity", "0.3", "--faithful", "0.8",
+               "--out", str(tmp_path)])  # fmt: skip
+    assert rc == 0
+    c = Circuit.load(tmp_path / "circuit.json")
+    f, L = c.faithfulness, c.meta["learned"]
+    assert c.method == "learned" and set(c.scores) == {"position", "content"} and c.positional
+    assert f["kept"] >= 0.8 and f["size"] == len(c.edges) < c.total_edges
+    assert 0 < L["size"] <= c.total_edges and L["sparsity"] == 0.3 and "history" not in L
+    assert main(["circuit", str(smoke_run), "--method", "learned", "--sparsity", "-1"]) == 2  # a one-line error
+
+
 def loaded_model(path, whole: bool = False):
     from pe_interp import load_run
 

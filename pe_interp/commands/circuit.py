@@ -10,7 +10,10 @@ faithfulness.
 2. Edge scores (``--method``: ``eap-ig``, ``atp``, ``atp*`` or exact ``path_patch``) on the
    task's position-only and content-only counterfactuals, and on ``--counterfactual``'s family,
    which ranks the edges; per span of the examples (the task's ``prefix``, ``trigger1``,
-   ``between``, ``trigger2``, ``suffix``, ``padding``) unless ``--whole-edges``.
+   ``between``, ``trigger2``, ``suffix``, ``padding``) unless ``--whole-edges``. ``--method
+   learned``: the edges ranked by masks learnt for faithfulness and sparsity on that family's
+   pairs (:func:`probes.circuits.learned.learn_ranking`, weight ``--sparsity``; minutes), each
+   still shown with its EAP-IG position and content scores.
 3. The circuit (``--select``, default ``paths``: every kept edge on a path from the embedding to
    the logits): with ``--faithful T`` the smallest one whose faithfulness reaches ``T`` on
    held-out pairs of that family (seed ``--seed + 1``), else the ``--top-n`` best; its
@@ -35,7 +38,7 @@ from typing import Any
 
 from pe_interp.commands.options import add_device_flag
 
-METHODS = ("eap-ig", "atp", "atp*", "path_patch")
+METHODS = ("eap-ig", "atp", "atp*", "path_patch", "learned")
 SELECTS = ("paths", "greedy", "top")
 
 
@@ -54,6 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="paths: by widest path from the embedding to the logits; greedy: from the logits down; "
                         "top: by |score| alone (not connected)")  # fmt: skip
     p.add_argument("--method", default="eap-ig", choices=METHODS)
+    p.add_argument("--sparsity", type=float, default=0.5, help="--method learned: the weight of the mean mask")
     p.add_argument("--n", type=int, default=128, help="counterfactual pairs per family (and held-out pairs)")
     p.add_argument("--metric", default="margin", choices=["margin", "logit_diff", "logprob", "logit"])
     p.add_argument("--seed", type=int, default=0)
@@ -93,7 +97,7 @@ def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
 
 
 def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method="eap-ig", n=128, metric="margin",
-                seed=0, faithful=None, positional=True, select="paths") -> tuple[Any, Any]:  # fmt: skip
+                seed=0, faithful=None, positional=True, select="paths", sparsity=0.5) -> tuple[Any, Any]:  # fmt: skip
     """The work of ``pe-interp circuit``: returns the circuit (route and curve in it) and the route."""
     from probes import family_attributions
     from probes.circuits import faithfulness_curve, minimal_circuit, rank_edges
@@ -108,8 +112,16 @@ def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method
     if positional and method in ("atp*", "path_patch"):
         raise ValueError(f"--method {method} scores whole edges only; pass --whole-edges, or --method eap-ig or atp")
     kinds = ["position", "content"] + ([counterfactual] if counterfactual == "both" else [])
-    fams = family_attributions(model, task, n, kinds=kinds, seed=seed, method=method, metric=metric, positional=positional)
+    scorer = "eap-ig" if method == "learned" else method
+    fams = family_attributions(model, task, n, kinds=kinds, seed=seed, method=scorer, metric=metric, positional=positional)
     ranking = rank_edges(fams, select=select, positional=positional, by=counterfactual)
+    if method == "learned":  # ordered by the learnt masks; each edge keeps its family scores
+        from probes.circuits.learned import learn_ranking
+
+        pairs = task.counterfactuals(n, kind=counterfactual, seed=seed)
+        learned = learn_ranking(model, pairs, spans=task if positional else None, metric=metric, sparsity=sparsity,
+                                select=select, progress=True)  # fmt: skip
+        ranking = dataclasses.replace(learned, scores=ranking.scores, meta={**ranking.meta, **learned.meta})
     held_out = task.counterfactuals(n, kind=counterfactual, seed=seed + 1)
     spans = task if positional else None
     if faithful is not None:
@@ -128,6 +140,8 @@ def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method
     meta = {**c.meta, "top_head": head_name(layer, head), "top_head_source": why, "route": route.to_dict(),
             "counterfactual": counterfactual, "n_pairs": n, "seed": seed, "held_out_seed": seed + 1,
             "encoding": model.cfg.encoding_name}  # fmt: skip
+    if "learned" in ranking.meta:
+        meta["learned"] = {k: v for k, v in ranking.meta["learned"].items() if k != "history"}
     c.faithfulness["n_pairs"] = n
     return dataclasses.replace(c, meta=meta), route
 
@@ -191,7 +205,7 @@ def _circuit(args: argparse.Namespace, loaded) -> int:
     t0 = time.perf_counter()
     c, route = circuit_run(loaded.model, loaded.task, loaded, counterfactual=args.counterfactual, top_n=args.top_n,
                            method=args.method, n=args.n, metric=args.metric, seed=args.seed, faithful=args.faithful,
-                           positional=not args.whole_edges, select=args.select)  # fmt: skip
+                           positional=not args.whole_edges, select=args.select, sparsity=args.sparsity)  # fmt: skip
     out = Path(args.out or args.run_dir)
     save_result(out / "circuit.json", c, loaded.provenance)
     title = f"{c.meta['encoding']}: circuit ({c.method}, ranked by the {args.counterfactual} family)"

@@ -46,7 +46,7 @@ def learn_ranking(
     spans: Any = None,
     span_names: Any = None,
     metric: Any = "margin",
-    sparsity: float = 1.0,
+    sparsity: float = 0.5,
     steps: int = 150,
     lr: float = 0.1,
     beta: float = 200.0,
