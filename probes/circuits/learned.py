@@ -60,7 +60,8 @@ def learn_ranking(
     ids with ``span_names``): one unit per edge and span (spans no real position occupies hold
     none). ``sparsity`` weighs the mean mask against ``(1 - recovered)^2``; ``steps`` Adam steps
     at ``lr`` from every logit at ``init``, the mask's sharpness growing from 1 to ``beta``.
-    Deterministic: no noise, no seed.
+    Deterministic: no noise, no seed. Each step runs every pair in one batch (``batch_size``
+    sizes the exact measurements only); a few hundred pairs of a quick model fit in memory.
 
     Returns a :class:`Ranking` (``rank``: ``sigmoid(theta)`` of each unit; ``scores["learned"]``:
     ``theta``) whose ``meta["learned"]`` holds the settings, ``size`` (units with
@@ -88,10 +89,11 @@ def learn_ranking(
     if full == empty:
         raise ValueError(f"{who}: the clean and corrupt runs score the same ({full:.4g}); nothing to recover")
     units = ev.units()
-    unit_t = torch.as_tensor(units)
+    device = ev.c.tokens.device
+    unit_t = torch.as_tensor(units, device=device)
     frozen = [p for p in model.parameters() if p.requires_grad]
     history: dict[str, list[float]] = {"recovered": [], "density": [], "loss": []}
-    theta = torch.full(units.shape, float(init), dtype=model.W_E.dtype, requires_grad=True)
+    theta = torch.full(units.shape, float(init), dtype=model.W_E.dtype, device=device, requires_grad=True)
     opt = torch.optim.Adam([theta], lr=lr)
     it = range(steps)
     if progress:
@@ -119,14 +121,16 @@ def learn_ranking(
     finally:
         for p in frozen:
             p.requires_grad_(True)
-    th = theta.detach().double().numpy()
-    hard = float(ev(((th > 0) & units)[None]).mean())
+    th = theta.detach().double().cpu().numpy()
+    ended = (th > 0) & units
+    hard = float(ev(ended[None]).mean())
     rank = np.where(units, 1 / (1 + np.exp(-th)), np.nan)
     order, value = order_units(graph, rank, units, select)
     meta = {"learned": {"sparsity": float(sparsity), "steps": int(steps), "lr": float(lr), "beta": float(beta),
-                        "init": float(init), "size": int(((th > 0) & units).sum()), "recovered": history["recovered"][-1],
-                        "recovered_hard": (hard - empty) / (full - empty), "density": history["density"][-1], "history": history, "full": full, "empty": empty,
-                        "n_pairs": len(ev.c), "seconds": time.perf_counter() - t0}}  # fmt: skip
+                        "init": float(init), "size": int(ended.sum()), "recovered": history["recovered"][-1],
+                        "recovered_hard": (hard - empty) / (full - empty), "density": history["density"][-1],
+                        "history": history, "full": full, "empty": empty, "n_pairs": len(ev.c),
+                        "seconds": time.perf_counter() - t0}}  # fmt: skip
     return Ranking(graph=graph, order=order, value=value, rank=rank, scores={"learned": np.where(units, th, np.nan)},
                    span_names=names, select=select, method="learned", metric=resolve(metric)[0], meta=meta)  # fmt: skip
 
