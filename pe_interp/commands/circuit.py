@@ -109,6 +109,8 @@ def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method
         raise ValueError(f"--top-n must be >= 1 and --n >= 2, got {top_n} and {n}")
     if faithful is not None and not 0 < faithful <= 1:
         raise ValueError(f"--faithful must be in (0, 1], got {faithful}")
+    if method == "learned" and not (isinstance(sparsity, int | float) and 0 <= sparsity < float("inf")):
+        raise ValueError(f"--sparsity must be a finite number >= 0, got {sparsity}")
     if positional and method in ("atp*", "path_patch"):
         raise ValueError(f"--method {method} scores whole edges only; pass --whole-edges, or --method eap-ig or atp")
     kinds = ["position", "content"] + ([counterfactual] if counterfactual == "both" else [])
