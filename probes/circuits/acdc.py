@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from probes.circuits.engine import resolve
-from probes.circuits.faithfulness import _Evaluator
+from probes.circuits.faithfulness import _Evaluator, unit_span_names
 from probes.circuits.paths import _backward, prune
 from probes.circuits.selection import Circuit, circuit_from_mask
 
@@ -54,11 +54,7 @@ def acdc(
     if not isinstance(speculate, int) or speculate < 1:
         raise ValueError(f"acdc: speculate must be a positive integer, got {speculate!r}")
     t0 = time.perf_counter()
-    names: tuple[str, ...] = ()
-    if spans is not None:
-        names = tuple(spans.span_names) if hasattr(spans, "span_names") else tuple(span_names or ())
-        if not names:
-            raise ValueError("acdc: span ids need span_names=")
+    names = unit_span_names(spans, span_names, "acdc")
     S = max(1, len(names))
     ev = _Evaluator(model, clean, corrupt, ablation="corrupt", metric=metric, reference=None, seed=0,
                     batch_size=batch_size or 256 * 4, spans=spans, n_spans=S, who="acdc")  # fmt: skip

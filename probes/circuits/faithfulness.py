@@ -155,6 +155,17 @@ def _resampled(c: Run, sl: slice, seed: int) -> Run:
     return Run(c.tokens[src], kv, c.pad_mask[src], c.labels[src])
 
 
+def unit_span_names(spans: Any, span_names: Any, who: str) -> tuple[str, ...]:
+    """The span names of units per span: the task's, or ``span_names`` beside span ids; ``()``
+    without spans."""
+    if spans is None:
+        return ()
+    names = tuple(spans.span_names) if hasattr(spans, "span_names") else tuple(span_names or ())
+    if not names:
+        raise ValueError(f"{who}: span ids need span_names=")
+    return names
+
+
 class _Evaluator:
     """Measures keep masks ``[k, readers, writers, spans]`` on fixed pairs: the mean metric of
     each, the clean run's (everything kept) and the corrupt one's (nothing kept)."""
@@ -407,4 +418,5 @@ def minimal_circuit(
     return Circuit(**{**c.__dict__, "faithfulness": faith})
 
 
-__all__ = ["ABLATIONS", "ablated_metric", "curve_area", "default_sizes", "faithfulness_curve", "minimal_circuit"]
+__all__ = ["ABLATIONS", "ablated_metric", "curve_area", "default_sizes", "faithfulness_curve", "minimal_circuit",
+           "unit_span_names"]

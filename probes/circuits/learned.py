@@ -33,7 +33,7 @@ import torch
 
 from pe_interp.modes import eval_mode
 from probes.circuits.engine import capture, contributions, resolve, writer_hooks
-from probes.circuits.faithfulness import _Evaluator, ablated_metric
+from probes.circuits.faithfulness import _Evaluator, ablated_metric, unit_span_names
 from probes.circuits.selection import SELECTIONS, Ranking, order_units
 from probes.inputs import check_count
 
@@ -76,11 +76,7 @@ def learn_ranking(
     if select not in SELECTIONS:
         raise ValueError(f"{who}: select must be one of {', '.join(map(repr, SELECTIONS))}; got {select!r}")
     t0 = time.perf_counter()
-    names: tuple[str, ...] = ()
-    if spans is not None:
-        names = tuple(spans.span_names) if hasattr(spans, "span_names") else tuple(span_names or ())
-        if not names:
-            raise ValueError(f"{who}: span ids need span_names=")
+    names = unit_span_names(spans, span_names, who)
     S = max(1, len(names))
     ev = _Evaluator(model, clean, corrupt, ablation="corrupt", metric=metric, reference=None, seed=0,
                     batch_size=batch_size, spans=spans, n_spans=S, who=who)  # fmt: skip
