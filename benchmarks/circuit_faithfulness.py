@@ -54,7 +54,8 @@ def evaluate(run_dir: str, args) -> dict:
         pairs = task.counterfactuals(args.learn_n or args.n, kind=args.family, seed=0)
         for positional in grains:
             learned[positional] = learn_ranking(model, pairs, spans=task if positional else None,
-                                                sparsity=args.sparsity, steps=args.steps, progress=True)  # fmt: skip
+                                                sparsity=args.sparsity, budget=args.budget, steps=args.steps,
+                                                progress=True)  # fmt: skip
         meta = next(iter(learned.values())).meta["learned"]
         clean, corrupt = meta["full"], meta["empty"]
     else:
@@ -126,8 +127,9 @@ def report(res: dict, target: float) -> None:
     print(f"\n{res['encoding']} {res['task']} ({res['run']}), {res['family']} pairs, {res['method']}, n={res['n']}: "
           f"clean margin {res['clean']:+.3f}, corrupt {res['corrupt']:+.3f} (scoring {res['attribute_seconds']:.0f} s)")
     for name, L in res.get("learned", {}).items():
+        how = f"budget {L['budget']:g}" if "budget" in L else f"sparsity {L['sparsity']:g}"
         print(f"  learned {name}: {L['size']} of {L['total']} units with theta > 0, recovering {L['recovered_hard']:.3f} "
-              f"on the {L['n_pairs']} pairs it learnt on ({L['steps']} steps, sparsity {L['sparsity']:g}, {L['seconds']:.0f} s); "
+              f"on the {L['n_pairs']} pairs it learnt on ({L['steps']} steps, {how}, {L['seconds']:.0f} s); "
               f"connected {L['ended_size']} ({L['ended_size'] / L['total']:.1%}), {L['ended_held_out']:.3f} on held-out pairs")
     for name, o in res["orders"].items():
         pts = " ".join(f"{x:.0%}:{y:.2f}" for x, y in zip(o["shares"], o["recovered"]))
@@ -163,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=128)
     p.add_argument("--learn-n", type=int, default=None, help="selection pairs to learn the masks on (default --n)")
     p.add_argument("--sparsity", type=float, default=0.5, help="learned: the weight of the mean mask")
+    p.add_argument("--budget", type=float, default=None,
+                   help="learned: the share of the units the circuit ends on, reached along a path (instead of --sparsity)")
     p.add_argument("--steps", type=int, default=200, help="learned: Adam steps")
     p.add_argument("--target", type=float, default=0.9)
     p.add_argument("--select", nargs="+", default=["paths", "greedy", "top"])

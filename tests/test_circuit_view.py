@@ -172,6 +172,12 @@ def test_cli_learned_ranks_by_learnt_masks_and_keeps_family_scores(smoke_run, ca
     assert f["kept"] >= 0.8 and f["size"] == len(c.edges) < c.total_edges
     assert 0 < L["size"] <= c.total_edges and L["sparsity"] == 0.3 and "history" not in L
     assert main(["circuit", str(smoke_run), "--method", "learned", "--sparsity", "-1"]) == 2  # a one-line error
+    assert main(["circuit", str(smoke_run), "--method", "learned", "--budget", "1.5"]) == 2
+    assert main(["circuit", str(smoke_run), "--budget", "0.1"]) == 2  # eap-ig has no budget
+    rc = main(["circuit", str(smoke_run), "--n", "16", "--method", "learned", "--budget", "0.25", "--top-n", "5",
+               "--out", str(tmp_path / "b")])  # fmt: skip
+    L = Circuit.load(tmp_path / "b" / "circuit.json").meta["learned"]
+    assert rc == 0 and L["budget"] == 0.25 and "sparsity" not in L and L["size"] == round(0.25 * c.total_edges)
 
 
 def loaded_model(path, whole: bool = False):

@@ -12,7 +12,7 @@ from test_tl_tools import random_model, random_pairs
 from probes.circuits import faithfulness_curve, minimal_circuit
 from probes.circuits.engine import capture, contributions, writer_hooks
 from probes.circuits.faithfulness import _Evaluator, ablated_metric
-from probes.circuits.learned import learn_ranking
+from probes.circuits.learned import _budget_mask, _threshold, learn_ranking
 from probes.circuits.paths import prune
 
 
@@ -97,7 +97,8 @@ def test_learn_ranking_rejects_bad_settings():
     model = random_model("rope", n_layers=2)
     clean, corrupt = random_pairs()
     for kw, msg in (({"sparsity": -1.0}, "sparsity"), ({"steps": 0}, "steps"), ({"beta": 0.5}, "beta"),
-                    ({"select": "best"}, "select"), ({"spans": SPANS}, "span_names")):  # fmt: skip
+                    ({"select": "best"}, "select"), ({"spans": SPANS}, "span_names"), ({"budget": 0}, "budget"),
+                    ({"budget": 1.0}, "budget"), ({"budget": "10%"}, "budget"), ({"budget": 0.1, "anneal": 1.5}, "anneal")):  # fmt: skip
         with pytest.raises(ValueError, match=msg):
             learn_ranking(model, clean, corrupt, metric=FN, **kw)
     with pytest.raises(ValueError, match="nothing to recover"):
@@ -120,3 +121,52 @@ def test_a_ranking_reordered_is_the_ranking_of_that_selection():
             assert got.select == select
     with pytest.raises(ValueError, match="select must be one of"):
         base.reordered("best")
+
+
+def test_the_budget_mask_holds_its_mean_and_its_gradient_is_the_projected_one():
+    """``tau`` solves mean(sigmoid(x - tau)) = density; the gradient through it (implicit) equals
+    central differences of a loss of the mask with ``tau`` solved again at every point."""
+    rng = np.random.default_rng(3)
+    x0 = torch.as_tensor(rng.normal(0, 2, 40))
+    for density in (0.1, 0.5, 0.93):
+        tau = _threshold(x0, density)
+        assert float(torch.sigmoid(x0 - tau).mean()) == pytest.approx(density, abs=1e-12)
+    c = torch.as_tensor(rng.normal(0, 1, 40))
+
+    def loss(x):
+        return (_budget_mask(x, 0.3)[0] * c).sum() ** 2
+
+    x = x0.clone().requires_grad_(True)
+    m, t0 = _budget_mask(x, 0.3)
+    assert float(m.detach().mean()) == pytest.approx(0.3, abs=1e-12) and float(t0) == pytest.approx(float(_threshold(x0, 0.3)))
+    loss(x).backward()
+    assert x.grad is not None and float(x.grad.abs().max()) > 1e-3
+    for u in range(0, 40, 7):
+        d = torch.zeros_like(x0)
+        d[u] = 1e-6
+        fd = (loss(x0 + d) - loss(x0 - d)) / 2e-6
+        assert float(x.grad[u]) == pytest.approx(float(fd), rel=1e-5, abs=1e-8), u
+    # the projection: moving every x alike moves tau alike and leaves the mask, so no gradient along it
+    assert float(x.grad.sum()) == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("positional", [False, True])
+def test_a_budget_ends_on_that_many_units_ranked_along_the_path(positional):
+    model = random_model("rope", n_layers=2)
+    clean, corrupt = random_pairs()
+    spans = dict(spans=SPANS, span_names=list("abcd")) if positional else {}
+    r = learn_ranking(model, clean, corrupt, metric=FN, budget=0.2, steps=40, select="top", **spans)
+    L = r.meta["learned"]
+    units = ~np.isnan(r.rank)
+    theta, dropped = r.scores["learned"][units], r.scores["dropped"][units]
+    assert L["size"] == round(0.2 * r.total) == int((theta > 0).sum())
+    assert np.all((dropped == -1) == (theta > 0)) and dropped.max() < 40 and dropped[theta <= 0].min() >= 0
+    assert L["history"]["allowed"][19] == pytest.approx(0.2) and L["history"]["density"][-1] == pytest.approx(0.2)
+    keep = np.nan_to_num(r.scores["learned"], nan=-1.0) > 0
+    exact = faithfulness_curve(model, r.circuit_of(keep), clean, corrupt, metric=FN, spans=spans.get("spans"))
+    assert exact["recovered"][0] == pytest.approx(L["recovered_hard"], rel=1e-9)
+    # by "top": the kept units by logit, then the dropped ones, the last dropped first
+    flat_theta, flat_drop = r.scores["learned"].ravel()[r.order], r.scores["dropped"].ravel()[r.order]
+    n = L["size"]
+    assert np.all(flat_drop[:n] == -1) and np.all(np.diff(flat_theta[:n]) <= 0)
+    assert np.all(np.diff(flat_drop[n:]) <= 0)

@@ -12,8 +12,9 @@ faithfulness.
    which ranks the edges; per span of the examples (the task's ``prefix``, ``trigger1``,
    ``between``, ``trigger2``, ``suffix``, ``padding``) unless ``--whole-edges``. ``--method
    learned``: the edges ranked by masks learnt for faithfulness and sparsity on that family's
-   pairs (:func:`probes.circuits.learned.learn_ranking`, weight ``--sparsity``; minutes), each
-   still shown with its EAP-IG position and content scores.
+   pairs (:func:`probes.circuits.learned.learn_ranking`, weight ``--sparsity``, or ``--budget``:
+   the share of the edges to end on, reached along a path of circuits; minutes), each still shown
+   with its EAP-IG position and content scores.
 3. The circuit (``--select``, default ``paths``: every kept edge on a path from the embedding to
    the logits): with ``--faithful T`` the smallest one whose faithfulness reaches ``T`` on
    held-out pairs of that family (seed ``--seed + 1``), else the ``--top-n`` best; its
@@ -58,6 +59,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "top: by |score| alone (not connected)")  # fmt: skip
     p.add_argument("--method", default="eap-ig", choices=METHODS)
     p.add_argument("--sparsity", type=float, default=0.5, help="--method learned: the weight of the mean mask")
+    p.add_argument("--budget", type=float, default=None,
+                   help="--method learned: the share of the units to end on (instead of --sparsity), e.g. 0.1")  # fmt: skip
     p.add_argument("--n", type=int, default=128, help="counterfactual pairs per family (and held-out pairs)")
     p.add_argument("--metric", default="margin", choices=["margin", "logit_diff", "logprob", "logit"])
     p.add_argument("--seed", type=int, default=0)
@@ -97,7 +100,7 @@ def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
 
 
 def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method="eap-ig", n=128, metric="margin",
-                seed=0, faithful=None, positional=True, select="paths", sparsity=0.5) -> tuple[Any, Any]:  # fmt: skip
+                seed=0, faithful=None, positional=True, select="paths", sparsity=0.5, budget=None) -> tuple[Any, Any]:  # fmt: skip
     """The work of ``pe-interp circuit``: returns the circuit (route and curve in it) and the route."""
     from probes import family_attributions
     from probes.circuits import faithfulness_curve, minimal_circuit, rank_edges
@@ -111,6 +114,8 @@ def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method
         raise ValueError(f"--faithful must be in (0, 1], got {faithful}")
     if method == "learned" and not (isinstance(sparsity, int | float) and 0 <= sparsity < float("inf")):
         raise ValueError(f"--sparsity must be a finite number >= 0, got {sparsity}")
+    if budget is not None and (method != "learned" or not 0 < budget < 1):
+        raise ValueError(f"--budget is a share of the units in (0, 1) for --method learned, got {budget} with {method}")
     if positional and method in ("atp*", "path_patch"):
         raise ValueError(f"--method {method} scores whole edges only; pass --whole-edges, or --method eap-ig or atp")
     kinds = ["position", "content"] + ([counterfactual] if counterfactual == "both" else [])
@@ -122,7 +127,7 @@ def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method
 
         pairs = task.counterfactuals(n, kind=counterfactual, seed=seed)
         learned = learn_ranking(model, pairs, spans=task if positional else None, metric=metric, sparsity=sparsity,
-                                select=select, progress=True)  # fmt: skip
+                                budget=budget, select=select, progress=True)  # fmt: skip
         ranking = dataclasses.replace(learned, scores=ranking.scores, meta={**ranking.meta, **learned.meta})
     held_out = task.counterfactuals(n, kind=counterfactual, seed=seed + 1)
     spans = task if positional else None
@@ -207,7 +212,8 @@ def _circuit(args: argparse.Namespace, loaded) -> int:
     t0 = time.perf_counter()
     c, route = circuit_run(loaded.model, loaded.task, loaded, counterfactual=args.counterfactual, top_n=args.top_n,
                            method=args.method, n=args.n, metric=args.metric, seed=args.seed, faithful=args.faithful,
-                           positional=not args.whole_edges, select=args.select, sparsity=args.sparsity)  # fmt: skip
+                           positional=not args.whole_edges, select=args.select, sparsity=args.sparsity,
+                           budget=args.budget)  # fmt: skip
     out = Path(args.out or args.run_dir)
     save_result(out / "circuit.json", c, loaded.provenance)
     title = f"{c.meta['encoding']}: circuit ({c.method}, ranked by the {args.counterfactual} family)"

@@ -15,6 +15,23 @@ sparsification, Savarese et al. 2020; Edge Pruning, Bhaskar et al. 2024, learns 
 same way with hard-concrete noise, which this deterministic version leaves out so that the result
 is a function of its inputs alone).
 
+With ``budget`` the size is asked for instead of weighed: the mask becomes
+``m_u = sigmoid(beta * theta_u - tau)``, ``tau`` set at every step (bisection) so that the mean
+mask equals the density allowed, which falls linearly from 1 to ``budget`` over the first
+``anneal`` share of the steps and then stays; ``beta`` stays 1 while it falls and grows after;
+the loss is ``(1 - recovered)^2`` alone. ``tau`` is differentiated implicitly (``d tau / d x_u =
+sigmoid'_u / sum sigmoid'``), so the gradient is projected on the budget: a unit rises only by
+displacing others. Without that term Adam moved every kept logit up alike, ``tau`` followed and
+the kept units never separated (0.33 of the metric at 10% of a random model's units, against
+0.94 with it); a Lagrange multiplier on the density (Edge Pruning's target sparsity, Bhaskar et
+al. 2024) overshot the budget, and a straight-through top-k (movement pruning, Sanh et al. 2020)
+recovered 0.18 there. The optimisation traces a path of circuits, one per budget, and the units
+are ranked along it: those kept at the end by their logits, then the others by the step they
+were last dropped at (``beta * theta - tau`` crossing 0), latest first, so that every prefix is
+near a circuit the path held rather than a by-product of one size. The circuit it ends on is the
+``round(budget * units)`` largest logits, and ``theta`` is reported shifted so that ``theta > 0``
+is that circuit in both modes.
+
 The learned logits order the units like attribution scores do (:func:`learn_ranking` returns a
 :class:`~probes.circuits.selection.Ranking`, ``method="learned"``), so
 :func:`~probes.circuits.faithfulness.faithfulness_curve` and
@@ -47,6 +64,8 @@ def learn_ranking(
     span_names: Any = None,
     metric: Any = "margin",
     sparsity: float = 0.5,
+    budget: float | None = None,
+    anneal: float = 0.5,
     steps: int = 150,
     lr: float = 0.1,
     beta: float = 200.0,
@@ -62,17 +81,25 @@ def learn_ranking(
     at ``lr`` from every logit at ``init``, the mask's sharpness growing from 1 to ``beta``.
     Deterministic: no noise, no seed. Each step runs every pair in one batch (``batch_size``
     sizes the exact measurements only); a few hundred pairs of a quick model fit in memory.
+    ``budget`` (a density in (0, 1)) replaces ``sparsity`` by the budget and the path order of
+    the module docstring; ``anneal`` is the share of the steps over which the budget falls.
 
-    Returns a :class:`Ranking` (``rank``: ``sigmoid(theta)`` of each unit; ``scores["learned"]``:
-    ``theta``) whose ``meta["learned"]`` holds the settings, ``size`` (units with
-    ``theta > 0``), the soft circuit's last ``recovered`` and ``density`` (and their curves per
-    step), ``recovered_hard`` (the units with ``theta > 0`` kept, the others ablated: an exact
+    Returns a :class:`Ranking` (``rank``: ``sigmoid(theta)`` of each unit, or its place on the
+    path; ``scores["learned"]``: ``theta``; with ``budget`` also ``scores["dropped"]``, the step
+    each unit was last dropped at: -1 for the circuit it ended on, ``steps`` for a unit the last
+    step dropped) whose ``meta["learned"]`` holds the settings, ``size`` (units with ``theta >
+    0``), the soft circuit's last ``recovered`` and ``density`` (and their curves per step; with
+    ``budget`` also the density ``allowed``), ``recovered_hard`` (the units with ``theta > 0`` kept, the others ablated: an exact
     forward), the ``full`` and ``empty`` metrics and ``seconds``."""
     who = "learn_ranking"
     for name, v, lo in (("sparsity", sparsity, 0.0), ("lr", lr, 1e-12), ("beta", beta, 1.0)):
         if not isinstance(v, int | float) or isinstance(v, bool) or not np.isfinite(v) or v < lo:
             raise ValueError(f"{who}: {name} must be a finite number >= {lo:g}, got {v!r}")
     check_count(steps, "steps", 1, who)
+    if budget is not None and not (isinstance(budget, int | float) and 0 < budget < 1):
+        raise ValueError(f"{who}: budget must be a density strictly between 0 and 1, got {budget!r}")
+    if not isinstance(anneal, int | float) or isinstance(anneal, bool) or not 0 <= anneal <= 1:
+        raise ValueError(f"{who}: anneal must be a share of the steps in [0, 1], got {anneal!r}")
     if select not in SELECTIONS:
         raise ValueError(f"{who}: select must be one of {', '.join(map(repr, SELECTIONS))}; got {select!r}")
     t0 = time.perf_counter()
@@ -89,6 +116,11 @@ def learn_ranking(
     unit_t = torch.as_tensor(units, device=device)
     frozen = [p for p in model.parameters() if p.requires_grad]
     history: dict[str, list[float]] = {"recovered": [], "density": [], "loss": []}
+    if budget is not None:
+        history["allowed"] = []
+    hold = int(anneal * steps) if budget is not None else 0  # with a budget the masks sharpen once it is reached
+    alive = unit_t.clone()
+    dropped = torch.full(units.shape, -1, dtype=torch.long, device=device)  # the step a unit was last dropped at
     theta = torch.full(units.shape, float(init), dtype=model.W_E.dtype, device=device, requires_grad=True)
     opt = torch.optim.Adam([theta], lr=lr)
     it = range(steps)
@@ -103,12 +135,22 @@ def learn_ranking(
             with torch.no_grad():
                 repl = contributions(model, graph, capture(model, ev.k, writer_hooks(graph))[0])
             for step in it:
-                sharp = beta ** (step / max(1, steps - 1))
-                m = torch.where(unit_t, torch.sigmoid(theta * sharp), torch.ones_like(theta))
+                sharp = beta ** (max(0, step - hold) / max(1, steps - 1 - hold))
+                if budget is None:
+                    m = torch.where(unit_t, torch.sigmoid(theta * sharp), torch.ones_like(theta))
+                else:  # the soft mask whose mean is the budget; tau differentiated implicitly
+                    allowed = 1 - (1 - budget) * min(1.0, (step + 1) / max(1.0, anneal * steps))
+                    soft, t0 = _budget_mask(theta[unit_t] * sharp, allowed)
+                    m = torch.ones_like(theta).masked_scatter(unit_t, soft)
+                    now = unit_t & (theta.detach() * sharp > t0)
+                    history["allowed"].append(allowed)
+                    dropped[alive & ~now] = step
+                    dropped[now] = -1
+                    alive = now
                 per = ablated_metric(model, graph, ev.c, repl, m[None], ev.fn, ev.good, ev.bad, ev.ids)
                 rec = (per.mean() - empty) / (full - empty)
                 density = m[unit_t].mean()
-                loss = (1 - rec) ** 2 + sparsity * density
+                loss = (1 - rec) ** 2 + (0.0 if budget is not None else sparsity * density)
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
@@ -118,17 +160,50 @@ def learn_ranking(
         for p in frozen:
             p.requires_grad_(True)
     th = theta.detach().double().cpu().numpy()
+    if budget is not None:  # the circuit of the last budget: theta > 0
+        top = np.sort(th[units])[::-1]
+        k = min(max(1, round(budget * len(top))), len(top) - 1)
+        th = th - (top[k - 1] + top[k]) / 2
     ended = (th > 0) & units
     hard = float(ev(ended[None]).mean())
-    rank = np.where(units, 1 / (1 + np.exp(-th)), np.nan)
+    sig = 1 / (1 + np.exp(-th))
+    scores = {"learned": np.where(units, th, np.nan)}
+    if budget is None:
+        rank = np.where(units, sig, np.nan)
+    else:  # along the path: kept units in (1.5, 2), then dropped ones by step (ties by logit) in [0, 1]
+        drop = np.where(ended, -1, np.where(dropped.cpu().numpy() < 0, steps, dropped.cpu().numpy()))
+        rank = np.where(units, np.where(drop < 0, 1 + sig, (drop + sig) / steps), np.nan)
+        scores["dropped"] = np.where(units, drop, np.nan)
     order, value = order_units(graph, rank, units, select)
-    meta = {"learned": {"sparsity": float(sparsity), "steps": int(steps), "lr": float(lr), "beta": float(beta),
+    settings = {"sparsity": float(sparsity)} if budget is None else {"budget": float(budget), "anneal": float(anneal)}
+    meta = {"learned": {**settings, "steps": int(steps), "lr": float(lr), "beta": float(beta),
                         "init": float(init), "size": int(ended.sum()), "recovered": history["recovered"][-1],
                         "recovered_hard": (hard - empty) / (full - empty), "density": history["density"][-1],
                         "history": history, "full": full, "empty": empty, "n_pairs": len(ev.c),
                         "seconds": time.perf_counter() - t0}}  # fmt: skip
-    return Ranking(graph=graph, order=order, value=value, rank=rank, scores={"learned": np.where(units, th, np.nan)},
+    return Ranking(graph=graph, order=order, value=value, rank=rank, scores=scores,
                    span_names=names, select=select, method="learned", metric=resolve(metric)[0], meta=meta)  # fmt: skip
+
+
+def _budget_mask(x: torch.Tensor, density: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sigmoid(x - tau)`` with ``tau`` such that its mean is ``density``, differentiable in
+    ``x`` through ``tau`` too (implicitly: ``d tau / d x_u = s'_u / sum s'``), and ``tau``."""
+    with torch.no_grad():
+        t0 = _threshold(x, density).to(x.dtype)
+        w = torch.sigmoid(x - t0) * torch.sigmoid(t0 - x)
+    tau = t0 + (w * (x - x.detach())).sum() / w.sum().clamp_min(1e-30)  # its value is t0
+    return torch.sigmoid(x - tau), t0
+
+
+def _threshold(x: torch.Tensor, density: float, iters: int = 80) -> torch.Tensor:
+    """The ``tau`` at which ``sigmoid(x - tau)`` averages ``density`` (bisection in float64; the
+    mean falls as ``tau`` grows)."""
+    x = x.detach().double()
+    lo, hi = x.min() - 40.0, x.max() + 40.0
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if torch.sigmoid(x - mid).mean() > density else (lo, mid)
+    return (lo + hi) / 2
 
 
 __all__ = ["learn_ranking"]
