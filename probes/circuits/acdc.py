@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from probes.circuits.engine import resolve
-from probes.circuits.faithfulness import _Evaluator, unit_span_names
+from probes.circuits.faithfulness import _Evaluator, has_gap, unit_span_names
 from probes.circuits.paths import _backward, prune
 from probes.circuits.selection import Circuit, circuit_from_mask
 
@@ -101,7 +101,7 @@ def acdc(
                      "n_pairs": len(ev.c)}, "encoding": model.cfg.encoding_name}  # fmt: skip
     c = circuit_from_mask(graph, keep, names, scores={"acdc": effect}, rank=np.abs(effect), total=int(units.sum()),
                           method="acdc", metric=resolve(metric)[0], meta=meta)  # fmt: skip
-    recovered = (final - empty) / (full - empty) if full != empty else float("nan")
+    recovered = (final - empty) / (full - empty) if has_gap(full, empty) else float("nan")
     return Circuit(**{**c.__dict__, "faithfulness": {"kept": recovered, "size": len(c.edges), "metric_kept": final,
                                                       "full": full, "empty": empty, "total_edges": int(units.sum())}})
 

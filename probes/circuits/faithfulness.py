@@ -64,67 +64,62 @@ def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn
     repl``); one that requires grad is differentiated through (:mod:`probes.circuits.learned`).
 
     A reader's input is its live value plus, for each ablated writer, the replacement minus the
-    live term. Where most of a reader group's writers are ablated that sum is taken as all of
-    them less the kept ones, so the work follows the smaller of the two sets of writers."""
+    live term: one batched contraction per reader hook, of the differences of every writer before
+    it (each writer's computed once, when its hook has fired) with the mask at each position's
+    span."""
     k, b = keep.shape[0], len(run)
     if keep.ndim == 3:
         keep = keep[..., None]
-    valid = torch.as_tensor(graph.valid, device=keep.device)[..., None]
-    if keep.dtype == torch.bool:
-        kept = (keep & valid).to(repl.dtype)  # [k, R, W, S]
-        excl = (~keep & valid).to(repl.dtype)
-    else:  # a soft mask: the reader reads keep * live + (1 - keep) * replacement
-        kept = keep.to(repl.dtype) * valid
-        excl = (1 - keep.to(repl.dtype)) * valid
-    P, W, d = run.tokens.shape[1], len(graph.writers), model.cfg.d_model
-    if spans is not None:
-        flat = spans.reshape(-1).to(keep.device)
-        parts: list[Tensor | None] = [(flat == s).nonzero()[:, 0] for s in range(excl.shape[-1])]
-    elif excl.shape[-1] != 1:
+    if spans is None and keep.shape[-1] != 1:
         raise ValueError("ablated_metric: a keep mask per span needs spans=")
-    else:
-        parts = [None]
+    valid = torch.as_tensor(graph.valid, device=keep.device)[..., None]
+    soft = keep.dtype != torch.bool
+    excl = ((1 - keep.to(repl.dtype)) if soft else (~keep).to(repl.dtype)) * valid  # [k, R, W, S]
+    P, d = run.tokens.shape[1], model.cfg.d_model
+    ids = None if spans is None else spans.to(keep.device).long()
     live: dict[str, Tensor] = {}
+    diffs: dict[str, Tensor] = {}  # per writer hook
+    prefixes: dict[int, Tensor] = {}  # writers 0..w-1, concatenated
+    chunks, col = [], 0  # (writer hook, its first writer column, its number of writers)
+    for name in writer_hooks(graph):
+        n = graph.n_heads if name.endswith("hook_z") else 1
+        chunks.append((name, col, n))
+        col += n
 
     def grab(x, hook):
         live[hook.name] = x
         return None
 
-    def take(contrib: Tensor, rows: Tensor | None, cols: Tensor) -> Tensor:
-        """Replacement minus live term of writers ``cols``: ``[k, b, P or rows, cols, d]``."""
-        if rows is None:
-            return repl[:, :, cols][None] - contrib[:, :, :, cols]
-        r = repl[0][:, cols][rows % P] if repl.shape[0] == 1 else repl.reshape(b * P, W, d)[rows][:, cols]
-        return r[None] - contrib.view(k, b * P, W, d)[:, rows][:, :, cols]
+    def diff(name: str, c0: int, n: int) -> Tensor:
+        """Replacement minus live term of one hook's writers, ``[k, b, P, n, d]``."""
+        if name not in diffs:
+            x = live[name]
+            if name.endswith("hook_z"):
+                x = torch.einsum("bphd,hdm->bphm", x, model.blocks[int(name.split(".")[1])].attn.W_O)
+            else:
+                x = x[:, :, None]
+            diffs[name] = repl[:, :, c0 : c0 + n] - x.reshape(k, b, P, n, d)
+        return diffs[name]
+
+    def upto(w: int) -> Tensor:
+        """The differences of writers ``0..w-1``, ``[k, b, P, w, d]`` (concatenated once per prefix)."""
+        if w not in prefixes:
+            prefixes[w] = torch.cat([diff(name, c0, n) for name, c0, n in chunks if c0 < w], dim=3)
+        return prefixes[w]
 
     def fix(idx: list[int], per_head: bool):
-        reads = torch.as_tensor(np.flatnonzero(graph.valid[idx].any(0)), device=keep.device)
+        reads = graph.valid[idx]  # [readers, writers]
+        w = int(np.flatnonzero(reads.any(0)).max()) + 1  # writers 0..w-1: every one that writes here
 
         def hook(x, hook):
-            contrib = contributions(model, graph, live).view(k, b, P, W, d)
-            add = x.new_zeros(k, b * P, len(idx), d) if parts[0] is not None else None
-            for s, rows in enumerate(parts):
-                if rows is not None and not len(rows):
-                    continue
-                ex, kp = excl[:, idx, :, s], kept[:, idx, :, s]  # [k, readers, writers]
-                ex_cols = ex.amax((0, 1)).nonzero()[:, 0]
-                kp_cols = kp.amax((0, 1)).nonzero()[:, 0]
-                if not len(ex_cols):
-                    continue
-                if len(ex_cols) <= len(kp_cols):
-                    part = torch.einsum("k...wd,krw->k...rd", take(contrib, rows, ex_cols), ex[..., ex_cols])
-                else:  # every writer read, less the kept ones
-                    part = take(contrib, rows, reads).sum(-2).unsqueeze(-2).expand(*([-1] * (3 if rows is None else 2)), len(idx), -1)
-                    if len(kp_cols):
-                        part = part - torch.einsum("k...wd,krw->k...rd", take(contrib, rows, kp_cols), kp[..., kp_cols])
-                if rows is None:
-                    add = part
-                else:
-                    add[:, rows] = part
-            if add is None:
+            ex = excl[:, idx, :w]  # [k, readers, w, S]
+            if not soft and not bool(ex.any()):
                 return x
-            add = add.reshape(k, b, P, len(idx), d)
-            return x + (add.reshape(k * b, *add.shape[2:]) if per_head else add.reshape(k * b, x.shape[1], -1))
+            if ids is None:
+                add = torch.einsum("kbpwd,krw->kbprd", upto(w), ex[..., 0])
+            else:
+                add = torch.einsum("kbpwd,krwbp->kbprd", upto(w), ex[..., ids])
+            return x + (add.reshape(k * b, P, len(idx), d) if per_head else add.reshape(k * b, P, d))
 
         return hook
 
@@ -132,21 +127,14 @@ def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn
     tokens = run.tokens.repeat(k, 1)
     kv = None if run.key_valid is None else run.key_valid.repeat(k, 1)
     with forks(model), torch.set_grad_enabled(keep.requires_grad), model.hooks(fwd_hooks=hooks):
-        _prime(live, model, graph, k * b, run)
         logits = model.forward_unchecked(tokens, kv)
     return fn(logits, good.repeat(k), bad.repeat(k)).double().view(k, b)
 
 
-def _prime(live: dict, model, graph: Graph, rows: int, run: Run) -> None:
-    """Zeros at every writer hook, so that :func:`contributions` can run before they fire (the
-    zero terms of writers that have not fired are never read: their edges do not exist yet)."""
-    P, d = run.tokens.shape[1], model.cfg.d_model
-    zeros = torch.zeros(rows, P, d, dtype=model.W_E.dtype, device=run.tokens.device)
-    live["hook_embed"] = zeros
-    for layer in range(graph.n_layers):
-        live[f"blocks.{layer}.attn.hook_z"] = zeros.new_zeros(rows, P, graph.n_heads, model.cfg.d_head)
-        if graph.has_mlp:
-            live[f"blocks.{layer}.hook_mlp_out"] = zeros
+def has_gap(full: float, empty: float) -> bool:
+    """Whether the clean and the corrupt runs score differently beyond rounding (a relative 1e-6:
+    the two are computed through differently batched forwards)."""
+    return abs(full - empty) > 1e-6 * max(1.0, abs(full), abs(empty))
 
 
 def _resampled(c: Run, sl: slice, seed: int) -> Run:
@@ -277,7 +265,7 @@ def curve_area(kept: Sequence[float], recovered: Sequence[float], total: int) ->
 def _summary(ev: _Evaluator, sizes, kept, per, total) -> dict[str, Any]:
     full, empty = ev.ends()
     m = per.mean(1)
-    rec = ((m - empty) / (full - empty)).tolist() if full != empty else [float("nan")] * len(sizes)
+    rec = ((m - empty) / (full - empty)).tolist() if has_gap(full, empty) else [float("nan")] * len(sizes)
     return {"sizes": list(map(int, sizes)), "kept": list(map(int, kept)), "metric": m.tolist(), "full": full,
             "empty": empty, "recovered": rec, "ablation": ev.ablation, "per_example": per, "total_edges": int(total),
             "area": curve_area(kept, rec, total) if {0, total} <= set(kept) else float("nan")}  # fmt: skip
@@ -389,7 +377,7 @@ def minimal_circuit(
         keeps = np.stack([r.keep(n) for n in ns])
         m = ev(keeps).mean(1)
         for n, kk, v in zip(ns, keeps.sum((1, 2, 3)), m):
-            seen[n] = (int(kk), float((v - empty) / (full - empty)) if full != empty else float("nan"), float(v))
+            seen[n] = (int(kk), float((v - empty) / (full - empty)) if has_gap(full, empty) else float("nan"), float(v))
 
     grid = default_sizes(r.total, points)
     measure(grid)

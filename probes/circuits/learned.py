@@ -50,7 +50,7 @@ import torch
 
 from pe_interp.modes import eval_mode
 from probes.circuits.engine import capture, contributions, resolve, writer_hooks
-from probes.circuits.faithfulness import _Evaluator, ablated_metric, unit_span_names
+from probes.circuits.faithfulness import _Evaluator, ablated_metric, has_gap, unit_span_names
 from probes.circuits.selection import SELECTIONS, Ranking, order_units
 from probes.inputs import check_count
 
@@ -109,7 +109,7 @@ def learn_ranking(
                     batch_size=batch_size, spans=spans, n_spans=S, who=who)  # fmt: skip
     graph = ev.graph
     full, empty = ev.ends()
-    if full == empty:
+    if not has_gap(full, empty):
         raise ValueError(f"{who}: the clean and corrupt runs score the same ({full:.4g}); nothing to recover")
     units = ev.units()
     device = ev.c.tokens.device
