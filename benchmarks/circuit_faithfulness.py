@@ -108,7 +108,7 @@ def evaluate(run_dir: str, args) -> dict:
         for tau in args.acdc:
             for positional in grains:
                 t0 = time.perf_counter()
-                ref = acdc(model, sel, tau=tau, spans=task if positional else None)
+                ref = acdc(model, sel, tau=tau, spans=task if positional else None, progress=True)
                 seconds = time.perf_counter() - t0
                 held_f = faithfulness_curve(model, ref, held, spans=task if positional else None)["recovered"][0]
                 entry = {"size": len(ref.edges), "total": ref.total_edges, "share": len(ref.edges) / ref.total_edges,

@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=64)
     p.add_argument("--paper-n", type=int, default=256, help="examples for the paper-size ablation timing (0: skip)")
     p.add_argument("--only-ablation", action="store_true", help="time the head-ablation engines alone (4.)")
+    p.add_argument("--only-faithfulness", action="store_true", help="time faithfulness_curve alone (3.)")
     p.add_argument("--verify", type=int, nargs="*", default=[1, 3], help="verify_top values of engine='attribution' to time")
     p.add_argument("--sample", type=float, nargs="*", default=[0.2], help="sample shares of engine='sampled' to time")
     p.add_argument("--skip-quick", action="store_true", help="in 4., time the paper size only")
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     def fn(logits, good, bad):
         return logits[:, 1] - logits[:, 0]
 
-    for gran in () if args.only_ablation else ("node", "edge"):
+    skip_1_2 = args.only_ablation or args.only_faithfulness
+    for gran in () if skip_1_2 else ("node", "edge"):
         cfg = ap.EdgeAttributionConfig(granularity=gran)
         t_ours, ours = timed(lambda g=gran: attribute(model, clean, corrupt, metric=fn, granularity=g), args.repeats)
         t_tl, tl = timed(lambda c=cfg: ap.attribution_patch(model, clean, corrupt, tl_metric, c), 1 if gran == "edge" else args.repeats)
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         assert abs(want - got) <= 1e-4 * max(1.0, abs(want)), (gran, want, got)  # the same numbers
         print(row(f"attribute, {gran} (vs attribution_patch)", t_ours, t_tl, 10))
     heads = [f"L{layer}H{h}" for layer in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
-    for comp in "" if args.only_ablation else "qkv":
+    for comp in "" if skip_1_2 else "qkv":
         t_ours, ours = timed(lambda c=comp: path_patch(model, clean, corrupt, heads, heads, c, metric=fn), args.repeats)
 
         def tl_all(c=comp):
@@ -119,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         t_tl, tl = timed(lambda: ap.faithfulness(model, clean, corrupt, tl_metric, edges), 1)
         assert abs(ours["recovered"][0] - tl.recovered) < 1e-4, (ours["recovered"][0], tl.recovered)
         print(row("faithfulness_curve, 30 edges (vs faithfulness)", t_ours, t_tl, 5))
+    if args.only_faithfulness:
+        return 0
     test = task.sample(1000, seed=3)
     quick = () if args.skip_quick else (("quick", model, test),)
     for label, m, b in quick + ((("paper", *_paper(args.paper_n)),) if args.paper_n else ()):

@@ -145,8 +145,9 @@ def test_smallest_faithful_circuit_and_the_curve():
 
 
 @pytest.mark.parametrize("positional", [False, True])
-def test_acdc_equals_a_naive_loop_of_exact_forwards(positional):
-    """Speculation and skipping units that no longer reach the logits change no decision."""
+def test_acdc_equals_a_naive_loop_of_exact_forwards(positional, capsys):
+    """Speculation and skipping units that no longer reach the logits change no decision (nor
+    does the progress bar, which counts every unit decided)."""
     from probes.circuits.acdc import acdc, overlap
     from probes.circuits.faithfulness import _Evaluator
     from probes.circuits.paths import prune
@@ -155,7 +156,7 @@ def test_acdc_equals_a_naive_loop_of_exact_forwards(positional):
     clean, corrupt = random_pairs()
     spans = (SPANS >= 2).long() if positional else None  # two spans: the first half, the second
     c = acdc(model, clean, corrupt, tau=0.02, metric=FN, spans=spans, span_names=["a", "b"] if positional else None,
-             speculate=8)  # fmt: skip
+             speculate=8, progress=positional)  # fmt: skip
     S = 2 if positional else 1
     ev = _Evaluator(model, clean, corrupt, ablation="corrupt", metric=FN, reference=None, seed=0, batch_size=64,
                     spans=spans, n_spans=S)  # fmt: skip
@@ -177,6 +178,8 @@ def test_acdc_equals_a_naive_loop_of_exact_forwards(positional):
     assert np.array_equal(c.keep_mask(g), keep) and 0 < len(c.edges) < c.total_edges
     assert c.faithfulness["kept"] == pytest.approx((ev(keep[None]).mean() - empty) / (full - empty))
     assert c.meta["acdc"]["forwards"] < keep.size  # fewer forwards than units
+    err = capsys.readouterr().err
+    assert (f"{c.total_edges}/{c.total_edges}" in err) == positional and ("acdc tau=0.02" in err) == positional
     same = overlap(c, c)
     assert same["precision"] == same["recall"] == 1.0
     from probes.circuits import circuit as select

@@ -41,6 +41,7 @@ def acdc(
     metric: Any = "margin",
     speculate: int = 32,
     batch_size: int | None = None,
+    progress: bool = False,
 ) -> Circuit:
     """The ACDC circuit of ``clean`` against ``corrupt`` (``CounterfactualPairs`` or two batches).
     ``spans`` (the task, or ``[n, pos]`` ids with ``span_names``): one unit per edge and span;
@@ -48,7 +49,8 @@ def acdc(
 
     Returns a :class:`Circuit` (``method="acdc"``; ``scores["acdc"]``: each kept unit's metric
     change when it was tested), whose ``faithfulness["kept"]`` is its recovered share on these
-    pairs and ``meta["acdc"]`` the forwards, seconds, ``tau`` and the threshold in metric units."""
+    pairs and ``meta["acdc"]`` the forwards, seconds, ``tau`` and the threshold in metric units.
+    ``progress``: a bar of the units decided, with the number kept, and an ETA."""
     if not isinstance(tau, int | float) or not 0 <= tau < 1:
         raise ValueError(f"acdc: tau must be in [0, 1), got {tau!r}")
     if not isinstance(speculate, int) or speculate < 1:
@@ -67,10 +69,18 @@ def acdc(
     forwards = 1
     effect = np.full(keep.shape, np.nan)
     k = min(4, speculate)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=int(units.sum()), desc=f"acdc tau={tau:g}", unit="unit")
     for r in reversed(range(len(graph.readers))):
         used = _backward(graph, keep, False)[r]  # [S]: whether the reader still reaches the logits
+        before = int(keep[r].sum())
         keep[r] &= used[None, :]
         cands = [(r, w, s) for w in reversed(range(len(graph.writers))) for s in range(S) if keep[r, w, s]]
+        if bar is not None:
+            bar.update(before - len(cands))  # no longer connected: removed without a forward
         i = 0
         while i < len(cands):
             batch = cands[i : i + k]
@@ -94,6 +104,11 @@ def acdc(
             else:
                 i += took + 1
                 k = max(1, k // 2) if took == 0 else k
+            if bar is not None:
+                bar.update(min(took + 1, len(batch)))
+                bar.set_postfix(kept=int(np.isfinite(effect).sum()), refresh=False)
+    if bar is not None:
+        bar.close()
     keep = prune(graph, keep)
     final = float(ev(keep[None]).mean())
     seconds = time.perf_counter() - t0
