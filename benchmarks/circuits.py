@@ -6,8 +6,9 @@ its baseline measured in the same run (medians of ``--repeats``; one thread).
    equal before timing).
 2. ``probes.path_patch`` over every head sender and receiver against TransformerLens'
    ``get_act_patch_direct_path_all_sources`` (q, k, v).
-3. ``probes.faithfulness_curve`` of a circuit (the top 30 edges, whole) against TransformerLens'
-   ``faithfulness`` on the same pairs (checked equal before timing).
+3. ``probes.faithfulness_curve`` of a circuit (the top 30 edges, whole; the top 150 edges at
+   spans, position-aware) against TransformerLens' ``faithfulness`` on the same pairs, which it
+   measures one at a time (checked equal pair by pair).
 4. ``ablate_heads(engine="attribution", verify_top=k)`` (integrated gradients along the ablation
    path, 4 nodes, then ``k`` exact ablations) and ``ablate_heads(engine="sampled", sample=F,
    verify_top=3)`` (the exact grid on a share ``F`` of the examples, ``--sample``, then 3 exact
@@ -113,14 +114,28 @@ def main(argv: list[str] | None = None) -> int:
         print(row(f"path_patch all head sources, {comp} (vs direct_path_all_sources)", t_ours, t_tl, 5))
     from probes.circuits import circuit, faithfulness_curve
 
-    if not args.only_ablation:
-        a = attribute(model, clean, corrupt, metric=fn, granularity="edge")
-        c = circuit(a, top_n=30, select="top")
-        t_ours, ours = timed(lambda: faithfulness_curve(model, c, clean, corrupt, sizes=[30], metric=fn), args.repeats)
-        edges = tl_edges(c, clean.shape[1], model.cfg.n_layers)
-        t_tl, tl = timed(lambda: ap.faithfulness(model, clean, corrupt, tl_metric, edges), 1)
-        assert abs(ours["recovered"][0] - tl.recovered) < 1e-4, (ours["recovered"][0], tl.recovered)
-        print(row("faithfulness_curve, 30 edges (vs faithfulness)", t_ours, t_tl, 5))
+    if not args.only_ablation:  # TransformerLens' faithfulness measures one pair at a time: its loop over the pairs
+        from probes.circuits.scores import span_ids
+
+        ids = span_ids(task.spans(pairs.clean), None, clean.shape, "benchmark")[0]
+        a = attribute(model, clean, corrupt, metric=fn, granularity="edge", spans=ids, span_names=task.span_names)
+        for label, c in (("30 edges", circuit(a, top_n=30, select="top")),
+                         ("150 edges at spans", circuit(a, top_n=150, positional=True))):  # fmt: skip
+            sp = ids if c.positional else None
+            t_ours, ours = timed(lambda c=c, sp=sp: faithfulness_curve(model, c, clean, corrupt, sizes=[len(c.edges)], metric=fn,
+                                                                       spans=sp), args.repeats)  # fmt: skip
+
+            def tl_loop(c=c):
+                n_layers = model.cfg.n_layers
+                return [ap.faithfulness(model, clean[i : i + 1], corrupt[i : i + 1], tl_metric,
+                                        tl_edges(c, clean.shape[1], n_layers, ids[i] if c.positional else None))
+                        for i in range(len(clean))]  # fmt: skip
+
+            t_tl, tl = timed(tl_loop, 1)
+            for i, r in enumerate(tl):  # the same numbers, pair by pair
+                got = (ours["per_example"][0, i] - r.corrupt_metric) / (r.full_metric - r.corrupt_metric)
+                assert abs(got - r.recovered) <= 1e-4 * max(1.0, abs(r.recovered)), (label, i, got, r.recovered)
+            print(row(f"faithfulness_curve, {label}, {len(clean)} pairs (vs faithfulness, pair by pair)", t_ours, t_tl))
     if args.only_faithfulness:
         return 0
     test = task.sample(1000, seed=3)
@@ -139,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def tl_edges(c, n_pos: int, n_layers: int) -> list:
-    """The circuit's edges as TransformerLens ``Node`` pairs, at every position."""
+def tl_edges(c, n_pos: int, n_layers: int, spans=None) -> list:
+    """The circuit's edges as TransformerLens ``Node`` pairs: at every position, or, for a
+    position-aware circuit, at the positions of one example (``spans``: its span ids) in each
+    unit's span."""
 
     def node(name: str, pos: int, reader: bool) -> ap.Node:
         if name == "embed":
@@ -153,7 +170,10 @@ def tl_edges(c, n_pos: int, n_layers: int) -> list:
         layer, h = (int(x) for x in head[1:].split("H"))
         return ap.Node(kind=f"{comp}_input" if reader else "attn_head_out", position=pos, layer=layer, head=h)
 
-    return [(node(w, p, False), node(r, p, True)) for w, r in c.edges for p in range(n_pos)]
+    def at(i: int) -> range | list[int]:
+        return range(n_pos) if spans is None else [p for p in range(n_pos) if c.span_names.index(c.spans[i]) == int(spans[p])]
+
+    return [(node(w, p, False), node(r, p, True)) for i, (w, r) in enumerate(c.edges) for p in at(i)]
 
 
 def _paper(n: int):
