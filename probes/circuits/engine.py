@@ -214,16 +214,19 @@ def reader_hooks(graph: Graph) -> list[str]:
     return names
 
 
+def writer_term(model, name: str, act: Tensor) -> Tensor:
+    """The residual terms ``[batch, pos, writers, d_model]`` of one writer hook's writers, from its
+    activation: ``z_h W_O[h]`` per head at ``attn.hook_z``, the value itself at ``hook_embed`` or
+    ``hook_mlp_out`` (one writer)."""
+    if name.endswith("attn.hook_z"):
+        return torch.einsum("bphd,hdm->bphm", act, model.blocks[int(name.split(".")[1])].attn.W_O)
+    return act[:, :, None]
+
+
 def contributions(model, graph: Graph, acts: dict[str, Tensor], n_writers: int | None = None) -> Tensor:
     """The residual terms of the first ``n_writers`` writers, ``[batch, pos, writers, d_model]``,
-    from activations at :func:`writer_hooks` (a head's term is ``z_h W_O[h]``)."""
-    parts = [acts["hook_embed"][:, :, None]]
-    for layer in range(graph.n_layers):
-        W_O = model.blocks[layer].attn.W_O
-        parts.append(torch.einsum("bphd,hdm->bphm", acts[f"blocks.{layer}.attn.hook_z"], W_O))
-        if graph.has_mlp:
-            parts.append(acts[f"blocks.{layer}.hook_mlp_out"][:, :, None])
-    out = torch.cat(parts, dim=2)
+    from activations at :func:`writer_hooks` (see :func:`writer_term`)."""
+    out = torch.cat([writer_term(model, name, acts[name]) for name in writer_hooks(graph)], dim=2)
     return out if n_writers is None else out[:, :, :n_writers]
 
 

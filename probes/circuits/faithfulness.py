@@ -33,6 +33,7 @@ from probes.circuits.engine import (
     position_means,
     resolve,
     writer_hooks,
+    writer_term,
 )
 from probes.circuits.graph import Graph, build_graph
 from probes.circuits.scores import Attribution, span_ids
@@ -93,12 +94,7 @@ def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn
     def diff(name: str, c0: int, n: int) -> Tensor:
         """Replacement minus live term of one hook's writers, ``[k, b, P, n, d]``."""
         if name not in diffs:
-            x = live[name]
-            if name.endswith("hook_z"):
-                x = torch.einsum("bphd,hdm->bphm", x, model.blocks[int(name.split(".")[1])].attn.W_O)
-            else:
-                x = x[:, :, None]
-            diffs[name] = repl[:, :, c0 : c0 + n] - x.reshape(k, b, P, n, d)
+            diffs[name] = repl[:, :, c0 : c0 + n] - writer_term(model, name, live[name]).reshape(k, b, P, n, d)
         return diffs[name]
 
     def upto(w: int) -> Tensor:
