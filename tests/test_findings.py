@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pe_interp.cli import main
-from pe_interp.report.findings import condition_rows, model_rows, update_readme
+from pe_interp.report.findings import condition_rows, model_rows, update_readme, verdict
 from pe_interp.sweep import load_grid, run_sweep
 from pe_interp.sweep.findings import (
     FINDING_KEYS,
@@ -132,6 +132,13 @@ def test_rates_and_criteria_on_known_grids():
     assert (base.n, base.k_single, base.k_concentration) == (3, 1, 2)
     assert base.single_ci == pytest.approx((0.0615, 0.7923), abs=1e-4)  # Wilson, 1 of 3
     assert base.median_top_drop == pytest.approx(0.25) and (x.n, x.k_single) == (1, 0)
+    # the criterion's halves, alone: only `single` has a 50-point head; `single` and `spread` keep
+    # every other head within 5 points, `concentrated` does not (its L3H1 costs 8)
+    assert [(m.top_large, m.others_small) for m in models] == [(True, True), (False, False), (False, True), (False, True)]
+    text = verdict([base, x], models)
+    assert text.startswith("Single-head deposit in 1 of 4 models (Wilson 95% interval 5–70%), in: base.")
+    assert ("a head costing ≥ 50 points in 1 of 4 (the largest single-head drop: L0H5 62.0 points, base seed 0); "
+            "every other head within 5 points in 3 of 4.") in text
 
 
 def test_readme_needs_its_markers(tmp_path):

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_text(out / "STUDY.md", f"# The deposit study: {src.name}\n\n{table}"
                       + ("\n![layer 0 over training](dynamics.png)\n" if fig else ""))
     atomic_write_text(out / "study.json", to_json(conds, models))
-    print(verdict(conds))
+    print(verdict(conds, models))
     print(f"wrote {out / 'STUDY.md'}, {out / 'study.json'}" + (f" and {fig}" if fig else ""))
     if args.readme:
         short = table.split("\n\nPer model:")[0]

@@ -29,7 +29,7 @@ import numpy as np
 
 from pe_interp.report.figures import new_figure, save_png
 from pe_interp.sweep.findings import ablation_of, layer_ablation_of
-from probes.deposit import dominance, layer_stats
+from probes.deposit import LARGE_DROP, SMALL_DROP, dominance, layer_stats
 from probes.metrics import wilson
 
 __all__ = ["ConditionRow", "ModelRow", "condition_rows", "markdown", "model_rows", "study_dynamics_figure",
@@ -55,6 +55,8 @@ class ModelRow:
     l0_share: float
     layer0_drop: float | None  # all 16 heads of layer 0 ablated together
     single: bool
+    top_large: bool  # the criterion's first half: the top head costs >= 50 points
+    others_small: bool  # its second half: every other head within 5 points, either way
     l0_concentration: bool
     peak_l0_drop: float | None  # the largest layer-0 top-head drop seen during training
     peak_step: int | None
@@ -103,7 +105,7 @@ def model_rows(findings: list[dict[str, Any]]) -> list[ModelRow]:
             top_ci=(float(a.ci_low[d.layer, d.head]), float(a.ci_high[d.layer, d.head])), runner_up=d.runner_up,
             share_of_model=d.share, share_of_layer=share_layer, l0_top=f"L0H{l0.top_head}", l0_top_drop=l0.top_drop,
             l0_share=l0.share, layer0_drop=None if layers is None else float(layers.drops[0]),
-            single=d.single, l0_concentration=l0.is_deposit, peak_l0_drop=peak[0], peak_step=peak[1],
+            single=d.single, top_large=d.top_large, others_small=d.others_small, l0_concentration=l0.is_deposit, peak_l0_drop=peak[0], peak_step=peak[1],
             wall_s=sum((f.get("seconds") or {}).values()) or None, native_bf16=machine.get("cpu_bf16"),
         ))
     return rows
@@ -151,7 +153,9 @@ def _rate(k: int, n: int, ci: tuple[float, float]) -> str:
     return f"{k} of {n} [{_pct(ci[0], 0)}, {_pct(ci[1], 0)}]%"
 
 
-def verdict(conds: list[ConditionRow]) -> str:
+def verdict(conds: list[ConditionRow], models: list[ModelRow] | None = None) -> str:
+    """The study's rates in one paragraph; with the models, also how often each half of the
+    single-head criterion holds on its own (which half a null fails on)."""
     n = sum(c.n for c in conds)
     k = sum(c.k_single for c in conds)
     where = [c.condition for c in conds if c.k_single]
@@ -160,6 +164,12 @@ def verdict(conds: list[ConditionRow]) -> str:
     text = (f"Single-head deposit in {k} of {n} models (Wilson 95% interval {_pct(lo, 0)}–{_pct(hi, 0)}%)"
             + (f", in: {', '.join(where)}." if where else ", in no condition.")
             + f" Layer-0 concentration (the looser criterion) in {kc} of {n}.")
+    if models:
+        big = max(models, key=lambda m: m.top_drop)
+        text += (f" The criterion's two halves alone: a head costing ≥ {LARGE_DROP * 100:.0f} points in "
+                 f"{sum(m.top_large for m in models)} of {len(models)} (the largest single-head drop: {big.top} "
+                 f"{_pct(big.top_drop)} points, {big.condition} seed {big.seed}); every other head within "
+                 f"{SMALL_DROP * 100:.0f} points in {sum(m.others_small for m in models)} of {len(models)}.")
     return text
 
 
@@ -176,7 +186,7 @@ def markdown(conds: list[ConditionRow], models: list[ModelRow]) -> str:
                      f"{_rate(c.k_single, c.n, c.single_ci)} | {_rate(c.k_concentration, c.n, c.concentration_ci)} | "
                      f"{_pct(c.median_top_drop)} | {_pct(c.median_share_of_model, 0)} / {_pct(c.median_share_of_layer, 0)} | "
                      f"{_pct(c.median_layer0_drop)} | {', '.join(c.tops)} |")
-    lines += ["", verdict(conds), "", "Per model:", "",
+    lines += ["", verdict(conds, models), "", "Per model:", "",
               "| condition | seed | acc % | steps | top head | drop [95% CI] (pts) | runner-up | share of model / layer % | "
               "layer-0 top (pts, share %) | all of layer 0 (pts) | peak layer-0 top in training (pts @ step) | "
               "single | L0 conc. | wall (min) |",
@@ -245,4 +255,4 @@ def update_readme(readme: str | Path, name: str, block: str) -> bool:
 
 def to_json(conds: list[ConditionRow], models: list[ModelRow]) -> str:
     return json.dumps({"conditions": [asdict(c) for c in conds], "models": [asdict(m) for m in models],
-                       "verdict": verdict(conds)}, indent=1, default=float)
+                       "verdict": verdict(conds, models)}, indent=1, default=float)
