@@ -105,7 +105,8 @@ def model_rows(findings: list[dict[str, Any]]) -> list[ModelRow]:
             top_ci=(float(a.ci_low[d.layer, d.head]), float(a.ci_high[d.layer, d.head])), runner_up=d.runner_up,
             share_of_model=d.share, share_of_layer=share_layer, l0_top=f"L0H{l0.top_head}", l0_top_drop=l0.top_drop,
             l0_share=l0.share, layer0_drop=None if layers is None else float(layers.drops[0]),
-            single=d.single, top_large=d.top_large, others_small=d.others_small, l0_concentration=l0.is_deposit, peak_l0_drop=peak[0], peak_step=peak[1],
+            single=d.single, top_large=d.top_large, others_small=d.others_small, l0_concentration=l0.is_deposit,
+            peak_l0_drop=peak[0], peak_step=peak[1],
             wall_s=sum((f.get("seconds") or {}).values()) or None, native_bf16=machine.get("cpu_bf16"),
         ))
     return rows
