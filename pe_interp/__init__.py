@@ -7,6 +7,7 @@ from pe_interp.checkpoint import Run, load_run
 from pe_interp.config import ModelConfig, TrainConfig
 from pe_interp.encodings import EncodingSpec, available_encodings, register_encoding
 from pe_interp.model import HookedPETransformer
+from pe_interp.snapshots import snapshot_steps
 from pe_interp.training import Trainer, evaluate
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "__version__",
     "available_encodings",
     "register_encoding",
+    "snapshot_steps",
 ]

@@ -41,6 +41,7 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 TRAIN_STATE = "train_state.safetensors"
 METRICS = "metrics.jsonl"
+STEPS_DIR = "steps"  # results of a snapshot's weights: steps/<S>/ablation.json, ...
 EVAL_SETS = ("test", "all")
 # The top-level keys of config.json: the three configs and the package version, then what
 # ``pe_interp.train`` records (the preset, the authors' switch, and the command line that made the
@@ -59,6 +60,7 @@ __all__ = [
     "CURRENT",
     "METRICS",
     "RUN_FILES",
+    "STEPS_DIR",
     "STALE",
     "UNRECORDED",
     "WEIGHTS_KEY",
@@ -77,6 +79,7 @@ __all__ = [
     "read_json",
     "read_jsonl",
     "save_result",
+    "split_step",
     "truncate_jsonl",
     "weights_provenance",
     "weights_status",
@@ -166,6 +169,19 @@ class Run:
     config: dict[str, Any]
     # the weights loaded, {"sha256": ..., "step": ...}: what probe results record (save_result)
     provenance: dict[str, Any] | None = None
+    # the snapshot loaded (load_run(..., step=S), RUN@S), None for the run's final weights
+    at_step: int | None = None
+
+    @property
+    def result_dir(self) -> Path:
+        """Where probes of these weights write: the run directory, or ``steps/<S>/`` in it for a
+        snapshot, so that a result of a past step never overwrites or stands in for the final one."""
+        return self.run_dir if self.at_step is None else self.run_dir / STEPS_DIR / str(self.at_step)
+
+    @property
+    def name(self) -> str:
+        """``RUN`` or ``RUN@S``: how commands name these weights."""
+        return str(self.run_dir) if self.at_step is None else f"{self.run_dir}@{self.at_step}"
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.model, self.task))
@@ -201,13 +217,32 @@ def _splits(task: Any, n_train: int, n_test: int, seed: int):
     return task.splits(n_train, n_test, seed=seed)
 
 
-def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
-    """Load a run directory written by :func:`pe_interp.train`: the model (eval mode) and task."""
+def split_step(run: str | Path) -> tuple[Path, int | None]:
+    """``"RUN@S"`` -> ``(RUN, S)``; a path that exists as written, or has no ``@<int>`` tail, is
+    ``(path, None)``."""
+    text = str(run)
+    head, sep, tail = text.rpartition("@")
+    if not sep or Path(text).exists():
+        return Path(text), None
+    if not tail.isdigit():
+        raise CheckpointError(f"{text}: a step after '@' must be a whole number (RUN@S, e.g. runs/r0@48), got {tail!r}")
+    return Path(head), int(tail)
+
+
+def load_run(run_dir: str | Path, device: str = "cpu", step: int | None = None) -> Run:
+    """Load a run directory written by :func:`pe_interp.train`: the model (eval mode) and task.
+    ``step`` (or ``"RUN@S"``) loads the snapshot of that step (``TrainConfig.snapshots``)."""
     from pe_interp.config import ModelConfig, TrainConfig, check_device
     from pe_interp.model import HookedPETransformer
+    from pe_interp.snapshots import SnapshotError, load_snapshot, snapshot_path
     from pe_interp.tasks import task_from_dict
 
-    run_dir = Path(run_dir)
+    run_dir, at = split_step(run_dir)
+    if step is not None and at is not None and step != at:
+        raise CheckpointError(f"{run_dir}@{at}: asked for step {step} too; give the step once")
+    step = at if step is None else step
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise CheckpointError(f"step must be a whole number >= 0, got {step!r}")
     check_device(device)
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: run directory not found" if not run_dir.exists()
@@ -232,10 +267,17 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
         raise CheckpointError(f"{run_dir / CONFIG}: invalid config ({err})") from None
     model = HookedPETransformer(model_cfg)
     path = run_dir / WEIGHTS
-    if not path.is_file():
+    if step is not None:
+        path = snapshot_path(run_dir, step)
+        try:
+            data, provenance = load_snapshot(run_dir, step)
+        except SnapshotError as err:
+            raise CheckpointError(str(err)) from None
+    elif not path.is_file():
         raise CheckpointError(f"{path}: file not found")
-    data = path.read_bytes()  # hashed and loaded from the same bytes: the provenance is exact
-    provenance = _provenance(path, data)
+    else:
+        data = path.read_bytes()  # hashed and loaded from the same bytes: the provenance is exact
+        provenance = _provenance(path, data)
     try:
         state = load_bytes(data)
     except (SafetensorError, ValueError, RuntimeError) as err:
@@ -244,7 +286,7 @@ def load_run(run_dir: str | Path, device: str = "cpu") -> Run:
     check_state_dict(path, state, model.state_dict())
     model.load_state_dict(state)
     model.to(device).eval()
-    return Run(run_dir, model, task, train_cfg, config, provenance)
+    return Run(run_dir, model, task, train_cfg, config, provenance, step)
 
 
 # ---- which weights a result came from -------------------------------------------------------------
@@ -293,16 +335,24 @@ def save_result(path: str | Path, result: Any, weights: dict[str, Any] | None, *
     return atomic_write_json(path, data, indent=indent, sort_keys=False)
 
 
-def weights_status(run_dir: str | Path, result: Any) -> tuple[str, str]:
+def weights_status(run_dir: str | Path, result: Any, step: int | None = None) -> tuple[str, str]:
     """The one check of a stored probe result against its run: ``(CURRENT, "")`` when the
     result records the run's weights now, ``(STALE, why)`` when it records other weights,
     ``(UNRECORDED, why)`` when it records none (written before results did). ``result`` is the
-    stored dict or the path of its JSON file."""
+    stored dict or the path of its JSON file; ``step``: against that snapshot's weights (a result
+    of ``RUN@S``, kept in ``steps/S/``)."""
     if isinstance(result, str | os.PathLike):
         result = read_json(Path(result))
     rec = result.get(WEIGHTS_KEY) if isinstance(result, dict) else None
     if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str):
         return UNRECORDED, "records no weights (written before results recorded them)"
+    if step is not None:
+        from pe_interp.snapshots import read_manifest
+
+        kept = {e["step"]: e["sha256"] for e in read_manifest(run_dir)}
+        if rec["sha256"] == kept.get(step):
+            return CURRENT, ""
+        return STALE, f"computed from other weights (sha256 {rec['sha256'][:12]}) than the snapshot of step {step}"
     now = weights_provenance(run_dir)
     if rec["sha256"] == now["sha256"]:
         return CURRENT, ""

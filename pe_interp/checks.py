@@ -16,6 +16,10 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "check_bool",
+    "check_choice",
+    "check_float",
+    "check_int",
     "TOKEN_DTYPES",
     "check_finite_weights",
     "check_labels",
@@ -107,3 +111,27 @@ def finite_number(value: Any) -> bool:
     """A real number (not bool) that is finite."""
     return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool) \
         and math.isfinite(float(value))
+
+
+# ---- config fields ------------------------------------------------------------------------------
+def check_int(owner: str, name: str, value: Any, low: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{owner}.{name} must be an integer >= {low}, got {value!r}")
+
+
+def check_float(owner: str, name: str, value: Any, low: float, high: float, high_open: bool = False) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    ok = ok and low <= value and (value < high if high_open else value <= high)
+    if not ok:
+        bracket = ")" if high_open else "]"
+        raise ValueError(f"{owner}.{name} must be a number in [{low}, {high}{bracket}, got {value!r}")
+
+
+def check_bool(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}.{name} must be True or False, got {value!r}")
+
+
+def check_choice(owner: str, name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"{owner}.{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")

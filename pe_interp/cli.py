@@ -17,6 +17,7 @@ from pe_interp.commands import (
     circuit,
     decompose,
     demo,
+    dynamics,
     generalize,
     patch,
     report,
@@ -25,6 +26,7 @@ from pe_interp.commands import (
     study,
     sweep,
     train,
+    validate,
 )
 
 # module -> the sub-commands it adds, in the order ``pe-interp --help`` lists them
@@ -36,11 +38,13 @@ COMMANDS = {
     patch: ("patch",),
     circuit: ("circuit",),
     decompose: ("decompose",),
+    dynamics: ("dynamics",),
     generalize: ("generalize",),
     report: ("report",),
     reproduce: ("reproduce",),
     sweep: ("sweep", "sweep-report"),
     study: ("study",),
+    validate: ("validate",),
 }
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from pe_interp.checks import check_bool, check_choice, check_float, check_int
 from pe_interp.encodings import EncodingSpec, combined_kind, get_encoding_class, parse_encoding
 
 ACT_FNS = ("relu", "gelu", "silu")
@@ -29,29 +30,6 @@ KV_EMBED_NO_EDGES = (
     "faithfulness would patch or score edges that do not exist (q direct paths and node "
     "attribution are available)"
 )
-
-
-def check_int(owner: str, name: str, value: Any, low: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{owner}.{name} must be an integer >= {low}, got {value!r}")
-
-
-def check_float(owner: str, name: str, value: Any, low: float, high: float, high_open: bool = False) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    ok = ok and low <= value and (value < high if high_open else value <= high)
-    if not ok:
-        bracket = ")" if high_open else "]"
-        raise ValueError(f"{owner}.{name} must be a number in [{low}, {high}{bracket}, got {value!r}")
-
-
-def check_bool(owner: str, name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{owner}.{name} must be True or False, got {value!r}")
-
-
-def check_choice(owner: str, name: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ValueError(f"{owner}.{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
 
 
 DEVICE_FORMS = "'cpu', 'cuda', 'cuda:N' or 'mps'"
@@ -147,6 +125,9 @@ class ModelConfig:
     attn_backend: str = "auto"
     encoding: Any = "rope"
     mask_padding: bool = True
+    # heads that write nothing by construction: W_V, b_V and W_O start at zero, where every
+    # gradient of theirs is zero too, so they stay zero through training (a planted model's part)
+    silent_heads: tuple[tuple[int, int], ...] = ()
     kv_source: str = "residual"
     pad_id: int = 0
     eps: float = 1e-5
@@ -194,6 +175,8 @@ class ModelConfig:
         check_float(own, "eps", self.eps, 0.0, 1.0)
         check_int(own, "seed", self.seed, low=0)
         check_int(own, "pad_id", self.pad_id, low=0)
+        object.__setattr__(self, "silent_heads", _head_pairs(own, "silent_heads", self.silent_heads, self.n_layers,
+                                                             self.n_heads))
         if self.pad_id >= self.d_vocab:
             raise ValueError(f"{own}.pad_id must be < d_vocab={self.d_vocab}, got {self.pad_id}")
         if not _device_syntax_ok(self.device):
@@ -263,6 +246,7 @@ class ModelConfig:
         skip = {"device", *RUNTIME_FLAGS}
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         out["encoding"] = [s.to_json() for s in self.encoding]
+        out["silent_heads"] = [list(p) for p in self.silent_heads]
         return out
 
     @classmethod
@@ -322,12 +306,14 @@ class TrainConfig:
     ignore_index: int | None = None  # a class left out of the loss and of accuracy
     lr_schedule: str = "warmup_cosine"
     stop_at_acc: float = 0.0  # stop once held-out accuracy reaches this; 0 = train to the end
+    snapshots: str = "none"  # "log": keep the weights at 0, 1, 2, 4, ..., every snapshot_every steps and the end
+    snapshot_every: int = 0  # steps between snapshots after the powers of two; 0 = once per epoch
 
     def __post_init__(self) -> None:
         own = "TrainConfig"
         for name in ("n_train", "n_test", "epochs", "batch_size", "eval_batch_size"):
             check_int(own, name, getattr(self, name))
-        for name in ("eval_every", "checkpoint_every", "seed"):
+        for name in ("eval_every", "checkpoint_every", "seed", "snapshot_every"):
             check_int(own, name, getattr(self, name), low=0)
         check_float(own, "lr", self.lr, 1e-9, 10.0)
         check_float(own, "weight_decay", self.weight_decay, 0.0, 10.0)
@@ -345,6 +331,7 @@ class TrainConfig:
         if self.ignore_index is not None:
             check_int(own, "ignore_index", self.ignore_index, low=0)
         check_choice(own, "lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        check_choice(own, "snapshots", self.snapshots, ("none", "log"))
 
     @property
     def steps_per_epoch(self) -> int:
@@ -353,6 +340,10 @@ class TrainConfig:
     @property
     def total_steps(self) -> int:
         return self.epochs * self.steps_per_epoch
+
+    @property
+    def snapshot_interval(self) -> int:
+        return self.snapshot_every or self.steps_per_epoch
 
     def lr_at(self, step: int) -> float:
         """Learning rate for optimizer step ``step`` (0-based): linear warm-up, then cosine."""
@@ -382,6 +373,20 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"TrainConfig: unknown field(s) {', '.join(unknown)}")
         return cls(**data)
+
+
+def _head_pairs(owner: str, name: str, value: Any, n_layers: int, n_heads: int) -> tuple[tuple[int, int], ...]:
+    """Distinct ``(layer, head)`` pairs of the model, sorted (also from JSON lists or "L:H" text)."""
+    try:
+        pairs = [tuple(int(x) for x in (p.split(":") if isinstance(p, str) else p)) for p in value]
+    except (TypeError, ValueError):
+        raise ValueError(f"{owner}.{name} must be (layer, head) pairs, e.g. [[0, 1], [1, 3]] or 0:1 1:3; got "
+                         f"{value!r}") from None
+    bad = [p for p in pairs if len(p) != 2 or not (0 <= p[0] < n_layers and 0 <= p[1] < n_heads)]
+    if bad or len(set(pairs)) != len(pairs):
+        what = f"{bad[0]} is not a head of {n_layers} layers x {n_heads} heads" if bad else "a head is repeated"
+        raise ValueError(f"{owner}.{name}: {what}")
+    return tuple(sorted(pairs))  # type: ignore[arg-type]
 
 
 def check_run_configs(model_cfg: ModelConfig, train_cfg: TrainConfig) -> None:

@@ -235,6 +235,11 @@ class HookedPETransformer(HookedRootModule):
                     bound = 1.0 / math.sqrt(self._fan_in(leaf))
                     p.copy_(torch.rand(p.shape, generator=gen) * (2 * bound) - bound)
         self.encoding.init_parameters(gen, std)
+        with torch.no_grad():
+            for layer, head in self.cfg.silent_heads:
+                attn = self.blocks[layer].attn
+                for p in (attn.W_V[head], attn.b_V[head], attn.W_O[head]):
+                    p.zero_()
 
     def _fan_in(self, leaf: str) -> int:
         """Input width of the projection a weight or bias belongs to (``init_mode="torch"``)."""

@@ -46,6 +46,7 @@ from pe_interp.config import ModelConfig, TrainConfig, check_device, check_run_c
 from pe_interp.io import dir_lock
 from pe_interp.model import HookedPETransformer
 from pe_interp.modes import eval_mode
+from pe_interp.snapshots import SnapshotWriter, snapshot_schedule
 from pe_interp.tasks import task_from_dict
 
 
@@ -157,6 +158,13 @@ class Trainer:
         # that the record after a resume covers the steps before the crash too.
         self.running = {"loss": 0.0, "correct": 0, "seen": 0}
         self.train, self.test = task.splits(train_cfg.n_train, train_cfg.n_test, seed=train_cfg.seed)
+        self.snapshots = None  # a SnapshotWriter when TrainConfig.snapshots keeps weights
+        if train_cfg.snapshots != "none":
+            if self.run_dir is None:
+                raise ValueError(f"TrainConfig.snapshots={train_cfg.snapshots!r} needs a run directory to keep them in "
+                                 "(run_dir=..., --out)")
+            steps = snapshot_schedule(train_cfg.total_steps, train_cfg.snapshot_interval, train_cfg.snapshots)
+            self.snapshots = SnapshotWriter(self.run_dir, steps)
 
     # ---- run directory -----------------------------------------------------------------------
     def config_record(self) -> dict[str, Any]:
@@ -304,6 +312,8 @@ class Trainer:
         run = self.running
         ignore = -100 if cfg.ignore_index is None else cfg.ignore_index
         t0 = time.time()
+        if self.snapshots is not None:
+            self.snapshots.start(self.step, model)
         try:
             while self.step < total and not self.stopped:
                 epoch, offset = divmod(self.step, cfg.steps_per_epoch)
@@ -358,6 +368,8 @@ class Trainer:
                         cb.on_eval(self, self.step, record)
                     if bar is not None:
                         bar.set_postfix(loss=f"{record['train_loss']:.3f}", test_acc=f"{record['test_acc']:.3f}")
+                if self.snapshots is not None:  # before the checkpoint: a resume never skips a snapshot
+                    self.snapshots.maybe_save(self.step, model, last=self.stopped)
                 if self.step % ckpt_every == 0 or self.step == total or self.stopped:
                     self.save_checkpoint()
                     last_good = self.step

@@ -4,7 +4,9 @@
   (:mod:`probes.ablation_sweep`), and the cheaper engines that end in exact ablation
   (:mod:`probes.engines`: ``engine="sampled"``, ``engine="attribution"``).
 - :mod:`probes.deposit`: the single-head deposit (``dominance``), layer concentration
-  (``find_concentrations``, also known as ``find_deposits``), and their dynamics during training.
+  (``find_concentrations``, also known as ``find_deposits``), the positional deposit
+  (``route_shares``, ``positional_dominance``: where position enters), verdicts decided on their
+  intervals, and their dynamics during training (``snapshot_dynamics``: every snapshot).
 - :mod:`probes.patching`: activation patching over heads, positions, q/k/v, pattern, residual.
 - :mod:`probes.decomposition`: attention-logit terms, Toeplitz score, positional score per head.
 - :mod:`probes.gradients`: gradient coherence per head at initialisation (the "seed").
@@ -46,10 +48,15 @@ from probes.deposit import (
     Dominance,
     LayerConcentration,
     LayerDeposit,
+    RouteShares,
+    SnapshotDynamics,
     dominance,
     find_concentrations,
     find_deposits,
     load_dynamics,
+    positional_dominance,
+    route_shares,
+    snapshot_dynamics,
 )
 from probes.generalization import Condition, GeneralizationResult, length_generalization, widened
 from probes.gradients import (
@@ -78,6 +85,11 @@ __all__ = [
     "Dominance",
     "LayerConcentration",
     "LayerDeposit",
+    "RouteShares",
+    "SnapshotDynamics",
+    "positional_dominance",
+    "route_shares",
+    "snapshot_dynamics",
     "LogitTerms",
     "PatchResult",
     "PathPatch",

@@ -158,3 +158,39 @@ def plot_dynamics(
 
 
 __all__ = ["plot_drop_heatmap", "plot_dynamics", "plot_layer_lines"]
+
+
+def plot_snapshot_dynamics(result: Any, path: str | os.PathLike[str] | None = None) -> Figure:
+    """A run's deposit over training (:class:`probes.deposit.trajectory.SnapshotDynamics`): every
+    head's drop at every snapshot (heads x steps), the top head, the runner-up and each layer's
+    summed drop over steps, and the steps where a criterion holds (marked above)."""
+    records = result.records
+    steps = [r["step"] for r in records]
+    drops = np.array([np.asarray(r["drops"], dtype=float) for r in records])  # [step, layer, head]
+    n_layers, n_heads = drops.shape[1:]
+    flat = drops.reshape(len(steps), -1)
+    fig = _figure((11, 6.5))
+    heat, lines = fig.subplots(2, 1, height_ratios=[3, 2], sharex=True)
+    im = heat.imshow(100 * flat.T, aspect="auto", cmap="magma", vmin=0, vmax=max(1.0, 100 * np.nanmax(flat)),
+                     interpolation="nearest")
+    heat.set_yticks([layer * n_heads for layer in range(n_layers)], [f"L{layer}H0" for layer in range(n_layers)])
+    heat.set_ylabel("head")
+    fig.colorbar(im, ax=heat, label="drop when zero-ablated (points)")
+    x = np.arange(len(steps))
+    order = np.sort(flat, axis=1)
+    lines.plot(x, 100 * order[:, -1], color="C3", lw=2, label="top head")
+    lines.plot(x, 100 * order[:, -2], color="C3", ls="--", label="runner-up")
+    for layer in range(n_layers):
+        lines.plot(x, 100 * np.clip(drops[:, layer], 0, None).sum(1), lw=0.8, alpha=0.7, label=f"layer {layer} (sum)")
+    lines.axhline(50, color="grey", lw=0.6, ls=":")
+    marks = {"single_head": ("single-head deposit", "C3", 1.0), "layer0": ("layer-0 concentration", "C0", 0.9),
+             "positional": ("positional deposit", "C2", 0.8)}
+    for name, (label, color, y) in marks.items():
+        held = [i for i, r in enumerate(records) if r["verdicts"].get(name, {}).get("verdict") == "yes"]
+        if held:
+            lines.scatter(held, [lines.get_ylim()[1] * y] * len(held), marker="v", color=color, label=f"{label} holds")
+    lines.set_xticks(x, [str(s) for s in steps], rotation=90, fontsize=7)
+    lines.set_xlabel("training step (snapshot)")
+    lines.set_ylabel("drop (points)")
+    lines.legend(fontsize=7, ncol=3, loc="upper right")
+    return _save(fig, path)

@@ -194,6 +194,7 @@ INVALID = {
     "use_attn_in": bad_bool(),
     "use_hook_mlp_in": bad_bool(),
     "eps": bad_float(0.0, 1.0, high_open=False),
+    "silent_heads": st.one_of(st.integers(), st.sampled_from([[(99, 0)], [(0, 0), (0, 0)], ["a:b"], [(0,)], [(0, -1)]])),
     "device": st.one_of(
         st.text(max_size=6).filter(lambda s: s.split(":")[0] not in ("cpu", "cuda", "mps")),
         st.integers(),
@@ -298,7 +299,7 @@ def test_bad_encoding_parameters(name, data):
 @given(param=st.text(min_size=1, max_size=12))
 def test_unknown_encoding_parameter(name, param):
     from pe_interp.encodings import get_encoding_class
-    from pe_interp.encodings.base import _hyperparameters
+    from pe_interp.encodings.spec import _hyperparameters
 
     if param in _hyperparameters(get_encoding_class(name)):
         return

@@ -16,7 +16,7 @@ from transformer_lens import patching as tlp
 
 from pe_interp import HookedPETransformer, ModelConfig, register_encoding
 from pe_interp.encodings import Encoding, HeadAxes, RotarySpan
-from pe_interp.encodings.base import _REGISTRY
+from pe_interp.encodings.spec import _REGISTRY
 from pe_interp.kernels.rope import apply_rope, rope_angles, rope_frequencies
 from probes import (
     ablate_heads,

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         check_threshold(args.min_drop, "--min-drop")
     check_fraction(args.min_share, "--min-share")  # what find_deposits takes, checked before the sweep
     with writing_run(run_dir, device=device_arg(args.device)) as loaded:
-        return _ablate(args, run_dir, loaded)
+        return _ablate(args, loaded.result_dir, loaded)
 
 
 def _ablate(args: argparse.Namespace, run_dir: Path, loaded) -> int:
@@ -87,7 +87,7 @@ def _ablate(args: argparse.Namespace, run_dir: Path, loaded) -> int:
         plot_drop_heatmap(result, fig_dir / "ablation_heatmap.png", deposits=report.deposits)
         plot_layer_lines(result, fig_dir / "ablation_layers.png")
     where = "held-out" if args.on == "test" else "train + held-out"
-    print(f"{run_dir}: {result.n_examples} {where} examples, {model.cfg.encoding_name}, {elapsed:.1f} s")
+    print(f"{loaded.name}: {result.n_examples} {where} examples, {model.cfg.encoding_name}, {elapsed:.1f} s")
     print(report.summary())
     if result.is_grid and not np.isnan(result.drops).any() and result.metric == "accuracy":
         print(f"single-head deposit: {dominance(result).text()}")

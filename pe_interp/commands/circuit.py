@@ -76,11 +76,11 @@ def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
     from pe_interp.checkpoint import STALE, weights_status
     from probes import AblationResult, ablate_heads, dominance, find_deposits
 
-    path = Path(run.run_dir) / "ablation.json"
+    path = Path(run.result_dir) / "ablation.json"
     if path.is_file():
-        status, why = weights_status(run.run_dir, path)
+        status, why = weights_status(run.run_dir, path, run.at_step)
         if status == STALE:  # its top head would be another model's
-            raise ValueError(f"{path}: {why}; rerun `pe-interp ablate {run.run_dir}` (or remove the file) first")
+            raise ValueError(f"{path}: {why}; rerun `pe-interp ablate {run.name}` (or remove the file) first")
         result = AblationResult.load(path)
         d = dominance(result)
         if d.single:
@@ -214,11 +214,11 @@ def _circuit(args: argparse.Namespace, loaded) -> int:
                            method=args.method, n=args.n, metric=args.metric, seed=args.seed, faithful=args.faithful,
                            positional=not args.whole_edges, select=args.select, sparsity=args.sparsity,
                            budget=args.budget)  # fmt: skip
-    out = Path(args.out or args.run_dir)
+    out = Path(args.out) if args.out else loaded.result_dir
     save_result(out / "circuit.json", c, loaded.provenance)
     title = f"{c.meta['encoding']}: circuit ({c.method}, ranked by the {args.counterfactual} family)"
     atomic_write_text(out / "circuit.html", circuit_page(c, title=title, body=body_html(c), highlight=c.meta["top_head"]))
-    print(f"{args.run_dir}: {circuit_summary(c)}; top head {c.meta['top_head']}, {time.perf_counter() - t0:.1f} s")
+    print(f"{loaded.name}: {circuit_summary(c)}; top head {c.meta['top_head']}, {time.perf_counter() - t0:.1f} s")
     if c.positional:
         print(f"  kept per span: {span_counts(c)}")
     share = c.share()

@@ -103,10 +103,10 @@ def _decompose(args: argparse.Namespace, loaded) -> int:
     data = loaded.test_set(max(args.n, args.example + 1))
     t0 = time.perf_counter()
     terms, scores, written = decompose_run(
-        loaded.model, data, args.run_dir, layer=args.layer, head=args.head, example=args.example,
+        loaded.model, data, loaded.result_dir, layer=args.layer, head=args.head, example=args.example,
         task=loaded.task, figures=not args.no_figures, weights=loaded.provenance,
     )  # fmt: skip
-    print(f"{args.run_dir}: L{terms.layer}H{terms.head} on example {terms.example}, {time.perf_counter() - t0:.1f} s")
+    print(f"{loaded.name}: L{terms.layer}H{terms.head} on example {terms.example}, {time.perf_counter() - t0:.1f} s")
     print(f"  terms sum to the logits within {terms.check():.2e}")
     for name, share in terms.variance_shares().items():
         print(f"  {name:<20} variance share {share:6.3f}")

@@ -43,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--extras must be positive integers, got {' '.join(map(str, args.extras))}")
     if args.seed is not None and args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
-    out = Path(args.out) if args.out is not None else Path(args.run_dir) / "generalization.json"
+    from pe_interp.checkpoint import STEPS_DIR, split_step
+
+    run_dir, step = split_step(args.run_dir)
+    at = run_dir if step is None else run_dir / STEPS_DIR / str(step)  # RUN@S: the step's results
+    out = Path(args.out) if args.out is not None else at / "generalization.json"
     if out.is_dir():
         raise ValueError(f"--out {out}: is a directory; give a file name")
     lock = None if args.out is None else str(out.parent)  # --out elsewhere: its directory is the one written

@@ -76,6 +76,7 @@ HELP: dict[str, str] = {
     "mask_padding": "mask pad tokens out of attention and pooling (the authors': --no-mask-padding)",
     "kv_source": "keys/values from the residual stream, or from the input embeddings (the authors')",
     "pad_id": "the pad token id",
+    "silent_heads": "heads that write nothing by construction (W_V, b_V, W_O zero: a fixed point of training), as L:H",
     "eps": "norm epsilon",
     # TrainConfig
     "n_train": "training examples",
@@ -94,6 +95,9 @@ HELP: dict[str, str] = {
     "amp": "bfloat16 autocast where it pays (CUDA)",
     "ignore_index": "a class left out of the loss and accuracy (none: count every class)",
     "lr_schedule": "warmup_cosine, or the authors' LambdaLR",
+    "stop_at_acc": "stop once held-out accuracy reaches this (0: train to the end)",
+    "snapshots": "log: keep the weights at steps 0, 1, 2, 4, ..., every --snapshot-every steps and the end",
+    "snapshot_every": "steps between snapshots after the powers of two (0: once per epoch)",
     # tasks
     "max_between": "largest number of tokens between the two triggers",
     "max_side": "largest number of tokens on each side of the triggers (task 1), before the marker (task 3)",
@@ -130,6 +134,8 @@ def _add(group, name: str, annotation: str, default: Any, help_text: str) -> Non
     flag = flag_name(name)
     if base == "bool":
         group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=full)
+    elif base.startswith("tuple[tuple[int"):
+        group.add_argument(flag, dest=name, nargs="*", metavar="L:H", default=argparse.SUPPRESS, help=full)
     elif base.startswith("tuple[float"):
         group.add_argument(flag, dest=name, type=float, nargs=2, metavar=("B1", "B2"), default=argparse.SUPPRESS, help=full)
     else:
@@ -237,14 +243,16 @@ def out_dir_arg(value: str | None, flag: str = "--out") -> str | None:
 @contextmanager
 def writing_run(run_dir: str, device: str = "cpu", out: str | None = None) -> Iterator[Any]:
     """The loaded run (:func:`~pe_interp.checkpoint.load_run`: a one-line error for a missing or
-    broken run directory) with the directory the command writes into locked (the run's, or
-    ``out``): not while the run trains, nor while another command writes there (a one-line
-    error instead)."""
+    broken run directory; ``RUN@S`` loads the snapshot of step S, whose results go to
+    ``loaded.result_dir``, ``RUN/steps/S/``) with the directory the command writes into locked
+    (the run's, or ``out``): not while the run trains, nor while another command writes there (a
+    one-line error instead)."""
     from pe_interp.checkpoint import load_run
     from pe_interp.io import dir_lock
 
     loaded = load_run(run_dir, device=device)
     with dir_lock(out or loaded.run_dir, "run directory" if out is None else "output directory"):
+        loaded.result_dir.mkdir(parents=True, exist_ok=True)  # RUN@S: the step's own steps/S/
         yield loaded
 
 

@@ -138,13 +138,13 @@ def run(args: argparse.Namespace) -> int:
 def _patch(args: argparse.Namespace, loaded) -> int:
     t0 = time.perf_counter()
     result, written = patch_run(
-        loaded.model, loaded.task, args.run_dir, site=args.site, by_position=args.by_position,
+        loaded.model, loaded.task, loaded.result_dir, site=args.site, by_position=args.by_position,
         direction=args.direction, n=args.n, seed=args.seed, layers=args.layers, batch_size=args.batch_size,
         n_bootstrap=args.n_bootstrap, example=args.example, figures=not args.no_figures, weights=loaded.provenance,
     )  # fmt: skip
     elapsed = time.perf_counter() - t0
     print(
-        f"{args.run_dir}: patched {result.site} ({'by position' if result.by_position else 'all positions'}, "
+        f"{loaded.name}: patched {result.site} ({'by position' if result.by_position else 'all positions'}, "
         f"{result.direction}) on {result.n_examples} pairs, grid {list(result.shape)}, {elapsed:.1f} s"
     )
     z = result.extra.get("denominator_z")

@@ -33,10 +33,13 @@ def link_dirs(values: list[str] | None) -> dict[str, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pe_interp.checkpoint import split_step
     from pe_interp.io import read_json
 
-    path = Path(args.dir)
+    path, step = split_step(args.dir)
     linked = link_dirs(args.link_with)
+    if step is not None and not (path / "config.json").is_file():
+        raise ValueError(f"{args.dir}: RUN@STEP needs a run directory (config.json) before the '@'")
     if (path / "grid.json").is_file():
         from pe_interp.report import write_report
 
@@ -50,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
         from pe_interp.checkpoint import load_run
         from pe_interp.report.run import write_run_report
 
-        load_run(path)  # a one-line error for a broken run directory
-        print(f"wrote {write_run_report(path)}")
+        load_run(path, step=step)  # a one-line error for a broken run directory or a step it did not keep
+        print(f"wrote {write_run_report(path, step)}")
     elif not path.exists():
         raise ValueError(f"{path}: no such directory")
     else:

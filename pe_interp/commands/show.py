@@ -1,5 +1,6 @@
 """``pe-interp show RUN_DIR``: a run's config, accuracy, single-head deposit verdict, layer
-concentration and files, as text."""
+concentration, files, and the snapshots it kept with the results each step has, as text.
+``pe-interp show RUN_DIR@S`` shows the results of the snapshot of step S (``steps/S/``)."""
 
 from __future__ import annotations
 
@@ -20,13 +21,13 @@ def _pct(x) -> str:
     return "—" if not isinstance(x, int | float) or math.isnan(x) else f"{100 * x:.1f}%"
 
 
-def _status(run_dir: Path, path: Path) -> tuple[str, str]:
+def _status(run_dir: Path, path: Path, step: int | None = None) -> tuple[str, str]:
     """A result file's :func:`~pe_interp.checkpoint.weights_status`; ("unreadable", why) for a
     file that is not JSON (show lists it, it does not stop)."""
     from pe_interp.checkpoint import weights_status
 
     try:
-        return weights_status(run_dir, path)
+        return weights_status(run_dir, path, step)
     except ValueError as err:
         return "unreadable", str(err)
 
@@ -37,11 +38,11 @@ def run(args: argparse.Namespace) -> int:
     from pe_interp.checkpoint import STALE, UNRECORDED, load_run
     from probes import AblationResult, DepositReport, dominance
 
-    run_dir = Path(args.run_dir)
-    loaded = load_run(run_dir)  # validates config and weights: a one-line error otherwise
+    loaded = load_run(args.run_dir)  # validates config and weights (RUN@S: that snapshot's); one line otherwise
+    run_dir, results, step = loaded.run_dir, loaded.result_dir, loaded.at_step
     cfg, task, train = loaded.model.cfg, loaded.task, loaded.train_cfg
     config = loaded.config
-    print(f"run {run_dir}")
+    print(f"run {loaded.name}" + ("" if step is None else f"  (the snapshot of step {step}; its results: {results})"))
     quirks = " with the authors' quirks" if config.get("authors_quirks") else ""
     print(f"  preset     {config.get('preset')}{quirks}; pe-interp {config.get('version')}")
     print(f"  encoding   {cfg.encoding_name} ({cfg.encoding_kind})")
@@ -66,11 +67,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"             chance {_pct(task.chance_accuracy())}, length-only ceiling {_pct(task.length_only_accuracy())}")
     else:
         print("accuracy     no evaluation recorded yet (metrics.jsonl is empty)")
-    status = {p.name: _status(run_dir, p) for p in sorted(run_dir.glob("*.json")) if p.name != "config.json"}
+    status = {p.name: _status(run_dir, p, step) for p in sorted(results.glob("*.json"))
+              if p.name not in ("config.json", "dynamics.json")}
     if status.get("ablation.json", (None,))[0] == STALE:  # another model's verdict: not shown as this one's
-        print(f"single-head deposit  STALE: ablation.json was {status['ablation.json'][1]}; rerun: pe-interp ablate {run_dir}")
-    elif (run_dir / "ablation.json").is_file():
-        ablation = AblationResult.load(run_dir / "ablation.json")
+        print(f"single-head deposit  STALE: ablation.json was {status['ablation.json'][1]}; rerun: pe-interp ablate {loaded.name}")
+    elif (results / "ablation.json").is_file():
+        ablation = AblationResult.load(results / "ablation.json")
         if ablation.is_grid and not np.isnan(ablation.drops).any():
             d = dominance(ablation)
             verdict = "YES" if d.single else "no"
@@ -79,11 +81,11 @@ def run(args: argparse.Namespace) -> int:
         else:
             print("single-head deposit  not judged: the ablation grid is partial (every head must be measured)")
     else:
-        print(f"single-head deposit  not measured (run: pe-interp ablate {run_dir})")
+        print(f"single-head deposit  not measured (run: pe-interp ablate {loaded.name})")
     if status.get("deposits.json", (None,))[0] == STALE:
         print(f"layer concentration  STALE: deposits.json was {status['deposits.json'][1]}")
-    elif (run_dir / "deposits.json").is_file():
-        report = DepositReport.load(run_dir / "deposits.json")
+    elif (results / "deposits.json").is_file():
+        report = DepositReport.load(results / "deposits.json")
         found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits) or "none"
         print(f"layer concentration  {found} (a layer's top head ≥ {100 * report.min_drop:.0f} pts and "
               f"≥ {100 * report.min_share:.0f}% of its layer's drop)")
@@ -94,9 +96,31 @@ def run(args: argparse.Namespace) -> int:
         if status["deposits.json"][0] == UNRECORDED:
             print(f"  (deposits.json {status['deposits.json'][1]}: rerun pe-interp ablate to tie it to these weights)")
     print("files")
-    for p in sorted(q for q in run_dir.rglob("*") if q.is_file() and not q.name.startswith(".")):
+    for p in sorted(q for q in results.rglob("*") if q.is_file() and not q.name.startswith(".")
+                    and q.relative_to(results).parts[0] not in ("snapshots", "steps")):
         mark = {STALE: "  STALE: of other weights", UNRECORDED: "  (weights not recorded)",
                 "unreadable": "  (unreadable)"}.get(
-            status.get(str(p.relative_to(run_dir)), (None,))[0], "")
-        print(f"  {str(p.relative_to(run_dir)):<40} {p.stat().st_size:>12,} bytes{mark}")
+            status.get(str(p.relative_to(results)), (None,))[0], "")
+        print(f"  {str(p.relative_to(results)):<40} {p.stat().st_size:>12,} bytes{mark}")
+    _snapshots(run_dir)
     return 0
+
+
+def _snapshots(run_dir: Path) -> None:
+    """The snapshots a run kept, its dynamics, and the results computed at each step."""
+    from pe_interp.checkpoint import STEPS_DIR
+    from pe_interp.snapshots import read_manifest
+
+    kept = read_manifest(run_dir)
+    if not kept:
+        return
+    steps = [e["step"] for e in kept]
+    shown = ", ".join(map(str, steps[:8])) + (f", ... {steps[-1]}" if len(steps) > 8 else "")
+    print(f"snapshots    {len(kept)} kept (steps {shown}), {sum(e.get('bytes', 0) for e in kept) / 1e6:.1f} MB; "
+          f"any command reads one as {run_dir}@STEP")
+    if (run_dir / "dynamics.json").is_file():
+        print(f"  dynamics.json: every criterion at every snapshot (pe-interp dynamics {run_dir})")
+    for d in sorted((run_dir / STEPS_DIR).glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else -1):
+        names = sorted(p.name for p in d.glob("*.json"))
+        if names:
+            print(f"  step {d.name:<6} {', '.join(names)}")

@@ -5,22 +5,26 @@ from .base import (
     KINDS,
     Composite,
     Encoding,
-    EncodingSpec,
     FusedPE,
     HeadAxes,
     ModelShape,
     RotarySpan,
+    combined_kind,
+)
+from .bias import ALiBi, T5Bias, alibi_slopes, relative_positions, t5_buckets
+from .restrict import RESTRICTIONS, Restricted
+from .rotary import DecoupledRoPE, RoPE, apply_rope, rope_angles
+from .spec import (
+    EncodingSpec,
     available_encodings,
     build_encoding,
-    combined_kind,
     get_encoding_class,
     given_parameters,
     make_spec,
     parse_encoding,
+    per_head,
     register_encoding,
 )
-from .bias import ALiBi, T5Bias, alibi_slopes, relative_positions, t5_buckets
-from .rotary import DecoupledRoPE, RoPE, apply_rope, rope_angles
 
 __all__ = [
     "KINDS",
@@ -34,6 +38,8 @@ __all__ = [
     "Learned",
     "ModelShape",
     "NoPE",
+    "RESTRICTIONS",
+    "Restricted",
     "RoPE",
     "RotarySpan",
     "Sinusoidal",
@@ -47,6 +53,7 @@ __all__ = [
     "given_parameters",
     "make_spec",
     "parse_encoding",
+    "per_head",
     "register_encoding",
     "relative_positions",
     "rope_angles",

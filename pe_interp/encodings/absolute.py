@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import Encoding, ModelShape, check_number, register_encoding
+from .base import Encoding, ModelShape, check_number
+from .spec import register_encoding
 
 
 @register_encoding("nope")

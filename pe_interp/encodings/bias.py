@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Encoding, FusedPE, HeadAxes, ModelShape, check_number, register_encoding
+from .base import Encoding, FusedPE, HeadAxes, ModelShape, check_number
+from .spec import register_encoding
 
 
 def relative_positions(n_q: int, n_k: int, device=None) -> Tensor:

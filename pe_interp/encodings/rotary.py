@@ -23,8 +23,8 @@ from .base import (
     ModelShape,
     RotarySpan,
     check_number,
-    register_encoding,
 )
+from .spec import register_encoding
 
 __all__ = ["DecoupledRoPE", "RoPE", "apply_rope", "rope_angles"]
 

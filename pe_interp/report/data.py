@@ -188,14 +188,15 @@ def load_cell(r: dict[str, Any], out_dir: Path, varying: list[str]) -> CellInfo:
     )
 
 
-def load_run_cell(run_dir: str | Path) -> CellInfo:
+def load_run_cell(run_dir: str | Path, step: int | None = None) -> CellInfo:
     """One run directory (``pe-interp train``, then any of ``ablate``, ``patch``, ``decompose``)
     as a :class:`CellInfo`, from the files the probes wrote into it. A result computed from
     other weights than the run's (:func:`~pe_interp.checkpoint.weights_status`) is left out and
-    named in ``extra["stale"]`` (file -> why)."""
-    from pe_interp.checkpoint import STALE, read_jsonl, weights_status
+    named in ``extra["stale"]`` (file -> why). ``step``: the results of that snapshot (``steps/S/``)."""
+    from pe_interp.checkpoint import STALE, STEPS_DIR, read_jsonl, weights_status
 
     run_dir = Path(run_dir)
+    results = run_dir if step is None else run_dir / STEPS_DIR / str(step)
     config = read_json(run_dir / "config.json")
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     task = config["task"]["name"]
@@ -207,17 +208,17 @@ def load_run_cell(run_dir: str | Path) -> CellInfo:
     stale: dict[str, str] = {}
 
     def fresh(name: str) -> bool:  # the result file is there and of the run's weights (else noted)
-        path = run_dir / name
+        path = results / name
         if not path.is_file():
             return False
-        status, why = weights_status(run_dir, path)
+        status, why = weights_status(run_dir, path, step)
         if status == STALE:
             stale[name] = why
         return status != STALE
 
-    ablation = AblationResult.load(run_dir / "ablation.json") if fresh("ablation.json") else None
-    deposits = DepositReport.load(run_dir / "deposits.json") if fresh("deposits.json") else None
-    decomposition = read_json(run_dir / DECOMPOSITION) if fresh(DECOMPOSITION) else None
+    ablation = AblationResult.load(results / "ablation.json") if fresh("ablation.json") else None
+    deposits = DepositReport.load(results / "deposits.json") if fresh("deposits.json") else None
+    decomposition = read_json(results / DECOMPOSITION) if fresh(DECOMPOSITION) else None
     model_cfg = ModelConfig.from_dict(config["model"])
     label = encoding_label(spec)
     if label not in {known for known, _ in ENCODINGS}:
@@ -234,9 +235,9 @@ def load_run_cell(run_dir: str | Path) -> CellInfo:
         config=config,
         ablation=ablation if ablation is not None and ablation.is_grid else None,
         deposits=deposits,
-        patching=PatchResult.load(run_dir / "patching.json") if fresh("patching.json") else None,
-        positional=PositionalScores.load(run_dir / "positional.json") if fresh("positional.json") else None,
-        attention=AttentionRecord.load(run_dir / ATTENTION) if fresh(ATTENTION) else None,
+        patching=PatchResult.load(results / "patching.json") if fresh("patching.json") else None,
+        positional=PositionalScores.load(results / "positional.json") if fresh("positional.json") else None,
+        attention=AttentionRecord.load(results / ATTENTION) if fresh(ATTENTION) else None,
         decomposition=decomposition,
         extra={"stale": stale} if stale else {},
     )

@@ -33,15 +33,20 @@ def _table(t: Table) -> str:
     return table_html(t)
 
 
-def render_run_html(run_dir: str | Path) -> str:
+def render_run_html(run_dir: str | Path, step: int | None = None) -> str:
+    """A run's report page; ``step``: of the snapshot of that step (its results in ``steps/S/``)."""
+    from pe_interp.checkpoint import STEPS_DIR
+
     run_dir = Path(run_dir)
-    cell = load_run_cell(run_dir)
+    results = run_dir if step is None else run_dir / STEPS_DIR / str(step)
+    name = str(run_dir) if step is None else f"{run_dir}@{step}"
+    cell = load_run_cell(run_dir, step)
     config = cell.config or {}
     m, tr, task = config.get("model", {}), config.get("train", {}), config.get("task", {})
     parts = []
     stale = dict(cell.extra.get("stale", {}))
-    for f in sorted(run_dir.glob("decompose_L*H*.json")):
-        status, why = weights_status(run_dir, f)
+    for f in sorted(results.glob("decompose_L*H*.json")):
+        status, why = weights_status(run_dir, f, step)
         if status == STALE:
             stale[f.name] = why
     if stale:  # shown first: results of other weights are left out of this report, and say so
@@ -52,7 +57,7 @@ def render_run_html(run_dir: str | Path) -> str:
                      + "</ul></div>")
     if cell.ablation is None:
         parts.append("<div class='verdict'><p class='answer'><b>Not measured yet.</b> This run has no head-ablation "
-                     f"sweep: run <code>pe-interp ablate {html.escape(str(run_dir))}</code>, then this command again."
+                     f"sweep: run <code>pe-interp ablate {html.escape(name)}</code>, then this command again."
                      "</p></div>")
     else:
         parts.append(first_screen([cell]))
@@ -81,7 +86,7 @@ def render_run_html(run_dir: str | Path) -> str:
         parts.append("<h2>Deposits, layer by layer</h2>" + _table(Table("layers", "deposits.json", cols, body)))
     more = patching_section([cell]) if cell.patching is not None else ""
     more += positional_section([cell]) + decomposition_section([cell])
-    for f in sorted(run_dir.glob("decompose_L*H*.json")):
+    for f in sorted(results.glob("decompose_L*H*.json")):
         if f.name in stale:
             continue
         d = read_json(f)
@@ -91,7 +96,7 @@ def render_run_html(run_dir: str | Path) -> str:
                              ["term", "share"], body))
     if more:
         parts.append("<h2>Patching and logit terms</h2>" + more)
-    figs = sorted((run_dir / "figures").glob("*.png")) if (run_dir / "figures").is_dir() else []
+    figs = sorted((results / "figures").glob("*.png")) if (results / "figures").is_dir() else []
     if figs:
         shown = []
         for f in figs:
@@ -108,11 +113,12 @@ def render_run_html(run_dir: str | Path) -> str:
         widgets = InlineWidgets()
         att = attention_section([cell], widgets)
         parts.append("<h2>Attention patterns</h2>" + widgets.bundle_html() + att)
-    files = sorted(p for p in run_dir.rglob("*") if p.is_file() and not p.name.startswith("."))
+    files = sorted(p for p in results.rglob("*") if p.is_file() and not p.name.startswith(".")
+                   and p.relative_to(results).parts[0] not in ("snapshots", "steps"))
     parts.append("<h2>Files</h2><ul class='note'>" + "".join(
-        f"<li><code>{html.escape(str(p.relative_to(run_dir)))}</code> ({p.stat().st_size:,} bytes)</li>" for p in files)
+        f"<li><code>{html.escape(str(p.relative_to(results)))}</code> ({p.stat().st_size:,} bytes)</li>" for p in files)
         + "</ul>")
-    title = html.escape(f"pe-interp run report: {run_dir.name}")
+    title = html.escape(f"pe-interp run report: {run_dir.name}" + ("" if step is None else f" at step {step}"))
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<title>{title}</title><style>{CSS}{VERDICT_CSS}</style></head>\n<body><h1>{title}</h1>"
             + "".join(parts)
@@ -132,10 +138,13 @@ def _fmt(x) -> str:
     return "—" if x is None else str(x)
 
 
-def write_run_report(run_dir: str | Path) -> Path:
-    """Write ``RUN_DIR/report.html``; returns its path."""
+def write_run_report(run_dir: str | Path, step: int | None = None) -> Path:
+    """Write ``RUN_DIR/report.html`` (``step``: ``RUN_DIR/steps/S/report.html``); returns its path."""
+    from pe_interp.checkpoint import STEPS_DIR
+
     run_dir = Path(run_dir)
-    return atomic_write_text(run_dir / "report.html", render_run_html(run_dir))
+    out = run_dir if step is None else run_dir / STEPS_DIR / str(step)
+    return atomic_write_text(out / "report.html", render_run_html(run_dir, step))
 
 
 __all__ = ["render_run_html", "write_run_report"]

@@ -12,7 +12,8 @@ A finding's keys (``FINDING_KEYS``): ``condition`` (how the cell differs from th
 (``[n_layers][n_heads]`` accuracy drops of zero-ablating each head, on ``n_examples`` held-out
 examples) with ``ci_low``/``ci_high`` (paired bootstrap), ``layer_drops`` with their CIs (every
 head of a layer ablated together, when the probe ran so), ``dynamics`` (the layer-0 drops over
-training, on held-out examples), ``history`` (held-out accuracy per evaluation), ``weights``
+training, on held-out examples), ``snapshots`` (every criterion at every training snapshot, when the
+grid keeps snapshots and runs ``snapshot_dynamics``: :mod:`probes.deposit.trajectory`), ``history`` (held-out accuracy per evaluation), ``weights``
 (sha256 of ``model.safetensors`` and the step), ``seconds``, ``machine``, ``probe_options``.
 """
 
@@ -90,12 +91,24 @@ def summarize(grid: Grid, cell: Cell, result: dict[str, Any], run_dir: Path) -> 
         "dynamics": [{k: r[k] for k in ("step", "layer", "baseline", "drops", "n_probe", "metric")} for r in dynamics],
         "history": [{k: m.get(k) for k in ("step", "test_acc", "test_loss", "train_loss", "lr")} for m in metrics],
         "positional": (result.get("positional") or {}).get("scores"),
+        "snapshots": _rounded((result.get("snapshot_dynamics") or {}).get("records")),
         "weights": {"sha256": _sha256(run_dir / "model.safetensors"), "step": final.get("step")}
         if (run_dir / "model.safetensors").is_file() else None,
         "seconds": result.get("seconds"),
         "machine": result.get("machine"),
     }
     return out
+
+
+def _rounded(x: Any, digits: int = 5) -> Any:
+    """``x`` with floats to ``digits`` significant digits (a finding stays a few hundred KB)."""
+    if isinstance(x, float):
+        return float(f"{x:.{digits}g}")
+    if isinstance(x, list):
+        return [_rounded(v, digits) for v in x]
+    if isinstance(x, dict):
+        return {k: _rounded(v, digits) for k, v in x.items()}
+    return x
 
 
 def write_finding(grid: Grid, cell: Cell, result: dict[str, Any], run_dir: Path) -> Path | None:

@@ -48,6 +48,8 @@ ABLATION, DEPOSITS, PATCHING, POSITIONAL, ATTENTION, LAYER_ABLATION, GENERALIZAT
     "ablation.json", "deposits.json", "patching.json", "positional.json", "attention.json", "layer_ablation.json",
     "generalization.json",
 )
+SNAPSHOT_DYNAMICS = "dynamics.json"  # what `pe-interp dynamics` writes too
+ROUTES = "routes.json"
 ROTARY_KINDS = ("multiplicative", "hybrid")
 
 __all__ = [
@@ -259,6 +261,39 @@ def _shares(terms, mats: dict[str, Any]) -> dict[str, float]:
             for k, v in mats.items() if k not in ("sum of terms", "actual")}
 
 
+def _probe_routes(run: Run, n: int = 512) -> dict[str, Any] | None:
+    """Each positional route's share of the positional effect on ``n`` position-only pairs, and the
+    positional deposit verdict (:mod:`probes.deposit.routes`; None where position changes no label)."""
+    from probes.deposit.routes import positional_dominance, route_shares
+
+    pairs = run.task.counterfactuals(n, kind="position", seed=run.train_cfg.seed + 7717)
+    if not bool((pairs.clean.labels != pairs.corrupt.labels).any()):
+        return None
+    result = route_shares(run.model, pairs.clean.tokens, pairs.corrupt.tokens, pairs.clean.labels, pairs.corrupt.labels,
+                          pad_mask=pairs.clean.pad_mask)
+    save_result(run.run_dir / ROUTES, result, run.provenance)
+    verdict = positional_dominance(result)
+    return {**result.to_dict(), "verdict": verdict.verdict, "why": verdict.why, "top": verdict.top}
+
+
+def _probe_snapshot_dynamics(run: Run, n: int = 128, n_confirm: int = 1000, n_pairs: int = 128,
+                             positional: bool = True) -> dict[str, Any] | None:
+    """Every deposit criterion at every snapshot of the cell's run (``snapshots: log`` in the
+    grid; None without snapshots): ``dynamics.json`` in the run, written after each snapshot so
+    that a stopped sweep resumes the probe where it was."""
+    from pe_interp.snapshots import snapshot_steps
+    from probes.deposit.trajectory import SnapshotDynamics, snapshot_dynamics
+
+    if not snapshot_steps(run.run_dir):
+        return None
+    path = run.run_dir / SNAPSHOT_DYNAMICS
+    done = SnapshotDynamics.load(path) if path.is_file() else None
+    result = snapshot_dynamics(run.run_dir, n=n, n_confirm=n_confirm, n_pairs=n_pairs, positional=positional, done=done,
+                               on_record=lambda r: save_result(path, r, None, indent=None), progress=False)
+    save_result(path, result, None, indent=None)
+    return {"file": SNAPSHOT_DYNAMICS, **result.to_dict()}
+
+
 def _dynamics_callback(
     cell: Any, points: int = 20, n_probe: int = 512, layers: tuple[int, ...] = (0,), every: int = 0,
 ) -> DepositDynamics:
@@ -278,6 +313,8 @@ PROBES: dict[str, Callable[[Any], dict[str, Any] | None]] = {
     "attention": _probe_attention,
     "decomposition": _probe_decomposition,
     "generalization": _probe_generalization,
+    "snapshot_dynamics": _probe_snapshot_dynamics,
+    "routes": _probe_routes,
 }
 CALLBACKS: dict[str, Callable[[Any], Any]] = {"dynamics": _dynamics_callback}
 # The keyword options a grid's ``probe_options`` may pass to each probe or callback.
@@ -288,6 +325,8 @@ PROBE_OPTIONS: dict[str, set[str]] = {
     "generalization": {"n", "extras"},
     "decomposition": {"example"},
     "dynamics": {"points", "n_probe", "layers", "every"},
+    "snapshot_dynamics": {"n", "n_confirm", "n_pairs", "positional"},
+    "routes": {"n"},
 }
 
 

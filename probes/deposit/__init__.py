@@ -1,7 +1,10 @@
 """The single-head deposit pattern: its one definition (:mod:`probes.deposit.dominance`), the
-looser per-layer flag, layer concentration (:mod:`probes.deposit.detection`), and watching them
-form during training (:mod:`probes.deposit.dynamics`)."""
+looser per-layer flag, layer concentration (:mod:`probes.deposit.detection`), the positional
+deposit, which asks where position enters (:mod:`probes.deposit.routes`), verdicts decided on
+intervals (:mod:`probes.deposit.decision`), and watching them form during training
+(:mod:`probes.deposit.dynamics`, a callback; :mod:`probes.deposit.trajectory`, every snapshot)."""
 
+from probes.deposit.decision import Decision, decide_concentration, decide_single
 from probes.deposit.detection import (
     DEFAULT_MIN_DROP_ACCURACY,
     DEFAULT_MIN_SHARE,
@@ -17,12 +20,28 @@ from probes.deposit.detection import (
 )
 from probes.deposit.dominance import LARGE_DROP, SMALL_DROP, Dominance, at_least, at_most, dominance
 from probes.deposit.dynamics import DYNAMICS_FILE, DepositDynamics, dynamics_arrays, load_dynamics
+from probes.deposit.routes import (
+    PositionalDominance,
+    RouteShares,
+    positional_dominance,
+    route_shares,
+)
+from probes.deposit.trajectory import SnapshotDynamics, snapshot_dynamics
 
 __all__ = [
     "DEFAULT_MIN_DROP_ACCURACY",
     "DEFAULT_MIN_SHARE",
     "DYNAMICS_FILE",
     "ConcentrationReport",
+    "Decision",
+    "PositionalDominance",
+    "RouteShares",
+    "SnapshotDynamics",
+    "decide_concentration",
+    "decide_single",
+    "positional_dominance",
+    "route_shares",
+    "snapshot_dynamics",
     "DepositDynamics",
     "DepositReport",
     "Dominance",

@@ -1,0 +1,129 @@
+"""``pe-interp validate``: does each probe find the positional routes that were planted?
+
+Trains what is missing of the planted grid (``grids/planted_quick.yaml``, resumable: a cell
+whose finding is committed is not trained again), builds each ``single_no`` model from its
+``single_yes`` run (:func:`pe_interp.validate.mirror_head`), runs the probes that localise on
+every model, scores them against the routes (:mod:`pe_interp.validate`), and writes
+``findings/planted-quick/validation.json`` and, with ``--readme``, the README's table. A cell
+scored before keeps its record, so a fresh clone regenerates the table from the committed file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+GRID = Path(__file__).resolve().parents[2] / "grids" / "planted_quick.yaml"
+VALIDATION = "validation.json"
+MIRROR = ((0, 3), (0, 5))  # single_no: L0H3 of a single_yes run mirrored into L0H5
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "validate",
+        help="score every localising probe against planted positional routes",
+        description="Train the planted families (models whose positional routes are known by construction), run "
+        "every probe that localises on them, and count per family how often each names a planted route or gives "
+        "the verdict the construction implies (k of n cells, Wilson intervals).",
+    )
+    p.add_argument("--grid", default=str(GRID), help="the planted grid (default grids/planted_quick.yaml)")
+    p.add_argument("--out", default=None, help="sweep directory (default runs/sweeps/<grid name>)")
+    p.add_argument("--workers", type=int, default=None, help="cells trained at once (default: one per core)")
+    p.add_argument("--readme", default=None, help="write the table between <!-- study:planted-quick --> markers")
+    p.add_argument("--no-train", action="store_true", help="score only what is trained or recorded")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pe_interp.io import atomic_write_text
+    from pe_interp.report.findings import update_readme
+    from pe_interp.sweep import load_grid, run_sweep
+    from pe_interp.sweep.findings import has_finding
+    from pe_interp.validate import dumps, validation_markdown
+
+    grid = load_grid(args.grid)
+    if grid.findings is None:
+        raise ValueError(f"{args.grid}: a planted grid needs 'findings' (where validation.json is kept)")
+    sweep_dir = Path(args.out or f"runs/sweeps/{grid.name}")
+    if not args.no_train:
+        run_sweep(grid, sweep_dir, workers=args.workers)
+    path = Path(grid.findings) / VALIDATION
+    kept = {r["id"]: r for r in json.loads(path.read_text())["records"]} if path.is_file() else {}
+    records = []
+    for cell in grid.cells():
+        run_dir = sweep_dir / "cells" / cell.id / "run"
+        if (run_dir / "model.safetensors").is_file() and (sweep_dir / "cells" / cell.id / "result.json").is_file():
+            record = _record_of(cell.id, cell.kwargs, run_dir, kept.get(cell.id))
+            records.append(record)
+            if record["family"] == "single_yes":
+                mirrored = sweep_dir / "derived" / f"{cell.id}__mirror" / "run"
+                if not (mirrored / "model.safetensors").is_file():
+                    from pe_interp.validate import mirror_head
+
+                    mirror_head(run_dir, mirrored, *MIRROR)
+                records.append(_record_of(f"{cell.id}__mirror", cell.kwargs, mirrored, kept.get(f"{cell.id}__mirror")))
+        elif cell.id in kept and has_finding(grid, cell):
+            records.append(kept[cell.id])
+            if f"{cell.id}__mirror" in kept:
+                records.append(kept[f"{cell.id}__mirror"])
+    if not records:
+        raise ValueError(f"{sweep_dir}: no planted model is trained or recorded yet (run without --no-train)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, dumps(records))
+    tasks = " and ".join(sorted({r["task"] for r in records}))
+    block = validation_markdown(records, tasks)
+    print(block)
+    if args.readme:
+        if not update_readme(args.readme, "planted-quick", block):
+            raise ValueError(f"{args.readme}: no <!-- study:planted-quick begin --> / <!-- study:planted-quick end --> markers")
+        print(f"wrote {args.readme}")
+    print(f"wrote {path} ({len(records)} models)")
+    return 0
+
+
+def _record_of(cell_id: str, params: dict[str, Any], run_dir: Path, kept: dict[str, Any] | None) -> dict[str, Any]:
+    """A cell's validation record: its routes, family, accuracy, every probe's ranking grid and
+    every verdict (kept when it was computed from the same weights)."""
+    from pe_interp.checkpoint import load_run
+    from pe_interp.validate import family_of
+    from probes import ablate_heads, find_concentrations, patch, positional_scores
+    from probes.deposit import dominance
+    from probes.deposit.routes import position_routes, positional_dominance, route_shares
+
+    run = load_run(run_dir)
+    if kept is not None and kept.get("sha256") == run.provenance["sha256"]:
+        return kept
+    model, task, seed = run.model, run.task, run.train_cfg.seed
+    routes = position_routes(model)[1]
+    test = run.examples("test", 2000)
+    a = ablate_heads(model, test.tokens, test.labels, pad_mask=test.pad_mask)
+    attribution = ablate_heads(model, test.tokens[:500], test.labels[:500], pad_mask=test.pad_mask[:500],
+                               engine="attribution", verify_top=1, n_bootstrap=0)
+    rankings = {"exact ablation: top head": a.drops, "attribution ranking: top head": attribution.drops}
+    for kind, label in (("position", "position pairs"), ("content", "content pairs"), ("both", "both changed")):
+        pairs = task.counterfactuals(256, kind=kind, seed=seed + 7919)
+        if bool((pairs.clean.labels != pairs.corrupt.labels).any()):
+            p = patch(model, pairs.clean.tokens, pairs.corrupt.tokens, site="z", pad_mask=pairs.clean.pad_mask,
+                      clean_labels=pairs.clean.labels, corrupt_labels=pairs.corrupt.labels, n_bootstrap=0)
+            rankings[f"head patching, {label}: top head"] = p.values.abs().numpy()
+    rankings["decomposition: most positional head"] = positional_scores(model, test.tokens[:128],
+                                                                        pad_mask=test.pad_mask[:128]).scores
+    pairs = task.counterfactuals(512, kind="position", seed=seed + 7717)
+    shares = route_shares(model, pairs.clean.tokens, pairs.corrupt.tokens, pairs.clean.labels, pairs.corrupt.labels,
+                          pad_mask=pairs.clean.pad_mask)
+    if routes.any():
+        rankings["positional routes: top route"] = shares.shares
+    concentrated = find_concentrations(a).layer(0).is_concentrated
+    record = {
+        "id": cell_id, "params": params, "task": task.name, "seed": seed, "sha256": run.provenance["sha256"],
+        "test_acc": float(run.metrics()[-1]["test_acc"]) if run.metrics() else a.baseline,
+        "routes": routes.astype(int).tolist(), "family": family_of(params, routes),
+        "rankings": {k: [[float(x) for x in row] for row in v] for k, v in rankings.items()},
+        "verdicts": {"single-head deposit (paper)": "yes" if dominance(a).single else "no",
+                     "positional deposit": positional_dominance(shares).verdict,
+                     "layer-0 concentration": "yes" if concentrated else "no"},
+        "top_drop": float(dominance(a).drop), "positional_effect": shares.effect,
+    }
+    return record

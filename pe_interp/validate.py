@@ -1,0 +1,167 @@
+"""Does it find what is there? Every localising probe scored against planted positional routes.
+
+The planted families (``grids/planted_quick.yaml``) put position into a model at known heads:
+bidirectional attention, no residual encoding, RoPE restricted to chosen heads and layers
+(``rope(heads=..., layers=...)``), so the heads that see position (the **routes**) are known by
+construction; every other head is blind to order (tested in ``tests/test_routes.py``). Two more
+models are built so that a criterion's answer is known: ``single_yes`` (one route, every other
+head silent: W_V, b_V, W_O zero through training) and ``single_no``, derived here from each
+``single_yes`` run by :func:`mirror_head`: the route copied into a second head with ``W_O`` halved
+in both, the same function with two identical heads, whose drops and shares tie exactly, so that
+neither single-head criterion can hold.
+
+:func:`score_cell` turns one cell's probe results into hits: a ranking probe hits when its top
+head is a route; a verdict hits when it is the verdict the construction implies
+(:data:`EXPECTED`). :func:`validation_table` counts hits per family with Wilson intervals over
+seeds, and :func:`validation_markdown` writes the README's "Does it find what is there?" table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pe_interp.checkpoint import (
+    CONFIG,
+    WEIGHTS,
+    atomic_save_tensors,
+    atomic_write_json,
+    load_run,
+    read_json,
+)
+
+FAMILY_ORDER = ("one_route", "two_routes", "deep_route", "no_route", "single_yes", "single_no")
+# The verdict each construction implies ("yes"/"no"); absent: the construction implies none.
+EXPECTED: dict[str, dict[str, str]] = {
+    "positional deposit": {"one_route": "yes", "two_routes": "no", "deep_route": "yes", "no_route": "no",
+                           "single_yes": "yes", "single_no": "no"},
+    "single-head deposit (paper)": {"one_route": "yes", "two_routes": "no", "deep_route": "yes", "no_route": "no",
+                                    "single_yes": "yes", "single_no": "no"},
+    "layer-0 concentration": {"one_route": "yes", "deep_route": "no", "no_route": "no", "single_yes": "yes"},
+}
+RANKINGS = ("exact ablation: top head", "attribution ranking: top head", "head patching, position pairs: top head",
+            "head patching, content pairs: top head", "head patching, both changed: top head",
+            "decomposition: most positional head", "positional routes: top route")
+
+__all__ = ["EXPECTED", "FAMILY_ORDER", "RANKINGS", "family_of", "mirror_head", "score_cell", "validation_markdown",
+           "validation_table"]
+
+
+def family_of(params: dict[str, Any], routes: np.ndarray) -> str:
+    """A planted cell's family from its settings and its route map ``[n_layers, n_heads]``."""
+    if params.get("silent_heads"):
+        return "single_no" if routes.sum() == 2 else "single_yes"
+    n = int(routes.sum())
+    if n == 0:
+        return "no_route"
+    if n == 2:
+        return "two_routes"
+    return "one_route" if routes[0].any() else "deep_route"
+
+
+def mirror_head(run_dir: str | Path, out: str | Path, src: tuple[int, int], dst: tuple[int, int]) -> Path:
+    """Write to ``out`` the run ``run_dir`` with head ``src`` copied into the silent head ``dst``
+    (same W_Q, W_K, W_V and biases; RoPE on both) and ``W_O`` halved in both: the same function
+    (checked on the held-out set), with two identical heads."""
+    run = load_run(run_dir)
+    cfg = run.model.cfg
+    (layer, a), (layer_b, b) = src, dst
+    if layer != layer_b or dst not in cfg.silent_heads or src in cfg.silent_heads:
+        raise ValueError(f"mirror_head: {src} must be a working head and {dst} a silent head of the same layer")
+    spec = cfg.encoding[0].kwargs
+    heads = tuple(sorted({*spec.get("heads", ()), b}))
+    encoding = [{"name": cfg.encoding[0].name, **{**spec, "heads": list(heads)}}]
+    silent = [list(p) for p in cfg.silent_heads if p != dst]
+    state = {k: v.clone() for k, v in run.model.state_dict().items()}
+    pre = f"blocks.{layer}.attn."
+    for name in ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V"):
+        state[pre + name][b] = state[pre + name][a]
+    state[pre + "W_O"][a] /= 2
+    state[pre + "W_O"][b] = state[pre + "W_O"][a]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = dict(read_json(Path(run_dir) / CONFIG))
+    config["model"] = {**config["model"], "encoding": encoding, "silent_heads": silent}
+    config["command"] = f"pe-interp validate: {run_dir} with L{layer}H{a} mirrored into L{layer}H{b}"
+    atomic_write_json(out / CONFIG, config)
+    atomic_save_tensors(out / WEIGHTS, state, {"step": str(run.provenance["step"])})
+    test = run.test_set(500)
+    with torch.no_grad():
+        before = run.model(test.tokens, test.pad_mask)
+        after = load_run(out).model(test.tokens, test.pad_mask)
+    if not torch.allclose(before, after, atol=1e-4, rtol=1e-4):
+        raise RuntimeError(f"mirror_head: the mirrored model differs from {run_dir} (max {float((before - after).abs().max()):.2g})")
+    return out
+
+
+def _top(grid: Any) -> tuple[int, int]:
+    arr = np.nan_to_num(np.asarray(grid, dtype=float), nan=-np.inf)
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(arr)), arr.shape))  # type: ignore[return-value]
+
+
+def score_cell(record: dict[str, Any]) -> dict[str, Any]:
+    """``{probe: {"named": "L0H3" | verdict, "hit": bool | None}}`` for one cell's record (what
+    :mod:`pe_interp.commands.validate` collects: ``routes``, ``family``, and each probe's output)."""
+    routes = np.asarray(record["routes"], dtype=bool)
+    family = record["family"]
+    out: dict[str, Any] = {}
+    for probe in RANKINGS:
+        grid = record["rankings"].get(probe)
+        if grid is None or not routes.any():
+            continue
+        layer, head = _top(grid)
+        out[probe] = {"named": f"L{layer}H{head}", "hit": bool(routes[layer, head])}
+    for probe, expected in EXPECTED.items():
+        verdict = record["verdicts"].get(probe)
+        if verdict is not None and family in expected:
+            out[probe] = {"named": verdict, "hit": verdict == expected[family]}
+    return out
+
+
+def validation_table(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{probe: {family: {"hits", "n", "low", "high", "named"}}}``: hits over seeds (and tasks)
+    with a Wilson 95% interval, and what the probe named in each cell."""
+    from probes.metrics import wilson
+
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in records:
+        for probe, s in score_cell(r).items():
+            cell = table.setdefault(probe, {}).setdefault(r["family"], {"hits": 0, "n": 0, "named": []})
+            cell["hits"] += int(s["hit"])
+            cell["n"] += 1
+            cell["named"].append(s["named"])
+    for fams in table.values():
+        for cell in fams.values():
+            cell["low"], cell["high"] = wilson(cell["hits"], cell["n"])
+    return table
+
+
+def validation_markdown(records: list[dict[str, Any]], tasks: str) -> str:
+    """The README table: one row per probe, one column per family, ``k/n [low-high%]``."""
+    table = validation_table(records)
+    fams = [f for f in FAMILY_ORDER if any(r["family"] == f for r in records)]
+    lines = ["| probe | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
+    for probe in (*EXPECTED, *RANKINGS):
+        if probe not in table:
+            continue
+        row = []
+        for f in fams:
+            c = table[probe].get(f)
+            row.append("—" if c is None else f"{c['hits']}/{c['n']} [{100 * c['low']:.0f}–{100 * c['high']:.0f}%]")
+        lines.append(f"| {probe} | " + " | ".join(row) + " |")
+    accs = {f: [r["test_acc"] for r in records if r["family"] == f] for f in fams}
+    lines.append("| held-out accuracy, mean (min–max) % | " + " | ".join(
+        f"{100 * np.mean(a):.1f} ({100 * min(a):.1f}–{100 * max(a):.1f})" for a in accs.values()) + " |")
+    n_cells = len(records)
+    lines += ["", f"Hits k of n cells ({tasks}; Wilson 95% intervals). A ranking probe hits when its top head is a "
+              "planted route; a verdict hits when it is the one the construction implies (— where it implies none). "
+              f"From `findings/planted-quick/validation.json` ({n_cells} cells), written by `pe-interp validate`."]
+    return "\n".join(lines)
+
+
+def dumps(records: list[dict[str, Any]]) -> str:
+    return json.dumps({"records": records, "table": validation_table(records)}, indent=1, sort_keys=True)

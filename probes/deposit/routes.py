@@ -1,0 +1,350 @@
+"""Where position enters: each positional route's share of the model's positional effect.
+
+Zero-ablating a head asks whether the head is *useful*. The single-head deposit is a claim about
+*position*: that one head carries the shallow layers' positional work. This probe measures that.
+
+A **route** is a place where the encoding gives the model position: a head whose queries and
+keys are rotated (RoPE, decoupled RoPE) or whose logits get a positional bias (ALiBi, T5), in
+its layer; and, for an absolute encoding, the residual stream (``"embed"``), which it enters
+once. For a position-only counterfactual ``x'`` of ``x`` (the same tokens moved:
+``x'[σ(i)] = x[i]``), the probe lets **one route at a time see the counterfactual positions σ**
+(its rotation angles, bias entries or position vectors taken at ``σ(i)`` instead of ``i``) while
+every other route sees the true ones, and measures how far the output moves::
+
+    share_r = mean_i[ld(x_i) - ld(x_i; r sees σ_i)] / mean_i[ld(x_i) - ld(x_i; every route sees σ_i)]
+
+with ``ld`` the logit of the clean label minus that of the counterfactual label. The denominator
+is the model's **positional effect**: everything the encoding's positions do to the answer.
+Where the rest of the model is blind to order (bidirectional attention, mean pooling) it equals
+``ld(x) - ld(x')``; the result records the gap between the two (``identity_gap``). A head with no
+positional input has share exactly 0 (the intervention is the identity there), so a planted
+single route has share 1 and every other head 0. A head that only *moves* position written by an
+earlier route is not a route: downstream readers are not confused with sources, as they are in
+activation patching of head outputs. Routes can be redundant (each small, together large) or
+synergistic (shares summing above 1); the shares are reported as measured.
+
+**Positional single-head deposit** (:func:`positional_dominance`, the one definition): one route
+carries at least :data:`~probes.deposit.dominance.LARGE_DROP` (50%) of the positional effect and
+every other route at most :data:`~probes.deposit.dominance.SMALL_DROP` (5%) either way: the
+paper's 50 and 5 points, in units of the positional effect instead of accuracy. It is decided
+on the bootstrap intervals: "yes" when the top route's interval lies above 50% and every other
+route's inside ±5%, "no" when the top route's lies below 50% or another's outside ±5% (or when
+the model has no positional effect), and "undecided" otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pe_interp.io import load_result, nan_array, register_result, to_json, write_result
+from pe_interp.modes import eval_mode
+from probes.deposit.dominance import LARGE_DROP, SMALL_DROP
+from probes.inputs import FiniteWatch, check_count, check_examples, check_finite_model
+from probes.metrics import bootstrap_ci
+
+EMBED = "embed"
+# |positional effect| below this (logits) is no effect: a model blind to order scores ~1e-6
+NO_EFFECT = 1e-4
+RESULT_KIND = register_result("positional routes", "RouteShares.load", ("shares", "routes", "effect"))
+
+__all__ = ["EMBED", "PositionalDominance", "RouteShares", "position_permutation", "position_routes",
+           "positional_dominance", "route_shares"]
+
+
+def position_permutation(clean: Tensor, corrupt: Tensor) -> Tensor:
+    """``σ [n, pos]`` with ``corrupt[b, σ[b, i]] == clean[b, i]``: each clean token's position in
+    its counterfactual row (equal tokens matched in order). A one-line error where a row of
+    ``corrupt`` is not a permutation of its clean row."""
+    if clean.shape != corrupt.shape:
+        raise ValueError(f"clean and counterfactual tokens must have one shape, got {tuple(clean.shape)} and "
+                         f"{tuple(corrupt.shape)}")
+    order_clean = torch.sort(clean, dim=1, stable=True)
+    order_corrupt = torch.sort(corrupt, dim=1, stable=True)
+    bad = (order_clean.values != order_corrupt.values).any(dim=1)
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        raise ValueError(f"row {row}: the counterfactual is not the same tokens moved (a position-only "
+                         "counterfactual, task.counterfactuals(n, kind='position'), is needed)")
+    sigma = torch.empty_like(clean)
+    sigma.scatter_(1, order_clean.indices, order_corrupt.indices)
+    return sigma
+
+
+def position_routes(model) -> tuple[list[str], np.ndarray]:
+    """``(extra routes, heads [n_layers, n_heads] bool)``: ``["embed"]`` when the encoding adds a
+    residual term, and the heads whose logits depend on position (rotated, or a bias that varies
+    over query and key positions)."""
+    cfg, enc = model.cfg, model.encoding
+    heads = np.zeros((cfg.n_layers, cfg.n_heads), dtype=bool)
+    n = min(cfg.n_ctx, 8)
+    for layer in range(cfg.n_layers):
+        if enc.rotates:
+            spans = enc.rotary_spans(layer)
+            if spans is None:
+                raise ValueError(f"encoding {cfg.encoding_name!r} rotates without saying how (rotary_spans); "
+                                 "its positional routes cannot be intervened on")
+            for s in spans:
+                heads[layer] |= np.ones(cfg.n_heads, bool) if s.heads is None else s.heads.cpu().numpy()
+        with torch.no_grad():
+            bias = enc.bias(n, n, layer)
+        if bias is not None:
+            heads[layer] |= (bias.detach().flatten(1).amax(1) > bias.detach().flatten(1).amin(1)).cpu().numpy()
+    extra = [EMBED] if enc.residual(1) is not None else []
+    return extra, heads
+
+
+def _rerotate(t: Tensor, spans, sigma: Tensor, heads: Tensor) -> Tensor:
+    """``t [B, pos, head, d]`` (rotated at positions 0..pos-1) rotated at ``sigma [B, pos]``
+    instead, for the heads marked in ``heads [B, head]`` and each span that rotates them."""
+    out = t.clone()
+    n_pos = t.shape[1]
+    for s in spans:
+        half = s.dim // 2
+        cos_i, sin_i = s.cos[:n_pos].to(t.dtype), s.sin[:n_pos].to(t.dtype)  # [pos, half]
+        cos_s, sin_s = s.cos[sigma].to(t.dtype), s.sin[sigma].to(t.dtype)  # [B, pos, half]
+        c = (cos_s * cos_i + sin_s * sin_i)[:, :, None, :]  # angle sigma(i) - i
+        sn = (sin_s * cos_i - cos_s * sin_i)[:, :, None, :]
+        pair = t[..., s.start : s.start + s.dim].reshape(*t.shape[:3], half, 2)
+        y0, y1 = pair[..., 0], pair[..., 1]
+        moved = torch.stack((y0 * c - y1 * sn, y0 * sn + y1 * c), dim=-1).reshape(*t.shape[:3], s.dim)
+        mask = heads if s.heads is None else heads & s.heads.to(heads.device)[None]
+        part = out[..., s.start : s.start + s.dim]
+        out[..., s.start : s.start + s.dim] = torch.where(mask[:, None, :, None], moved, part)
+    return out
+
+
+def _hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, first: int) -> list:
+    """Forward hooks that let ``layer_heads [B, n_layers, n_heads]`` (and the residual term for
+    ``embed_rows [B]``) see the positions ``sigma [B, pos]``, from layer ``first`` on."""
+    enc, hooks = model.encoding, []
+    if first == 0 and bool(embed_rows.any()):
+        def pos_embed(x, hook):
+            return torch.where(embed_rows[:, None, None], x.gather(1, sigma[..., None].expand_as(x)), x)
+        hooks.append(("hook_pos_embed", pos_embed))
+    for layer in range(first, model.cfg.n_layers):
+        heads = layer_heads[:, layer]
+        if not bool(heads.any()):
+            continue
+        if enc.rotates:
+            spans = enc.rotary_spans(layer)
+
+            def rot(x, hook, spans=spans, heads=heads):
+                return _rerotate(x, spans, sigma, heads)
+            hooks += [(f"blocks.{layer}.attn.hook_rot_q", rot), (f"blocks.{layer}.attn.hook_rot_k", rot)]
+        if enc.has_bias:
+            def bias(b, hook, heads=heads):  # [head, q, k] -> [B, head, q, k], gathered at sigma
+                rows = sigma[:, None, :, None].expand(-1, b.shape[0], -1, b.shape[2])
+                moved = b[None].expand(sigma.shape[0], -1, -1, -1).gather(2, rows)
+                moved = moved.gather(3, sigma[:, None, None, :].expand_as(moved))
+                return torch.where(heads[:, :, None, None], moved, b[None])
+            hooks.append((f"blocks.{layer}.attn.hook_pos_bias", bias))
+            # a per-row bias runs on the eager path (a hook here makes the layer eager)
+            hooks.append((f"blocks.{layer}.attn.hook_attn_scores", lambda x, hook: x))
+    return hooks
+
+
+@dataclass(frozen=True, eq=False)
+class RouteShares:
+    """What :func:`route_shares` returns. ``shares``/``ci_low``/``ci_high`` are ``[n_layers,
+    n_heads]`` (0 for a head that is not a route); ``embed`` and its CI are None without an
+    absolute encoding. ``effect`` is the positional effect (mean logit-difference change, with
+    its CI), ``counterfactual_effect`` the same against the counterfactual input itself."""
+
+    shares: np.ndarray
+    ci_low: np.ndarray
+    ci_high: np.ndarray
+    routes: np.ndarray  # bool [n_layers, n_heads]
+    embed: float | None
+    embed_ci: tuple[float, float] | None
+    effect: float
+    effect_ci: tuple[float, float]
+    counterfactual_effect: float
+    identity_gap: float  # mean |ld(x; every route sees σ) - ld(x')| (0 for an order-blind model)
+    n_examples: int
+    n_bootstrap: int
+    ci: float
+    seed: int
+
+    @property
+    def n_layers(self) -> int:
+        return self.shares.shape[0]
+
+    def units(self) -> list[tuple[str, float, float, float]]:
+        """``(name, share, ci_low, ci_high)`` of every route (``L0H3``, ``embed``), largest first."""
+        out = [(f"L{a}H{h}", float(self.shares[a, h]), float(self.ci_low[a, h]), float(self.ci_high[a, h]))
+               for a, h in zip(*np.nonzero(self.routes))]
+        if self.embed is not None:
+            out.append((EMBED, self.embed, *self.embed_ci))
+        return sorted(out, key=lambda u: -u[1])
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_json({
+            "shares": self.shares, "ci_low": self.ci_low, "ci_high": self.ci_high, "routes": self.routes.astype(int),
+            "embed": self.embed, "embed_ci": self.embed_ci, "effect": self.effect, "effect_ci": self.effect_ci,
+            "counterfactual_effect": self.counterfactual_effect, "identity_gap": self.identity_gap,
+            "n_examples": self.n_examples, "n_bootstrap": self.n_bootstrap, "ci": self.ci, "seed": self.seed,
+        })
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RouteShares:
+        pair = lambda v: None if v is None else (float(v[0]), float(v[1]))  # noqa: E731
+        return cls(nan_array(d["shares"]), nan_array(d["ci_low"]), nan_array(d["ci_high"]),
+                   np.asarray(d["routes"], dtype=bool), None if d["embed"] is None else float(d["embed"]),
+                   pair(d["embed_ci"]), float(d["effect"]), pair(d["effect_ci"]), float(d["counterfactual_effect"]),
+                   float(d["identity_gap"]), int(d["n_examples"]), int(d["n_bootstrap"]), float(d["ci"]),
+                   int(d["seed"]))
+
+    def save(self, path: str | Path) -> Path:
+        return write_result(path, RESULT_KIND, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | Path) -> RouteShares:
+        return load_result(path, RESULT_KIND, cls.from_dict)
+
+
+@torch.no_grad()
+def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labels: Tensor, corrupt_labels: Tensor,
+                 *, pad_mask: Tensor | None = None, batch_size: int = 256, n_bootstrap: int = 1000,
+                 ci: float = 0.95, seed: int = 0) -> RouteShares:
+    """Each positional route's share of the positional effect (module docstring), on position-only
+    counterfactual pairs (``task.counterfactuals(n, kind="position")``; the pairs share
+    ``pad_mask``)."""
+    who = "route_shares"
+    check_finite_model(model, who)
+    check_count(batch_size, "batch_size", 1, who)
+    check_count(n_bootstrap, "n_bootstrap", 0, who)
+    clean, good, mask = check_examples(model, clean_tokens, clean_labels, pad_mask, who=who, label_name="clean_labels")
+    corrupt, bad, _ = check_examples(model, corrupt_tokens, corrupt_labels, pad_mask, who=who, what="corrupt_tokens",
+                                     label_name="corrupt_labels")
+    if bool((good == bad).all()):
+        raise ValueError(f"{who}: every pair has one label, so position changes no answer here; use a task whose "
+                         "position-only counterfactuals change the label (distance, retrieve)")
+    try:
+        sigma = position_permutation(clean, corrupt)
+    except ValueError as err:
+        raise ValueError(f"{who}: {err}") from None
+    _, key_valid = model.check_inputs(clean, mask)
+    cfg = model.cfg
+    extra, routes = position_routes(model)
+    units = [(int(a), int(h)) for a, h in zip(*np.nonzero(routes))] + [EMBED] * bool(extra) + ["all"]
+    n, L, H = len(clean), cfg.n_layers, cfg.n_heads
+    ld = torch.empty(len(units), n, dtype=torch.float64)
+    watch = FiniteWatch()
+    with eval_mode(model):
+        names = {f"blocks.{layer}.hook_resid_pre" for layer in range(L)}
+        _, cache = model.run_with_cache(clean, mask, names_filter=lambda name: name in names)
+        ld_clean = _ld(watch.see(model.forward_unchecked(clean, key_valid)), good, bad)
+        ld_cf = _ld(watch.see(model.forward_unchecked(corrupt, key_valid)), good, bad)
+        group = max(1, batch_size // n) if n <= batch_size else 1
+        chunk = min(n, batch_size)
+        for u0 in range(0, len(units), group):
+            part = units[u0 : u0 + group]
+            first = min(0 if isinstance(u, str) else int(u[0]) for u in part)
+            for r0 in range(0, n, chunk):
+                rows = slice(r0, min(n, r0 + chunk))
+                k = rows.stop - rows.start
+                heads = torch.zeros(len(part), k, L, H, dtype=torch.bool, device=clean.device)
+                embed = torch.zeros(len(part), k, dtype=torch.bool, device=clean.device)
+                for i, u in enumerate(part):
+                    if u == "all":
+                        heads[i] = torch.as_tensor(routes, device=clean.device)
+                        embed[i] = bool(extra)
+                    elif u == EMBED:
+                        embed[i] = True
+                    else:
+                        heads[i, :, u[0], u[1]] = True
+                g = len(part)
+                tok = clean[rows].repeat(g, 1)
+                kv = None if key_valid is None else key_valid[rows].repeat(g, 1)
+                sig = sigma[rows].repeat(g, 1)
+                resid = None if first == 0 else cache[f"blocks.{first}.hook_resid_pre"][rows].repeat(g, 1, 1)
+                with model.hooks(fwd_hooks=_hooks(model, sig, heads.flatten(0, 1), embed.flatten(), first)):
+                    logits = watch.see(model.forward_unchecked(tok, kv, start_at_layer=first, residual=resid))
+                ld[u0 : u0 + g, rows] = _ld(logits, good[rows].repeat(g), bad[rows].repeat(g)).view(g, k).cpu()
+    watch.check(who, False)
+    ld_clean, ld_cf = ld_clean.cpu(), ld_cf.cpu()
+    ld_all = ld[-1]
+    denom = ld_clean - ld_all
+    numer = ld_clean[None] - ld[:-1]
+    effect = float(denom.mean())
+    e_lo, e_hi = bootstrap_ci(denom[None], None, n_bootstrap=n_bootstrap, ci=ci, seed=seed)
+    if abs(effect) < NO_EFFECT:
+        values, lo, hi = np.zeros(len(units) - 1), np.zeros(len(units) - 1), np.zeros(len(units) - 1)
+    else:
+        values = (numer.mean(1) / denom.mean()).numpy()
+        lo, hi = bootstrap_ci(numer, denom, n_bootstrap=n_bootstrap, ci=ci, seed=seed)
+        if n_bootstrap == 0:
+            lo, hi = values.copy(), values.copy()
+    grids = [np.zeros((L, H)) for _ in range(3)]
+    embed_vals = None
+    for i, u in enumerate(units[:-1]):
+        if u == EMBED:
+            embed_vals = (float(values[i]), (float(lo[i]), float(hi[i])))
+        else:
+            for grid, v in zip(grids, (values, lo, hi)):
+                grid[u] = v[i]
+    return RouteShares(
+        shares=grids[0], ci_low=grids[1], ci_high=grids[2], routes=routes,
+        embed=None if embed_vals is None else embed_vals[0], embed_ci=None if embed_vals is None else embed_vals[1],
+        effect=effect, effect_ci=(float(e_lo[0]), float(e_hi[0])),
+        counterfactual_effect=float((ld_clean - ld_cf).mean()), identity_gap=float((ld_all - ld_cf).abs().mean()),
+        n_examples=n, n_bootstrap=n_bootstrap, ci=ci, seed=seed,
+    )
+
+
+def _ld(logits: Tensor, good: Tensor, bad: Tensor) -> Tensor:
+    return (logits.gather(-1, good[:, None]) - logits.gather(-1, bad[:, None])).squeeze(-1).double()
+
+
+@dataclass(frozen=True)
+class PositionalDominance:
+    """The positional single-head deposit verdict of one :class:`RouteShares` ("yes", "no" or
+    "undecided"), with the numbers behind it."""
+
+    verdict: str
+    top: str  # the route with the largest share ("" without any)
+    share: float
+    ci: tuple[float, float]
+    runner_up: str
+    runner_up_share: float
+    others_max_abs: float
+    why: str
+
+    @property
+    def single(self) -> bool:
+        return self.verdict == "yes"
+
+    def text(self) -> str:
+        if not self.top:
+            return f"positional deposit: {self.verdict} ({self.why})"
+        return (f"positional deposit: {self.verdict} — top route {self.top} carries {100 * self.share:.0f}% "
+                f"[{100 * self.ci[0]:.0f}, {100 * self.ci[1]:.0f}] of the positional effect, runner-up "
+                f"{self.runner_up or '-'} {100 * self.runner_up_share:.0f}% ({self.why})")
+
+
+def positional_dominance(r: RouteShares) -> PositionalDominance:
+    """The one definition of a positional single-head deposit (module docstring)."""
+    units = r.units()
+    if abs(r.effect) < NO_EFFECT or not units:
+        return PositionalDominance("no", "", 0.0, (0.0, 0.0), "", 0.0, 0.0,
+                                   f"no positional effect ({r.effect:.2g} logits)")
+    (top, share, lo, hi), others = units[0], units[1:]
+    worst = max((max(abs(o[2]), abs(o[3])) for o in others), default=0.0)
+    clear_out = [o for o in others if o[2] > SMALL_DROP or o[3] < -SMALL_DROP]
+    if hi < LARGE_DROP:
+        verdict, why = "no", f"the top route's interval lies below {100 * LARGE_DROP:.0f}%"
+    elif clear_out:
+        verdict, why = "no", f"{clear_out[0][0]}'s share lies outside ±{100 * SMALL_DROP:.0f}%"
+    elif lo >= LARGE_DROP and worst <= SMALL_DROP:
+        verdict, why = "yes", f"every other route within ±{100 * SMALL_DROP:.0f}%"
+    else:
+        verdict, why = "undecided", f"the intervals reach across a threshold (n = {r.n_examples})"
+    runner = others[0] if others else ("", 0.0, 0.0, 0.0)
+    return PositionalDominance(verdict, top, share, (lo, hi), runner[0], runner[1],
+                               max((abs(o[1]) for o in others), default=0.0), why)

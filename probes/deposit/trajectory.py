@@ -1,0 +1,166 @@
+"""The deposit over training: every criterion at every snapshot of a run.
+
+A run trained with ``snapshots="log"`` keeps its weights at steps 0, 1, 2, 4, ... and every few
+steps after (:mod:`pe_interp.snapshots`). :func:`snapshot_dynamics` walks them and, at each step,
+computes the whole model's single-head zero-ablation grid on the same first ``n`` held-out
+examples (the examples ``ablate`` uses), the three verdicts decided on their intervals
+(:mod:`probes.deposit.decision`): the single-head deposit, layer-0 concentration and the
+positional deposit (:mod:`probes.deposit.routes`, on the same position-only counterfactual pairs
+at every step). A step where any verdict is not a clear "no" on the screening set is measured
+again on ``n_confirm`` examples (and pairs), and that record replaces the screen.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pe_interp.checkpoint import load_run
+from pe_interp.io import load_result, register_result, to_json, write_result
+from pe_interp.snapshots import read_manifest
+from probes.ablation import ablate_heads
+from probes.deposit.decision import NO, decide_concentration, decide_single
+from probes.deposit.routes import positional_dominance, route_shares
+
+RESULT_KIND = register_result("snapshot dynamics", "SnapshotDynamics.load", ("records", "options"))
+PAIRS_SEED_OFFSET = 7_717  # the pairs are task.counterfactuals(n, "position", seed=train seed + this)
+
+__all__ = ["SnapshotDynamics", "measure_ablation", "measure_routes", "measure_step", "snapshot_dynamics"]
+
+
+@dataclass(frozen=True, eq=False)
+class SnapshotDynamics:
+    """What :func:`snapshot_dynamics` returns: one record per snapshot, by step (see
+    :func:`measure_step` for a record's keys), and the options they were computed with."""
+
+    records: tuple[dict[str, Any], ...]
+    options: dict[str, Any]
+
+    @property
+    def steps(self) -> list[int]:
+        return [r["step"] for r in self.records]
+
+    def holds(self, criterion: str) -> list[int]:
+        """The steps at which ``criterion`` (``single_head``, ``layer0`` or ``positional``) is "yes"."""
+        return [r["step"] for r in self.records if r["verdicts"][criterion]["verdict"] == "yes"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"options": to_json(self.options), "records": [to_json(r) for r in self.records]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SnapshotDynamics:
+        return cls(tuple(d["records"]), dict(d["options"]))
+
+    def save(self, path: str | Path) -> Path:
+        return write_result(path, RESULT_KIND, self.to_dict(), indent=None)
+
+    @classmethod
+    def load(cls, path: str | Path) -> SnapshotDynamics:
+        return load_result(path, RESULT_KIND, cls.from_dict)
+
+
+def measure_ablation(run, n: int, n_bootstrap: int = 1000) -> dict[str, Any]:
+    """The ablation part of a record: the grid on the first ``n`` held-out examples and the
+    single-head and layer-0 verdicts decided on it."""
+    test = run.examples("test", n)
+    a = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=n_bootstrap)
+    return to_json({"n_examples": a.n_examples, "baseline": a.baseline, "drops": a.drops, "ci_low": a.ci_low,
+                    "ci_high": a.ci_high, "verdicts": {"single_head": decide_single(a).to_dict(),
+                                                       "layer0": decide_concentration(a, 0).to_dict()}})
+
+
+def measure_routes(run, n_pairs: int, n_bootstrap: int = 1000) -> dict[str, Any]:
+    """The positional part of a record: route shares on ``n_pairs`` position-only pairs (the same
+    pairs at every step) and the positional verdict."""
+    pairs = run.task.counterfactuals(n_pairs, kind="position", seed=run.train_cfg.seed + PAIRS_SEED_OFFSET)
+    r = route_shares(run.model, pairs.clean.tokens, pairs.corrupt.tokens, pairs.clean.labels, pairs.corrupt.labels,
+                     pad_mask=pairs.clean.pad_mask, n_bootstrap=n_bootstrap)
+    p = positional_dominance(r)
+    return to_json({"positional": {**r.to_dict(), "top": p.top, "top_share": p.share},
+                    "verdicts": {"positional": {"verdict": p.verdict, "why": p.why, "n_examples": r.n_examples,
+                                                "need": None}}})
+
+
+def measure_step(run, n: int, n_pairs: int, n_bootstrap: int = 1000, positional: bool = True,
+                 n_confirm: int | None = None) -> dict[str, Any]:
+    """One record of a loaded run (any step): ``step``, ``sha256``, ``n_examples``, ``baseline``,
+    ``drops``/``ci_low``/``ci_high`` ``[n_layers][n_heads]`` (accuracy points as fractions),
+    ``verdicts`` (``single_head``, ``layer0``, ``positional``: each ``{verdict, why, n_examples,
+    need}``), ``positional`` (the route shares, or None) and ``confirmed``. With ``n_confirm``,
+    each part whose verdict is not a clear "no" is measured again on ``n_confirm`` examples
+    (pairs), and the screen's verdicts are kept under ``screen``."""
+    t0 = time.perf_counter()
+    abl = measure_ablation(run, n, n_bootstrap)
+    pos = measure_routes(run, n_pairs, n_bootstrap) if positional and _position_changes_label(run.task) else None
+    screen = {**abl["verdicts"], **(pos["verdicts"] if pos else {})}
+    confirmed = False
+    if n_confirm is not None:
+        if n_confirm > n and any(v["verdict"] != NO for v in abl["verdicts"].values()):
+            abl, confirmed = measure_ablation(run, n_confirm, n_bootstrap), True
+        if pos is not None and n_confirm > n_pairs and pos["verdicts"]["positional"]["verdict"] != NO:
+            pos, confirmed = measure_routes(run, n_confirm, n_bootstrap), True
+    record = {"step": run.provenance["step"], "sha256": run.provenance["sha256"], **abl,
+              "verdicts": {**abl["verdicts"], **(pos["verdicts"] if pos else {})},
+              "positional": pos["positional"] if pos else None, "confirmed": confirmed,
+              "seconds": round(time.perf_counter() - t0, 2)}
+    if confirmed:
+        record["screen"] = screen
+    return record
+
+
+def _position_changes_label(task) -> bool:
+    """Whether the task's position-only counterfactuals change the answer (the positional
+    criterion needs an effect to share out; task 2's count does not change with position)."""
+    pairs = task.counterfactuals(8, kind="position", seed=0)
+    return bool((pairs.clean.labels != pairs.corrupt.labels).any())
+
+
+def snapshot_dynamics(
+    run_dir: str | Path, *, n: int = 128, n_confirm: int = 1000, n_pairs: int = 128, steps: Sequence[int] | None = None,
+    positional: bool = True, n_bootstrap: int = 1000, done: SnapshotDynamics | None = None,
+    on_record: Callable[[SnapshotDynamics], None] | None = None, progress: bool = True,
+) -> SnapshotDynamics:
+    """Every criterion at every snapshot (module docstring). ``done``: records already computed
+    with these options, kept where their snapshot's sha256 still matches (a resumed call redoes
+    nothing); ``on_record`` sees the result after each new record (to save it)."""
+    for name, value in (("n", n), ("n_confirm", n_confirm), ("n_pairs", n_pairs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"snapshot_dynamics: {name} must be a positive whole number, got {value!r}")
+    manifest = {e["step"]: e for e in read_manifest(run_dir)}
+    if not manifest:
+        raise ValueError(f"{run_dir}: the run kept no snapshots (train it with --snapshots log)")
+    wanted = sorted(manifest) if steps is None else sorted(set(steps))
+    missing = [s for s in wanted if s not in manifest]
+    if missing:
+        raise ValueError(f"{run_dir}: no snapshot at step(s) {', '.join(map(str, missing[:5]))}; the run kept "
+                         f"{len(manifest)} (pe-interp show lists them)")
+    options = {"n": n, "n_confirm": max(n, n_confirm), "n_pairs": n_pairs, "positional": positional,
+               "n_bootstrap": n_bootstrap}
+    kept = {}
+    if done is not None and done.options == options:
+        kept = {r["step"]: r for r in done.records if r["step"] in manifest and r["sha256"] == manifest[r["step"]]["sha256"]}
+    records = dict(kept)
+    bar = _bar(len(wanted), len([s for s in wanted if s in kept]), progress)
+    for step in wanted:
+        if step in records:
+            continue
+        run = load_run(run_dir, step=step)
+        records[step] = measure_step(run, n, n_pairs, n_bootstrap, positional, n_confirm=options["n_confirm"])
+        if bar is not None:
+            bar.update(1)
+        if on_record is not None:
+            on_record(SnapshotDynamics(tuple(records[s] for s in sorted(records)), options))
+    if bar is not None:
+        bar.close()
+    return SnapshotDynamics(tuple(records[s] for s in sorted(records) if s in wanted), options)
+
+
+def _bar(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="dynamics", unit="snapshot", dynamic_ncols=True, leave=False)
