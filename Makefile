@@ -4,13 +4,15 @@
 #   make test        the test suite (browser tests need Chromium: make setup-browser)
 #   make reproduce   the full `quick` reproduction: 60 models, both tasks, every probe (45-70 minutes)
 #   make mid         the deposit study at the paper's topology (6 x 16 heads) on a CPU: hours
+#   make dynamics    the deposit over training: every criterion at every snapshot (hours, resumable)
+#   make validate    the planted positional routes: does each probe find what is there?
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 CHROMIUM := $(shell command -v chromium || command -v chromium-browser || command -v google-chrome || true)
 
-.PHONY: setup setup-browser test demo reproduce mid lint bench bench-parity gpu-wheels clean
+.PHONY: setup setup-browser test demo reproduce mid dynamics validate lint bench bench-parity gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -46,6 +48,17 @@ reproduce: setup
 mid: setup
 	$(VENV)/bin/pe-interp sweep grids/deposit_mid.yaml --out runs/sweeps/deposit-mid
 	$(VENV)/bin/pe-interp study findings/deposit-mid --grid grids/deposit_mid.yaml --readme README.md
+
+# The deposit over training (grids/deposit_dynamics.yaml: 16 runs at mid, every criterion at each of 28
+# snapshots; about an hour of one core a run): resumable, then the study's table from its findings.
+dynamics: setup
+	$(VENV)/bin/pe-interp sweep grids/deposit_dynamics.yaml --out runs/sweeps/deposit-dynamics
+	$(VENV)/bin/pe-interp study findings/deposit-dynamics --grid grids/deposit_dynamics.yaml --readme README.md
+
+# Ground truth: the planted families (grids/planted_quick.yaml, 30 quick runs, about an hour on 2 cores),
+# every localising probe scored against the planted routes, and the README's table.
+validate: setup
+	$(VENV)/bin/pe-interp validate --readme README.md
 
 lint: setup
 	$(VENV)/bin/ruff check pe_interp probes tests benchmarks

@@ -75,14 +75,15 @@ def reproduce(
 # deposit detection, head patching, positional scores, attention patterns and the top head's
 # logit terms. No dynamics and no gradient seeds: those are the reproduction's (make reproduce).
 DEMO_ENCODINGS = ["rope", "sinusoidal", "nope"]
-DEMO_PROBES = ("ablation", "patching", "positional", "attention", "decomposition")
+DEMO_PROBES = ("ablation", "routes", "patching", "positional", "attention", "decomposition")
 # The quick preset trained 4 epochs instead of 6 (384 steps instead of 576), and ablated on 1,000
 # held-out examples instead of 2,000: a third less work, so that the demo fits in ten minutes on a
 # loaded 2-core machine. RoPE still learns task 1 at this length (README, "The demo").
 DEMO_OVERRIDES = {"quick": {"epochs": 4}}
 DEMO_PROBE_OPTIONS = {"ablation": {"n": 1000}}
 # Committed checkpoints the demo opens up too: CHECKPOINTS/<name>/{config.json, model.safetensors},
-# each trained by `pe-interp train` (config.json records the command and the seed).
+# each trained by `pe-interp train` (config.json records the command and the seed). A name that
+# starts with "planted-" is a constructed model (grids/planted_quick.yaml), shown first.
 CHECKPOINTS = Path("checkpoints")
 
 

@@ -45,7 +45,8 @@ EXPECTED: dict[str, dict[str, str]] = {
 }
 RANKINGS = ("exact ablation: top head", "attribution ranking: top head", "head patching, position pairs: top head",
             "head patching, content pairs: top head", "head patching, both changed: top head",
-            "decomposition: most positional head", "positional routes: top route")
+            "decomposition: most positional head", "decomposition: where position enters",
+            "positional routes: top route")
 
 __all__ = ["EXPECTED", "FAMILY_ORDER", "RANKINGS", "family_of", "mirror_head", "score_cell", "validation_markdown",
            "validation_table"]

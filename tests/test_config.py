@@ -91,7 +91,6 @@ def test_encoding_normalised_to_specs():
         ("rope", "multiplicative"),
         ("decoupled_rope", "hybrid"),
         ("sinusoidal+rope", "hybrid"),
-        ("nope+rope", "multiplicative"),
         ("sinusoidal+alibi", "additive"),
     ],
 )

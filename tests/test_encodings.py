@@ -434,7 +434,7 @@ def test_register_encoding_rejects_bad_input():
         ("rope(heads=(0, 1))", [{"name": "rope", "heads": [0, 1]}]),
         ("rope(heads=[0,1], rotary_dim=4)", [{"name": "rope", "heads": [0, 1], "rotary_dim": 4}]),
         ("alibi(slopes='authors')", [{"name": "alibi", "slopes": "authors"}]),
-        (" t5( buckets = 8 ) + nope ", [{"name": "t5", "buckets": 8}, {"name": "nope"}]),
+        (" t5( buckets = 8 ) + sinusoidal ", [{"name": "t5", "buckets": 8}, {"name": "sinusoidal"}]),
         ("rope(base=1e+4)", [{"name": "rope"}]),  # the default, dropped; '+' inside brackets does not split
         ('{"name": "alibi", "slopes": "authors"}', [{"name": "alibi", "slopes": "authors"}]),
         ('[{"name": "sinusoidal", "layout": "concat"}, "rope"]', [{"name": "sinusoidal", "layout": "concat"}, {"name": "rope"}]),

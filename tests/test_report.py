@@ -669,18 +669,23 @@ def test_demo_opens_up_a_committed_checkpoint(tmp_path, capsys):
     ckpt = tmp_path / "checkpoints" / "tiny-rope"
     pe_interp.train(preset="smoke", encoding="sinusoidal+rope", seed=5, out=ckpt, progress=False)
     (ckpt / "train_state.safetensors").unlink()  # a committed checkpoint holds config and weights only
+    planted = tmp_path / "checkpoints" / "planted-tiny"  # a constructed model: shown first
+    pe_interp.train(preset="smoke", encoding="rope(heads=(1,), layers=(0,))", seed=2, out=planted, progress=False)
     (tmp_path / "checkpoints" / "not-a-run").mkdir()  # ignored: no config.json
     out = tmp_path / "demo"
     argv = ["demo", "--preset", "smoke", "--out", str(out), "--checkpoints", str(tmp_path / "checkpoints"),
             "--workers", "1", "--no-progress"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "Is there a single-head deposit, and where?" in printed and f"report: {(out / 'report.html').resolve()}" in printed
+    assert "The trained models: is there a single-head deposit, and where?" in printed
+    assert f"report: {(out / 'report.html').resolve()}" in printed
+    first = printed.index("A constructed model first: checkpoints/planted-tiny (rope(heads=(1,),layers=(0,))")
+    assert first < printed.index("The trained models") and "positional deposit (where position enters):" in printed
     cells = sorted(p.name for p in (out / "cells").iterdir())
-    assert len(cells) == 4 and any("checkpoint-tiny-rope" in c for c in cells)
+    assert len(cells) == 5 and any("checkpoint-tiny-rope" in c for c in cells)
     ck = next((out / "cells").glob("*checkpoint-tiny-rope*"))
     result = json.loads((ck / "result.json").read_text())
-    assert set(result["probes_run"]) == {"ablation", "patching", "positional", "attention", "decomposition"}
+    assert set(result["probes_run"]) == {"ablation", "routes", "patching", "positional", "attention", "decomposition"}
     assert result["seed"] == 5 and result["params"]["encoding"] == "sinusoidal+rope"
     page = (out / "report.html").read_text()
     first = page[page.index("id='verdict'"):page.index("<nav>")]

@@ -276,3 +276,45 @@ def test_layer_concentration_verdicts_decide_the_20_point_bar_on_the_interval():
     assert decide_concentration(open_, 0).verdict == "undecided"
     spread = _grid([[0.5, 0.45, 0.4]], [[0.45, 0.4, 0.35]], [[0.55, 0.5, 0.45]])
     assert decide_concentration(spread, 0).verdict == "no"
+
+
+@pytest.mark.parametrize("encoding", ["rope", "rope(heads=(3,), layers=(1,))"])
+def test_the_direct_term_is_the_rope_logit_minus_the_same_weights_without_rope(encoding):
+    from probes import positional_scores
+
+    m = model(encoding, scale=4.0)
+    blind = HookedPETransformer(ModelConfig(encoding="nope", **SHAPE)).eval()
+    blind.load_state_dict(m.state_dict())
+    b = TASK.sample(12, seed=2)
+    ps = positional_scores(m, b.tokens, pad_mask=b.pad_mask)
+    names = [f"blocks.{layer}.attn.hook_attn_scores" for layer in range(2)]
+    _, with_rope = m.run_with_cache(b.tokens, b.pad_mask, names_filter=names)
+    # the same residual into each layer, so that only the rotation differs
+    for layer in range(2):
+        _, resid = m.run_with_cache(b.tokens, b.pad_mask, names_filter=f"blocks.{layer}.hook_resid_pre")
+        _, without = blind.run_with_cache(b.tokens, b.pad_mask, start_at_layer=layer,
+                                          residual=resid[f"blocks.{layer}.hook_resid_pre"], names_filter=names[layer])
+        s, u = with_rope[names[layer]].double(), without[names[layer]].double()
+        ok = torch.isfinite(s) & b.pad_mask[:, None, :, None] & b.pad_mask[:, None, None, :]
+        for h in range(4):
+            d, t = (s - u)[:, h][ok[:, h]], s[:, h][ok[:, h]]
+            assert float(ps.direct[layer, h]) == pytest.approx(float(d.var(unbiased=False) / t.var(unbiased=False)),
+                                                               rel=1e-4, abs=1e-9)
+    if "heads" in encoding:
+        assert ps.entry() == (1, 3) and int((ps.direct > 0).sum()) == 1
+
+
+@pytest.mark.parametrize("encoding, message", [
+    ("rope+rope", "applies 'rope' twice"),
+    ("rope(heads=(0,))+rope(heads=(1,), base=500)", "applies 'rope' twice"),
+    ("nope+rope", "joins 'nope'"),
+    ('[{"name": "alibi"}, "sinusoidal", "alibi"]', "applies 'alibi' twice"),
+])
+def test_a_composition_that_repeats_or_contradicts_itself_is_refused(encoding, message, tmp_path, capsys):
+    from pe_interp.cli import main
+
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(encoding=encoding, **SHAPE)
+    assert main(["train", "--preset", "smoke", "--encoding", encoding, "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert message.split("'")[0] in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "r").exists()

@@ -115,6 +115,11 @@ def _decompose(args: argparse.Namespace, loaded) -> int:
         print(f"  RoPE: pair {int(top)} (theta={float(terms.rope.theta[top]):.3g}) carries the most")
     if scores is not None:
         lay, hd = scores.argmax()
-        print(f"  most positional head: L{lay}H{hd} (score {float(scores.scores[lay, hd]):.3f})")
+        print(f"  most positional head: L{lay}H{hd} (score {float(scores.scores[lay, hd]):.3f}: position-only "
+              "structure of its logits, also where it is read from an earlier head)")
+        entry = scores.entry()
+        if entry is not None:
+            print(f"  where position enters: L{entry[0]}H{entry[1]} (the encoding's own term is "
+                  f"{float(scores.direct[entry]):.3f} of its logit variance; 0 in a head the encoding does not touch)")
     print("wrote " + ", ".join(str(p) for p in written.values()))
     return 0

@@ -3,8 +3,10 @@
 RoPE and two controls (sinusoidal, NoPE) on task 1 at the ``quick`` size (4 epochs instead of 6),
 one seed each, then the full head-ablation grid with deposit detection, head patching, positional
 scores, attention patterns and the top head's logit terms; every committed checkpoint (``checkpoints/*/``) is
-opened up the same way. Writes ``report.html``, whose first screen answers "is there a
-single-head deposit, and where?", and prints where it is. Resumable: a rerun skips finished work.
+opened up the same way. It prints first what the detectors say on a constructed model
+(``checkpoints/planted-*``: position planted in one known head), so that a reader sees a
+positive, then the answer on the trained models and why. Writes ``report.html``, whose first
+screen answers "is there a single-head deposit, and where?". Resumable: a rerun skips finished work.
 """
 
 from __future__ import annotations
@@ -47,12 +49,26 @@ def run(args: argparse.Namespace) -> int:
     summary, report = demo(args.out, preset=args.preset, encodings=args.encodings,
                            checkpoints=args.checkpoints or None, workers=args.workers, progress=not args.no_progress)
     cells, errors = load_cells(args.out)  # a cell whose results came from other weights is an error there
-    task = first_task(cells)
+    planted = [c for c in cells if str(c.params.get("checkpoint", "")).startswith("planted-")]
+    for cell in planted:
+        print(f"\nA constructed model first: checkpoints/{cell.params['checkpoint']} ({cell.params['encoding']}: position "
+              f"enters at the heads named there and nowhere else; held-out {100 * cell.test_acc:.1f}%)")
+        for line in verdict_lines(cell):
+            print("  - " + line)
+    natural = [c for c in cells if c not in planted]
+    task = first_task(natural)
     if task is not None:
-        answer, lines = deposit_answer(cells, task)
-        print("\nIs there a single-head deposit, and where?\n  " + answer.replace("**", ""))
+        answer, lines = deposit_answer(natural, task)
+        print("\nThe trained models: is there a single-head deposit, and where?\n  " + answer.replace("**", ""))
         for _, line in lines:
             print("  - " + line.replace("**", ""))
+        for cell in natural:
+            positional = verdict_lines(cell)[1:]
+            if positional:
+                print(f"  - {cell.label}: " + positional[0])
+    if planted:
+        print("  (the paper's criterion asks whether one head is *useful* alone; the positional one where position "
+              "*enters*: README, \"Does it find what is there?\")")
     for name, err in summary.failed.items():
         print(f"  FAILED {name}: {err}")
     for e in errors:
@@ -62,3 +78,21 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({"out": str(args.out), "done": len(summary.done), "skipped": len(summary.skipped),
                       "failed": summary.failed, "wall_s": round(time.time() - t0, 1)}))
     return 1 if summary.failed else 0
+
+
+def verdict_lines(cell) -> list[str]:
+    """The paper's single-head verdict and the positional one of a demo cell, as text."""
+    from probes import RouteShares, dominance, positional_dominance
+
+    lines = []
+    if cell.ablation is not None:
+        d = dominance(cell.ablation)
+        large = f"{d.n_large} head{'s' if d.n_large != 1 else ''} cost ≥ 50 points"
+        lines.append(f"single-head deposit (the paper's criterion, zero-ablation): {'YES' if d.single else 'no'}: "
+                     f"top L{d.layer}H{d.head} costs {100 * d.drop:.1f} points, {large}, the largest other "
+                     f"|drop| {100 * d.others_max_abs:.1f}")
+    path = cell.run_dir / "routes.json"
+    if path.is_file():
+        p = positional_dominance(RouteShares.load(path))
+        lines.append(f"positional deposit (where position enters): {p.text().removeprefix('positional deposit: ')}")
+    return lines

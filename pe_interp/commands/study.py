@@ -47,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
         order = [grid.condition(c) for c in grid.cells()]
     out = Path(args.out) if args.out else src / "study"
     out.mkdir(parents=True, exist_ok=True)
+    from pe_interp.report.trajectories import has_snapshots
+
+    if has_snapshots(findings):  # a study over training: every criterion at every snapshot
+        return _trajectories(args, src, findings, order, out)
     models = model_rows(findings)
     conds = condition_rows(models, order)
     table = markdown(conds, models)
@@ -63,4 +67,30 @@ def run(args: argparse.Namespace) -> int:
         if not update_readme(args.readme, src.name, block):
             raise ValueError(f"{args.readme}: no <!-- study:{src.name} begin --> / <!-- study:{src.name} end --> markers")
         print(f"updated {args.readme}")
+    return 0
+
+
+def _trajectories(args: argparse.Namespace, src: Path, findings: list, order: list | None, out: Path) -> int:
+    import json
+
+    from pe_interp.io import atomic_write_text
+    from pe_interp.report.findings import update_readme
+    from pe_interp.report.trajectories import (
+        trajectory_figure,
+        trajectory_markdown,
+        trajectory_rows,
+    )
+
+    rows = trajectory_rows(findings, order)
+    table = trajectory_markdown(rows, str(src))
+    fig = trajectory_figure(rows, findings, out / "dynamics.png")
+    atomic_write_text(out / "STUDY.md", f"# The deposit over training: {src.name}\n\n{table}\n"
+                      + ("\n![every seed over training](dynamics.png)\n" if fig else ""))
+    atomic_write_text(out / "study.json", json.dumps({"conditions": rows}, indent=1, default=float))
+    print(table)
+    if args.readme:
+        if not update_readme(args.readme, src.name, table):
+            raise ValueError(f"{args.readme}: no <!-- study:{src.name} begin --> / <!-- study:{src.name} end --> markers")
+        print(f"updated {args.readme}")
+    print(f"wrote {out / 'STUDY.md'}, {out / 'study.json'}" + (f" and {fig}" if fig else ""))
     return 0

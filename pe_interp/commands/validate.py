@@ -108,8 +108,9 @@ def _record_of(cell_id: str, params: dict[str, Any], run_dir: Path, kept: dict[s
             p = patch(model, pairs.clean.tokens, pairs.corrupt.tokens, site="z", pad_mask=pairs.clean.pad_mask,
                       clean_labels=pairs.clean.labels, corrupt_labels=pairs.corrupt.labels, n_bootstrap=0)
             rankings[f"head patching, {label}: top head"] = p.values.abs().numpy()
-    rankings["decomposition: most positional head"] = positional_scores(model, test.tokens[:128],
-                                                                        pad_mask=test.pad_mask[:128]).scores
+    scores = positional_scores(model, test.tokens[:128], pad_mask=test.pad_mask[:128])
+    rankings["decomposition: most positional head"] = scores.scores
+    rankings["decomposition: where position enters"] = scores.direct
     pairs = task.counterfactuals(512, kind="position", seed=seed + 7717)
     shares = route_shares(model, pairs.clean.tokens, pairs.corrupt.tokens, pairs.clean.labels, pairs.corrupt.labels,
                           pad_mask=pairs.clean.pad_mask)

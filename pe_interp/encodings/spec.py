@@ -117,6 +117,27 @@ def per_head(cls: type[Encoding]) -> bool:
 
 
 def parse_encoding(value: Any) -> tuple[EncodingSpec, ...]:
+    """Normalise any accepted ``encoding=`` value into a tuple of specs (:func:`_parse`), and refuse
+    a composition that repeats an encoding or joins ``nope`` to another (:func:`check_composition`)."""
+    return check_composition(_parse(value))
+
+
+def check_composition(specs: tuple[EncodingSpec, ...]) -> tuple[EncodingSpec, ...]:
+    """``specs`` unless a part repeats another's encoding (its position would enter twice: restrict
+    one part with ``heads=``/``layers=`` instead, or merge them) or ``nope`` is joined to another
+    encoding (no position and some position at once); a one-line ValueError otherwise."""
+    names = [s.name for s in specs]
+    if len(names) > 1 and "nope" in names:
+        raise ValueError(f"encoding: {'+'.join(names)} joins 'nope' (no positional encoding) to another encoding; "
+                         "give the other alone")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"encoding: {'+'.join(names)} applies {repeated[0]!r} twice; give it once (restrict it with "
+                         "heads=/layers= to act on some heads)")
+    return specs
+
+
+def _parse(value: Any) -> tuple[EncodingSpec, ...]:
     """Normalise any accepted ``encoding=`` value into a tuple of specs.
 
     Accepted: a registered name, a ``+``-joined composition (``"sinusoidal+rope"``), parts with
@@ -134,7 +155,7 @@ def parse_encoding(value: Any) -> tuple[EncodingSpec, ...]:
                 decoded = json.loads(text)
             except json.JSONDecodeError as err:
                 raise ValueError(f"encoding: invalid JSON {value!r} ({err.msg} at column {err.colno})") from None
-            return parse_encoding(decoded)
+            return _parse(decoded)
         parts = _split_top(text, "+", value)
         if any(not p for p in parts):
             raise ValueError(f"encoding: malformed composition {value!r}")
@@ -145,7 +166,7 @@ def parse_encoding(value: Any) -> tuple[EncodingSpec, ...]:
         params = {k: v for k, v in value.items() if k != "name"}
         return (make_spec(value["name"], params),)
     if isinstance(value, list | tuple):
-        specs = tuple(s for v in value for s in parse_encoding(v))
+        specs = tuple(s for v in value for s in _parse(v))
         if not specs:
             raise ValueError("encoding: empty list; use 'nope' for no positional encoding")
         return specs

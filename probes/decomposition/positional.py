@@ -16,6 +16,7 @@ from pe_interp.io import (
     register_result,
     write_result,
 )
+from pe_interp.kernels.rope import apply_rope
 from pe_interp.modes import eval_mode
 from probes.decomposition.toeplitz import toeplitz_score
 from probes.inputs import check_count, check_examples, check_finite_model
@@ -44,6 +45,11 @@ class PositionalScores:
     - ``toeplitz``: the mean over examples of :func:`toeplitz_score` of the head's logits on each
       example (the part that is a function of ``j - i`` alone within one example); high for
       relative-position heads even when content modulates them per example.
+    - ``direct``: the variance of the encoding's own term in the head's logits (the rotated
+      logit minus the same logit un-rotated, plus any positional bias) over the variance of the
+      logits: where position *enters*. A head that only reads position written by an earlier
+      head has position-only structure in its template but a direct term of exactly 0; so does
+      every head of a model whose encoding only adds to the residual stream (absolute encodings).
 
     Both are defined for every head of any model and need no knowledge of the encoding; NaN
     only where a head's logits are constant.
@@ -52,6 +58,7 @@ class PositionalScores:
     scores: Tensor
     toeplitz: Tensor
     n_examples: int
+    direct: Tensor | None = None  # None in files written before it was measured
 
     @property
     def template(self) -> Tensor:
@@ -65,10 +72,21 @@ class PositionalScores:
         i = int(s.flatten().argmax())
         return divmod(i, s.shape[1])
 
+    def entry(self) -> tuple[int, int] | None:
+        """(layer, head) with the largest direct term: where position enters (None when unmeasured
+        or when no head has one, as with an absolute encoding)."""
+        if self.direct is None:
+            return None
+        d = torch.nan_to_num(self.direct, nan=-math.inf)
+        if not bool((d > 0).any()):
+            return None
+        return divmod(int(d.flatten().argmax()), d.shape[1])
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "scores": self.scores.tolist(),
             "toeplitz": self.toeplitz.tolist(),
+            "direct": None if self.direct is None else self.direct.tolist(),
             "n_examples": self.n_examples,
             "definition": DEFINITION,
         }
@@ -79,6 +97,7 @@ class PositionalScores:
             scores=torch.from_numpy(nan_array(d["scores"])).float(),
             toeplitz=torch.from_numpy(nan_array(d["toeplitz"])).float(),
             n_examples=int(d["n_examples"]),
+            direct=None if d.get("direct") is None else torch.from_numpy(nan_array(d["direct"])).float(),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -104,7 +123,10 @@ def positional_scores(
     device = model.W_E.device
     L, H = cfg.n_layers, cfg.n_heads
     names = [f"blocks.{layer}.attn.hook_attn_scores" for layer in range(L)]
+    enc = model.encoding
+    direct_names = [f"blocks.{layer}.attn.hook_{k}" for layer in range(L) for k in ("rot_q", "rot_k", "pos_bias")]
     f64 = torch.float64
+    d_sums = torch.zeros(5, L, H, dtype=f64, device=device)  # sum d, d^2, s, s^2, count over valid entries
     # per half: sums and sums of squares per (layer, head, i, j), counts per (i, j)
     s1 = torch.zeros(2, L, H, n_pos, n_pos, dtype=f64, device=device)
     s2 = torch.zeros_like(s1)
@@ -117,7 +139,7 @@ def positional_scores(
             rows = slice(start, min(n, start + batch_size))
             toks = tokens[rows].to(device)
             pm = None if pad_mask is None else pad_mask[rows].to(device)
-            _, cache = model.run_with_cache(toks, pm, names_filter=names)
+            _, cache = model.run_with_cache(toks, pm, names_filter=names + direct_names)
             scores = torch.stack([cache[nm] for nm in names], 1).to(f64)  # [b, L, H, q, k]
             finite = torch.isfinite(scores)
             if cfg.mask_padding:
@@ -125,6 +147,9 @@ def positional_scores(
                 finite = finite & qv[:, None, None, :, None]
             scores = torch.where(finite, scores, torch.zeros((), dtype=f64, device=device))
             valid = finite[:, 0, 0]  # [b, q, k]: the same for every head
+            direct = torch.stack([_direct(model, cache, layer, n_pos) for layer in range(L)], 1)  # [b, L, H, q, k]
+            d_sums += torch.stack([(direct * finite).sum((0, 3, 4)), (direct**2 * finite).sum((0, 3, 4)),
+                                   scores.sum((0, 3, 4)), (scores**2).sum((0, 3, 4)), finite.to(f64).sum((0, 3, 4))])
             t = toeplitz_score(scores, finite)
             ok = torch.isfinite(t)
             toep_sum += torch.where(ok, t, torch.zeros_like(t)).sum(0)
@@ -151,4 +176,32 @@ def positional_scores(
         r2.append(torch.where(deg, torch.full_like(ss_tot, math.nan), 1 - ss_res / ss_tot.clamp(min=1e-300)))
     template = ((r2[0] + r2[1]) / 2).clamp(min=0.0, max=1.0)
     toeplitz = torch.where(toep_n > 0, toep_sum / toep_n.clamp(min=1), torch.full_like(toep_sum, math.nan))
-    return PositionalScores(scores=template.float().cpu(), toeplitz=toeplitz.float().cpu(), n_examples=n)
+    m = d_sums[4].clamp(min=1)
+    var_d = d_sums[1] / m - (d_sums[0] / m) ** 2
+    var_s = d_sums[3] / m - (d_sums[2] / m) ** 2
+    direct = torch.where(var_s > 0, var_d.clamp(min=0) / var_s.clamp(min=1e-300), torch.full_like(var_s, math.nan))
+    if enc.rotates and any(enc.rotary_spans(layer) is None for layer in range(L)):
+        direct = torch.full_like(direct, math.nan)  # it rotates without saying how: not measurable
+    return PositionalScores(scores=template.float().cpu(), toeplitz=toeplitz.float().cpu(), n_examples=n,
+                            direct=direct.float().cpu())
+
+
+def _direct(model, cache, layer: int, n_pos: int) -> Tensor:
+    """The encoding's own term in layer ``layer``'s logits ``[b, H, q, k]``: rotated minus un-rotated
+    q.k (scaled), plus the positional bias (0 where the encoding does neither)."""
+    pre = f"blocks.{layer}.attn."
+    out = None
+    if pre + "hook_rot_q" in cache.cache_dict:
+        q, k = cache[pre + "hook_rot_q"].double(), cache[pre + "hook_rot_k"].double()
+        qu, ku = q.clone(), k.clone()
+        for span in model.encoding.rotary_spans(layer) or ():
+            cos, sin = span.cos[:n_pos].double(), span.sin[:n_pos].double()
+            qu = apply_rope(qu, cos, -sin, span.start, span.heads)
+            ku = apply_rope(ku, cos, -sin, span.start, span.heads)
+        scale = model.blocks[layer].attn.scale
+        out = (torch.einsum("bqhd,bkhd->bhqk", q, k) - torch.einsum("bqhd,bkhd->bhqk", qu, ku)) * scale
+    like = cache[pre + "hook_attn_scores"]
+    if pre + "hook_pos_bias" in cache.cache_dict:
+        bias = cache[pre + "hook_pos_bias"].double()
+        out = bias.expand(like.shape[0], -1, -1, -1) if out is None else out + bias
+    return torch.zeros(like.shape, dtype=torch.float64, device=like.device) if out is None else out

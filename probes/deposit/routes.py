@@ -29,7 +29,8 @@ every other route at most :data:`~probes.deposit.dominance.SMALL_DROP` (5%) eith
 paper's 50 and 5 points, in units of the positional effect instead of accuracy. It is decided
 on the bootstrap intervals: "yes" when the top route's interval lies above 50% and every other
 route's inside ±5%, "no" when the top route's lies below 50% or another's outside ±5% (or when
-the model has no positional effect), and "undecided" otherwise.
+the model has no positional effect: less than :data:`NO_EFFECT`, 0.1 logits), and "undecided"
+otherwise.
 """
 
 from __future__ import annotations
@@ -49,8 +50,12 @@ from probes.inputs import FiniteWatch, check_count, check_examples, check_finite
 from probes.metrics import bootstrap_ci
 
 EMBED = "embed"
-# |positional effect| below this (logits) is no effect: a model blind to order scores ~1e-6
-NO_EFFECT = 1e-4
+# A positional effect below this (mean logit difference) is no effect: it moves no answer's
+# probability by more than ~2.5 points (a model blind to order scores ~1e-6, an untrained one
+# ~1e-3), and shares of it are noise. The positional deposit is then "no", as the paper's
+# criterion is for a model whose accuracy cannot drop 50 points.
+NO_EFFECT = 0.1
+FLOAT_NOISE = 1e-6  # below this the effect is float rounding, and no share is computed
 RESULT_KIND = register_result("positional routes", "RouteShares.load", ("shares", "routes", "effect"))
 
 __all__ = ["EMBED", "PositionalDominance", "RouteShares", "position_permutation", "position_routes",
@@ -274,7 +279,7 @@ def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labe
     numer = ld_clean[None] - ld[:-1]
     effect = float(denom.mean())
     e_lo, e_hi = bootstrap_ci(denom[None], None, n_bootstrap=n_bootstrap, ci=ci, seed=seed)
-    if abs(effect) < NO_EFFECT:
+    if abs(effect) < FLOAT_NOISE:  # blind to order: no effect to share out (shares of rounding noise)
         values, lo, hi = np.zeros(len(units) - 1), np.zeros(len(units) - 1), np.zeros(len(units) - 1)
     else:
         values = (numer.mean(1) / denom.mean()).numpy()

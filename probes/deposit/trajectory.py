@@ -23,10 +23,14 @@ from pe_interp.io import load_result, register_result, to_json, write_result
 from pe_interp.snapshots import read_manifest
 from probes.ablation import ablate_heads
 from probes.deposit.decision import NO, decide_concentration, decide_single
-from probes.deposit.routes import positional_dominance, route_shares
+from probes.deposit.routes import NO_EFFECT, positional_dominance, route_shares
 
 RESULT_KIND = register_result("snapshot dynamics", "SnapshotDynamics.load", ("records", "options"))
 PAIRS_SEED_OFFSET = 7_717  # the pairs are task.counterfactuals(n, "position", seed=train seed + this)
+# An open positional verdict is re-measured on this many pairs: each pair costs one forward per
+# route (96 at mid), four times an ablation example's share, so 512 pairs cost about what the
+# 1,000-example ablation grid does.
+PAIRS_CONFIRM = 512
 
 __all__ = ["SnapshotDynamics", "measure_ablation", "measure_routes", "measure_step", "snapshot_dynamics"]
 
@@ -90,8 +94,9 @@ def measure_step(run, n: int, n_pairs: int, n_bootstrap: int = 1000, positional:
     ``drops``/``ci_low``/``ci_high`` ``[n_layers][n_heads]`` (accuracy points as fractions),
     ``verdicts`` (``single_head``, ``layer0``, ``positional``: each ``{verdict, why, n_examples,
     need}``), ``positional`` (the route shares, or None) and ``confirmed``. With ``n_confirm``,
-    each part whose verdict is not a clear "no" is measured again on ``n_confirm`` examples
-    (pairs), and the screen's verdicts are kept under ``screen``."""
+    an ablation verdict that is not a clear "no" is measured again on ``n_confirm`` examples and
+    an open positional verdict on :data:`PAIRS_CONFIRM` pairs; the screen's verdicts are kept
+    under ``screen``."""
     t0 = time.perf_counter()
     abl = measure_ablation(run, n, n_bootstrap)
     pos = measure_routes(run, n_pairs, n_bootstrap) if positional and _position_changes_label(run.task) else None
@@ -100,8 +105,8 @@ def measure_step(run, n: int, n_pairs: int, n_bootstrap: int = 1000, positional:
     if n_confirm is not None:
         if n_confirm > n and any(v["verdict"] != NO for v in abl["verdicts"].values()):
             abl, confirmed = measure_ablation(run, n_confirm, n_bootstrap), True
-        if pos is not None and n_confirm > n_pairs and pos["verdicts"]["positional"]["verdict"] != NO:
-            pos, confirmed = measure_routes(run, n_confirm, n_bootstrap), True
+        if pos is not None and PAIRS_CONFIRM > n_pairs and pos["verdicts"]["positional"]["verdict"] != NO:
+            pos, confirmed = measure_routes(run, PAIRS_CONFIRM, n_bootstrap), True
     record = {"step": run.provenance["step"], "sha256": run.provenance["sha256"], **abl,
               "verdicts": {**abl["verdicts"], **(pos["verdicts"] if pos else {})},
               "positional": pos["positional"] if pos else None, "confirmed": confirmed,
@@ -138,7 +143,7 @@ def snapshot_dynamics(
         raise ValueError(f"{run_dir}: no snapshot at step(s) {', '.join(map(str, missing[:5]))}; the run kept "
                          f"{len(manifest)} (pe-interp show lists them)")
     options = {"n": n, "n_confirm": max(n, n_confirm), "n_pairs": n_pairs, "positional": positional,
-               "n_bootstrap": n_bootstrap}
+               "n_bootstrap": n_bootstrap, "no_effect": NO_EFFECT, "pairs_confirm": PAIRS_CONFIRM}
     kept = {}
     if done is not None and done.options == options:
         kept = {r["step"]: r for r in done.records if r["step"] in manifest and r["sha256"] == manifest[r["step"]]["sha256"]}
