@@ -8,7 +8,13 @@ import pytest
 import torch
 
 import pe_interp
-from pe_interp.validate import family_of, mirror_head, score_cell, validation_markdown, validation_table
+from pe_interp.validate import (
+    family_of,
+    mirror_head,
+    score_cell,
+    validation_markdown,
+    validation_table,
+)
 
 SILENT = [(0, 0), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
 

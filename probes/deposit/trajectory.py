@@ -105,7 +105,7 @@ def measure_step(run, n: int, n_pairs: int, n_bootstrap: int = 1000, positional:
     if n_confirm is not None:
         if n_confirm > n and any(v["verdict"] != NO for v in abl["verdicts"].values()):
             abl, confirmed = measure_ablation(run, n_confirm, n_bootstrap), True
-        if pos is not None and PAIRS_CONFIRM > n_pairs and pos["verdicts"]["positional"]["verdict"] != NO:
+        if pos is not None and n_pairs < PAIRS_CONFIRM and pos["verdicts"]["positional"]["verdict"] != NO:
             pos, confirmed = measure_routes(run, PAIRS_CONFIRM, n_bootstrap), True
     record = {"step": run.provenance["step"], "sha256": run.provenance["sha256"], **abl,
               "verdicts": {**abl["verdicts"], **(pos["verdicts"] if pos else {})},
