@@ -19,6 +19,7 @@ __all__ = [
     "check_bool",
     "check_choice",
     "check_float",
+    "check_head_pairs",
     "check_int",
     "TOKEN_DTYPES",
     "check_finite_weights",
@@ -135,3 +136,17 @@ def check_bool(owner: str, name: str, value: Any) -> None:
 def check_choice(owner: str, name: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
         raise ValueError(f"{owner}.{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+
+
+def check_head_pairs(owner: str, name: str, value: Any, n_layers: int, n_heads: int) -> tuple[tuple[int, int], ...]:
+    """Distinct ``(layer, head)`` pairs of the model, sorted (also from JSON lists or "L:H" text)."""
+    try:
+        pairs = [tuple(int(x) for x in (p.split(":") if isinstance(p, str) else p)) for p in value]
+    except (TypeError, ValueError):
+        raise ValueError(f"{owner}.{name} must be (layer, head) pairs, e.g. [[0, 1], [1, 3]] or 0:1 1:3; got "
+                         f"{value!r}") from None
+    bad = [p for p in pairs if len(p) != 2 or not (0 <= p[0] < n_layers and 0 <= p[1] < n_heads)]
+    if bad or len(set(pairs)) != len(pairs):
+        what = f"{bad[0]} is not a head of {n_layers} layers x {n_heads} heads" if bad else "a head is repeated"
+        raise ValueError(f"{owner}.{name}: {what}")
+    return tuple(sorted(pairs))  # type: ignore[arg-type]

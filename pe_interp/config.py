@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from pe_interp.checks import check_bool, check_choice, check_float, check_int
+from pe_interp.checks import check_bool, check_choice, check_float, check_head_pairs, check_int
 from pe_interp.encodings import EncodingSpec, combined_kind, get_encoding_class, parse_encoding
 
 ACT_FNS = ("relu", "gelu", "silu")
@@ -175,8 +175,8 @@ class ModelConfig:
         check_float(own, "eps", self.eps, 0.0, 1.0)
         check_int(own, "seed", self.seed, low=0)
         check_int(own, "pad_id", self.pad_id, low=0)
-        object.__setattr__(self, "silent_heads", _head_pairs(own, "silent_heads", self.silent_heads, self.n_layers,
-                                                             self.n_heads))
+        object.__setattr__(self, "silent_heads", check_head_pairs(own, "silent_heads", self.silent_heads, self.n_layers,
+                                                                   self.n_heads))
         if self.pad_id >= self.d_vocab:
             raise ValueError(f"{own}.pad_id must be < d_vocab={self.d_vocab}, got {self.pad_id}")
         if not _device_syntax_ok(self.device):
@@ -373,20 +373,6 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"TrainConfig: unknown field(s) {', '.join(unknown)}")
         return cls(**data)
-
-
-def _head_pairs(owner: str, name: str, value: Any, n_layers: int, n_heads: int) -> tuple[tuple[int, int], ...]:
-    """Distinct ``(layer, head)`` pairs of the model, sorted (also from JSON lists or "L:H" text)."""
-    try:
-        pairs = [tuple(int(x) for x in (p.split(":") if isinstance(p, str) else p)) for p in value]
-    except (TypeError, ValueError):
-        raise ValueError(f"{owner}.{name} must be (layer, head) pairs, e.g. [[0, 1], [1, 3]] or 0:1 1:3; got "
-                         f"{value!r}") from None
-    bad = [p for p in pairs if len(p) != 2 or not (0 <= p[0] < n_layers and 0 <= p[1] < n_heads)]
-    if bad or len(set(pairs)) != len(pairs):
-        what = f"{bad[0]} is not a head of {n_layers} layers x {n_heads} heads" if bad else "a head is repeated"
-        raise ValueError(f"{owner}.{name}: {what}")
-    return tuple(sorted(pairs))  # type: ignore[arg-type]
 
 
 def check_run_configs(model_cfg: ModelConfig, train_cfg: TrainConfig) -> None:

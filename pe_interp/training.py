@@ -10,7 +10,6 @@ a training process).
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pe_interp import attn_routes, hardware, interrupts
+from pe_interp import attn_routes, interrupts
 from pe_interp._version import __version__
 from pe_interp.callbacks import Callback
 from pe_interp.checkpoint import (
@@ -41,11 +40,10 @@ from pe_interp.checkpoint import (
     truncate_jsonl,
     weights_provenance,
 )
-from pe_interp.checks import check_finite_weights, check_labels
 from pe_interp.config import ModelConfig, TrainConfig, check_device, check_run_configs
+from pe_interp.evaluation import _autocast, evaluate
 from pe_interp.io import dir_lock
 from pe_interp.model import HookedPETransformer
-from pe_interp.modes import eval_mode
 from pe_interp.snapshots import SnapshotWriter, snapshot_schedule
 from pe_interp.tasks import task_from_dict
 
@@ -60,41 +58,6 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     run_dir: Path | None = None
     model: Any = None  # the trained HookedPETransformer
-
-
-@torch.no_grad()
-def evaluate(
-    model, batch, batch_size: int = 1024, amp: bool = False, ignore_index: int | None = None
-) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of ``model`` on a task batch (eval mode, restored after).
-
-    Rows whose label is ``ignore_index`` count in neither (the authors' task-2 protocol)."""
-    if len(batch) == 0:
-        raise ValueError("evaluate: the batch is empty (need at least 1 example)")
-    check_finite_weights(model, "evaluate")
-    try:
-        check_labels(batch.labels, model.cfg.n_classes, len(batch), what="batch.labels")
-    except ValueError as err:
-        raise ValueError(f"evaluate: {err}") from None
-    device = model.W_E.device
-    correct, loss_sum, counted = 0, 0.0, 0
-    with eval_mode(model):
-        for i in range(0, len(batch), batch_size):
-            part = batch[i : i + batch_size].to(device)
-            with _autocast(device, amp):
-                logits = model(part.tokens, part.pad_mask).float()
-            keep = part.labels != ignore_index if ignore_index is not None else slice(None)
-            logits, labels = logits[keep], part.labels[keep]
-            loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
-            correct += (logits.argmax(-1) == labels).sum().item()
-            counted += len(labels)
-    if counted == 0:
-        raise ValueError(f"evaluate: every label is the ignored class {ignore_index}")
-    if not math.isfinite(loss_sum):  # finite weights, yet the logits overflowed
-        fix = "evaluate without amp (float32)" if amp else "check the inputs and the weights' scale"
-        raise ValueError(f"evaluate: the loss is not finite ({loss_sum}) although the weights are: the logits "
-                         f"overflow; {fix}")
-    return {"acc": correct / counted, "loss": loss_sum / counted}
 
 
 def _check_optimizer_state(path: Path, state: dict[int, dict[str, torch.Tensor]], params: dict[str, torch.Tensor],
@@ -117,11 +80,6 @@ def _check_optimizer_state(path: Path, state: dict[int, dict[str, torch.Tensor]]
             if v.ndim > 0 and tuple(v.shape) != shape:
                 raise CheckpointError(f"{path}: optimizer tensor 'optim.{idx}.{k}' has shape {tuple(v.shape)}, its "
                                       f"parameter {names[idx]} {shape}; {damaged}")
-
-
-def _autocast(device: torch.device, amp: bool):
-    """bf16 autocast when ``amp`` and the device runs bf16 natively (:mod:`pe_interp.hardware`)."""
-    return hardware.autocast(device, amp)
 
 
 class Trainer:

@@ -168,7 +168,7 @@ def _component_qk(model, toks, pm, head: int, cache: dict[str, Tensor]) -> tuple
     ``x`` to rotated q (and k) is affine, ``Q(x) = A x + Q(0)``; ``Q(0)`` (LayerNorm's bias through
     the projection, plus ``b_Q``, extended and rotated) is the offset, and ``Q(c) - Q(0)``,
     ``Q(p) - Q(0)`` are the content and position parts. Each ``Q(x)`` is the block's own
-    :meth:`~pe_interp.model.TransformerBlock.attention_inputs` and attention forward on ``x``,
+    :meth:`~pe_interp.blocks.TransformerBlock.attention_inputs` and attention forward on ``x``,
     read at ``hook_rot_q/k`` (``hook_q/k`` for an encoding that does not rotate).
     """
     block = model.blocks[0]
