@@ -48,7 +48,9 @@ RANKINGS = ("exact ablation: top head", "attribution ranking: top head", "head p
             "decomposition: most positional head", "decomposition: where position enters",
             "positional routes: top route")
 
-__all__ = ["EXPECTED", "FAMILY_ORDER", "RANKINGS", "family_of", "mirror_head", "score_cell", "validation_markdown",
+CIRCUIT = "circuit --faithful 0.9: holds every route"
+
+__all__ = ["CIRCUIT", "EXPECTED", "FAMILY_ORDER", "RANKINGS", "family_of", "mirror_head", "score_cell", "validation_markdown",
            "validation_table"]
 
 
@@ -116,6 +118,10 @@ def score_cell(record: dict[str, Any]) -> dict[str, Any]:
             continue
         layer, head = _top(grid)
         out[probe] = {"named": f"L{layer}H{head}", "hit": bool(routes[layer, head])}
+    circuit = record.get("circuit")
+    if circuit is not None:
+        out[CIRCUIT] = {"named": f"{100 * circuit['edges'] / circuit['total_edges']:.1f}% of the units",
+                        "hit": circuit["recall"] == 1.0}
     for probe, expected in EXPECTED.items():
         verdict = record["verdicts"].get(probe)
         if verdict is not None and family in expected:
@@ -146,7 +152,7 @@ def validation_markdown(records: list[dict[str, Any]], tasks: str) -> str:
     table = validation_table(records)
     fams = [f for f in FAMILY_ORDER if any(r["family"] == f for r in records)]
     lines = ["| probe | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
-    for probe in (*EXPECTED, *RANKINGS):
+    for probe in (*EXPECTED, *RANKINGS, CIRCUIT):
         if probe not in table:
             continue
         row = []
@@ -158,6 +164,10 @@ def validation_markdown(records: list[dict[str, Any]], tasks: str) -> str:
     lines.append("| held-out accuracy, mean (min–max) % | " + " | ".join(
         f"{100 * np.mean(a):.1f} ({100 * min(a):.1f}–{100 * max(a):.1f})" for a in accs.values()) + " |")
     n_cells = len(records)
+    sizes = [100 * r["circuit"]["edges"] / r["circuit"]["total_edges"] for r in records if r.get("circuit")]
+    if sizes:
+        lines.append(f"| faithful circuit's size, median (min–max) % of the position-aware units | {np.median(sizes):.1f} "
+                     f"({min(sizes):.1f}–{max(sizes):.1f}) over every family with a route |" + " |" * (len(fams) - 1))
     lines += ["", f"Hits k of n cells ({tasks}; Wilson 95% intervals). A ranking probe hits when its top head is a "
               "planted route; a verdict hits when it is the one the construction implies (— where it implies none). "
               f"From `findings/planted-quick/validation.json` ({n_cells} cells), written by `pe-interp validate`."]

@@ -33,6 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=None, help="cells trained at once (default: one per core)")
     p.add_argument("--readme", default=None, help="write the table between <!-- study:planted-quick --> markers")
     p.add_argument("--no-train", action="store_true", help="score only what is trained or recorded")
+    p.add_argument("--no-circuits", action="store_true",
+                   help="leave out circuit --faithful 0.9 (about a minute a model on 2 cores)")
     p.set_defaults(run=run)
 
 
@@ -51,26 +53,32 @@ def run(args: argparse.Namespace) -> int:
         run_sweep(grid, sweep_dir, workers=args.workers)
     path = Path(grid.findings) / VALIDATION
     kept = {r["id"]: r for r in json.loads(path.read_text())["records"]} if path.is_file() else {}
-    records = []
+    records: list[dict[str, Any]] = []
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    def add(record: dict[str, Any]) -> None:  # saved after every model: a stopped call keeps what it scored
+        records.append(record)
+        atomic_write_text(path, dumps(records + [r for i, r in kept.items() if i not in {x["id"] for x in records}]))
+
     for cell in grid.cells():
         run_dir = sweep_dir / "cells" / cell.id / "run"
         if (run_dir / "model.safetensors").is_file() and (sweep_dir / "cells" / cell.id / "result.json").is_file():
-            record = _record_of(cell.id, cell.kwargs, run_dir, kept.get(cell.id))
-            records.append(record)
+            record = _record_of(cell.id, cell.kwargs, run_dir, kept.get(cell.id), not args.no_circuits)
+            add(record)
             if record["family"] == "single_yes":
                 mirrored = sweep_dir / "derived" / f"{cell.id}__mirror" / "run"
                 if not (mirrored / "model.safetensors").is_file():
                     from pe_interp.validate import mirror_head
 
                     mirror_head(run_dir, mirrored, *MIRROR)
-                records.append(_record_of(f"{cell.id}__mirror", cell.kwargs, mirrored, kept.get(f"{cell.id}__mirror")))
+                add(_record_of(f"{cell.id}__mirror", cell.kwargs, mirrored, kept.get(f"{cell.id}__mirror"),
+                               not args.no_circuits))
         elif cell.id in kept and has_finding(grid, cell):
             records.append(kept[cell.id])
             if f"{cell.id}__mirror" in kept:
                 records.append(kept[f"{cell.id}__mirror"])
     if not records:
         raise ValueError(f"{sweep_dir}: no planted model is trained or recorded yet (run without --no-train)")
-    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, dumps(records))
     tasks = " and ".join(sorted({r["task"] for r in records}))
     block = validation_markdown(records, tasks)
@@ -83,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _record_of(cell_id: str, params: dict[str, Any], run_dir: Path, kept: dict[str, Any] | None) -> dict[str, Any]:
+def _record_of(cell_id: str, params: dict[str, Any], run_dir: Path, kept: dict[str, Any] | None,
+               circuits: bool = True) -> dict[str, Any]:
     """A cell's validation record: its routes, family, accuracy, every probe's ranking grid and
     every verdict (kept when it was computed from the same weights)."""
     from pe_interp.checkpoint import load_run
@@ -93,7 +102,7 @@ def _record_of(cell_id: str, params: dict[str, Any], run_dir: Path, kept: dict[s
     from probes.deposit.routes import position_routes, positional_dominance, route_shares
 
     run = load_run(run_dir)
-    if kept is not None and kept.get("sha256") == run.provenance["sha256"]:
+    if kept is not None and kept.get("sha256") == run.provenance["sha256"] and ("circuit" in kept or not circuits):
         return kept
     model, task, seed = run.model, run.task, run.train_cfg.seed
     routes = position_routes(model)[1]
@@ -127,4 +136,11 @@ def _record_of(cell_id: str, params: dict[str, Any], run_dir: Path, kept: dict[s
                      "layer-0 concentration": "yes" if concentrated else "no"},
         "top_drop": float(dominance(a).drop), "positional_effect": shares.effect,
     }
+    if circuits and routes.any():
+        from pe_interp.commands.circuit import circuit_run
+
+        c, _ = circuit_run(model, task, run, faithful=0.9)
+        heads = {f"L{a}H{b}" for a, b in zip(*routes.nonzero())}
+        record["circuit"] = {"recall": len(heads & set(c.nodes)) / len(heads), "edges": len(c.edges),
+                             "total_edges": c.total_edges, "faithfulness": (c.faithfulness or {}).get("kept")}
     return record
