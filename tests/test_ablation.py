@@ -362,6 +362,7 @@ def test_cli_ablate_writes_outputs(tmp_path, monkeypatch, capsys):
     class FakeRun:
         def __init__(self):
             self.model, self.run_dir, self.provenance = model, tmp_path, None
+            self.result_dir, self.at_step, self.name = tmp_path, None, str(tmp_path)  # a Run's final weights
 
         def examples(self, on="test", n=None):
             assert on == "test"

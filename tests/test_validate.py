@@ -103,3 +103,14 @@ def test_the_dynamics_study_counts_onset_lifetime_and_where_the_work_goes():
     assert peak["to_l0_others"] == pytest.approx(0.2) and peak["to_later_layers"] == pytest.approx(0.3)
     md = trajectory_markdown(rows, "findings/x")
     assert "| c | 2 | 85.0 | 0 of 2 [0, 66]% | 1 of 2 [9, 91]% | 0 of 2 [0, 66]% | 48 / 96 / 96 |" in md
+
+
+def test_single_yes_implies_the_papers_verdict_only_where_accuracy_decides_it():
+    from pe_interp.validate import expected
+
+    rec = {"family": "single_yes", "blind_ceiling": 0.1542}
+    assert expected("single-head deposit (paper)", {**rec, "test_acc": 0.9}) == "yes"
+    assert expected("single-head deposit (paper)", {**rec, "test_acc": 0.45}) == "no"
+    assert expected("single-head deposit (paper)", {**rec, "test_acc": 0.6}) is None
+    assert expected("positional deposit", {**rec, "test_acc": 0.6}) == "yes"
+    assert expected("layer-0 concentration", {"family": "two_routes"}) is None

@@ -140,7 +140,7 @@ def test_circuit_names_its_top_head_by_the_two_definitions(tmp_path):
 
     from pe_interp.commands.circuit import top_head
 
-    run = SimpleNamespace(run_dir=tmp_path)
+    run = SimpleNamespace(run_dir=tmp_path, result_dir=tmp_path, at_step=None, name=str(tmp_path))
     cases = [(grid((1, 2, 0.652), (0, 1, 0.03), rest=0.01), (1, 2), "single-head deposit (ablation.json)"),
              (grid((0, 0, 0.652), (1, 1, 0.258), rest=0.01), (0, 0),
               "layer concentration, no single-head deposit (ablation.json)"),

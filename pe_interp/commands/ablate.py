@@ -91,6 +91,11 @@ def _ablate(args: argparse.Namespace, run_dir: Path, loaded) -> int:
     print(report.summary())
     if result.is_grid and not np.isnan(result.drops).any() and result.metric == "accuracy":
         print(f"single-head deposit: {dominance(result).text()}")
+        if result.n_bootstrap > 0:
+            from probes.deposit import decide_concentration, decide_single
+
+            print(f"  on its intervals: single-head deposit {decide_single(result).text()}; layer-0 concentration "
+                  f"{decide_concentration(result, 0).text()}")
     found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits) or "none"
     print(f"layer concentration: {found}")
     print(f"wrote {run_dir / 'ablation.json'}, {run_dir / 'deposits.json'}" + ("" if args.no_figures else f", {run_dir / 'figures'}/"))

@@ -78,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
             verdict = "YES" if d.single else "no"
             print(f"single-head deposit  {verdict}: {d.text()} ({ablation.method}-ablation, {ablation.metric}, "
                   f"{ablation.n_examples} examples)")
+            if ablation.metric == "accuracy" and not np.isnan(ablation.ci_low).any():
+                from probes.deposit import decide_single
+
+                print(f"  on its intervals   {decide_single(ablation).text()}")
         else:
             print("single-head deposit  not judged: the ablation grid is partial (every head must be measured)")
     else:

@@ -130,6 +130,7 @@ def _record_of(cell_id: str, params: dict[str, Any], run_dir: Path, kept: dict[s
         "id": cell_id, "params": params, "task": task.name, "seed": seed, "sha256": run.provenance["sha256"],
         "test_acc": float(run.metrics()[-1]["test_acc"]) if run.metrics() else a.baseline,
         "routes": routes.astype(int).tolist(), "family": family_of(params, routes),
+        "blind_ceiling": float(getattr(task, "content_only_accuracy", task.length_only_accuracy)()),
         "rankings": {k: [[float(x) for x in row] for row in v] for k, v in rankings.items()},
         "verdicts": {"single-head deposit (paper)": "yes" if dominance(a).single else "no",
                      "positional deposit": positional_dominance(shares).verdict,
