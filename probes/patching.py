@@ -56,20 +56,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from pe_interp.hardware import autocast
-from pe_interp.io import (
-    load_result,
-    nan_array,
-    register_result,
-    write_result,
-)
 from pe_interp.modes import eval_mode
 from probes.inputs import (
     FiniteWatch,
@@ -80,265 +71,11 @@ from probes.inputs import (
     check_token_tensor,
 )
 from probes.metrics import bootstrap_ci
+from probes.patch_cells import BLOCK_SITES, HEAD_SITES, SITES, _Patcher, cell_layout, hook_name
+from probes.patch_result import RESULT_KIND, PatchResult
 
-HEAD_VECTOR_SITES = ("z", "q", "k", "v")
-HEAD_SITES = (*HEAD_VECTOR_SITES, "pattern")
-BLOCK_SITES = ("resid_pre", "attn_out", "mlp_out")
-SITES = HEAD_SITES + BLOCK_SITES
 DIRECTIONS = ("clean_to_corrupt", "corrupt_to_clean")
 DEFAULT_METRIC_NAME = "normalized_logit_diff"
-
-
-# ---------------------------------------------------------------------------------------------
-# result
-# ---------------------------------------------------------------------------------------------
-RESULT_KIND = register_result("patching", "PatchResult.load", ("site", "by_position", "direction", "values", "axis_names"))
-
-
-@dataclass(frozen=True, eq=False)
-class PatchResult:
-    """What :func:`patch` returns.
-
-    - ``values``: the metric per patch cell, shaped like the matching TransformerLens function's
-      output (``axis_names`` names the axes; the first is always ``layer`` and indexes ``layers``).
-    - ``per_example``: ``values.shape + (n_examples,)``; its mean over the last axis is
-      ``values`` (None for a custom scalar metric).
-    - ``ci_low``/``ci_high``: percentile-bootstrap interval of ``values`` at ``ci_level``
-      (None without per-example values or with ``n_bootstrap=0``).
-    - ``clean_value``/``corrupt_value``: the metric on the unpatched clean and corrupt runs
-      (1 and 0 for the default metric).
-    - ``extra``: for the default metric, the mean clean and corrupt logit differences and
-      ``denominator_z``, the normaliser ``mean(ld_clean - ld_corrupt)`` over its standard error;
-      when it is small (say < 3) the pairs barely separate the labels and normalised values are
-      noisy and can be far outside [0, 1].
-    """
-
-    values: Tensor
-    per_example: Tensor | None
-    ci_low: Tensor | None
-    ci_high: Tensor | None
-    site: str
-    by_position: bool
-    direction: str
-    layers: tuple[int, ...]
-    axis_names: tuple[str, ...]
-    metric_name: str
-    clean_value: float
-    corrupt_value: float
-    n_examples: int
-    n_bootstrap: int
-    ci_level: float = 0.95
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.values.shape)
-
-    def stderr(self) -> Tensor | None:
-        """Standard error of the mean over examples (None without per-example values)."""
-        if self.per_example is None or self.n_examples < 2:
-            return None
-        return self.per_example.std(dim=-1) / math.sqrt(self.n_examples)
-
-    def top(self, k: int = 5, *, by_abs: bool = True) -> list[tuple[dict[str, int], float]]:
-        """The ``k`` cells with the largest (absolute) values, as ``({axis: index}, value)``."""
-        flat = self.values.flatten()
-        score = flat.abs() if by_abs else flat
-        score = torch.nan_to_num(score, nan=-math.inf)
-        order = score.argsort(descending=True)[: max(0, k)]
-        out = []
-        for i in order.tolist():
-            idx = list(torch.unravel_index(torch.tensor(i), self.values.shape))
-            cell = {name: int(j) for name, j in zip(self.axis_names, idx)}
-            cell["layer"] = self.layers[cell["layer"]]
-            out.append((cell, float(flat[i])))
-        return out
-
-    def to_dict(self, per_example: bool = False) -> dict[str, Any]:
-        """JSON-able summary (per-example values only when asked: they can be large)."""
-
-        def lst(t: Tensor | None):
-            return None if t is None else t.detach().cpu().double().tolist()
-
-        out: dict[str, Any] = {
-            "site": self.site,
-            "by_position": self.by_position,
-            "direction": self.direction,
-            "layers": list(self.layers),
-            "axis_names": list(self.axis_names),
-            "shape": list(self.shape),
-            "metric": self.metric_name,
-            "clean_value": self.clean_value,
-            "corrupt_value": self.corrupt_value,
-            "n_examples": self.n_examples,
-            "n_bootstrap": self.n_bootstrap,
-            "ci_level": self.ci_level,
-            "values": lst(self.values),
-            "ci_low": lst(self.ci_low),
-            "ci_high": lst(self.ci_high),
-            "top": [{"cell": c, "value": v} for c, v in self.top(10)],
-            **{k: v for k, v in self.extra.items() if v is None or isinstance(v, int | float | str | bool)},
-        }
-        if per_example:
-            out["per_example"] = lst(self.per_example)
-        return out
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PatchResult:
-        """Invert :meth:`to_dict` (tensors come back as float64; keys it does not know, such as
-        what ``pe-interp patch`` adds, land in ``extra``)."""
-
-        def tensor(x: Any) -> Tensor | None:
-            return None if x is None else torch.from_numpy(nan_array(x))
-
-        return cls(
-            values=tensor(d["values"]),
-            per_example=tensor(d.get("per_example")),
-            ci_low=tensor(d.get("ci_low")),
-            ci_high=tensor(d.get("ci_high")),
-            site=d["site"],
-            by_position=bool(d["by_position"]),
-            direction=d["direction"],
-            layers=tuple(int(i) for i in d["layers"]),
-            axis_names=tuple(d["axis_names"]),
-            metric_name=d["metric"],
-            clean_value=float(d["clean_value"]),
-            corrupt_value=float(d["corrupt_value"]),
-            n_examples=int(d["n_examples"]),
-            n_bootstrap=int(d["n_bootstrap"]),
-            ci_level=float(d.get("ci_level", 0.95)),
-            extra={k: v for k, v in d.items() if k not in _SAVED_FIELDS},
-        )
-
-    def save(self, path: str | Path, per_example: bool = False) -> Path:
-        return write_result(path, RESULT_KIND, self.to_dict(per_example=per_example))
-
-    @classmethod
-    def load(cls, path: str | Path) -> PatchResult:
-        return load_result(path, RESULT_KIND, cls.from_dict)
-
-
-# the keys PatchResult.to_dict writes for its own fields (the rest of a saved dict is ``extra``)
-_SAVED_FIELDS = {
-    "site", "by_position", "direction", "layers", "axis_names", "shape", "metric", "clean_value",
-    "corrupt_value", "n_examples", "n_bootstrap", "ci_level", "values", "ci_low", "ci_high", "top",
-    "per_example", "kind",
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# cell layouts
-# ---------------------------------------------------------------------------------------------
-def hook_name(site: str, layer: int) -> str:
-    """TransformerLens-style hook name of ``site`` in ``layer``."""
-    if site in HEAD_SITES:
-        return f"blocks.{layer}.attn.hook_{site}"
-    if site in BLOCK_SITES:
-        return f"blocks.{layer}.hook_{site}"
-    raise ValueError(f"unknown site {site!r}; expected one of {', '.join(SITES)}")
-
-
-def cell_layout(
-    site: str, by_position: bool, n_pos: int, n_heads: int
-) -> tuple[Tensor, tuple[int, ...], tuple[str, ...]]:
-    """Boolean masks selecting each patch cell of one layer, the cell-grid shape and axis names.
-
-    The masks have shape ``[n_cells, 1, *activation_dims]`` with singleton dims where the patch
-    covers the whole axis, so ``torch.where(mask, source[None], receiver[None])`` builds the
-    patched activation of every cell at once (cells in row-major order of the grid).
-    """
-    if site in HEAD_VECTOR_SITES:  # activation [batch, pos, head, d_head]
-        if by_position:
-            eye = torch.eye(n_pos * n_heads, dtype=torch.bool)
-            return eye.view(n_pos * n_heads, 1, n_pos, n_heads, 1), (n_pos, n_heads), ("layer", "pos", "head")
-        eye = torch.eye(n_heads, dtype=torch.bool)
-        return eye.view(n_heads, 1, 1, n_heads, 1), (n_heads,), ("layer", "head")
-    if site == "pattern":  # activation [batch, head, dest, src]
-        if by_position:
-            eye = torch.eye(n_heads * n_pos, dtype=torch.bool)
-            return eye.view(n_heads * n_pos, 1, n_heads, n_pos, 1), (n_heads, n_pos), ("layer", "head", "dest_pos")
-        eye = torch.eye(n_heads, dtype=torch.bool)
-        return eye.view(n_heads, 1, n_heads, 1, 1), (n_heads,), ("layer", "head")
-    if site in BLOCK_SITES:  # activation [batch, pos, d_model]
-        if by_position:
-            eye = torch.eye(n_pos, dtype=torch.bool)
-            return eye.view(n_pos, 1, n_pos, 1), (n_pos,), ("layer", "pos")
-        return torch.ones(1, 1, 1, 1, dtype=torch.bool), (), ("layer",)
-    raise ValueError(f"unknown site {site!r}; expected one of {', '.join(SITES)}")
-
-
-# ---------------------------------------------------------------------------------------------
-# the batched engine
-# ---------------------------------------------------------------------------------------------
-def _repeat(t: Tensor | None, g: int) -> Tensor | None:
-    """``[n, ...] -> [g * n, ...]``, cell-major (rows ``c*n .. c*n+n-1`` belong to cell c)."""
-    if t is None:
-        return None
-    return t.unsqueeze(0).expand(g, *t.shape).reshape(g * t.shape[0], *t.shape[1:])
-
-
-def _mix(mask: Tensor, src: Tensor, recv: Tensor) -> Tensor:
-    """Patched activations of ``mask.shape[0]`` cells, flattened to ``[cells * n, ...]``."""
-    out = torch.where(mask, src.unsqueeze(0), recv.unsqueeze(0))
-    return out.reshape(-1, *src.shape[1:])
-
-
-class _Patcher:
-    """Patched forwards of one example chunk: caches both runs once, then runs cell groups."""
-
-    def __init__(self, model, site: str, layers: Sequence[int], src_tokens, recv_tokens, src_mask, recv_mask):
-        self.model, self.site = model, site
-        self.recv_tokens, self.key_valid = model.check_inputs(recv_tokens, recv_mask)
-        # z, attn_out and mlp_out resume after the patched layer's attention (or MLP): the
-        # layer's own input is the receiving run's, so only its output changes.
-        self.late = site in ("z", "attn_out", "mlp_out")
-        src_names, recv_names = set(), set()
-        for layer in layers:
-            recv_names.add(f"blocks.{layer}.hook_resid_pre")
-            src_names.add(hook_name(site, layer))
-            if self.late:
-                recv_names.add(hook_name(site, layer))
-                if site == "mlp_out":
-                    recv_names.add(f"blocks.{layer}.hook_resid_mid")
-        self.src_logits, src_cache = model.run_with_cache(src_tokens, src_mask, names_filter=sorted(src_names))
-        self.recv_logits, recv_cache = model.run_with_cache(recv_tokens, recv_mask, names_filter=sorted(recv_names))
-        self.src = {k: src_cache[k] for k in src_names}
-        self.recv = {k: recv_cache[k] for k in recv_names}
-
-    def run(self, layer: int, mask: Tensor) -> Tensor:
-        """Logits ``[cells * n, n_classes]`` of the cells selected by ``mask`` in ``layer``."""
-        model, site, g = self.model, self.site, mask.shape[0]
-        tokens = _repeat(self.recv_tokens, g)
-        key_valid = _repeat(self.key_valid, g)
-        name = hook_name(site, layer)
-        src = self.src[name]
-
-        def resume(at: int, residual: Tensor, start_at: str = "resid_pre") -> Tensor:
-            return model.forward_unchecked(tokens, key_valid, start_at_layer=at, residual=residual, start_at=start_at)
-
-        if site == "mlp_out":  # resid_post = resid_mid + mlp_out: the next layer's input
-            mid = _repeat(self.recv[f"blocks.{layer}.hook_resid_mid"], g)
-            return resume(layer + 1, mid + _mix(mask, src, self.recv[name]))
-        if self.late:  # resid_mid = resid_pre + attn_out; the block's MLP half onward
-            attn = model.blocks[layer].attn
-            if site == "z":
-                z = _mix(mask, src, self.recv[name])
-                attn_out = torch.einsum("bphd,hdm->bpm", z, attn.W_O) + attn.b_O
-            else:
-                attn_out = _mix(mask, src, self.recv[name])
-            resid_pre = _repeat(self.recv[f"blocks.{layer}.hook_resid_pre"], g)
-            return resume(layer, resid_pre + attn_out, "resid_mid")
-        if site == "resid_pre" and layer > 0:
-            return resume(layer, _mix(mask, src, self.recv[name]))
-
-        def hook(act: Tensor, hook: Any) -> Tensor:
-            recv = act.reshape(g, -1, *act.shape[1:])
-            out = torch.where(mask, src.unsqueeze(0), recv)
-            return out.reshape(act.shape)
-
-        residual = None if layer == 0 else _repeat(self.recv[f"blocks.{layer}.hook_resid_pre"], g)
-        with model.hooks(fwd_hooks=[(name, hook)]):
-            return resume(layer, residual)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -582,6 +319,7 @@ def patch(
 
 __all__ = [
     "BLOCK_SITES",
+    "RESULT_KIND",
     "DIRECTIONS",
     "HEAD_SITES",
     "SITES",
