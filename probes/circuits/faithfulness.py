@@ -37,7 +37,7 @@ from probes.circuits.engine import (
 )
 from probes.circuits.graph import Graph, build_graph
 from probes.circuits.scores import Attribution, span_ids
-from probes.circuits.selection import Circuit, Ranking, rank_edges
+from probes.circuits.selection import Circuit, Ranking, curve_area, default_sizes, rank_edges
 from probes.inputs import check_count, check_finite_model
 from probes.metrics import resample_sources
 
@@ -248,16 +248,6 @@ def _circuit_masks(c: Circuit, graph: Graph, sizes: Sequence[int]) -> np.ndarray
     return keeps
 
 
-def curve_area(kept: Sequence[float], recovered: Sequence[float], total: int) -> float:
-    """The area under recovered against the kept share of the graph (trapezoids between the
-    measured sizes, which should include 0 and the whole graph): 1 for a circuit that recovers
-    everything with no edge, 0.5 for a straight line."""
-    x = np.asarray(kept, dtype=np.float64) / max(1, total)
-    y = np.asarray(recovered, dtype=np.float64)
-    o = np.argsort(x, kind="stable")
-    return float(np.trapezoid(y[o], x[o])) if len(x) > 1 else float("nan")
-
-
 def _summary(ev: _Evaluator, sizes, kept, per, total) -> dict[str, Any]:
     full, empty = ev.ends()
     m = per.mean(1)
@@ -323,11 +313,6 @@ def faithfulness_curve(
     out = _summary(ev, sizes, keeps.sum((1, 2, 3)), ev(keeps), r.total)
     out.update({"select": r.select, "positional": r.positional, "span_names": list(r.span_names)})
     return out
-
-
-def default_sizes(total: int, points: int = 16) -> list[int]:
-    """0, about ``points`` sizes spaced geometrically from 1, and the whole graph."""
-    return sorted({0, *np.unique(np.geomspace(1, max(1, total), points).astype(int)).tolist(), total})
 
 
 def minimal_circuit(

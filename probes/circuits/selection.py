@@ -32,7 +32,7 @@ families given (``{"position": ..., "content": ...}``) or one family's (``by``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -334,3 +334,19 @@ def circuit(
 
 __all__ = ["SELECTIONS", "Circuit", "Ranking", "circuit", "circuit_from_mask", "order_units", "prune", "rank_edges",
            "widest_paths"]
+
+
+# ---- sizes and areas of faithfulness curves (probes.circuits.faithfulness) ------------------------------
+def curve_area(kept: Sequence[float], recovered: Sequence[float], total: int) -> float:
+    """The area under recovered against the kept share of the graph (trapezoids between the
+    measured sizes, which should include 0 and the whole graph): 1 for a circuit that recovers
+    everything with no edge, 0.5 for a straight line."""
+    x = np.asarray(kept, dtype=np.float64) / max(1, total)
+    y = np.asarray(recovered, dtype=np.float64)
+    o = np.argsort(x, kind="stable")
+    return float(np.trapezoid(y[o], x[o])) if len(x) > 1 else float("nan")
+
+
+def default_sizes(total: int, points: int = 16) -> list[int]:
+    """0, about ``points`` sizes spaced geometrically from 1, and the whole graph."""
+    return sorted({0, *np.unique(np.geomspace(1, max(1, total), points).astype(int)).tolist(), total})
