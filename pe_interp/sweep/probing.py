@@ -44,12 +44,11 @@ from probes import (
 if TYPE_CHECKING:
     from pe_interp.checkpoint import Run
 
-ABLATION, DEPOSITS, PATCHING, POSITIONAL, ATTENTION, LAYER_ABLATION, GENERALIZATION = (
+ABLATION, DEPOSITS, PATCHING, POSITIONAL, ATTENTION, LAYER_ABLATION, GENERALIZATION, ROUTES = (
     "ablation.json", "deposits.json", "patching.json", "positional.json", "attention.json", "layer_ablation.json",
-    "generalization.json",
+    "generalization.json", "routes.json",
 )
 SNAPSHOT_DYNAMICS = "dynamics.json"  # what `pe-interp dynamics` writes too
-ROUTES = "routes.json"
 ROTARY_KINDS = ("multiplicative", "hybrid")
 
 __all__ = [
@@ -284,12 +283,12 @@ def _probe_snapshot_dynamics(run: Run, n: int = 128, n_confirm: int = 1000, n_pa
     from pe_interp.snapshots import snapshot_steps
     from probes.deposit.trajectory import SnapshotDynamics, snapshot_dynamics
 
+    path = run.run_dir / SNAPSHOT_DYNAMICS
     if not snapshot_steps(run.run_dir):
         return None
-    path = run.run_dir / SNAPSHOT_DYNAMICS
-    done = SnapshotDynamics.load(path) if path.is_file() else None
-    result = snapshot_dynamics(run.run_dir, n=n, n_confirm=n_confirm, n_pairs=n_pairs, positional=positional, done=done,
-                               on_record=lambda r: save_result(path, r, None, indent=None), progress=False)
+    result = snapshot_dynamics(run.run_dir, n=n, n_confirm=n_confirm, n_pairs=n_pairs, positional=positional,
+                               done=SnapshotDynamics.load(path) if path.is_file() else None, progress=False,
+                               on_record=lambda r: save_result(path, r, None, indent=None))
     save_result(path, result, None, indent=None)
     return {"file": SNAPSHOT_DYNAMICS, **result.to_dict()}
 
