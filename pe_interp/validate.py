@@ -161,8 +161,19 @@ def validation_table(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[
     return table
 
 
-def validation_markdown(records: list[dict[str, Any]], tasks: str) -> str:
-    """The README table: one row per probe, one column per family, ``k/n [low-high%]``."""
+def validation_markdown(records: list[dict[str, Any]], tasks: str = "") -> str:
+    """The README's tables, one per task: a row per probe, a column per family, ``k/n [low-high%]``."""
+    parts = []
+    for task in sorted({r["task"] for r in records}):
+        parts.append(f"Task `{task}`:\n\n" + _task_table([r for r in records if r["task"] == task]))
+    lines = ["\n\n".join(parts), "", f"Hits k of n models (Wilson 95% intervals). A ranking probe hits when its top "
+             "head is a planted route; a verdict hits when it is the one the construction implies (— where it implies "
+             f"none). From `findings/planted-quick/validation.json` ({len(records)} models), written by "
+             "`pe-interp validate`."]
+    return "\n".join(lines)
+
+
+def _task_table(records: list[dict[str, Any]]) -> str:
     table = validation_table(records)
     fams = [f for f in FAMILY_ORDER if any(r["family"] == f for r in records)]
     lines = ["| probe | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
@@ -177,14 +188,10 @@ def validation_markdown(records: list[dict[str, Any]], tasks: str) -> str:
     accs = {f: [r["test_acc"] for r in records if r["family"] == f] for f in fams}
     lines.append("| held-out accuracy, mean (min–max) % | " + " | ".join(
         f"{100 * np.mean(a):.1f} ({100 * min(a):.1f}–{100 * max(a):.1f})" for a in accs.values()) + " |")
-    n_cells = len(records)
-    sizes = [100 * r["circuit"]["edges"] / r["circuit"]["total_edges"] for r in records if r.get("circuit")]
-    if sizes:
-        lines.append(f"| faithful circuit's size, median (min–max) % of the position-aware units | {np.median(sizes):.1f} "
-                     f"({min(sizes):.1f}–{max(sizes):.1f}) over every family with a route |" + " |" * (len(fams) - 1))
-    lines += ["", f"Hits k of n cells ({tasks}; Wilson 95% intervals). A ranking probe hits when its top head is a "
-              "planted route; a verdict hits when it is the one the construction implies (— where it implies none). "
-              f"From `findings/planted-quick/validation.json` ({n_cells} cells), written by `pe-interp validate`."]
+    sizes = {f: [100 * r["circuit"]["edges"] / r["circuit"]["total_edges"] for r in records
+                 if r["family"] == f and r.get("circuit")] for f in fams}
+    lines.append("| faithful circuit's size, median % of the position-aware units | " + " | ".join(
+        f"{np.median(v):.1f}" if v else "—" for v in sizes.values()) + " |")
     return "\n".join(lines)
 
 

@@ -75,7 +75,7 @@ def test_families_and_scores_follow_the_construction():
     assert table["exact ablation: top head"]["one_route"]["hits"] == 2
     assert table["single-head deposit (paper)"]["one_route"]["hits"] == 0
     md = validation_markdown([rec, rec], "distance")
-    assert "| positional deposit | 2/2 [34–100%] |" in md
+    assert "Task `distance`:" in md and "| positional deposit | 2/2 [34–100%] |" in md
 
 
 def _snap(step, drops, verdicts):
