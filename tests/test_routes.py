@@ -220,6 +220,15 @@ def test_a_single_route_carries_everything_and_a_blind_head_nothing():
     assert positional_dominance(r0).verdict == "no" and "no positional effect" in positional_dominance(r0).why
 
 
+def test_an_absolute_encodings_single_route_is_no_head_deposit():
+    m, p = model("sinusoidal", scale=10.0), pairs(32)
+    r = route_shares(m, p.clean.tokens, p.corrupt.tokens, p.clean.labels, p.corrupt.labels, pad_mask=p.clean.pad_mask,
+                     n_bootstrap=100)
+    assert r.routes.sum() == 0 and r.embed == pytest.approx(1.0, abs=1e-5)
+    verdict = positional_dominance(r)
+    assert verdict.verdict == "no" and verdict.top == "embed" and "enters no head" in verdict.why
+
+
 def test_route_shares_refuse_pairs_that_are_not_position_only():
     m = model("rope")
     p = TASK.counterfactuals(8, kind="both", seed=1)

@@ -29,8 +29,9 @@ every other route at most :data:`~probes.deposit.dominance.SMALL_DROP` (5%) eith
 paper's 50 and 5 points, in units of the positional effect instead of accuracy. It is decided
 on the bootstrap intervals: "yes" when the top route's interval lies above 50% and every other
 route's inside ±5%, "no" when the top route's lies below 50% or another's outside ±5% (or when
-the model has no positional effect: less than :data:`NO_EFFECT`, 0.1 logits), and "undecided"
-otherwise.
+the model has no positional effect: less than :data:`NO_EFFECT`, 0.1 logits, or when the top
+route is the residual stream: a deposit is a head, and an absolute encoding enters none of its
+own, so there this criterion cannot localise), and "undecided" otherwise.
 """
 
 from __future__ import annotations
@@ -342,7 +343,9 @@ def positional_dominance(r: RouteShares) -> PositionalDominance:
     (top, share, lo, hi), others = units[0], units[1:]
     worst = max((max(abs(o[2]), abs(o[3])) for o in others), default=0.0)
     clear_out = [o for o in others if o[2] > SMALL_DROP or o[3] < -SMALL_DROP]
-    if hi < LARGE_DROP:
+    if top == EMBED and lo >= LARGE_DROP:
+        verdict, why = "no", "the residual stream carries it: an absolute encoding enters no head of its own"
+    elif hi < LARGE_DROP:
         verdict, why = "no", f"the top route's interval lies below {100 * LARGE_DROP:.0f}%"
     elif clear_out:
         verdict, why = "no", f"{clear_out[0][0]}'s share lies outside ±{100 * SMALL_DROP:.0f}%"
