@@ -139,6 +139,8 @@ def test_rates_and_criteria_on_known_grids():
     assert text.startswith("Single-head deposit in 1 of 4 models (Wilson 95% interval 5–70%), in: base.")
     assert ("a head costing ≥ 50 points in 1 of 4 (the largest single-head drop: L0H5 62.0 points, base seed 0); "
             "every other head within 5 points in 3 of 4.") in text
+    # ...and decided on the intervals the findings keep (yes, no or undecided, issue 39)
+    assert [m.decided for m in models][0] in ("yes", "undecided") and "Decided on the bootstrap intervals" in text
 
 
 def test_readme_needs_its_markers(tmp_path):

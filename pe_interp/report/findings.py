@@ -29,7 +29,7 @@ import numpy as np
 
 from pe_interp.report.figures import new_figure, save_png
 from pe_interp.sweep.findings import ablation_of, layer_ablation_of
-from probes.deposit import LARGE_DROP, SMALL_DROP, dominance, layer_stats
+from probes.deposit import LARGE_DROP, SMALL_DROP, decide_single, dominance, layer_stats
 from probes.metrics import wilson
 
 __all__ = ["ConditionRow", "ModelRow", "condition_rows", "markdown", "model_rows", "study_dynamics_figure",
@@ -62,6 +62,7 @@ class ModelRow:
     peak_step: int | None
     wall_s: float | None
     native_bf16: bool | None
+    decided: str = ""  # the single-head deposit decided on its intervals: yes, no or undecided
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ def model_rows(findings: list[dict[str, Any]]) -> list[ModelRow]:
             single=d.single, top_large=d.top_large, others_small=d.others_small, l0_concentration=l0.is_deposit,
             peak_l0_drop=peak[0], peak_step=peak[1],
             wall_s=sum((f.get("seconds") or {}).values()) or None, native_bf16=machine.get("cpu_bf16"),
+            decided=decide_single(a).verdict if not np.isnan(a.ci_low).any() else "",
         ))
     return rows
 
@@ -171,6 +173,10 @@ def verdict(conds: list[ConditionRow], models: list[ModelRow] | None = None) -> 
                  f"{sum(m.top_large for m in models)} of {len(models)} (the largest single-head drop: {big.top} "
                  f"{_pct(big.top_drop)} points, {big.condition} seed {big.seed}); every other head within "
                  f"{SMALL_DROP * 100:.0f} points in {sum(m.others_small for m in models)} of {len(models)}.")
+        decided = [m.decided for m in models if m.decided]
+        if decided:
+            text += (f" Decided on the bootstrap intervals: yes in {decided.count('yes')}, no in {decided.count('no')}, "
+                     f"undecided in {decided.count('undecided')} of {len(decided)}.")
     return text
 
 
