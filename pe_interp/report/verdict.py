@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -175,6 +176,21 @@ def deposit_answer(cells: list[CellInfo], task: str) -> tuple[str, list[tuple[bo
     return answer, verdicts
 
 
+def positional_lines(cells: list[CellInfo], task: str) -> list[str]:
+    """Each model's positional deposit (where position enters, ``routes.json``), beside the paper's
+    verdict: one line per run that measured it."""
+    from probes import RouteShares, positional_dominance
+
+    out = []
+    for c in cells:
+        path = Path(c.run_dir) / "routes.json"
+        if c.task == task and path.is_file():
+            p = positional_dominance(RouteShares.load(path))
+            out.append(f"**{c.label}** (seed {c.seed}), positional deposit (where position enters): "
+                       + p.text().removeprefix("positional deposit: "))
+    return out
+
+
 def first_screen(cells: list[CellInfo]) -> str:
     """The verdict box, the ablation heatmaps of the first task's models, and the evidence."""
     task = first_task(cells)
@@ -187,6 +203,7 @@ def first_screen(cells: list[CellInfo]) -> str:
                 "head-ablation sweep (run the <code>ablation</code> probe, or <code>pe-interp ablate RUN_DIR</code>).</p></div>")
     answer, verdicts = deposit_answer(cells, task)
     body = "".join(f"<li>{inline_md(line)}</li>" for _, line in verdicts)
+    body += "".join(f"<li>{inline_md(line)}</li>" for line in positional_lines(cells, task))
     vmax = common_vmax(cells, task)
     figs = []
     for label, ms in models:
