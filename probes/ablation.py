@@ -12,17 +12,9 @@ from typing import Any
 
 from torch import Tensor
 
-from probes.ablation_sweep import (
-    METHODS,
-    AblationResult,
-    Head,
-    _run,
-    _sweep_batched,
-    _sweep_naive,
-    default_batch_size,
-    head_means,
-    keep_only,
-)
+from probes.ablation_parts import default_batch_size, head_means, keep_only
+from probes.ablation_result import METHODS, AblationResult, Head
+from probes.ablation_sweep import _run, _sweep_batched, _sweep_naive
 from probes.engines import attribution_engine, sampled_engine
 from probes.metrics import Metric, MetricFn, resample_sources
 

@@ -23,16 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from probes.ablation_sweep import (
-    METHODS,
-    AblationResult,
-    _as_inputs,
-    _checked,
-    _prepare,
-    _run,
-    _sweep_batched,
-    _units,
-)
+from probes.ablation_parts import _as_inputs, _checked, _prepare, _units
+from probes.ablation_result import METHODS, AblationResult
+from probes.ablation_sweep import _run, _sweep_batched
 from probes.metrics import resolve_metric
 
 
