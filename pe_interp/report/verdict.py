@@ -177,12 +177,17 @@ def deposit_answer(cells: list[CellInfo], task: str) -> tuple[str, list[tuple[bo
 
 
 def positional_lines(cells: list[CellInfo], task: str) -> list[str]:
-    """Each model's positional deposit (where position enters, ``routes.json``), beside the paper's
-    verdict: one line per run that measured it."""
+    """Each model's single-head verdict decided on its intervals (yes / no / undecided) and its
+    positional deposit (where position enters, ``routes.json``), beside the paper's verdict."""
     from probes import RouteShares, positional_dominance
+    from probes.deposit import decide_single
 
     out = []
     for c in cells:
+        a = c.ablation
+        if c.task == task and a is not None and a.metric == "accuracy" and not np.isnan(a.ci_low).any():
+            out.append(f"**{c.label}** (seed {c.seed}), single-head deposit on its bootstrap intervals: "
+                       + decide_single(a).text())
         path = Path(c.run_dir) / "routes.json"
         if c.task == task and path.is_file():
             p = positional_dominance(RouteShares.load(path))
