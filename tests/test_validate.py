@@ -114,3 +114,13 @@ def test_single_yes_implies_the_papers_verdict_only_where_accuracy_decides_it():
     assert expected("single-head deposit (paper)", {**rec, "test_acc": 0.6}) is None
     assert expected("positional deposit", {**rec, "test_acc": 0.6}) == "yes"
     assert expected("layer-0 concentration", {"family": "two_routes"}) is None
+
+
+def test_a_sweep_with_list_valued_settings_aggregates():
+    from pe_interp.sweep import aggregate
+
+    results = [{"params": {"silent_heads": [[0, 1], [1, 0]], "encoding": "rope"}, "final": {"test_acc": a}}
+               for a in (0.5, 0.7)]
+    rows = aggregate(results, ["silent_heads", "encoding"])
+    assert len(rows) == 1 and rows[0]["n_seeds"] == 2 and rows[0]["acc_mean"] == pytest.approx(0.6)
+    assert rows[0]["silent_heads"] == ((0, 1), (1, 0))

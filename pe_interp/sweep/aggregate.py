@@ -41,13 +41,22 @@ def deposits_of(result: dict[str, Any]) -> DepositReport | None:
     return None if dep is None else DepositReport.from_dict(dep)
 
 
+def _frozen(value: Any) -> Any:
+    """A setting as a dict key: lists (``silent_heads: [[0, 1], ...]``) as tuples, dicts as sorted items."""
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    return value
+
+
 def aggregate(results: list[dict[str, Any]], axes: list[str]) -> list[dict[str, Any]]:
     """One row per setting of ``axes``: accuracy mean ± std over seeds, how many seeds have a
     layer concentration, and layer 0's top-head drop, runner-up drop and share, each a mean over
     the ``l0_seeds`` seeds with an ablation report (every one of them)."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in results:
-        key = tuple((a, r["params"].get(a, "(base)")) for a in axes)
+        key = tuple((a, _frozen(r["params"].get(a, "(base)"))) for a in axes)
         groups.setdefault(key, []).append(r)
     rows = []
     for key, members in sorted(groups.items(), key=lambda kv: str(kv[0])):
