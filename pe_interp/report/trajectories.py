@@ -127,7 +127,7 @@ def trajectory_figure(rows: list[dict[str, Any]], findings: list[dict[str, Any]]
     with a marker at each snapshot where a criterion holds."""
     if not rows:
         return None
-    fig = new_figure(5.5 * len(rows), 3.6)
+    fig = new_figure(max(9.0, 5.5 * len(rows)), 4.0)
     axes = fig.subplots(1, len(rows), squeeze=False)[0]
     marks = {"single_head": ("v", "C3"), "layer0": ("o", "C0"), "positional": ("s", "C2")}
     for ax, row in zip(axes, rows):
@@ -148,6 +148,7 @@ def trajectory_figure(rows: list[dict[str, Any]], findings: list[dict[str, Any]]
         ax.set_xlabel("step", fontsize=8)
         ax.set_ylabel("drop when zero-ablated (pts)", fontsize=8)
         ax.tick_params(labelsize=7)
-    fig.suptitle("Top head (solid) and layer-0 top head (dotted) per seed; markers: single-head deposit (▼), "
-                 "layer-0 concentration (●), positional deposit (■) hold", fontsize=8)
+    fig.suptitle("Top head (solid) and layer-0 top head (dotted) per seed, zero-ablated on held-out examples\n"
+                 "markers where a criterion holds: single-head deposit (▼), layer-0 concentration (●), "
+                 "positional deposit (■)", fontsize=8)
     return save_png(fig, path)
