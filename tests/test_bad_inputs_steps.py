@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from bad_input_env import expect_cli_refusal
 
 import pe_interp
 from pe_interp.checkpoint import load_run
-from pe_interp.cli import main
 from pe_interp.snapshots import MANIFEST, SNAPSHOT_DIR, snapshot_path
 
 
@@ -137,16 +137,7 @@ def _readme(tmp: Path) -> Path:
 def test_cli_bad_input(case, snap, tmp_path, capsys):
     _, argv, pattern = case
     before = sorted(p.name for p in snap.iterdir())
-    try:
-        code = main(argv(snap, tmp_path))
-    except SystemExit as exit_:
-        code = exit_.code
-    err = capsys.readouterr().err.strip()
-    assert code == 2, f"exit status {code}; stderr: {err}"
-    assert "Traceback" not in err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1, f"more than one line: {err}"
-    assert re.search(pattern, lines[0]), lines[0]
+    expect_cli_refusal(argv(snap, tmp_path), pattern, capsys)
     assert sorted(p.name for p in snap.iterdir()) == before  # nothing written into the run
 
 
