@@ -49,6 +49,7 @@ from pe_interp.modes import eval_mode
 from probes.deposit.dominance import LARGE_DROP, SMALL_DROP
 from probes.inputs import FiniteWatch, check_count, check_examples, check_finite_model
 from probes.metrics import bootstrap_ci
+from probes.patching import logit_diff
 
 EMBED = "embed"
 # A positional effect below this (mean logit difference) is no effect: it moves no answer's
@@ -245,8 +246,8 @@ def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labe
     with eval_mode(model):
         names = {f"blocks.{layer}.hook_resid_pre" for layer in range(L)}
         _, cache = model.run_with_cache(clean, mask, names_filter=lambda name: name in names)
-        ld_clean = _ld(watch.see(model.forward_unchecked(clean, key_valid)), good, bad)
-        ld_cf = _ld(watch.see(model.forward_unchecked(corrupt, key_valid)), good, bad)
+        ld_clean = logit_diff(watch.see(model.forward_unchecked(clean, key_valid)), good, bad).double()
+        ld_cf = logit_diff(watch.see(model.forward_unchecked(corrupt, key_valid)), good, bad).double()
         group = max(1, batch_size // n) if n <= batch_size else 1
         chunk = min(n, batch_size)
         for u0 in range(0, len(units), group):
@@ -272,7 +273,7 @@ def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labe
                 resid = None if first == 0 else cache[f"blocks.{first}.hook_resid_pre"][rows].repeat(g, 1, 1)
                 with model.hooks(fwd_hooks=_hooks(model, sig, heads.flatten(0, 1), embed.flatten(), first)):
                     logits = watch.see(model.forward_unchecked(tok, kv, start_at_layer=first, residual=resid))
-                ld[u0 : u0 + g, rows] = _ld(logits, good[rows].repeat(g), bad[rows].repeat(g)).view(g, k).cpu()
+                ld[u0 : u0 + g, rows] = logit_diff(logits, good[rows].repeat(g), bad[rows].repeat(g)).double().view(g, k).cpu()
     watch.check(who, False)
     ld_clean, ld_cf = ld_clean.cpu(), ld_cf.cpu()
     ld_all = ld[-1]
@@ -302,10 +303,6 @@ def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labe
         counterfactual_effect=float((ld_clean - ld_cf).mean()), identity_gap=float((ld_all - ld_cf).abs().mean()),
         n_examples=n, n_bootstrap=n_bootstrap, ci=ci, seed=seed,
     )
-
-
-def _ld(logits: Tensor, good: Tensor, bad: Tensor) -> Tensor:
-    return (logits.gather(-1, good[:, None]) - logits.gather(-1, bad[:, None])).squeeze(-1).double()
 
 
 @dataclass(frozen=True)
