@@ -245,8 +245,8 @@ def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labe
     watch = FiniteWatch()
     with eval_mode(model):
         names = {f"blocks.{layer}.hook_resid_pre" for layer in range(L)}
-        _, cache = model.run_with_cache(clean, mask, names_filter=lambda name: name in names)
-        ld_clean = logit_diff(watch.see(model.forward_unchecked(clean, key_valid)), good, bad).double()
+        clean_logits, cache = model.run_with_cache(clean, mask, names_filter=lambda name: name in names)
+        ld_clean = logit_diff(watch.see(clean_logits), good, bad).double()
         ld_cf = logit_diff(watch.see(model.forward_unchecked(corrupt, key_valid)), good, bad).double()
         group = max(1, batch_size // n) if n <= batch_size else 1
         chunk = min(n, batch_size)
