@@ -252,6 +252,9 @@ def load_run(run_dir: str | Path, device: str = "cpu", step: int | None = None) 
     config = read_json(run_dir / CONFIG)
     if not isinstance(config, dict):
         raise CheckpointError(f"{run_dir / CONFIG}: invalid config (a JSON object expected, got {type(config).__name__})")
+    if "model_type" in config:
+        raise CheckpointError(f"{run_dir}: a saved Hugging Face model, not a pe-interp run: give the task to probe it on "
+                              "(pe-interp ablate DIR --task distance; pe_interp.model_dirs.load_model_dir)")
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
         raise CheckpointError(f"{run_dir / CONFIG}: unknown top-level key(s) {', '.join(map(repr, unknown))}; "

@@ -108,6 +108,34 @@ def check_finite_weights(model: nn.Module, who: str = "") -> None:
                          "or the weights were edited: reload the run (load_run) or retrain it")
 
 
+
+def check_token_ids(tokens: Any, d_vocab: int, n_ctx: int) -> Tensor:
+    """``tokens`` as int64 ``[batch, pos]`` ids of a model with ``d_vocab`` ids and context ``n_ctx``."""
+    check_token_tensor(tokens)
+    if tokens.ndim != 2 or tokens.shape[1] == 0:
+        raise ValueError(f"tokens must have shape [batch, pos] with pos >= 1, got {tuple(tokens.shape)}")
+    if tokens.shape[1] > n_ctx:
+        raise ValueError(f"tokens: sequence length {tokens.shape[1]} exceeds n_ctx={n_ctx}")
+    bad = (tokens < 0) | (tokens >= d_vocab)
+    if bool(bad.any()):
+        where = bad.nonzero()[0].tolist()
+        raise ValueError(f"tokens: id {tokens[tuple(where)].item()} at {tuple(where)} is outside the vocabulary "
+                         f"[0, {d_vocab})")  # fmt: skip
+    return tokens.long()  # int16/uint8 pass the check above, but F.embedding needs int64/int32
+
+
+def check_pad_mask_tensor(tokens: Tensor, pad_mask: Any, pad_id: int) -> Tensor:
+    """The pad mask of checked ``tokens`` (default ``tokens != pad_id``): bool, shaped like them,
+    with a real token in every row."""
+    if pad_mask is None:
+        pad_mask = tokens != pad_id
+    elif not isinstance(pad_mask, Tensor) or pad_mask.shape != tokens.shape or pad_mask.dtype != torch.bool:
+        raise ValueError(f"pad_mask must be a bool tensor shaped like tokens {tuple(tokens.shape)}, got "
+                         f"{getattr(pad_mask, 'dtype', type(pad_mask).__name__)} {tuple(getattr(pad_mask, 'shape', ()))}")
+    if not bool(pad_mask.any(dim=1).all()):
+        raise ValueError(f"pad_mask: row {(~pad_mask.any(dim=1)).nonzero()[0].item()} has no real token")
+    return pad_mask
+
 def finite_number(value: Any) -> bool:
     """A real number (not bool) that is finite."""
     return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool) \

@@ -45,7 +45,7 @@ from transformer_lens.hook_points import HookPoint
 
 from pe_interp.attention import AttnContext, affine, build_mask
 from pe_interp.blocks import Norm, TransformerBlock
-from pe_interp.checks import check_token_tensor
+from pe_interp.checks import check_pad_mask_tensor, check_token_ids
 from pe_interp.config import ModelConfig
 from pe_interp.encodings import build_encoding
 
@@ -160,31 +160,10 @@ class HookedPETransformer(HookedRootModule):
     ) -> tuple[Int[Tensor, "batch pos"], Bool[Tensor, "batch pos"] | None]:
         """Validate tokens and return them with the key-validity mask (None: nothing masked)."""
         cfg = self.cfg
-        check_token_tensor(tokens)
-        if tokens.ndim != 2 or tokens.shape[1] == 0:
-            raise ValueError(f"tokens must have shape [batch, pos] with pos >= 1, got {tuple(tokens.shape)}")
-        if tokens.shape[1] > cfg.n_ctx:
-            raise ValueError(f"tokens: sequence length {tokens.shape[1]} exceeds n_ctx={cfg.n_ctx}")
-        bad = (tokens < 0) | (tokens >= cfg.d_vocab)
-        if bad.any():
-            where = bad.nonzero()[0].tolist()
-            raise ValueError(
-                f"tokens: id {tokens[tuple(where)].item()} at {tuple(where)} is outside the "
-                f"vocabulary [0, {cfg.d_vocab})"
-            )
-        tokens = tokens.long()  # int16/uint8 pass the check above, but F.embedding needs int64/int32
+        tokens = check_token_ids(tokens, cfg.d_vocab, cfg.n_ctx)
         if not cfg.mask_padding:
             return tokens, None
-        if pad_mask is None:
-            pad_mask = tokens != cfg.pad_id
-        elif not isinstance(pad_mask, Tensor) or pad_mask.shape != tokens.shape or pad_mask.dtype != torch.bool:
-            raise ValueError(
-                f"pad_mask must be a bool tensor shaped like tokens {tuple(tokens.shape)}, "
-                f"got {getattr(pad_mask, 'dtype', type(pad_mask).__name__)} {tuple(getattr(pad_mask, 'shape', ()))}"
-            )
-        if not pad_mask.any(dim=1).all():
-            row = (~pad_mask.any(dim=1)).nonzero()[0].item()
-            raise ValueError(f"pad_mask: row {row} has no real token")
+        pad_mask = check_pad_mask_tensor(tokens, pad_mask, cfg.pad_id)
         return tokens, (None if bool(pad_mask.all()) else pad_mask)
 
     def embed_input(self, tokens: Tensor, fire_hooks: bool = True) -> Float[Tensor, "batch pos d_model"]:

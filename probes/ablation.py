@@ -1,24 +1,32 @@
 """Head ablation sweeps: knock out one attention head (or a set of heads) at a time and measure
 how much a metric suffers: the measurement behind the paper's "single-head deposit pattern"
-(paper digest §6). The three ways to remove a head (``zero``, ``mean``, ``resample``) and how the
-exact sweep is fast without approximating anything: :mod:`probes.ablation_sweep`. The cheaper
-engines (``sampled``, ``attribution``), each ending in exact ablation: :mod:`probes.engines`.
+(paper digest §6).
+
+:func:`ablate_heads` is the one entry. Its path goes down and never back:
+
+1. :mod:`probes.ablation_inputs` checks every argument once (:func:`~probes.ablation_inputs.check_request`);
+2. one engine room runs the checked request: :mod:`probes.ablation_exact` (every head on every
+   example; how it is fast without approximating anything), :mod:`probes.ablation_sampled` or
+   :mod:`probes.ablation_attribution` (each ending in exact ablation of the heads it ranks first);
+3. below them, :mod:`probes.ablation_replace` holds what replaces a head (``zero``, ``mean``,
+   ``resample``) and :mod:`probes.ablation_result` the result, which saves and loads itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
 from torch import Tensor
 
-from probes.ablation_parts import default_batch_size, head_means, keep_only
+from probes.ablation_attribution import attribution_engine
+from probes.ablation_exact import exact_engine
+from probes.ablation_inputs import ENGINES, check_request, default_batch_size, keep_only
+from probes.ablation_replace import head_means
 from probes.ablation_result import METHODS, AblationResult, Head
-from probes.ablation_sweep import _run, _sweep_batched, _sweep_naive
-from probes.engines import attribution_engine, sampled_engine
+from probes.ablation_sampled import sampled_engine
 from probes.metrics import Metric, MetricFn, resample_sources
-
-ENGINES = ("exact", "sampled", "attribution")
 
 
 def ablate_heads(
@@ -97,23 +105,17 @@ def ablate_heads(
     Returns:
         An :class:`AblationResult`; its ``drops`` are positive when an ablation hurt.
     """
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(map(repr, ENGINES))}")
-    if engine != "exact":
-        if head_sets is not None:
-            raise ValueError(f"engine={engine!r} ranks single heads; it takes layers/heads, not head_sets")
-        common = dict(pad_mask=pad_mask, method=method, metric=metric, layers=layers, heads=heads, reference=reference,
-                      per_example=per_example, n_bootstrap=n_bootstrap, ci=ci, seed=seed, batch_size=batch_size,
-                      progress=progress, higher_is_better=higher_is_better, verify_top=verify_top)  # fmt: skip
-        if engine == "sampled":
-            return sampled_engine(model, tokens, labels, sample=sample, amp=amp, **common)
-        return attribution_engine(model, tokens, labels, steps=steps, path=path, **common)
-    return _run(
-        _sweep_batched, model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric,
-        layers=layers, heads=heads, head_sets=head_sets, reference=reference,
-        per_example=per_example, n_bootstrap=n_bootstrap, ci=ci, seed=seed,
-        batch_size=batch_size, progress=progress, higher_is_better=higher_is_better, amp=amp,
+    req = check_request(
+        model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric, layers=layers, heads=heads,
+        head_sets=head_sets, reference=reference, per_example=per_example, n_bootstrap=n_bootstrap, ci=ci, seed=seed,
+        batch_size=batch_size, progress=progress, higher_is_better=higher_is_better, amp=amp, engine=engine,
+        verify_top=verify_top, sample=sample, steps=steps, path=path,
     )  # fmt: skip
+    if engine == "sampled":
+        return sampled_engine(req, sample=sample, verify_top=verify_top)
+    if engine == "attribution":
+        return attribution_engine(dataclasses.replace(req, amp=False), verify_top=verify_top, steps=steps, path=path)
+    return exact_engine(req)
 
 
 def ablate_heads_naive(
@@ -140,12 +142,12 @@ def ablate_heads_naive(
     """The slow reference for :func:`ablate_heads` (same arguments, same result): one full
     forward from the embedding, at the full padded width, per ablation and batch of examples,
     with a hook that overwrites the head's slice of ``hook_z``. For tests and benchmarks."""
-    return _run(
-        _sweep_naive, model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric,
-        layers=layers, heads=heads, head_sets=head_sets, reference=reference,
-        per_example=per_example, n_bootstrap=n_bootstrap, ci=ci, seed=seed,
-        batch_size=batch_size, progress=progress, higher_is_better=higher_is_better, amp=amp,
+    req = check_request(
+        model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric, layers=layers, heads=heads,
+        head_sets=head_sets, reference=reference, per_example=per_example, n_bootstrap=n_bootstrap, ci=ci, seed=seed,
+        batch_size=batch_size, progress=progress, higher_is_better=higher_is_better, amp=amp, who="ablate_heads_naive",
     )  # fmt: skip
+    return exact_engine(req, naive=True)
 
 
 __all__ = [

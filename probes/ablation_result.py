@@ -148,4 +148,17 @@ class AblationResult:
         return load_result(path, RESULT_KIND, cls.from_dict)
 
 
-__all__ = ["METHODS", "AblationResult", "Head"]
+
+
+def verification_summary(heads: list, estimate: list[float], exact: list[float]) -> dict[str, Any]:
+    """What a cheaper engine's verification saw: the estimates of the verified heads against their
+    exact drops (largest error, whether the estimated top is the exact top, Spearman's rho from 3)."""
+    from probes.circuits.agreement import spearman
+
+    return {"heads": [list(h) for h in heads], "estimate": estimate, "exact": exact,
+            "max_abs_error": max(abs(a - b) for a, b in zip(estimate, exact)),
+            "top_agrees": int(np.argmax(estimate)) == int(np.argmax(exact)),
+            "spearman": spearman(estimate, exact) if len(heads) >= 3 else float("nan")}  # fmt: skip
+
+
+__all__ = ["METHODS", "AblationResult", "Head", "verification_summary"]

@@ -42,6 +42,7 @@ __all__ = [
     "check_labels",
     "check_layer",
     "check_layers",
+    "check_model",
     "check_pad_mask",
     "check_threshold",
     "check_token_tensor",
@@ -50,6 +51,19 @@ __all__ = [
 
 def _p(who: str) -> str:
     return f"{who}: " if who else ""
+
+
+def check_model(model, who: str = "") -> None:
+    """A one-line ValueError unless ``model`` is a model the probes read through their seams (a
+    :class:`~pe_interp.HookedPETransformer`, or a TransformerLens bridge as
+    :class:`pe_interp.bridge.BridgedModel`: ``cfg`` with its shape and pad id, hooks)."""
+    cfg = getattr(model, "cfg", None)
+    if not (hasattr(model, "run_with_hooks") and hasattr(model, "W_E")
+            and all(hasattr(cfg, a) for a in ("n_layers", "n_heads", "pad_id", "n_classes"))):
+        kind = type(model).__name__
+        hint = ("; wrap a bridge as pe_interp.bridge.BridgedModel(bridge, answers=...)" if kind == "TransformerBridge"
+                else "")
+        raise ValueError(f"{_p(who)}model must be a pe_interp HookedPETransformer or a BridgedModel, got {kind}{hint}")
 
 
 def check_finite_model(model, who: str = "") -> None:

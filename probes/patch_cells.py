@@ -81,6 +81,7 @@ class _Patcher:
     def __init__(self, model, site: str, layers: Sequence[int], src_tokens, recv_tokens, src_mask, recv_mask):
         self.model, self.site = model, site
         self.recv_tokens, self.key_valid = model.check_inputs(recv_tokens, recv_mask)
+        self.recv_mask = recv_mask
         # z, attn_out and mlp_out resume after the patched layer's attention (or MLP): the
         # layer's own input is the receiving run's, so only its output changes.
         self.late = site in ("z", "attn_out", "mlp_out")
@@ -105,6 +106,14 @@ class _Patcher:
         name = hook_name(site, layer)
         src = self.src[name]
 
+        def hook(act: Tensor, hook: Any) -> Tensor:
+            recv = act.reshape(g, -1, *act.shape[1:])
+            out = torch.where(mask, src.unsqueeze(0), recv)
+            return out.reshape(act.shape)
+
+        if not getattr(model, "can_restart", True):  # e.g. a bridge: every copy from the embedding
+            return model.run_with_hooks(tokens, _repeat(self.recv_mask, g), fwd_hooks=[(name, hook)])
+
         def resume(at: int, residual: Tensor, start_at: str = "resid_pre") -> Tensor:
             return model.forward_unchecked(tokens, key_valid, start_at_layer=at, residual=residual, start_at=start_at)
 
@@ -122,12 +131,6 @@ class _Patcher:
             return resume(layer, resid_pre + attn_out, "resid_mid")
         if site == "resid_pre" and layer > 0:
             return resume(layer, _mix(mask, src, self.recv[name]))
-
-        def hook(act: Tensor, hook: Any) -> Tensor:
-            recv = act.reshape(g, -1, *act.shape[1:])
-            out = torch.where(mask, src.unsqueeze(0), recv)
-            return out.reshape(act.shape)
-
         residual = None if layer == 0 else _repeat(self.recv[f"blocks.{layer}.hook_resid_pre"], g)
         with model.hooks(fwd_hooks=[(name, hook)]):
             return resume(layer, residual)

@@ -111,6 +111,21 @@ CASES = [
      r"no planted model is trained or recorded yet"),
     ("validate a grid without findings", lambda r, t: ["validate", "--no-train", "--grid", str(_grid_without_findings(t))],
      r"needs 'findings'"),
+    ("routes RUN@3 (not kept)", lambda r, t: ["routes", f"{r}@3"], r"no snapshot at step 3"),
+    ("routes --n 0", lambda r, t: ["routes", str(r), "--n", "0"], r"--n must be >= 1"),
+    ("routes --n-bootstrap 0", lambda r, t: ["routes", str(r), "--n-bootstrap", "0"], r"--n-bootstrap must be >= 1"),
+    ("routes --n abc", lambda r, t: ["routes", str(r), "--n", "abc"], r"invalid int value"),
+    ("routes on a directory that is no run", lambda r, t: ["routes", str(t)], r"not a run directory"),
+    ("routes on a missing directory", lambda r, t: ["routes", f"{t}/missing"], r"run directory not found"),
+    ("routes --device cuda:9", lambda r, t: ["routes", str(r), "--device", "cuda:9"], r"--device"),
+    ("routes on a damaged snapshot", lambda r, t: ["routes", f"{_flip(_copy(r, t), 2)}@2"], r"differs from the manifest's"),
+    ("ablate --verdict maybe", lambda r, t: ["ablate", str(r), "--verdict", "maybe"], r"invalid choice: 'maybe'"),
+    ("ablate --verdict single --n-bootstrap 0", lambda r, t: ["ablate", str(r), "--verdict", "single", "--n-bootstrap", "0"],
+     r"--verdict is decided on bootstrap intervals"),
+    ("ablate --verdict layer0 --layers 1", lambda r, t: ["ablate", str(r), "--verdict", "layer0", "--layers", "1"],
+     r"--verdict needs the accuracy grid of every layer"),
+    ("ablate --verdict single --metric logit", lambda r, t: ["ablate", str(r), "--verdict", "single", "--metric", "logit"],
+     r"--verdict needs the accuracy grid of every layer"),
     ("validate --readme without markers",
      lambda r, t: ["validate", "--no-train", "--readme", str(_readme(t))], r"no <!-- study:planted-quick begin -->"),
 ]
@@ -145,6 +160,14 @@ def _pairs(run):
     return run.task.counterfactuals(16, kind="position", seed=1)
 
 
+def _ablate(r, **kwargs):
+    from probes import ablate_heads
+
+    run = load_run(r)
+    test = run.examples("test", 16)
+    return ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=10, **kwargs)
+
+
 API_CASES = [
     ("load_run(step=True)", lambda r: load_run(r, step=True), r"step must be a whole number >= 0"),
     ("load_run(step=-3)", lambda r: load_run(r, step=-3), r"step must be a whole number >= 0"),
@@ -161,6 +184,26 @@ API_CASES = [
                                                               __import__("probes").route_shares(
         run.model, p.clean.tokens, p.corrupt.tokens, p.clean.labels, p.corrupt.labels,
         pad_mask=p.clean.pad_mask)))(load_run(r), _pairs(load_run(r))), r"non-finite weights"),
+    ("ablate_heads(engine='fast')", lambda r: _ablate(r, engine="fast"), r"unknown engine 'fast'"),
+    ("ablate_heads(engine='sampled', verify_top=0)", lambda r: _ablate(r, engine="sampled", verify_top=0),
+     r"verify_top must be a positive integer"),
+    ("ablate_heads(engine='sampled', sample=1.5)", lambda r: _ablate(r, engine="sampled", sample=1.5),
+     r"sample must be a share of the examples in \(0, 1\]"),
+    ("ablate_heads(engine='attribution', steps=0)", lambda r: _ablate(r, engine="attribution", steps=0),
+     r"steps must be a positive integer"),
+    ("ablate_heads(engine='attribution', path='diagonal')", lambda r: _ablate(r, engine="attribution", path="diagonal"),
+     r"path must be one of joint, layer"),
+    ("ablate_heads(engine='sampled', head_sets=...)", lambda r: _ablate(r, engine="sampled", head_sets=[[(0, 0)]]),
+     r"ranks single heads"),
+    ("ablate_heads(method='resample', reference of another width)",
+     lambda r: _ablate(r, method="resample", reference=_pairs(load_run(r)).clean.tokens[:, :-1]),
+     r"the reference must have the padded length"),
+    ("ablate_heads(batch_size=True)", lambda r: _ablate(r, batch_size=True), r"batch_size must be a positive integer"),
+    ("ablate_heads(ci=1.0)", lambda r: _ablate(r, ci=1.0), r"ci must be in \(0, 1\)"),
+    ("ablate_heads(layers=[5])", lambda r: _ablate(r, layers=[5]), r"layer 5 is out of range"),
+    ("ablate_heads on a model of another kind", lambda r: __import__("probes").ablate_heads(
+        torch.nn.Linear(2, 2), torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, dtype=torch.long)),
+     r"ablate_heads: model must be a pe_interp HookedPETransformer or a BridgedModel"),
     ("snapshot_dynamics n=0", lambda r: __import__("probes").snapshot_dynamics(r, n=0), r"n must be a positive whole number"),
     ("snapshot_dynamics steps not kept", lambda r: __import__("probes").snapshot_dynamics(r, steps=[5], progress=False),
      r"no snapshot at step\(s\) 5"),

@@ -15,11 +15,16 @@ from pathlib import Path
 
 from pe_interp.commands.options import (
     add_device_flag,
+    add_model_dir_flags,
     at_least,
     device_arg,
+    model_dir_arg,
     positive_n,
     writing_run,
 )
+
+UNDECIDED_EXIT = 3  # the exit status of a verdict the intervals cannot decide (--verdict)
+VERDICTS = {"single": "single-head deposit", "layer0": "layer-0 concentration"}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,8 +45,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap replicates for the CIs (0: none)")
     p.add_argument("--batch-size", type=int, default=None, help="rows per forward (default 128 on CPU, 2048 on GPU)")
     add_device_flag(p)
+    add_model_dir_flags(p)
     p.add_argument("--min-drop", type=float, default=None, help="layer-concentration threshold on the top head's drop (default 0.2 for accuracy)")
     p.add_argument("--min-share", type=float, default=0.5, help="layer-concentration threshold on the top head's share of its layer")
+    p.add_argument("--verdict", choices=list(VERDICTS), default=None,
+                   help="ask only for one verdict, decided on the bootstrap intervals: print it and exit 0 when "
+                   f"it is decided (yes or no), {UNDECIDED_EXIT} when the intervals cannot decide it")
     p.add_argument("--no-figures", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=run)
@@ -56,7 +65,12 @@ def run(args: argparse.Namespace) -> int:
     if args.min_drop is not None:
         check_threshold(args.min_drop, "--min-drop")
     check_fraction(args.min_share, "--min-share")  # what find_deposits takes, checked before the sweep
-    with writing_run(run_dir, device=device_arg(args.device)) as loaded:
+    if args.verdict is not None:
+        if args.n_bootstrap < 1:
+            raise ValueError("--verdict is decided on bootstrap intervals: --n-bootstrap must be >= 1")
+        if args.metric != "accuracy" or args.layers is not None:
+            raise ValueError("--verdict needs the accuracy grid of every layer: drop --metric and --layers")
+    with writing_run(run_dir, device=device_arg(args.device), **model_dir_arg(args)) as loaded:
         return _ablate(args, loaded.result_dir, loaded)
 
 
@@ -99,4 +113,10 @@ def _ablate(args: argparse.Namespace, run_dir: Path, loaded) -> int:
     found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits) or "none"
     print(f"layer concentration: {found}")
     print(f"wrote {run_dir / 'ablation.json'}, {run_dir / 'deposits.json'}" + ("" if args.no_figures else f", {run_dir / 'figures'}/"))
-    return 0
+    if args.verdict is None:
+        return 0
+    from probes.deposit import decide_concentration, decide_single
+
+    decision = decide_single(result) if args.verdict == "single" else decide_concentration(result, 0)
+    print(f"{VERDICTS[args.verdict]}: {decision.text()}")
+    return UNDECIDED_EXIT if decision.verdict == "undecided" else 0

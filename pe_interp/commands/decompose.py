@@ -20,7 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pe_interp.commands.options import add_device_flag, device_arg
+from pe_interp.commands.options import (
+    add_device_flag,
+    add_model_dir_flags,
+    device_arg,
+    model_dir_arg,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--example", type=int, default=0, help="held-out example to decompose")
     p.add_argument("--n", type=int, default=64, help="held-out examples for the positional scores")
     add_device_flag(p)
+    add_model_dir_flags(p)
     p.add_argument("--no-figures", action="store_true")
     p.set_defaults(run=run)
 
@@ -95,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")
-    with writing_run(args.run_dir, device=device_arg(args.device)) as loaded:
+    with writing_run(args.run_dir, device=device_arg(args.device), **model_dir_arg(args)) as loaded:
         return _decompose(args, loaded)
 
 

@@ -200,6 +200,20 @@ def add_device_flag(parser: argparse.ArgumentParser, default: str | None = None)
                         help="cpu | cuda | cuda:N | mps" + ("" if default else " (default: cuda when available, else cpu)"))
 
 
+def add_model_dir_flags(parser: argparse.ArgumentParser) -> None:
+    """``--task``/``--preset``: probe a saved Hugging Face model directory on one of our tasks
+    (:mod:`pe_interp.model_dirs`); a pe-interp run knows its own."""
+    parser.add_argument("--task", default=None, help="for a saved Hugging Face model directory: the task to probe it "
+                        "on, in language-model form (class c is answer token d_vocab + c)")
+    parser.add_argument("--preset", default="quick", help="for a saved Hugging Face model directory: the task's size "
+                        "and splits (default quick)")
+
+
+def model_dir_arg(args: argparse.Namespace) -> dict[str, Any]:
+    """What :func:`writing_run` needs of ``--task``/``--preset``."""
+    return {"task": getattr(args, "task", None), "preset": getattr(args, "preset", "quick"), "model_dir_ok": True}
+
+
 def device_arg(value: str | None) -> str:
     """The ``--device`` value checked against this machine (None: cuda when available, else
     cpu); a one-line error naming the flag otherwise."""
@@ -241,20 +255,34 @@ def out_dir_arg(value: str | None, flag: str = "--out") -> str | None:
 
 
 @contextmanager
-def writing_run(run_dir: str, device: str = "cpu", out: str | None = None) -> Iterator[Any]:
+def writing_run(run_dir: str, device: str = "cpu", out: str | None = None, task: str | None = None,
+                preset: str = "quick", model_dir_ok: bool = False) -> Iterator[Any]:  # fmt: skip
     """The loaded run (:func:`~pe_interp.checkpoint.load_run`: a one-line error for a missing or
     broken run directory; ``RUN@S`` loads the snapshot of step S, whose results go to
     ``loaded.result_dir``, ``RUN/steps/S/``) with the directory the command writes into locked
     (the run's, or ``out``): not while the run trains, nor while another command writes there (a
-    one-line error instead)."""
-    from pe_interp.checkpoint import load_run
+    one-line error instead). A saved Hugging Face model directory is read as a run on ``task``
+    (:func:`pe_interp.model_dirs.load_model_dir`)."""
+    from pe_interp.checkpoint import load_run, split_step
     from pe_interp.io import dir_lock
+    from pe_interp.model_dirs import is_model_dir, load_model_dir
 
-    loaded = load_run(run_dir, device=device)
+    path, step = split_step(run_dir)
+    if is_model_dir(path):
+        if not model_dir_ok:
+            raise ValueError(f"{run_dir}: a saved Hugging Face model; this command reads pe-interp runs only "
+                             "(ablate, patch, routes and decompose read a model directory with --task)")
+        if step is not None:
+            raise ValueError(f"{run_dir}: a saved Hugging Face model has no snapshots; give DIR without @STEP")
+        loaded = load_model_dir(path, task, preset, device=device)
+    elif task is not None:
+        raise ValueError(f"{run_dir}: --task is for a saved Hugging Face model directory; a pe-interp run knows its task")
+    else:
+        loaded = load_run(run_dir, device=device)
     with dir_lock(out or loaded.run_dir, "run directory" if out is None else "output directory"):
         loaded.result_dir.mkdir(parents=True, exist_ok=True)  # RUN@S: the step's own steps/S/
         yield loaded
 
 
-__all__ = ["DERIVED", "NOT_FLAGS", "add_device_flag", "add_setting_flags", "at_least", "device_arg", "given_settings",
+__all__ = ["DERIVED", "NOT_FLAGS", "add_device_flag", "add_model_dir_flags", "model_dir_arg", "add_setting_flags", "at_least", "device_arg", "given_settings",
            "out_dir_arg", "positive_n", "setting_fields", "writing_run"]

@@ -18,7 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pe_interp.commands.options import add_device_flag, device_arg
+from pe_interp.commands.options import (
+    add_device_flag,
+    add_model_dir_flags,
+    device_arg,
+    model_dir_arg,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n-bootstrap", type=int, default=1000)
     p.add_argument("--example", type=int, default=0, help="pair shown in the HTML view")
     add_device_flag(p)
+    add_model_dir_flags(p)
     p.add_argument("--no-figures", action="store_true")
     p.set_defaults(run=run)
 
@@ -131,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from pe_interp.commands.options import at_least, writing_run
 
     at_least(args.n_bootstrap, 0, "--n-bootstrap")
-    with writing_run(args.run_dir, device=device_arg(args.device)) as loaded:
+    with writing_run(args.run_dir, device=device_arg(args.device), **model_dir_arg(args)) as loaded:
         return _patch(args, loaded)
 
 

@@ -318,15 +318,24 @@ class PositionalDominance:
     runner_up_share: float
     others_max_abs: float
     why: str
+    n_examples: int = 0
+    need: int | None = None  # pairs that would decide an undecided verdict (None: unknown)
 
     @property
     def single(self) -> bool:
         return self.verdict == "yes"
 
+    @property
+    def decided(self) -> str:
+        """The verdict as the decided verdicts print it: ``undecided (n = ..., need >= ...)``."""
+        if self.verdict != "undecided":
+            return self.verdict
+        return f"undecided (n = {self.n_examples:,}, " + (f"need ≥ {self.need:,})" if self.need else "more pairs needed)")
+
     def text(self) -> str:
         if not self.top:
             return f"positional deposit: {self.verdict} ({self.why})"
-        return (f"positional deposit: {self.verdict} — top route {self.top} carries {100 * self.share:.0f}% "
+        return (f"positional deposit: {self.decided} — top route {self.top} carries {100 * self.share:.0f}% "
                 f"[{100 * self.ci[0]:.0f}, {100 * self.ci[1]:.0f}] of the positional effect, runner-up "
                 f"{self.runner_up or '-'} {100 * self.runner_up_share:.0f}% ({self.why})")
 
@@ -349,7 +358,16 @@ def positional_dominance(r: RouteShares) -> PositionalDominance:
     elif lo >= LARGE_DROP and worst <= SMALL_DROP:
         verdict, why = "yes", f"every other route within ±{100 * SMALL_DROP:.0f}%"
     else:
-        verdict, why = "undecided", f"the intervals reach across a threshold (n = {r.n_examples})"
+        verdict, why = "undecided", "the intervals reach across a threshold"
+    need = None
+    if verdict == "undecided":
+        from probes.deposit.decision import examples_needed
+
+        open_ = [(share, lo, hi, LARGE_DROP)] if lo < LARGE_DROP else []
+        open_ += [(o[1], o[2], o[3], SMALL_DROP if o[1] >= 0 else -SMALL_DROP) for o in others
+                  if o[3] > SMALL_DROP or o[2] < -SMALL_DROP]  # fmt: skip
+        needs = [examples_needed(r.n_examples, *x) for x in open_]
+        need = None if not needs or None in needs else max(needs)
     runner = others[0] if others else ("", 0.0, 0.0, 0.0)
     return PositionalDominance(verdict, top, share, (lo, hi), runner[0], runner[1],
-                               max((abs(o[1]) for o in others), default=0.0), why)
+                               max((abs(o[1]) for o in others), default=0.0), why, r.n_examples, need)

@@ -85,7 +85,7 @@ def measure_routes(run, n_pairs: int, n_bootstrap: int = 1000) -> dict[str, Any]
     p = positional_dominance(r)
     return to_json({"positional": {**r.to_dict(), "top": p.top, "top_share": p.share},
                     "verdicts": {"positional": {"verdict": p.verdict, "why": p.why, "n_examples": r.n_examples,
-                                                "need": None}}})
+                                                "need": p.need}}})
 
 
 def measure_step(run, n: int, n_pairs: int, n_bootstrap: int = 1000, positional: bool = True,

@@ -1,0 +1,184 @@
+"""Your own model: a TransformerLens 4 ``TransformerBridge`` seen through the seams the probes read.
+
+A bridge wraps a Hugging Face causal language model; the probes read a classifier (tokens in,
+one row of class logits out). :class:`BridgedModel` is that view of a bridge, the task in
+language-model form: class ``c`` is the answer token ``answers[c]`` (default: every token of the
+vocabulary, so a label is a token id), read at the last real position of each right-padded row.
+It has no forward of its own: every forward is the bridge's (``attention_mask`` from the pad
+mask), then one gather. Its hooks are the bridge's, under TransformerLens' names
+(``blocks.{l}.attn.hook_z`` is ``[batch, pos, head, d_head]``).
+
+What it cannot offer, it says. It has no seam inside a layer (``can_restart = False``: the exact
+ablation sweep stacks copies, :func:`probes.ablation_exact.sweep_stacked`); it restarts at a
+layer's input (:meth:`BridgedModel.resume`, the bridge's ``start_at_layer``) only where that was
+checked exact (:data:`RESUMES`: not BLOOM, whose ALiBi the bridge then drops); and padding must be
+on the right (a causal model then never lets a pad reach a real token).
+
+    from transformer_lens.model_bridge import TransformerBridge
+    bridge = TransformerBridge.boot_transformers(local_dir, tokenizer=tokenizer)
+    model = BridgedModel(bridge, answers=answer_ids)
+    probes.ablate_heads(model, tokens, labels)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from pe_interp.checks import check_pad_mask_tensor, check_token_ids
+
+# Hugging Face model_type -> (how position enters, additive or multiplicative), as the paper sorts them
+ENCODINGS = {
+    "gpt2": ("learned absolute", "additive"),
+    "gpt_neox": ("partial rotary", "multiplicative"),
+    "llama": ("rope", "multiplicative"),
+    "bloom": ("alibi", "additive"),
+}
+
+# where bridge(resid_pre of layer l, start_at_layer=l) equals the full forward (tests/test_bridge.py)
+RESUMES = ("gpt2", "gpt_neox", "llama")
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    """The part of a bridge's configuration the probes read, under :class:`~pe_interp.ModelConfig`'s names."""
+
+    n_layers: int
+    n_heads: int
+    d_head: int
+    d_model: int
+    d_vocab: int
+    d_mlp: int
+    n_ctx: int
+    pad_id: int  # -1: the tokenizer has no pad token, so no row may be padded
+    n_classes: int
+    model_type: str
+    encoding_name: str
+    encoding_kind: str
+    mask_padding: bool = True  # right pads reach no real token of a causal model
+    kv_source: str = "residual"
+    attention_dir: str = "causal"
+
+
+class BridgedModel(nn.Module):
+    """A ``TransformerBridge`` as the probes read a model (module docstring)."""
+
+    can_restart = False  # no start_at_layer seam: the exact sweep runs each copy from the embedding
+
+    def __init__(self, bridge: Any, *, answers: Sequence[int] | Tensor | None = None, pad_id: int | None = None) -> None:
+        super().__init__()
+        if not (hasattr(bridge, "run_with_hooks") and hasattr(bridge, "original_model") and hasattr(bridge, "cfg")):
+            raise ValueError(f"BridgedModel takes a TransformerLens TransformerBridge, got {type(bridge).__name__}")
+        self.bridge = bridge
+        c = bridge.cfg
+        hf = bridge.original_model.config
+        if pad_id is None:
+            tok = getattr(bridge, "tokenizer", None)
+            pad_id = getattr(tok, "pad_token_id", None)
+            pad_id = getattr(hf, "pad_token_id", None) if pad_id is None else pad_id
+        pad_id = -1 if pad_id is None else int(pad_id)
+        if answers is not None:
+            answers = torch.as_tensor(answers)
+            if answers.ndim != 1 or len(answers) < 2 or answers.is_floating_point():
+                raise ValueError(f"answers must be 2 or more token ids, got {answers.tolist()!r}")
+            if len(set(answers.tolist())) != len(answers) or bool((answers < 0).any() | (answers >= c.d_vocab).any()):
+                raise ValueError(f"answers must be distinct token ids in [0, {c.d_vocab}), got {answers.tolist()!r}")
+            if pad_id in answers.tolist():
+                raise ValueError(f"answers include the pad id {pad_id}")
+        self.register_buffer("answers", None if answers is None else answers.long(), persistent=False)
+        kind = getattr(hf, "model_type", "?")
+        name, how = ENCODINGS.get(kind, ("unknown", "unknown"))
+        if kind == "gpt_neox":
+            share = getattr(hf, "rotary_pct", None) or getattr(hf, "partial_rotary_factor", None) \
+                or (getattr(hf, "rope_parameters", None) or {}).get("partial_rotary_factor")
+            name = f"partial rotary ({share:g} of each head)" if share else name
+        self.cfg = BridgeConfig(n_layers=c.n_layers, n_heads=c.n_heads, d_head=c.d_head, d_model=c.d_model,
+                                d_vocab=c.d_vocab, d_mlp=int(getattr(c, "d_mlp", 0) or 0), n_ctx=c.n_ctx, pad_id=pad_id,
+                                n_classes=c.d_vocab if answers is None else len(answers), model_type=kind,
+                                encoding_name=f"{kind}: {name}", encoding_kind=how)  # fmt: skip
+
+    # ------------------------------------------------------------------ what the probes read
+    @property
+    def encoding(self) -> Any:
+        """A bridge has none of pe_interp's encoding modules: the probes that read them
+        (decomposition, route shares) say so in one line."""
+        raise ValueError(f"a TransformerLens bridge ({self.cfg.encoding_name}) has none of pe_interp's encoding "
+                         "modules, which this probe reads (logit decomposition, route shares); ablation and "
+                         "patching run on it")  # fmt: skip
+
+    @property
+    def W_E(self) -> Tensor:
+        return self.bridge.W_E
+
+    @property
+    def blocks(self) -> Any:
+        return self.bridge.blocks
+
+    def check_inputs(self, tokens: Tensor, pad_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Tokens checked (ids in the vocabulary, within the context) and the pad mask (None: no pads)."""
+        cfg = self.cfg
+        tokens = check_token_ids(tokens, cfg.d_vocab, cfg.n_ctx)
+        pad_mask = check_pad_mask_tensor(tokens, pad_mask, cfg.pad_id)
+        if bool((pad_mask[:, 1:] & ~pad_mask[:, :-1]).any()):
+            row = int((pad_mask[:, 1:] & ~pad_mask[:, :-1]).any(1).nonzero()[0])
+            raise ValueError(f"pad_mask: row {row} has a real token after a pad; pad on the right")
+        return tokens, (None if bool(pad_mask.all()) else pad_mask)
+
+    def forward(self, tokens: Tensor, pad_mask: Tensor | None = None) -> Tensor:
+        """Class logits ``[batch, n_classes]`` at each row's last real token."""
+        tokens, mask = self.check_inputs(tokens, pad_mask)
+        return self._read(self.bridge(tokens, **self._mask_kwargs(mask)), mask)
+
+    def run_with_hooks(self, tokens: Tensor, pad_mask: Tensor | None = None, *, fwd_hooks: Sequence = (),
+                       stop_at_layer: int | None = None, **kwargs: Any) -> Tensor:  # fmt: skip
+        """The bridge's forward with ``fwd_hooks``, read as class logits. ``stop_at_layer`` is
+        accepted and ignored: the forward runs to the end (the hooks see the same values)."""
+        tokens, mask = self.check_inputs(tokens, pad_mask)
+        logits = self.bridge.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **self._mask_kwargs(mask), **kwargs)
+        return self._read(logits, mask)
+
+    def run_with_cache(self, tokens: Tensor, pad_mask: Tensor | None = None, **kwargs: Any) -> tuple[Tensor, Any]:
+        """The bridge's ``run_with_cache`` (``names_filter`` and the rest pass through), its
+        logits read as class logits; the cache is the bridge's ``ActivationCache``."""
+        tokens, mask = self.check_inputs(tokens, pad_mask)
+        logits, cache = self.bridge.run_with_cache(tokens, **self._mask_kwargs(mask), **kwargs)
+        return self._read(logits, mask), cache
+
+    @property
+    def can_resume(self) -> bool:
+        """Whether :meth:`resume` is exact for this architecture (:data:`RESUMES`)."""
+        return self.cfg.model_type in RESUMES
+
+    def resume(self, layer: int, residual: Tensor, pad_mask: Tensor | None, fwd_hooks: Sequence = ()) -> Tensor:
+        """Class logits of the forward restarted at ``blocks.{layer}.hook_resid_pre`` = ``residual``
+        (``pad_mask`` as checked by :meth:`check_inputs`), with ``fwd_hooks``."""
+        if not self.can_resume:
+            raise ValueError(f"{self.cfg.encoding_name}: the bridge cannot restart at a layer exactly")
+        with self.bridge.hooks(fwd_hooks=list(fwd_hooks)):
+            logits = self.bridge(residual, start_at_layer=layer, **self._mask_kwargs(pad_mask))
+        return self._read(logits, pad_mask)
+
+    def hooks(self, fwd_hooks: Sequence = (), **kwargs: Any) -> Any:
+        """The bridge's own hook context (hooks removed on exit)."""
+        return self.bridge.hooks(fwd_hooks=list(fwd_hooks), **kwargs)
+
+    # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _mask_kwargs(mask: Tensor | None) -> dict[str, Tensor]:
+        return {} if mask is None else {"attention_mask": mask.long()}
+
+    def _read(self, logits: Tensor, mask: Tensor | None) -> Tensor:
+        n = logits.shape[1]
+        if mask is None:
+            last = torch.full((logits.shape[0],), n - 1, device=logits.device)
+        else:
+            last = mask.sum(1) - 1  # right padding: the real tokens are a prefix
+        rows = logits[torch.arange(logits.shape[0], device=logits.device), last]
+        return rows if self.answers is None else rows[:, self.answers]
+
+
+__all__ = ["ENCODINGS", "BridgeConfig", "BridgedModel"]

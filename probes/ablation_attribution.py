@@ -1,0 +1,57 @@
+"""``engine="attribution"`` of :func:`probes.ablation.ablate_heads`: integrated gradients along the
+ablation path (:func:`probes.circuits.heads.rank_heads`) rank every head of the grid; the
+``verify_top`` heads estimated to hurt most are then ablated exactly
+(:func:`probes.ablation_exact.exact_engine`), and only they get a value.
+
+``benchmarks/head_ranking.py`` measures the ranking against the exact grid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from probes.ablation_exact import exact_engine
+from probes.ablation_inputs import AblationRequest
+from probes.ablation_result import AblationResult, verification_summary
+
+
+def attribution_engine(req: AblationRequest, *, verify_top: int, steps: int, path: str) -> AblationResult:
+    """The grid with the verified heads' exact values and NaN elsewhere; ``meta`` holds the
+    estimates (``"attribution"``), the stand-in metric, the verified heads and ``"verification"``."""
+    from probes.circuits.heads import rank_heads
+
+    m = req.metric
+    if m.name in ("accuracy", "loss", "logit"):
+        stand_in: Any = m.name
+    else:  # a callable: integrate it itself (higher is better unless told otherwise)
+        sign = 1.0 if m.higher_is_better else -1.0
+        stand_in = lambda logits, lab: sign * m.fn(logits, lab)  # noqa: E731
+    est = rank_heads(req.model, req.tokens, req.labels, req.pad_mask, method=req.method, reference=req.reference,
+                     seed=req.seed, surrogate=stand_in, steps=steps, path=path, batch_size=req.batch_size)  # fmt: skip
+    grid, tie = est["estimate"], est["tiebreak"]
+    order = [u[0] for u in sorted(req.units, key=lambda u: (-grid[u[0]], -tie[u[0]]))[:verify_top]]
+    exact = exact_engine(dataclasses.replace(req, units=[(h,) for h in order], grid=False))
+    L, H = req.model.cfg.n_layers, req.model.cfg.n_heads
+
+    def place(x: np.ndarray | None) -> np.ndarray | None:
+        if x is None:
+            return None
+        out = np.full((L, H) + x.shape[1:], np.nan)
+        for i, (layer, h) in enumerate(order):
+            out[layer, h] = x[i]
+        return out
+
+    verification = verification_summary(order, [float(grid[h]) for h in order], [float(v) for v in exact.drops])
+    meta = {**exact.meta, "engine": "attribution", "stand_in": m.name if isinstance(stand_in, str) else f"{m.name} (itself)",
+            "steps": steps, "path": path, "attribution": grid.tolist(), "tiebreak": tie.tolist(), "verified": verification["heads"],
+            "verification": verification}  # fmt: skip
+    return dataclasses.replace(
+        exact, values=place(exact.values), drops=place(exact.drops), ci_low=place(exact.ci_low),
+        ci_high=place(exact.ci_high), per_example=place(exact.per_example), head_sets=None, meta=meta,
+    )  # fmt: skip
+
+
+__all__ = ["attribution_engine"]

@@ -1,0 +1,278 @@
+"""The exact engine of head ablation sweeps (:func:`probes.ablation.ablate_heads` is the entry point):
+knock out one attention head (or a set of heads) at a time and measure
+how much a metric suffers: the measurement behind the paper's "single-head deposit pattern"
+(paper digest §6).
+
+Three ways to remove a head, all acting on its output ``blocks.{l}.attn.hook_z``
+(``[batch, pos, head, d_head]``, before ``W_O``):
+
+- ``zero``: ``z_h = 0``. This is exactly the authors' protocol of zeroing the head's rows of the
+  value projection and its value bias (``W_V[h] = 0, b_V[h] = 0`` makes ``v_h = 0``, so
+  ``z_h = pattern @ v_h = 0``); the head then contributes only ``b_O`` (which it shares).
+- ``mean``: ``z_h`` at position ``p`` is replaced by its mean at ``p`` over the real (non-pad)
+  tokens of a reference set (the evaluated examples by default); see :func:`head_means`.
+- ``resample``: ``z_h`` of example ``i`` is replaced by ``z_h`` of another example (position by
+  position) from the reference set, taken from that example's clean forward. With the default
+  reference (the evaluated set) the source of example ``i`` is a seeded random cyclic derangement
+  of the examples, so no example is its own source; with an explicit reference each example
+  draws a source uniformly (seeded). The same sources serve every head, so head-to-head
+  differences are not sampling noise of the sources. Positions where the source is shorter
+  than the target take the source's values at its pad positions; for length-sensitive tasks
+  pass a reference of matched lengths (e.g. counterfactual pairs).
+
+How the sweep is fast without approximating anything:
+
+1. Examples are processed in chunks; each chunk's clean forward caches
+   ``blocks.{l}.hook_resid_pre``, ``hook_resid_mid`` and ``attn.hook_z`` for the layers where
+   ablations start.
+2. An ablation whose earliest head is in layer ``l`` restarts the forward at layer ``l`` from
+   that cache (``model(..., start_at_layer=l, residual=...)``), skipping layers ``0..l-1``, which
+   an ablation in layer ``l`` cannot change. Layer ``l``'s own attention is not recomputed
+   either: its input is the clean one, so the ablated ``hook_resid_mid`` is the cached clean one
+   plus ``(replacement - z_h) @ W_O[h]`` for each ablated head ``h``; the forward resumes at that
+   block's MLP through the model's own seam (``forward_unchecked(..., start_at="resid_mid")``).
+3. Many ablations share one forward: the chunk is repeated ``k`` times along the batch axis and
+   each copy removes a different head (set): through its own output change at the start layer,
+   and through one hook per later layer on ``hook_z`` (for sets spanning layers) that
+   replaces a different head in each copy.
+4. When the model masks padding (``cfg.mask_padding``), examples are sorted by length and each
+   chunk is cut to its longest real sequence. Right-hand pad columns never influence a real
+   token there (pad keys are masked, positions are absolute from 0, every encoding depends on
+   position only through ``[:n_pos]`` slices), so this removes work whose result is discarded.
+
+The outcome equals a naive loop (:func:`probes.ablation.ablate_heads_naive`: one full forward per ablation, full
+width, a hook writing the head's slice) within float tolerance; ``tests/test_ablation.py`` checks
+this for every method and metric, with padding, causal and bidirectional attention and
+``kv_source="embed"``. Ablations are always evaluated in ``eval()`` mode (no dropout); the
+model's train/eval state is restored afterwards.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pe_interp.hardware import autocast
+from pe_interp.modes import eval_mode
+from probes.ablation_inputs import AblationRequest
+from probes.ablation_replace import Replacement, needed_width, overwrite_hook, replace_hook
+from probes.ablation_result import AblationResult
+from probes.inputs import FiniteWatch
+from probes.metrics import harm, paired_bootstrap
+
+
+# ------------------------------------------------------------------------------------------------
+# The engine
+# ------------------------------------------------------------------------------------------------
+def exact_engine(req: AblationRequest, *, naive: bool = False) -> AblationResult:
+    """Every unit of ``req`` ablated on every example (``naive``: by the slow reference loop)."""
+    watch = FiniteWatch()  # the logits of every forward, checked once at the end
+    with eval_mode(req.model), torch.no_grad(), autocast(req.tokens.device, req.amp):
+        sweep = sweep_naive if naive else sweep_batched if getattr(req.model, "can_restart", True) else sweep_stacked
+        base, vals = sweep(req, watch, Replacement(req))
+    watch.check(req.who, req.amp)
+    return summarise(req, base.numpy(), vals.numpy())
+
+
+def summarise(req: AblationRequest, base_np: np.ndarray, vals_np: np.ndarray) -> AblationResult:
+    """The result of a sweep's per-example values: means, drops and paired bootstrap intervals."""
+    m, units = req.metric, req.units
+    baseline = float(base_np.mean())
+    low, high = paired_bootstrap(base_np, vals_np, higher_is_better=m.higher_is_better, n_bootstrap=req.n_bootstrap,
+                                 ci=req.ci, seed=req.seed)  # fmt: skip
+    cfg = req.model.cfg
+    L, H, N = cfg.n_layers, cfg.n_heads, base_np.shape[0]
+
+    def place(x: np.ndarray, extra: tuple = ()) -> np.ndarray:
+        if not req.grid:
+            return np.asarray(x, dtype=np.float64)
+        out = np.full((L, H) + extra, np.nan)
+        for i, ((layer, h),) in enumerate(units):
+            out[layer, h] = x[i]
+        return out
+
+    values = place(vals_np.mean(axis=1))
+    meta = {"encoding": cfg.encoding_name, "encoding_kind": cfg.encoding_kind, "mask_padding": cfg.mask_padding,
+            "kv_source": cfg.kv_source, "attention_dir": cfg.attention_dir,
+            "reference": "given" if req.reference_given else "evaluated"}  # fmt: skip
+    return AblationResult(
+        baseline=baseline, values=values, drops=harm(baseline, values, m.higher_is_better), ci_low=place(low),
+        ci_high=place(high), method=req.method, metric=m.name, higher_is_better=m.higher_is_better, n_examples=N,
+        n_layers=L, n_heads=H, head_sets=None if req.grid else tuple(units),
+        per_example=place(vals_np, (N,)) if req.per_example else None,
+        baseline_per_example=base_np.copy() if req.per_example else None,
+        n_bootstrap=req.n_bootstrap, ci=req.ci, seed=req.seed, meta=meta,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+# The sweeps
+# ------------------------------------------------------------------------------------------------
+def unit_masks(part: list[tuple], n_heads: int, device) -> dict[int, Tensor]:
+    """``{layer: [len(part), n_heads]}``: True where copy ``j`` ablates that head of that layer."""
+    masks: dict[int, Tensor] = {}
+    for j, unit in enumerate(part):
+        for layer, h in unit:
+            masks.setdefault(layer, torch.zeros(len(part), n_heads, dtype=torch.bool, device=device))[j, h] = True
+    return masks
+
+
+def sweep_batched(req: AblationRequest, watch: FiniteWatch, repl: Replacement) -> tuple[Tensor, Tensor]:
+    """The fast sweep (module docstring): ``(baseline [N], values [units, N])`` per example."""
+    model, tokens, labels, pad_mask, units = req.model, req.tokens, req.labels, req.pad_mask, req.units
+    batch_size, progress, metric = req.batch_size, req.progress, req.metric
+    N, W = tokens.shape
+    H = model.cfg.n_heads
+    need = needed_width(model, pad_mask)
+    order = torch.argsort(need, stable=True) if model.cfg.mask_padding else torch.arange(N, device=tokens.device)
+    groups: dict[int, list[int]] = {}
+    for u, unit in enumerate(units):
+        groups.setdefault(min(layer for layer, _ in unit), []).append(u)
+    kmax = max(len(g) for g in groups.values())
+    ex_chunk = max(1, min(N, batch_size // kmax))
+    base = torch.empty(N, dtype=torch.float64)
+    vals = torch.full((len(units), N), float("nan"), dtype=torch.float64)
+    starts = sorted(groups)
+    chunks = range(0, N, ex_chunk)
+    if progress:
+        from tqdm.auto import tqdm
+
+        chunks = tqdm(chunks, desc=f"ablate ({repl.method})", unit="chunk")
+    for c0 in chunks:
+        idx = order[c0 : c0 + ex_chunk]
+        idx_cpu = idx.cpu()
+        B = len(idx)
+        w = int(need[idx].max())
+        toks, pm, lab = tokens[idx, :w], pad_mask[idx, :w], labels[idx]
+        key_valid = model.check_inputs(toks, pm)[1]  # once per chunk; the copies reuse it
+        cache: dict[tuple[str, int], Tensor] = {}
+
+        def save(x, hook, cache=cache):
+            parts = hook.name.split(".")
+            kind = {"hook_resid_mid": "mid", "hook_z": "z"}[parts[-1]]
+            cache[(kind, int(parts[1]))] = x
+            return None
+
+        names = ("hook_resid_mid", "attn.hook_z")
+        logits = model.run_with_hooks(toks, pm, fwd_hooks=[(f"blocks.{s}.{n}", save) for s in starts for n in names])
+        base[idx_cpu] = metric(watch.see(logits), lab).cpu()
+        replacement = repl.for_chunk(idx, w)
+        for s in starts:
+            uids = groups[s]
+            k = max(1, min(len(uids), batch_size // B))
+            # Layer s's attention is the clean one in every copy except for the ablated heads:
+            # each adds its change of output, (replacement - z_h) @ W_O[h].
+            z = cache[("z", s)]
+            r = replacement[s]
+            diff = -z if r is None else (r.to(z.dtype) if r.ndim == 4 else r.to(z.dtype)[None]) - z
+            W_O = model.blocks[s].attn.W_O
+            for j0 in range(0, len(uids), k):
+                part = uids[j0 : j0 + k]
+                kk = len(part)
+                masks = unit_masks([units[u] for u in part], H, tokens.device)
+                hooks = [
+                    (f"blocks.{layer}.attn.hook_z", replace_hook(m, replacement[layer], kk, B))
+                    for layer, m in masks.items()
+                    if layer != s
+                ]
+                hp = masks[s].any(0).nonzero()[:, 0]  # heads of layer s ablated in this batch
+                sel = masks[s].to(diff.dtype)  # [kk, H]
+                if len(hp) <= kk:  # one output change per head, then pick them per copy
+                    contrib = torch.einsum("bphd,hdm->hbpm", diff[:, :, hp], W_O[hp])
+                    delta = torch.einsum("kh,hbpm->kbpm", sel[:, hp], contrib)
+                else:  # many heads per copy (e.g. keep-only sets): mask, then one product
+                    delta = torch.einsum("kbphd,hdm->kbpm", diff[None] * sel[:, None, None, :, None], W_O)
+                mid = (cache[("mid", s)][None] + delta).reshape(kk * B, w, -1)
+                kv = None if key_valid is None else key_valid.repeat(kk, 1)
+                with model.hooks(fwd_hooks=hooks):
+                    out = model.forward_unchecked(toks.repeat(kk, 1), kv, start_at_layer=s, residual=mid, start_at="resid_mid")
+                m = metric(watch.see(out), lab.repeat(kk)).view(kk, B).cpu()
+                vals[torch.tensor(part)[:, None], idx_cpu[None, :]] = m
+    return base, vals
+
+
+def sweep_stacked(req: AblationRequest, watch: FiniteWatch, repl: Replacement) -> tuple[Tensor, Tensor]:
+    """Many ablations per forward (step 3 of the module docstring) without the seam inside a layer:
+    each of ``k`` stacked copies of a chunk has its own heads replaced on ``hook_z``, from the
+    input of the ablations' first layer where the model resumes there exactly
+    (``model.can_resume``: step 2 without its last part), else from the embedding. For models
+    without :meth:`~pe_interp.HookedPETransformer.forward_unchecked` (``model.can_restart``
+    False, e.g. :class:`pe_interp.bridge.BridgedModel`); the padding cut of step 4 applies."""
+    model, tokens, labels, pad_mask, units = req.model, req.tokens, req.labels, req.pad_mask, req.units
+    batch_size, metric, H = req.batch_size, req.metric, model.cfg.n_heads
+    resumes = getattr(model, "can_resume", False)
+    N = tokens.shape[0]
+    need = needed_width(model, pad_mask)
+    order = torch.argsort(need, stable=True) if model.cfg.mask_padding else torch.arange(N, device=tokens.device)
+    groups: dict[int, list[int]] = {}
+    for u, unit in enumerate(units):
+        groups.setdefault(min(layer for layer, _ in unit) if resumes else 0, []).append(u)
+    ex_chunk = max(1, min(N, batch_size // max(len(g) for g in groups.values())))
+    base = torch.empty(N, dtype=torch.float64)
+    vals = torch.full((len(units), N), float("nan"), dtype=torch.float64)
+    chunks = range(0, N, ex_chunk)
+    if req.progress:
+        from tqdm.auto import tqdm
+
+        chunks = tqdm(chunks, desc=f"ablate ({repl.method}, stacked)", unit="chunk")
+    for c0 in chunks:
+        idx = order[c0 : c0 + ex_chunk]
+        idx_cpu, B, w = idx.cpu(), len(idx), int(need[idx].max())
+        toks, pm, lab = tokens[idx, :w], pad_mask[idx, :w], labels[idx]
+        resid: dict[int, Tensor] = {}
+
+        def save(x, hook, layer, resid=resid):
+            resid[layer] = x
+
+        hooks = [(f"blocks.{s}.hook_resid_pre", partial(save, layer=s)) for s in groups if resumes and s > 0]
+        base[idx_cpu] = metric(watch.see(model.run_with_hooks(toks, pm, fwd_hooks=hooks)), lab).cpu()
+        key_valid = model.check_inputs(toks, pm)[1]
+        replacement = repl.for_chunk(idx, w)
+        for s, uids in groups.items():
+            k = max(1, min(len(uids), batch_size // B))
+            for j0 in range(0, len(uids), k):
+                part = uids[j0 : j0 + k]
+                kk = len(part)
+                masks = unit_masks([units[u] for u in part], H, tokens.device)
+                hooks = [(f"blocks.{layer}.attn.hook_z", replace_hook(m, replacement[layer], kk, B))
+                         for layer, m in masks.items()]  # fmt: skip
+                if s in resid:
+                    kv = None if key_valid is None else key_valid.repeat(kk, 1)
+                    out = model.resume(s, resid[s].repeat(kk, 1, 1), kv, fwd_hooks=hooks)
+                else:
+                    out = model.run_with_hooks(toks.repeat(kk, 1), pm.repeat(kk, 1), fwd_hooks=hooks)
+                vals[torch.tensor(part)[:, None], idx_cpu[None, :]] = metric(watch.see(out), lab.repeat(kk)).view(kk, B).cpu()
+    return base, vals
+
+
+def sweep_naive(req: AblationRequest, watch: FiniteWatch, repl: Replacement) -> tuple[Tensor, Tensor]:
+    """One full forward (all layers, full padded width) per ablation and batch of examples."""
+    model, tokens, labels, pad_mask, units = req.model, req.tokens, req.labels, req.pad_mask, req.units
+    batch_size, progress, metric = req.batch_size, req.progress, req.metric
+    N, W = tokens.shape
+    base = torch.empty(N, dtype=torch.float64)
+    vals = torch.empty((len(units), N), dtype=torch.float64)
+    chunks = range(0, N, batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        chunks = tqdm(chunks, desc="ablate (naive)", unit="chunk")
+    for c0 in chunks:
+        idx = torch.arange(c0, min(N, c0 + batch_size), device=tokens.device)
+        toks, pm, lab = tokens[idx], pad_mask[idx], labels[idx]
+        base[idx.cpu()] = metric(watch.see(model(toks, pm)), lab).cpu()
+        replacement = repl.for_chunk(idx, W)
+        for u, unit in enumerate(units):
+            by_layer: dict[int, list[int]] = {}
+            for layer, h in unit:
+                by_layer.setdefault(layer, []).append(h)
+
+            hooks = [(f"blocks.{layer}.attn.hook_z", overwrite_hook(hs, replacement[layer])) for layer, hs in by_layer.items()]
+            vals[u, idx.cpu()] = metric(watch.see(model.run_with_hooks(toks, pm, fwd_hooks=hooks)), lab).cpu()
+    return base, vals
+
+
+__all__ = ["exact_engine", "summarise", "sweep_batched", "sweep_naive", "sweep_stacked"]

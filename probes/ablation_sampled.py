@@ -1,0 +1,61 @@
+"""``engine="sampled"`` of :func:`probes.ablation.ablate_heads`: the exact grid on a seeded random
+share ``sample`` of the examples, then the ``verify_top`` heads with the largest drops there
+ablated exactly on every example. Each drop is a paired difference on the examples it was
+measured on, so a head's sampled drop is an unbiased estimate of its drop on all of them, with a
+bootstrap interval over the sample; what it loses is sampling precision, which the interval
+states. Cost: ``sample`` of the grid plus ``verify_top`` single ablations.
+
+``benchmarks/head_ranking.py`` measures it against the exact grid, with the exact grid's own
+split-half agreement as the ceiling any estimate can reach.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+from probes.ablation_exact import exact_engine
+from probes.ablation_inputs import AblationRequest
+from probes.ablation_result import AblationResult, verification_summary
+
+
+def sampled_engine(req: AblationRequest, *, sample: float, verify_top: int) -> AblationResult:
+    """Returns the whole grid: the verified heads' values on every example, the others' sampled drops
+    (``values`` there are the full baseline less that drop, so ``drops`` stays ``harm(baseline,
+    values)``) with their intervals over the sample. ``per_example`` holds the sampled heads'
+    values at the sampled examples (NaN at the others). ``meta``: ``"sample"`` (the share),
+    ``"n_sample"``, ``"sample_indices"``, ``"verified"`` and ``"verification"`` (sampled against
+    exact drops of the verified heads)."""
+    n = len(req.tokens)
+    k = min(n, max(2, math.ceil(sample * n)))
+    idx = torch.randperm(n, generator=torch.Generator().manual_seed(req.seed))[:k].sort().values
+    on = idx.to(req.tokens.device)
+    # mean and resample take their values from the evaluated set, not from the sample (resample:
+    # each sampled example draws its source from it uniformly, see probes.ablation_replace)
+    ref = (req.tokens, req.pad_mask) if req.reference is None and req.method != "zero" else req.reference
+    screen = exact_engine(dataclasses.replace(req, tokens=req.tokens[on], labels=req.labels[on], pad_mask=req.pad_mask[on], reference=ref))
+    heads = [u[0] for u in req.units]
+    order = sorted(heads, key=lambda h: -screen.drops[h])[: min(verify_top, len(heads))]
+    exact = exact_engine(dataclasses.replace(req, units=[(h,) for h in order], grid=False))
+    drops, low, high = screen.drops.copy(), screen.ci_low.copy(), screen.ci_high.copy()
+    for i, h in enumerate(order):
+        drops[h], low[h], high[h] = exact.drops[i], exact.ci_low[i], exact.ci_high[i]
+    sign = 1.0 if req.metric.higher_is_better else -1.0
+    values = exact.baseline - sign * drops  # drops == harm(baseline, values)
+    pe = None
+    if req.per_example:
+        pe = np.full(drops.shape + (n,), np.nan)
+        pe[..., idx.numpy()] = screen.per_example
+        for i, h in enumerate(order):
+            pe[h] = exact.per_example[i]
+    verification = verification_summary(order, [float(screen.drops[h]) for h in order], [float(d) for d in exact.drops])
+    meta = {**exact.meta, "engine": "sampled", "sample": float(sample), "n_sample": k,
+            "sample_indices": idx.tolist(), "verified": verification["heads"], "verification": verification}  # fmt: skip
+    return dataclasses.replace(exact, values=values, drops=drops, ci_low=low, ci_high=high, per_example=pe,
+                               head_sets=None, meta=meta)  # fmt: skip
+
+
+__all__ = ["sampled_engine"]

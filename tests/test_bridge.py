@@ -1,0 +1,203 @@
+"""Probes on a TransformerLens 4 bridge (issue 38): the four architectures of the paper's encodings,
+built from configs, saved, booted offline, and ablated exactly, against a naive loop written here on
+the bridge itself (its own ``run_with_hooks``, the answer read at the last real token)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pe_interp.bridge import BridgedModel
+from pe_interp.hf_arch import ARCHS, boot_bridge, build_hf_model, save_model_dir, word_tokenizer
+from probes import ablate_heads, ablate_heads_naive
+
+V, PAD = 30, 0
+ANSWERS = [26, 27, 28, 29]  # class c is token ANSWERS[c]
+SHAPE = {"n_layers": 2, "d_model": 24, "n_heads": 3, "d_mlp": 40, "n_ctx": 16, "d_vocab": V, "pad_id": PAD}
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def bridged(request, tmp_path_factory):
+    arch = request.param
+    hf = build_hf_model(arch, seed=3, **SHAPE)
+    out = save_model_dir(hf, word_tokenizer(V, PAD), tmp_path_factory.mktemp(arch) / "model")
+    return arch, hf, boot_bridge(out)
+
+
+def _examples(n: int = 20, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(4, 13, (n,), generator=g)
+    tokens = torch.randint(1, 26, (n, 12), generator=g)
+    mask = torch.arange(12)[None] < lengths[:, None]
+    tokens[~mask] = PAD
+    return tokens, mask, torch.randint(0, len(ANSWERS), (n,), generator=g)
+
+
+def _answer_logits(bridge, tokens, mask, hooks=()):
+    with torch.no_grad():
+        logits = bridge.run_with_hooks(tokens, fwd_hooks=list(hooks), attention_mask=mask.long())
+    last = mask.sum(1) - 1
+    return logits[torch.arange(len(tokens)), last][:, ANSWERS]
+
+
+def test_the_bridge_reads_the_hugging_face_model(bridged):
+    arch, hf, bridge = bridged
+    tokens, mask, _ = _examples()
+    model = BridgedModel(bridge, answers=ANSWERS)
+    with torch.no_grad():
+        ours = model(tokens, mask)
+        ref = hf(tokens, attention_mask=mask.long()).logits
+    want = ref[torch.arange(len(tokens)), mask.sum(1) - 1][:, ANSWERS]
+    assert torch.allclose(ours, want, atol=1e-5), (ours - want).abs().max()
+    assert model.cfg.encoding_kind == ("multiplicative" if arch in ("gpt-neox", "llama") else "additive")
+
+
+def test_resume_at_a_layer_is_exact_where_the_bridge_claims_it(bridged):
+    arch, _, bridge = bridged
+    model = BridgedModel(bridge, answers=ANSWERS)
+    tokens, mask, _ = _examples()
+    with torch.no_grad():
+        full, cache = bridge.run_with_cache(tokens, attention_mask=mask.long())
+        again = bridge(cache["blocks.1.hook_resid_pre"], start_at_layer=1, attention_mask=mask.long())
+    gap = float((full - again).abs()[mask].max())
+    assert model.can_resume == (arch != "bloom")
+    if model.can_resume:
+        assert gap <= 1e-5
+        want = model(tokens, mask)
+        got = model.resume(1, cache["blocks.1.hook_resid_pre"], mask)
+        assert torch.allclose(got, want, atol=1e-5)
+    else:  # BLOOM: the bridge drops ALiBi when it starts at a layer, so the sweep never resumes there
+        assert gap > 1e-4
+        with pytest.raises(ValueError, match="cannot restart at a layer exactly"):
+            model.resume(1, cache["blocks.1.hook_resid_pre"], mask)
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "logit"])
+def test_exact_ablation_on_a_bridge_equals_a_naive_hook_z_loop(bridged, metric):
+    arch, _, bridge = bridged
+    tokens, mask, labels = _examples()
+    model = BridgedModel(bridge, answers=ANSWERS)
+    got = ablate_heads(model, tokens, labels, pad_mask=mask, metric=metric, n_bootstrap=0, batch_size=40, per_example=True)
+    for layer in range(2):
+        for h in range(3):
+            def zero(z, hook, h=h):
+                z = z.clone()
+                z[:, :, h] = 0.0
+                return z
+
+            logits = _answer_logits(bridge, tokens, mask, [(f"blocks.{layer}.attn.hook_z", zero)])
+            want = (logits.argmax(1) == labels).double() if metric == "accuracy" else logits.gather(1, labels[:, None])[:, 0].double()
+            np.testing.assert_allclose(got.per_example[layer, h], want.numpy(), atol=1e-6)
+    base = _answer_logits(bridge, tokens, mask)
+    want = (base.argmax(1) == labels).double().mean() if metric == "accuracy" else base.gather(1, labels[:, None]).double().mean()
+    assert abs(got.baseline - float(want)) <= 1e-6
+
+
+@pytest.mark.parametrize("method", ["mean", "resample"])
+def test_mean_and_resample_on_a_bridge_equal_the_slow_reference(bridged, method):
+    _, _, bridge = bridged
+    tokens, mask, labels = _examples(seed=1)
+    model = BridgedModel(bridge, answers=ANSWERS)
+    fast = ablate_heads(model, tokens, labels, pad_mask=mask, method=method, metric="logit", n_bootstrap=0, batch_size=32)
+    slow = ablate_heads_naive(model, tokens, labels, pad_mask=mask, method=method, metric="logit", n_bootstrap=0)
+    np.testing.assert_allclose(fast.values, slow.values, atol=1e-6)
+    assert fast.meta["encoding"] == model.cfg.encoding_name
+
+
+def test_head_patching_on_a_bridge_equals_transformer_lens_own_patching(bridged):
+    from transformer_lens import patching
+
+    from probes import normalized_logit_diff_metric, patch
+
+    _, _, bridge = bridged
+    model = BridgedModel(bridge, answers=ANSWERS)
+    g = torch.Generator().manual_seed(5)
+    clean, corrupt = torch.randint(1, 26, (10, 9), generator=g), torch.randint(1, 26, (10, 9), generator=g)
+    good = torch.randint(0, 4, (10,), generator=g)
+    bad = (good + 1) % 4
+    ours = patch(model, clean, corrupt, clean_labels=good, corrupt_labels=bad, site="z", by_position=False, n_bootstrap=0)
+    with torch.no_grad():
+        clean_logits, cache = bridge.run_with_cache(clean)
+        corrupt_logits = bridge(corrupt)
+
+    def last(logits):
+        return logits[:, -1][:, ANSWERS]
+
+    metric = normalized_logit_diff_metric(last(clean_logits), last(corrupt_logits), good, bad)
+    theirs = patching.get_act_patch_attn_head_out_all_pos(bridge, corrupt, cache, lambda lg: metric(last(lg)))
+    assert ours.values.shape == theirs.shape == (2, 3)
+    assert torch.allclose(ours.values, theirs.to(ours.values.dtype), atol=1e-5), (ours.values - theirs).abs().max()
+
+
+def test_a_bridge_refuses_what_it_cannot_read(bridged):
+    _, _, bridge = bridged
+    model = BridgedModel(bridge, answers=ANSWERS)
+    tokens, mask, labels = _examples()
+    left = mask.flip(1)
+    with pytest.raises(ValueError, match="real token after a pad; pad on the right"):
+        ablate_heads(model, tokens.flip(1), labels, pad_mask=left)
+    with pytest.raises(ValueError, match="is outside the vocabulary"):
+        ablate_heads(model, tokens + V, labels, pad_mask=mask)
+    with pytest.raises(ValueError, match="exceeds n_ctx="):  # BLOOM's ALiBi: its config's n_ctx
+        model(torch.ones(2, model.cfg.n_ctx + 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="labels"):
+        ablate_heads(model, tokens, labels + len(ANSWERS), pad_mask=mask)
+    with pytest.raises(ValueError, match="answers must be distinct token ids"):
+        BridgedModel(bridge, answers=[1, 1])
+    with pytest.raises(ValueError, match="ablate_heads: model must be a pe_interp HookedPETransformer or a BridgedModel, got Linear"):
+        ablate_heads(torch.nn.Linear(2, 2), tokens, labels)
+    with pytest.raises(ValueError, match="got TransformerBridge; wrap a bridge as pe_interp.bridge.BridgedModel"):
+        ablate_heads(bridge, tokens, labels, pad_mask=mask)
+    with pytest.raises(ValueError, match="has none of pe_interp's encoding modules"):
+        __import__("probes").positional_scores(model, tokens, pad_mask=mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# A saved model directory is a run: pe-interp ablate DIR --task distance
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    # smoke's task 1: 32 input ids, 6 classes -> answers 32..37; inputs up to 16 tokens
+    shape = {"n_layers": 2, "d_model": 16, "n_heads": 2, "d_mlp": 32, "n_ctx": 16, "d_vocab": 38, "pad_id": 0}
+    hf = build_hf_model("gpt-neox", seed=1, **shape)
+    return save_model_dir(hf, word_tokenizer(38, 0), tmp_path_factory.mktemp("neox") / "model")
+
+
+def test_ablate_reads_a_saved_model_directory_with_task(model_dir, tmp_path, capsys):
+    import shutil
+
+    from pe_interp.cli import main
+    from pe_interp.model_dirs import load_model_dir
+    from probes import AblationResult
+
+    run = tmp_path / "m"
+    shutil.copytree(model_dir, run)
+    argv = ["ablate", str(run), "--task", "distance", "--preset", "smoke", "--n", "24", "--n-bootstrap", "20",
+            "--no-figures", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "gpt_neox: partial rotary" in out
+    saved = AblationResult.load(run / "ablation.json")
+    loaded = load_model_dir(run, "distance", "smoke")
+    test = loaded.examples("test", 24)
+    again = ablate_heads(loaded.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=20)
+    np.testing.assert_allclose(saved.values, again.values, atol=1e-9)
+    assert saved.n_examples == 24 and saved.values.shape == (2, 2)
+
+
+@pytest.mark.parametrize("argv,pattern", [
+    (["ablate", "{d}"], r"a saved Hugging Face model, not a pe-interp run: say which task to probe it on with --task"),
+    (["ablate", "{d}", "--task", "distance", "--preset", "quick"],
+     r"the model's vocabulary \(38\) is too small for task 'distance' at preset 'quick': it needs 128 input ids and 30"),
+    (["ablate", "{d}", "--task", "sorting", "--preset", "smoke"], r"task must be one of"),
+    (["ablate", "{d}@4", "--task", "distance", "--preset", "smoke"], r"a saved Hugging Face model has no snapshots"),
+    (["routes", "{d}", "--task", "distance", "--preset", "smoke"], r"has none of pe_interp's encoding modules"),
+    (["circuit", "{d}"], r"this command reads pe-interp runs only"),
+    (["show", "{d}"], r"a saved Hugging Face model, not a pe-interp run"),
+])  # fmt: skip
+def test_a_model_directory_that_cannot_be_read_says_why_in_one_line(model_dir, argv, pattern, capsys):
+    from bad_input_env import expect_cli_refusal
+
+    expect_cli_refusal([a.format(d=model_dir) for a in argv], pattern, capsys)
+    assert not (model_dir / "ablation.json").exists()

@@ -1,0 +1,82 @@
+"""A verdict the intervals cannot decide says so, with the examples that would decide it, and a
+command asked only for that verdict exits 3 (issue 39)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pe_interp.cli import main
+from probes.deposit import decision
+from probes.deposit.routes import RouteShares, positional_dominance
+
+
+def _shares(top: tuple[float, float, float], other: tuple[float, float, float], n: int = 100) -> RouteShares:
+    shares = np.array([[top[0], other[0]]])
+    low, high = np.array([[top[1], other[1]]]), np.array([[top[2], other[2]]])
+    return RouteShares(shares=shares, ci_low=low, ci_high=high, routes=np.ones((1, 2), dtype=bool), embed=None,
+                       embed_ci=None, effect=2.0, effect_ci=(1.8, 2.2), counterfactual_effect=2.0, identity_gap=0.0,
+                       n_examples=n, n_bootstrap=100, ci=0.95, seed=0)  # fmt: skip
+
+
+def test_an_open_positional_verdict_says_how_many_pairs_would_decide_it():
+    p = positional_dominance(_shares((0.6, 0.45, 0.75), (0.02, -0.01, 0.04)))
+    assert p.verdict == "undecided"
+    # the top route's interval (half-width 0.15 at n = 100) must clear 0.5 from 0.6: n (0.15 / 0.1)^2
+    assert p.need == 225
+    assert p.decided == "undecided (n = 100, need ≥ 225)" and p.decided in p.text()
+    # a runner-up whose interval crosses +5% needs its own: n (0.07 / 0.01)^2 = 4,900 with share 0.04
+    q = positional_dominance(_shares((0.9, 0.8, 0.95), (0.04, -0.03, 0.11)))
+    assert q.verdict == "undecided" and q.need == 4900
+    assert positional_dominance(_shares((0.9, 0.8, 0.95), (0.01, -0.02, 0.03))).decided == "yes"
+
+
+def _planted(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).parents[1] / "checkpoints" / "planted-one-route"
+    shutil.copytree(src, tmp_path / "run")
+    return str(tmp_path / "run")
+
+
+def test_routes_prints_the_verdict_and_exits_0_when_decided(tmp_path, capsys):
+    run = _planted(tmp_path)
+    assert main(["routes", run, "--n", "64", "--n-bootstrap", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "L0H3" in out and "positional deposit: yes" in out
+    assert RouteShares.load(f"{run}/routes.json").n_examples == 64
+
+
+def test_routes_exits_3_when_undecided(tmp_path, capsys, monkeypatch):
+    import probes.deposit.routes as routes
+
+    run = _planted(tmp_path)
+    monkeypatch.setattr(routes, "positional_dominance", lambda r: positional_dominance(
+        _shares((0.6, 0.45, 0.75), (0.02, -0.01, 0.04))))
+    assert main(["routes", run, "--n", "32", "--n-bootstrap", "50"]) == 3
+    assert "undecided (n = 100, need ≥ 225)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("which", ["single", "layer0"])
+def test_ablate_verdict_exits_3_when_undecided_and_0_when_decided(tmp_path, capsys, monkeypatch, which):
+    run = _planted(tmp_path)
+    argv = ["ablate", run, "--n", "64", "--n-bootstrap", "100", "--no-figures", "--no-progress", "--verdict", which]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].split(": ", 1)[1].startswith(("yes", "no"))
+    open_ = decision.Decision(decision.UNDECIDED, "intervals reach across the bar", 64, 900)
+    name = "decide_single" if which == "single" else "decide_concentration"
+    monkeypatch.setattr(decision, name, lambda *a, **k: open_)
+    import probes.deposit as deposit
+
+    monkeypatch.setattr(deposit, name, lambda *a, **k: open_)
+    assert main(argv) == 3
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("undecided (n = 64, need ≥ 900; intervals reach across the bar)")
+
+
+def test_ablate_verdict_refuses_what_cannot_decide_it(tmp_path, capsys):
+    run = _planted(tmp_path)
+    assert main(["ablate", run, "--verdict", "single", "--n-bootstrap", "0"]) == 2
+    assert "--n-bootstrap must be >= 1" in capsys.readouterr().err
+    assert main(["ablate", run, "--verdict", "layer0", "--metric", "loss"]) == 2
+    assert "accuracy grid of every layer" in capsys.readouterr().err
