@@ -30,17 +30,19 @@ import torch
 from torch import Tensor, nn
 
 from pe_interp.checks import check_pad_mask_tensor, check_token_ids
+from pe_interp.config import ARCH_ENCODINGS
+from pe_interp.hf_arch import read_answers
 
-# Hugging Face model_type -> (how position enters, additive or multiplicative), as the paper sorts them
-ENCODINGS = {
-    "gpt2": ("learned absolute", "additive"),
-    "gpt_neox": ("partial rotary", "multiplicative"),
-    "llama": ("rope", "multiplicative"),
-    "bloom": ("alibi", "additive"),
-}
+# Hugging Face model_type -> our name of the architecture (ModelConfig.arch, pe-interp train --arch)
+ARCH_OF = {"gpt2": "gpt2", "gpt_neox": "gpt-neox", "llama": "llama", "bloom": "bloom"}
 
 # where bridge(resid_pre of layer l, start_at_layer=l) equals the full forward (tests/test_bridge.py)
 RESUMES = ("gpt2", "gpt_neox", "llama")
+
+
+class NotOnABridge(AttributeError, ValueError):
+    """What a probe reads of our own model but a bridge lacks: an AttributeError (``hasattr`` and
+    ``getattr(..., default)`` still answer) that the command line reports as a one-line error."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,10 @@ class BridgeConfig:
     mask_padding: bool = True  # right pads reach no real token of a causal model
     kv_source: str = "residual"
     attention_dir: str = "causal"
+
+    def __getattr__(self, name: str) -> Any:  # only called for a field the bridge lacks
+        raise NotOnABridge(f"a TransformerLens bridge ({self.encoding_name}) has no {name!r} setting, which this probe "
+                           "reads of pe_interp's own model; ablation, patching and dynamics --no-positional run on it")
 
 
 class BridgedModel(nn.Module):
@@ -91,7 +97,8 @@ class BridgedModel(nn.Module):
                 raise ValueError(f"answers include the pad id {pad_id}")
         self.register_buffer("answers", None if answers is None else answers.long(), persistent=False)
         kind = getattr(hf, "model_type", "?")
-        name, how = ENCODINGS.get(kind, ("unknown", "unknown"))
+        arch = ARCH_OF.get(kind, kind)
+        name, how = ARCH_ENCODINGS.get(arch, ("unknown", "unknown"))
         if kind == "gpt_neox":
             share = getattr(hf, "rotary_pct", None) or getattr(hf, "partial_rotary_factor", None) \
                 or (getattr(hf, "rope_parameters", None) or {}).get("partial_rotary_factor")
@@ -99,7 +106,7 @@ class BridgedModel(nn.Module):
         self.cfg = BridgeConfig(n_layers=c.n_layers, n_heads=c.n_heads, d_head=c.d_head, d_model=c.d_model,
                                 d_vocab=c.d_vocab, d_mlp=int(getattr(c, "d_mlp", 0) or 0), n_ctx=c.n_ctx, pad_id=pad_id,
                                 n_classes=c.d_vocab if answers is None else len(answers), model_type=kind,
-                                encoding_name=f"{kind}: {name}", encoding_kind=how)  # fmt: skip
+                                encoding_name=f"{arch}: {name}", encoding_kind=how)  # fmt: skip
 
     # ------------------------------------------------------------------ what the probes read
     @property
@@ -107,7 +114,7 @@ class BridgedModel(nn.Module):
         """A bridge has none of pe_interp's encoding modules: the probes that read them
         (decomposition, route shares) say so in one line."""
         raise ValueError(f"a TransformerLens bridge ({self.cfg.encoding_name}) has none of pe_interp's encoding "
-                         "modules, which this probe reads (logit decomposition, route shares); ablation and "
+                         "modules, which this probe reads (logit decomposition, route shares; dynamics --no-positional skips them); ablation and "
                          "patching run on it")  # fmt: skip
 
     @property
@@ -172,13 +179,6 @@ class BridgedModel(nn.Module):
         return {} if mask is None else {"attention_mask": mask.long()}
 
     def _read(self, logits: Tensor, mask: Tensor | None) -> Tensor:
-        n = logits.shape[1]
-        if mask is None:
-            last = torch.full((logits.shape[0],), n - 1, device=logits.device)
-        else:
-            last = mask.sum(1) - 1  # right padding: the real tokens are a prefix
-        rows = logits[torch.arange(logits.shape[0], device=logits.device), last]
-        return rows if self.answers is None else rows[:, self.answers]
+        return read_answers(logits, mask, self.answers)
 
-
-__all__ = ["ENCODINGS", "BridgeConfig", "BridgedModel"]
+__all__ = ["ARCH_OF", "BridgeConfig", "BridgedModel", "NotOnABridge"]

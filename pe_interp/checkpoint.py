@@ -232,8 +232,8 @@ def split_step(run: str | Path) -> tuple[Path, int | None]:
 def load_run(run_dir: str | Path, device: str = "cpu", step: int | None = None) -> Run:
     """Load a run directory written by :func:`pe_interp.train`: the model (eval mode) and task.
     ``step`` (or ``"RUN@S"``) loads the snapshot of that step (``TrainConfig.snapshots``)."""
+    from pe_interp.arch_runs import build_model, probe_model
     from pe_interp.config import ModelConfig, TrainConfig, check_device
-    from pe_interp.model import HookedPETransformer
     from pe_interp.snapshots import SnapshotError, load_snapshot, snapshot_path
     from pe_interp.tasks import task_from_dict
 
@@ -268,7 +268,7 @@ def load_run(run_dir: str | Path, device: str = "cpu", step: int | None = None) 
         train_cfg = TrainConfig.from_dict(config["train"])
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"{run_dir / CONFIG}: invalid config ({err})") from None
-    model = HookedPETransformer(model_cfg)
+    model = build_model(model_cfg)
     path = run_dir / WEIGHTS
     if step is not None:
         path = snapshot_path(run_dir, step)
@@ -288,7 +288,7 @@ def load_run(run_dir: str | Path, device: str = "cpu", step: int | None = None) 
         raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({msg})") from None
     check_state_dict(path, state, model.state_dict())
     model.load_state_dict(state)
-    model.to(device).eval()
+    model = probe_model(model.to(device).eval(), run_dir, device)
     return Run(run_dir, model, task, train_cfg, config, provenance, step)
 
 

@@ -12,6 +12,8 @@ import torch
 from pe_interp.checks import check_bool, check_choice, check_float, check_head_pairs, check_int
 from pe_interp.encodings import EncodingSpec, combined_kind, get_encoding_class, parse_encoding
 
+ARCH_ENCODINGS = {"gpt2": ("learned absolute", "additive"), "gpt-neox": ("partial rotary", "multiplicative"),
+                  "llama": ("rope", "multiplicative"), "bloom": ("alibi", "additive")}
 ACT_FNS = ("relu", "gelu", "silu")
 NORMS = ("LN", "RMS", None)
 ATTENTION_DIRS = ("bidirectional", "causal")
@@ -130,6 +132,7 @@ class ModelConfig:
     silent_heads: tuple[tuple[int, int], ...] = ()
     kv_source: str = "residual"
     pad_id: int = 0
+    arch: str | None = None  # a Hugging Face architecture in language-model form (pe_interp.hf_arch)
     eps: float = 1e-5
     device: str = field(default="cpu", compare=False)
     use_attn_result: bool = field(default=False, compare=False)
@@ -195,6 +198,11 @@ class ModelConfig:
                 build_encoding(self)
         except (ValueError, TypeError, IndexError) as err:
             raise ValueError(f"{own}.encoding: {err}") from None
+        if self.arch is not None:
+            check_choice(own, "arch", self.arch, tuple(ARCH_ENCODINGS))
+            if self.silent_heads or [str(e) for e in self.encoding] != ["rope"] or self.d_head * self.n_heads != self.d_model:
+                raise ValueError(f"{own}.arch: {self.arch!r} brings its own position encoding and heads (d_head = d_model "
+                                 "/ n_heads); leave encoding, silent_heads and d_head at their defaults")  # fmt: skip
         if self.attn_backend == "triton" and self.attn_dropout > 0:
             raise ValueError(
                 f"{own}.attn_dropout: the triton backend has no attention dropout; "
@@ -204,11 +212,15 @@ class ModelConfig:
     # ---- derived -------------------------------------------------------------------------
     @property
     def encoding_name(self) -> str:
-        """Readable composition, e.g. ``"sinusoidal+rope(base=500)"``."""
+        """Readable composition, e.g. ``"sinusoidal+rope(base=500)"`` (an ``arch``'s own: ``"llama: rope"``)."""
+        if self.arch is not None:
+            return f"{self.arch}: {ARCH_ENCODINGS[self.arch][0]}"
         return "+".join(str(s) for s in self.encoding)
 
     @property
     def encoding_kind(self) -> str:
+        if self.arch is not None:
+            return ARCH_ENCODINGS[self.arch][1]
         return combined_kind([get_encoding_class(s.name).kind for s in self.encoding])
 
     @property

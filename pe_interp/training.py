@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from pe_interp import attn_routes, interrupts
 from pe_interp._version import __version__
+from pe_interp.arch_runs import build_model, save_hf
 from pe_interp.callbacks import Callback
 from pe_interp.checkpoint import (
     CONFIG,
@@ -43,7 +44,6 @@ from pe_interp.checkpoint import (
 from pe_interp.config import ModelConfig, TrainConfig, check_device, check_run_configs
 from pe_interp.evaluation import _autocast, evaluate
 from pe_interp.io import dir_lock
-from pe_interp.model import HookedPETransformer
 from pe_interp.snapshots import SnapshotWriter, snapshot_schedule
 from pe_interp.tasks import task_from_dict
 
@@ -106,7 +106,7 @@ class Trainer:
                              + ", ".join(k for k in CONFIG_KEYS if k not in ("model", "task", "train", "version")))
         check_run_configs(model_cfg, train_cfg)
         self.device = torch.device(check_device(train_cfg.device, "TrainConfig.device"))
-        self.model = HookedPETransformer(model_cfg).to(self.device)
+        self.model = build_model(model_cfg).to(self.device)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=train_cfg.lr, betas=train_cfg.betas, weight_decay=train_cfg.weight_decay
         )
@@ -336,6 +336,8 @@ class Trainer:
         finally:
             if bar is not None:
                 bar.close()
+        if self.run_dir is not None:
+            save_hf(self.run_dir, model)  # an architecture's run: also a saved Hugging Face model (RUN/hf/)
         for cb in self.callbacks:
             cb.on_train_end(self)
         final = history[-1] if history else {"step": self.step, **_prefixed(evaluate(model, self.test, cfg.eval_batch_size, cfg.amp, cfg.ignore_index))}

@@ -177,7 +177,7 @@ def test_ablate_reads_a_saved_model_directory_with_task(model_dir, tmp_path, cap
             "--no-figures", "--no-progress"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "gpt_neox: partial rotary" in out
+    assert "gpt-neox: partial rotary" in out
     saved = AblationResult.load(run / "ablation.json")
     loaded = load_model_dir(run, "distance", "smoke")
     test = loaded.examples("test", 24)

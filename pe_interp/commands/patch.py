@@ -93,7 +93,7 @@ def patch_run(
     payload = result.to_dict()
     payload.update(
         pairs={"n": len(clean), "seed": seed, "task": task.to_dict() if hasattr(task, "to_dict") else str(task)},
-        encoding=str(getattr(model.cfg, "encoding_name", model.cfg.encoding)),
+        encoding=model.cfg.encoding_name,
     )
     written: dict[str, Path] = {}
     for name in ("patching.json", f"patching_{key}.json"):

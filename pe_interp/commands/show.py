@@ -46,10 +46,15 @@ def run(args: argparse.Namespace) -> int:
     quirks = " with the authors' quirks" if config.get("authors_quirks") else ""
     print(f"  preset     {config.get('preset')}{quirks}; pe-interp {config.get('version')}")
     print(f"  encoding   {cfg.encoding_name} ({cfg.encoding_kind})")
-    print(f"  model      {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads (d_head {cfg.d_head}), "
-          f"d_mlp {cfg.d_mlp}, act {cfg.act_fn}, norm {cfg.normalization_type}, final norm {cfg.final_norm}, "
-          f"dropout {cfg.dropout}, init {cfg.init_mode}, pads {'masked' if cfg.mask_padding else 'attended'}, "
-          f"K/V from {cfg.kv_source}")
+    if getattr(cfg, "model_type", None):  # a Hugging Face architecture (train --arch), read through a bridge
+        print(f"  model      {cfg.model_type} (Hugging Face, its own norms and causal attention), {cfg.n_layers} layers, "
+              f"d_model {cfg.d_model}, {cfg.n_heads} heads (d_head {cfg.d_head}), d_mlp {cfg.d_mlp}; class c is "
+              f"answer token {task.d_vocab} + c at the last real token; {run_dir}/hf/ is its save_pretrained")
+    else:
+        print(f"  model      {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads (d_head {cfg.d_head}), "
+              f"d_mlp {cfg.d_mlp}, act {cfg.act_fn}, norm {cfg.normalization_type}, final norm {cfg.final_norm}, "
+              f"dropout {cfg.dropout}, init {cfg.init_mode}, pads {'masked' if cfg.mask_padding else 'attended'}, "
+              f"K/V from {cfg.kv_source}")
     print(f"  task       {task.name}: " + ", ".join(f"{k} {v}" for k, v in task.to_dict().items() if k != "name"))
     print(f"  training   {train.epochs} epochs of {train.n_train} ({train.n_test} held out), batch {train.batch_size}, "
           f"lr {train.lr} ({train.lr_schedule}), betas {train.betas}, seed {train.seed}")

@@ -1,0 +1,97 @@
+"""``pe-interp train --arch``: the paper's encodings as real architectures (GPT-2, GPT-NeoX, Llama,
+BLOOM) trained by our trainer on a task in language-model form, saved as a run and as a Hugging
+Face directory, and probed like any run (issue 38)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+from conftest import smoke_trainer
+
+import pe_interp
+from pe_interp.arch_runs import HF_DIR
+from pe_interp.bridge import BridgedModel
+from pe_interp.checkpoint import load_run
+from pe_interp.cli import main
+from pe_interp.hf_arch import boot_bridge
+from probes import AblationResult, ablate_heads
+
+
+@pytest.fixture(scope="module")
+def neox(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arch") / "neox"
+    pe_interp.train(preset="smoke", arch="gpt-neox", seed=1, out=out, snapshots="log", snapshot_every=8, progress=False)
+    return out
+
+
+def test_train_arch_then_ablate_reads_the_run(neox, capsys):
+    assert main(["ablate", str(neox), "--n-bootstrap", "20", "--no-figures", "--no-progress"]) == 0
+    assert "gpt-neox: partial rotary" in capsys.readouterr().out
+    saved = AblationResult.load(neox / "ablation.json")
+    run = load_run(neox)
+    assert isinstance(run.model, BridgedModel) and run.model.cfg.n_classes == run.task.n_classes
+    test = run.examples("test")
+    again = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=20)
+    np.testing.assert_allclose(saved.values, again.values, atol=1e-9)
+
+
+def test_the_run_is_also_a_saved_hugging_face_model(neox):
+    run = load_run(neox)
+    test = run.examples("test", 32)
+    hf_dir = BridgedModel(boot_bridge(neox / HF_DIR), answers=range(run.task.d_vocab, run.task.d_vocab + run.task.n_classes),
+                          pad_id=0)  # fmt: skip
+    with torch.no_grad():
+        assert torch.allclose(hf_dir(test.tokens, test.pad_mask), run.model(test.tokens, test.pad_mask), atol=1e-6)
+    assert main(["ablate", str(neox / HF_DIR), "--task", "distance", "--preset", "smoke", "--n-bootstrap", "0",
+                 "--no-figures", "--no-progress"]) == 0  # fmt: skip
+
+
+def test_a_snapshot_of_an_architecture_is_probed_at_its_step(neox):
+    early, final = load_run(neox, step=8), load_run(neox)
+    test = final.examples("test", 32)
+    with torch.no_grad():
+        a, b = early.model(test.tokens, test.pad_mask), final.model(test.tokens, test.pad_mask)
+    assert not torch.allclose(a, b)
+    assert early.provenance["sha256"] != final.provenance["sha256"]
+
+
+def test_architecture_training_is_deterministic_and_resumes_bit_for_bit(tmp_path):
+    run = smoke_trainer(crash_at=5, arch="llama")
+    whole = run(tmp_path / "a")
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "b", crash=True)
+    resumed = run(tmp_path / "b", resume=True)
+    assert whole.keys() == resumed.keys()
+    for k in whole:
+        assert torch.equal(whole[k], resumed[k]), k
+    digest = [hashlib.sha256((tmp_path / d / "model.safetensors").read_bytes()).hexdigest() for d in ("a", "b")]
+    assert digest[0] == digest[1]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bloom"])
+def test_each_architecture_learns_past_chance_on_smoke(arch, tmp_path):
+    result = pe_interp.train(preset="smoke", arch=arch, seed=0, out=tmp_path / arch, progress=False, epochs=10)
+    run = load_run(tmp_path / arch)
+    assert run.model.cfg.model_type == arch
+    assert result.final["test_acc"] > 1.5 / run.task.n_classes  # chance is 1 / n_classes
+
+
+@pytest.mark.parametrize("argv,pattern", [
+    (["train", "--preset", "smoke", "--arch", "gpt3", "--out", "{t}/x"], r"ModelConfig.arch must be one of"),
+    (["train", "--preset", "smoke", "--arch", "llama", "--encoding", "alibi", "--out", "{t}/x"],
+     r"brings its own position encoding"),
+    (["train", "--preset", "smoke", "--arch", "gpt2", "--silent-heads", "0:1", "--out", "{t}/x"],
+     r"brings its own position encoding and heads"),
+    (["train", "--preset", "smoke", "--arch", "gpt2", "--d-head", "4", "--out", "{t}/x"], r"\(d_head = d_model / n_heads\)"),
+    (["circuit", "{run}"], r"has no 'use_split_qkv_input' setting"),
+    (["generalize", "{run}"], r"which this probe reads of pe_interp's own model"),
+    (["decompose", "{run}"], r"has none of pe_interp's encoding modules"),
+    (["dynamics", "{run}", "--n", "8"], r"dynamics --no-positional skips them"),
+])  # fmt: skip
+def test_what_an_architecture_cannot_do_is_one_line(neox, tmp_path, argv, pattern, capsys):
+    from bad_input_env import expect_cli_refusal
+
+    expect_cli_refusal([a.format(t=tmp_path, run=neox) for a in argv], pattern, capsys)
