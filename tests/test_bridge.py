@@ -194,6 +194,13 @@ def test_ablate_reads_a_saved_model_directory_with_task(model_dir, tmp_path, cap
     (["ablate", "{d}@4", "--task", "distance", "--preset", "smoke"], r"a saved Hugging Face model has no snapshots"),
     (["routes", "{d}", "--task", "distance", "--preset", "smoke"], r"has none of pe_interp's encoding modules"),
     (["circuit", "{d}"], r"this command reads pe-interp runs only"),
+    (["ablate", "{d}", "--task", "distance", "--preset", "smoke", "--revision", "step1"],
+     r"--revision is for a model on the Hugging Face hub"),
+    (["ablate", "owner-x/no-such-model"], r"run directory not found"),
+    (["ablate", "owner-x/no-such-model", "--task", "distance"],
+     r"owner-x/no-such-model@main: no local directory of that name, and the Hugging Face hub is (off|not reachable)"),
+    (["patch", "owner-x/no-such-model", "--task", "distance", "--revision", "step1000"],
+     r"owner-x/no-such-model@step1000: no local directory of that name"),
     (["show", "{d}"], r"a saved Hugging Face model, not a pe-interp run"),
 ])  # fmt: skip
 def test_a_model_directory_that_cannot_be_read_says_why_in_one_line(model_dir, argv, pattern, capsys):

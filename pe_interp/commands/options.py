@@ -207,11 +207,14 @@ def add_model_dir_flags(parser: argparse.ArgumentParser) -> None:
                         "on, in language-model form (class c is answer token d_vocab + c)")
     parser.add_argument("--preset", default="quick", help="for a saved Hugging Face model directory: the task's size "
                         "and splits (default quick)")
+    parser.add_argument("--revision", default=None, help="for a model on the Hugging Face hub (owner/name, where the "
+                        "hub is reachable): its revision, e.g. Pythia's step1000")
 
 
 def model_dir_arg(args: argparse.Namespace) -> dict[str, Any]:
     """What :func:`writing_run` needs of ``--task``/``--preset``."""
-    return {"task": getattr(args, "task", None), "preset": getattr(args, "preset", "quick"), "model_dir_ok": True}
+    return {"task": getattr(args, "task", None), "preset": getattr(args, "preset", "quick"),
+            "revision": getattr(args, "revision", None), "model_dir_ok": True}
 
 
 def device_arg(value: str | None) -> str:
@@ -256,7 +259,7 @@ def out_dir_arg(value: str | None, flag: str = "--out") -> str | None:
 
 @contextmanager
 def writing_run(run_dir: str, device: str = "cpu", out: str | None = None, task: str | None = None,
-                preset: str = "quick", model_dir_ok: bool = False) -> Iterator[Any]:  # fmt: skip
+                preset: str = "quick", model_dir_ok: bool = False, revision: str | None = None) -> Iterator[Any]:  # fmt: skip
     """The loaded run (:func:`~pe_interp.checkpoint.load_run`: a one-line error for a missing or
     broken run directory; ``RUN@S`` loads the snapshot of step S, whose results go to
     ``loaded.result_dir``, ``RUN/steps/S/``) with the directory the command writes into locked
@@ -265,18 +268,19 @@ def writing_run(run_dir: str, device: str = "cpu", out: str | None = None, task:
     (:func:`pe_interp.model_dirs.load_model_dir`)."""
     from pe_interp.checkpoint import load_run, split_step
     from pe_interp.io import dir_lock
-    from pe_interp.model_dirs import is_model_dir, load_model_dir
+    from pe_interp.model_dirs import is_hub_name, is_model_dir, load_model_dir
 
     path, step = split_step(run_dir)
-    if is_model_dir(path):
+    if is_model_dir(path) or (model_dir_ok and (task is not None or revision is not None) and is_hub_name(run_dir)):
         if not model_dir_ok:
             raise ValueError(f"{run_dir}: a saved Hugging Face model; this command reads pe-interp runs only "
                              "(ablate, patch, routes and decompose read a model directory with --task)")
         if step is not None:
             raise ValueError(f"{run_dir}: a saved Hugging Face model has no snapshots; give DIR without @STEP")
-        loaded = load_model_dir(path, task, preset, device=device)
-    elif task is not None:
-        raise ValueError(f"{run_dir}: --task is for a saved Hugging Face model directory; a pe-interp run knows its task")
+        loaded = load_model_dir(path, task, preset, device=device, revision=revision)
+    elif task is not None or revision is not None:
+        raise ValueError(f"{run_dir}: --task and --revision are for a saved Hugging Face model (a directory, or owner/name "
+                         "on the hub); a pe-interp run knows its task")
     else:
         loaded = load_run(run_dir, device=device)
     with dir_lock(out or loaded.run_dir, "run directory" if out is None else "output directory"):
