@@ -67,7 +67,7 @@ class BridgeConfig:
 
     def __getattr__(self, name: str) -> Any:  # only called for a field the bridge lacks
         raise NotOnABridge(f"a TransformerLens bridge ({self.encoding_name}) has no {name!r} setting, which this probe "
-                           "reads of pe_interp's own model; ablation, patching and dynamics --no-positional run on it")
+                           "reads of pe_interp's own model; ablation, patching and dynamics run on it")
 
 
 class BridgedModel(nn.Module):
@@ -114,8 +114,8 @@ class BridgedModel(nn.Module):
         """A bridge has none of pe_interp's encoding modules: the probes that read them
         (decomposition, route shares) say so in one line."""
         raise ValueError(f"a TransformerLens bridge ({self.cfg.encoding_name}) has none of pe_interp's encoding "
-                         "modules, which this probe reads (logit decomposition, route shares; dynamics --no-positional skips them); ablation and "
-                         "patching run on it")  # fmt: skip
+                         "modules, which this probe reads (logit decomposition, route shares); ablation, patching and dynamics "
+                         "run on it")  # fmt: skip
 
     @property
     def W_E(self) -> Tensor:

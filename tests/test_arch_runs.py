@@ -58,6 +58,17 @@ def test_a_snapshot_of_an_architecture_is_probed_at_its_step(neox):
     assert early.provenance["sha256"] != final.provenance["sha256"]
 
 
+def test_dynamics_of_an_architecture_walks_its_snapshots_without_routes(neox, capsys):
+    import json
+
+    assert main(["dynamics", str(neox), "--n", "16", "--n-confirm", "16", "--no-figures", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "single-head deposit: yes at" in out and "positional deposit" not in out
+    records = json.loads((neox / "dynamics.json").read_text())["records"]
+    assert [r["step"] for r in records] == [0, 1, 2, 4, 8, 16]
+    assert all(r["positional"] is None and "positional" not in r["verdicts"] for r in records)
+
+
 def test_architecture_training_is_deterministic_and_resumes_bit_for_bit(tmp_path):
     run = smoke_trainer(crash_at=5, arch="llama")
     whole = run(tmp_path / "a")
@@ -89,7 +100,6 @@ def test_each_architecture_learns_past_chance_on_smoke(arch, tmp_path):
     (["circuit", "{run}"], r"has no 'use_split_qkv_input' setting"),
     (["generalize", "{run}"], r"which this probe reads of pe_interp's own model"),
     (["decompose", "{run}"], r"has none of pe_interp's encoding modules"),
-    (["dynamics", "{run}", "--n", "8"], r"dynamics --no-positional skips them"),
 ])  # fmt: skip
 def test_what_an_architecture_cannot_do_is_one_line(neox, tmp_path, argv, pattern, capsys):
     from bad_input_env import expect_cli_refusal

@@ -99,7 +99,9 @@ def measure_step(run, n: int, n_pairs: int, n_bootstrap: int = 1000, positional:
     under ``screen``."""
     t0 = time.perf_counter()
     abl = measure_ablation(run, n, n_bootstrap)
-    pos = measure_routes(run, n_pairs, n_bootstrap) if positional and _position_changes_label(run.task) else None
+    # a bridge (train --arch, a model directory) has none of our encoding modules to move: no routes
+    movable = hasattr(run.model.cfg, "encoding")
+    pos = measure_routes(run, n_pairs, n_bootstrap) if positional and movable and _position_changes_label(run.task) else None
     screen = {**abl["verdicts"], **(pos["verdicts"] if pos else {})}
     confirmed = False
     if n_confirm is not None:
