@@ -208,3 +208,21 @@ def test_a_model_directory_that_cannot_be_read_says_why_in_one_line(model_dir, a
 
     expect_cli_refusal([a.format(d=model_dir) for a in argv], pattern, capsys)
     assert not (model_dir / "ablation.json").exists()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("draw", range(2))
+def test_exact_ablation_equals_the_naive_loop_at_drawn_sizes(arch, draw, tmp_path):
+    """Shapes this file does not otherwise build: drawn per architecture and draw (seeded)."""
+    g = torch.Generator().manual_seed(1000 * draw + ARCHS.index(arch))
+    n_layers, n_heads, d_head = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 4), (2, 6), (2, 7)))
+    d_head *= 2  # rotary halves need an even head size
+    shape = {"n_layers": n_layers, "d_model": n_heads * d_head, "n_heads": n_heads, "d_mlp": 24, "n_ctx": 16,
+             "d_vocab": V, "pad_id": PAD}  # fmt: skip
+    out = save_model_dir(build_hf_model(arch, seed=draw, **shape), word_tokenizer(V, PAD), tmp_path / "m")
+    model = BridgedModel(boot_bridge(out), answers=ANSWERS)
+    tokens, mask, labels = _examples(seed=draw)
+    got = ablate_heads(model, tokens, labels, pad_mask=mask, metric="logit", n_bootstrap=0, batch_size=64)
+    naive = ablate_heads_naive(model, tokens, labels, pad_mask=mask, metric="logit", n_bootstrap=0)
+    assert got.values.shape == (n_layers, n_heads)
+    np.testing.assert_allclose(got.values, naive.values, atol=1e-6)
