@@ -12,7 +12,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 CHROMIUM := $(shell command -v chromium || command -v chromium-browser || command -v google-chrome || true)
 
-.PHONY: setup setup-browser test demo reproduce mid dynamics validate lint bench bench-parity gpu-wheels clean
+.PHONY: setup setup-browser test demo reproduce mid dynamics arch validate lint bench bench-parity gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,12 @@ mid: setup
 dynamics: setup
 	$(VENV)/bin/pe-interp sweep grids/deposit_dynamics.yaml --out runs/sweeps/deposit-dynamics
 	$(VENV)/bin/pe-interp study findings/deposit-dynamics --grid grids/deposit_dynamics.yaml --readme README.md
+
+# The deposit question on real architectures (grids/arch_mid.yaml: GPT-2, GPT-NeoX, Llama, BLOOM and our
+# own model at mid, 3 seeds each; resumable) and the README's table.
+arch: setup
+	$(VENV)/bin/pe-interp sweep grids/arch_mid.yaml --out runs/sweeps/arch-mid
+	$(VENV)/bin/pe-interp study findings/arch-mid --grid grids/arch_mid.yaml --readme README.md
 
 # Ground truth: the planted families (grids/planted_quick.yaml, 30 quick runs, about an hour on 2 cores),
 # every localising probe scored against the planted routes, and the README's table.
