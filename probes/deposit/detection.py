@@ -155,7 +155,9 @@ def layer_stats(
     failed = []
     if not at_least(top_drop, min_drop) or not top_drop > GRANULE_TOL:
         failed.append(f"top drop {top_drop:.3g} < min_drop {min_drop:.3g}")
-    if not at_least(share, min_share):
+    if math.isnan(share):
+        failed.append("no head of the layer hurts when ablated (every drop <= 0): no share to take")
+    elif not at_least(share, min_share):
         failed.append(f"share {share:.3g} < min_share {min_share:.3g}")
     if second is not None and not top_drop - second_drop > GRANULE_TOL:
         failed.append(f"tie: head {second} drops as much as head {top}")
