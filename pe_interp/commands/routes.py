@@ -55,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
 def _routes(args: argparse.Namespace, loaded) -> int:
     from pe_interp.checkpoint import save_result
     from probes.deposit.routes import positional_dominance, route_shares
+    from probes.deposit.trajectory import PAIRS_SEED_OFFSET
 
-    pairs = loaded.task.counterfactuals(args.n, kind="position", seed=loaded.train_cfg.seed + 7717 + args.seed)
+    pairs = loaded.task.counterfactuals(args.n, kind="position", seed=loaded.train_cfg.seed + PAIRS_SEED_OFFSET + args.seed)
     if not bool((pairs.clean.labels != pairs.corrupt.labels).any()):
         raise ValueError(f"{loaded.name}: moving the tokens changes no label of task {loaded.task.name!r}: "
                          "position decides nothing there, so no route can carry it")  # fmt: skip

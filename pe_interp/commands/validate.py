@@ -100,6 +100,7 @@ def _record_of(cell_id: str, params: dict[str, Any], run_dir: Path, kept: dict[s
     from probes import ablate_heads, find_concentrations, patch, positional_scores
     from probes.deposit import dominance
     from probes.deposit.routes import position_routes, positional_dominance, route_shares
+    from probes.deposit.trajectory import PAIRS_SEED_OFFSET
 
     run = load_run(run_dir)
     if kept is not None and kept.get("sha256") == run.provenance["sha256"] and ("circuit" in kept or not circuits):
@@ -120,7 +121,7 @@ def _record_of(cell_id: str, params: dict[str, Any], run_dir: Path, kept: dict[s
     scores = positional_scores(model, test.tokens[:128], pad_mask=test.pad_mask[:128])
     rankings["decomposition: most positional head"] = scores.scores
     rankings["decomposition: where position enters"] = scores.direct
-    pairs = task.counterfactuals(512, kind="position", seed=seed + 7717)
+    pairs = task.counterfactuals(512, kind="position", seed=seed + PAIRS_SEED_OFFSET)
     shares = route_shares(model, pairs.clean.tokens, pairs.corrupt.tokens, pairs.clean.labels, pairs.corrupt.labels,
                           pad_mask=pairs.clean.pad_mask)
     if routes.any():

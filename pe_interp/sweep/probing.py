@@ -261,11 +261,11 @@ def _shares(terms, mats: dict[str, Any]) -> dict[str, float]:
 
 
 def _probe_routes(run: Run, n: int = 512) -> dict[str, Any] | None:
-    """Each positional route's share of the positional effect on ``n`` position-only pairs, and the
-    positional deposit verdict (:mod:`probes.deposit.routes`; None where position changes no label)."""
-    from probes.deposit.routes import positional_dominance, route_shares
+    """Each route's share of the positional effect on ``n`` position-only pairs (the dynamics' pairs
+    seed), and the positional verdict (:mod:`probes.deposit.routes`; None: position changes no label)."""
+    from probes.deposit import PAIRS_SEED_OFFSET, positional_dominance, route_shares
 
-    pairs = run.task.counterfactuals(n, kind="position", seed=run.train_cfg.seed + 7717)
+    pairs = run.task.counterfactuals(n, kind="position", seed=run.train_cfg.seed + PAIRS_SEED_OFFSET)
     if not bool((pairs.clean.labels != pairs.corrupt.labels).any()):
         return None
     result = route_shares(run.model, pairs.clean.tokens, pairs.corrupt.tokens, pairs.clean.labels, pairs.corrupt.labels,

@@ -26,10 +26,11 @@ from probes.deposit.routes import (
     positional_dominance,
     route_shares,
 )
-from probes.deposit.trajectory import SnapshotDynamics, snapshot_dynamics
+from probes.deposit.trajectory import PAIRS_SEED_OFFSET, SnapshotDynamics, snapshot_dynamics
 
 __all__ = [
     "DEFAULT_MIN_DROP_ACCURACY",
+    "PAIRS_SEED_OFFSET",
     "DEFAULT_MIN_SHARE",
     "DYNAMICS_FILE",
     "ConcentrationReport",
