@@ -9,10 +9,12 @@ mask), then one gather. Its hooks are the bridge's, under TransformerLens' names
 (``blocks.{l}.attn.hook_z`` is ``[batch, pos, head, d_head]``).
 
 What it cannot offer, it says. It has no seam inside a layer (``can_restart = False``: the exact
-ablation sweep stacks copies, :func:`probes.ablation_exact.sweep_stacked`); it restarts at a
-layer's input (:meth:`BridgedModel.resume`, the bridge's ``start_at_layer``) only where that was
-checked exact (:data:`RESUMES`: not BLOOM, whose ALiBi the bridge then drops); and padding must be
-on the right (a causal model then never lets a pad reach a real token).
+ablation sweep stacks copies, :func:`probes.ablation_exact.sweep_stacked`; path patching and
+``atp*`` run whole forwards with hooks); it restarts at a layer's input
+(:meth:`BridgedModel.resume`, the bridge's ``start_at_layer``) only where that was checked exact
+(:data:`RESUMES`: not BLOOM, whose ALiBi the bridge then drops); edges need per-head forks before
+the norm (:data:`FORKS_BEFORE_NORM`: not BLOOM); and padding must be on the right (a causal model
+then never lets a pad reach a real token).
 
     from transformer_lens.model_bridge import TransformerBridge
     bridge = TransformerBridge.boot_transformers(local_dir, tokenizer=tokenizer)
@@ -23,7 +25,7 @@ on the right (a causal model then never lets a pad reach a real token).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,6 +40,9 @@ ARCH_OF = {"gpt2": "gpt2", "gpt_neox": "gpt-neox", "llama": "llama", "bloom": "b
 
 # where bridge(resid_pre of layer l, start_at_layer=l) equals the full forward (tests/test_bridge.py)
 RESUMES = ("gpt2", "gpt_neox", "llama")
+# where the bridge's per-head q/k/v forks come before the layer norm, so that a writer's residual term
+# can be added to one head's input (tests/test_bridge_circuits.py); BLOOM's come after it
+FORKS_BEFORE_NORM = ("gpt2", "gpt_neox", "llama")
 
 
 class NotOnABridge(AttributeError, ValueError):
@@ -64,10 +69,29 @@ class BridgeConfig:
     mask_padding: bool = True  # right pads reach no real token of a causal model
     kv_source: str = "residual"
     attention_dir: str = "causal"
+    parallel_attn_mlp: bool = False  # GPT-NeoX: a block's attention and MLP read the same input
+    # where the circuit probes read the embedding writer and an MLP's own input on a bridge: the
+    # layer-0 input (after BLOOM's embedding norm) and ln2's input (the bridge's hook_resid_mid is
+    # that too; the residual add reads its own copy)
+    embed_hook: str = "blocks.0.hook_resid_pre"
+    mlp_in_hook: str = "ln2.hook_in"
+    flags: Any = field(default=None, repr=False, compare=False)  # the bridge's own cfg, for the fork flags
+
+    @property
+    def use_split_qkv_input(self) -> bool:
+        return bool(getattr(self.flags, "use_split_qkv_input", False))
+
+    @property
+    def use_attn_in(self) -> bool:
+        return bool(getattr(self.flags, "use_attn_in", False))
+
+    @property
+    def use_hook_mlp_in(self) -> bool:
+        return bool(getattr(self.flags, "use_hook_mlp_in", False))
 
     def __getattr__(self, name: str) -> Any:  # only called for a field the bridge lacks
         raise NotOnABridge(f"a TransformerLens bridge ({self.encoding_name}) has no {name!r} setting, which this probe "
-                           "reads of pe_interp's own model; ablation, patching and dynamics run on it")
+                           "reads of pe_interp's own model; ablation, patching, attribution, circuits and dynamics run on it")
 
 
 class BridgedModel(nn.Module):
@@ -106,7 +130,8 @@ class BridgedModel(nn.Module):
         self.cfg = BridgeConfig(n_layers=c.n_layers, n_heads=c.n_heads, d_head=c.d_head, d_model=c.d_model,
                                 d_vocab=c.d_vocab, d_mlp=int(getattr(c, "d_mlp", 0) or 0), n_ctx=c.n_ctx, pad_id=pad_id,
                                 n_classes=c.d_vocab if answers is None else len(answers), model_type=kind,
-                                encoding_name=f"{arch}: {name}", encoding_kind=how)  # fmt: skip
+                                encoding_name=f"{arch}: {name}", encoding_kind=how,
+                                parallel_attn_mlp=bool(getattr(c, "parallel_attn_mlp", False)), flags=c)  # fmt: skip
 
     # ------------------------------------------------------------------ what the probes read
     @property
@@ -114,8 +139,8 @@ class BridgedModel(nn.Module):
         """A bridge has none of pe_interp's encoding modules: the probes that read them
         (decomposition, route shares) say so in one line."""
         raise ValueError(f"a TransformerLens bridge ({self.cfg.encoding_name}) has none of pe_interp's encoding "
-                         "modules, which this probe reads (logit decomposition, route shares); ablation, patching and dynamics "
-                         "run on it")  # fmt: skip
+                         "modules, which this probe reads (logit decomposition, route shares); ablation, patching, "
+                         "attribution, circuits and dynamics run on it")  # fmt: skip
 
     @property
     def W_E(self) -> Tensor:
@@ -139,6 +164,33 @@ class BridgedModel(nn.Module):
         """Class logits ``[batch, n_classes]`` at each row's last real token."""
         tokens, mask = self.check_inputs(tokens, pad_mask)
         return self._read(self.bridge(tokens, **self._mask_kwargs(mask)), mask)
+
+    def forward_unchecked(self, tokens: Tensor, key_valid: Tensor | None, **restart: Any) -> Tensor:
+        """The forward on inputs :meth:`check_inputs` already checked (``key_valid``: its pad
+        mask, None without pads). There is no restart seam: ``start_at_layer`` and the rest are
+        refused."""
+        if restart:
+            raise ValueError(f"a bridge cannot restart its forward inside the model ({', '.join(restart)}); "
+                             "the probes run it from the embedding")
+        return self._read(self.bridge(tokens, **self._mask_kwargs(key_valid)), key_valid)
+
+    # the per-head forks of the circuit probes (TransformerLens' flags, the bridge's own setters)
+    def check_forks(self) -> None:
+        """Raise, in one line, where the forks cannot carry an edge (:data:`FORKS_BEFORE_NORM`)."""
+        if self.cfg.model_type not in FORKS_BEFORE_NORM:
+            raise ValueError(f"{self.cfg.encoding_name}: the bridge forks each head's q/k/v input after the layer norm "
+                             "(TransformerLens #1317), where a writer's residual term cannot be added to one head; edge "
+                             "attribution, path patching and circuits need that (node attribution, ablation and "
+                             "patching run)")  # fmt: skip
+
+    def set_use_split_qkv_input(self, on: bool) -> None:
+        self.bridge.set_use_split_qkv_input(on)
+
+    def set_use_attn_in(self, on: bool) -> None:
+        self.bridge.set_use_attn_in(on)
+
+    def set_use_hook_mlp_in(self, on: bool) -> None:
+        self.bridge.set_use_hook_mlp_in(on)
 
     def run_with_hooks(self, tokens: Tensor, pad_mask: Tensor | None = None, *, fwd_hooks: Sequence = (),
                        stop_at_layer: int | None = None, **kwargs: Any) -> Tensor:  # fmt: skip
@@ -181,4 +233,4 @@ class BridgedModel(nn.Module):
     def _read(self, logits: Tensor, mask: Tensor | None) -> Tensor:
         return read_answers(logits, mask, self.answers)
 
-__all__ = ["ARCH_OF", "BridgeConfig", "BridgedModel", "NotOnABridge"]
+__all__ = ["ARCH_OF", "FORKS_BEFORE_NORM", "RESUMES", "BridgeConfig", "BridgedModel", "NotOnABridge"]

@@ -186,6 +186,26 @@ def test_ablate_reads_a_saved_model_directory_with_task(model_dir, tmp_path, cap
     assert saved.n_examples == 24 and saved.values.shape == (2, 2)
 
 
+def test_circuit_reads_a_saved_model_directory_with_task(model_dir, tmp_path, capsys):
+    """The whole circuit command on a bridge: family attributions per span, the faithful circuit on
+    held-out pairs, exact path patching into the top head (no layer-0 logit terms: no encoding
+    modules)."""
+    import shutil
+
+    from pe_interp.cli import main
+    from probes import Circuit
+
+    run = tmp_path / "m"
+    shutil.copytree(model_dir, run)
+    argv = ["circuit", str(run), "--task", "distance", "--preset", "smoke", "--n", "12", "--faithful", "0.8"]
+    assert main(argv) == 0
+    assert "the smallest circuit with faithfulness >= 0.8" in capsys.readouterr().out
+    c = Circuit.load(run / "circuit.json")
+    assert c.faithfulness["kept"] >= 0.8 and 0 < len(c.edges) <= c.total_edges
+    assert c.meta["route"]["layer0"] is None and set(c.meta["route"]["exact"]) == {"position", "content"}
+    assert c.meta["encoding"].startswith("gpt-neox: partial rotary")
+
+
 @pytest.mark.parametrize("argv,pattern", [
     (["ablate", "{d}"], r"a saved Hugging Face model, not a pe-interp run: say which task to probe it on with --task"),
     (["ablate", "{d}", "--task", "distance", "--preset", "quick"],
@@ -193,7 +213,8 @@ def test_ablate_reads_a_saved_model_directory_with_task(model_dir, tmp_path, cap
     (["ablate", "{d}", "--task", "sorting", "--preset", "smoke"], r"task must be one of"),
     (["ablate", "{d}@4", "--task", "distance", "--preset", "smoke"], r"a saved Hugging Face model has no snapshots"),
     (["routes", "{d}", "--task", "distance", "--preset", "smoke"], r"has none of pe_interp's encoding modules"),
-    (["circuit", "{d}"], r"this command reads pe-interp runs only"),
+    (["circuit", "{d}"], r"say which task to probe it on with --task"),
+    (["generalize", "{d}"], r"this command reads pe-interp runs only"),
     (["ablate", "{d}", "--task", "distance", "--preset", "smoke", "--revision", "step1"],
      r"--revision is for a model on the Hugging Face hub"),
     (["ablate", "owner-x/no-such-model"], r"run directory not found"),

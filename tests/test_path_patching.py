@@ -109,3 +109,31 @@ def test_defaults_save_and_load(tmp_path):
     for bad in (dict(component="z"), dict(senders=["L9H0"]), dict(receivers=["MLP7"])):
         with pytest.raises(ValueError):
             path_patch(model, clean, corrupt, **{"metric": FN, **bad})
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi", "sinusoidal"])
+def test_the_hook_only_paths_a_bridge_takes_equal_the_restart_seams(encoding, monkeypatch):
+    """A bridge has no seam to restart a layer at: its path patching adds each sender's term at the
+    receiver's hook in a whole corrupt forward, and atp* recomputes a layer's softmax by a forward
+    stopped after it. On our model both equal the restart path they replace."""
+    import probes.circuits.engine as engine
+    import probes.circuits.path_patching as pp
+    from probes import attribute
+
+    model = random_model(encoding)
+    clean, corrupt = random_pairs()
+    fast = path_patch(model, clean, corrupt, metric=FN, batch_size=7)
+    fast_star = attribute(model, clean, corrupt, method="atp*", granularity="edge", metric=FN)
+    monkeypatch.setattr(type(model), "can_restart", False, raising=False)
+
+    def no_seam(*args, **kwargs):
+        raise AssertionError("a restart seam was used")
+
+    monkeypatch.setattr(pp, "_site", no_seam)
+    monkeypatch.setattr(engine, "no_forks", no_seam)  # the restart path of attend_with
+    hooked = path_patch(model, clean, corrupt, metric=FN, batch_size=7)
+    hooked_star = attribute(model, clean, corrupt, method="atp*", granularity="edge", metric=FN)
+    np.testing.assert_allclose(hooked.values, fast.values, rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(hooked_star.scores, fast_star.scores, rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(hooked_star.magnitude, fast_star.magnitude, rtol=1e-9, atol=1e-10)
+    assert np.nanmax(np.abs(fast.effects)) > 1e-3

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pe_interp.commands.options import add_device_flag
+from pe_interp.commands.options import add_device_flag, add_model_dir_flags
 
 METHODS = ("eap-ig", "atp", "atp*", "path_patch", "learned")
 SELECTS = ("paths", "greedy", "top")
@@ -46,7 +46,8 @@ SELECTS = ("paths", "greedy", "top")
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("circuit", help="the circuit of a run: position and content edges, the route into its top head",
                        description=(__doc__ or "").split("\n\n")[0])  # fmt: skip
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `pe-interp train`")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `pe-interp train` (or a saved "
+                   "Hugging Face model directory, with --task)")
     p.add_argument("--counterfactual", default="position", choices=["position", "content", "both"],
                    help="the family whose scores rank the edges and whose pairs measure faithfulness "
                         "(position and content are always scored)")  # fmt: skip
@@ -66,6 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     add_device_flag(p, default="cpu")
     p.add_argument("--out", default=None, help="where circuit.json and circuit.html go (default RUN_DIR)")
+    add_model_dir_flags(p)
     p.set_defaults(run=run)
 
 
@@ -195,12 +197,12 @@ def body_html(c) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp.commands.options import device_arg, out_dir_arg, writing_run
+    from pe_interp.commands.options import device_arg, model_dir_arg, out_dir_arg, writing_run
 
     out_dir_arg(args.out)
     if args.faithful is not None and not 0 < args.faithful <= 1:
         raise ValueError(f"--faithful must be in (0, 1], got {args.faithful}")
-    with writing_run(args.run_dir, device=device_arg(args.device), out=args.out) as loaded:
+    with writing_run(args.run_dir, device=device_arg(args.device), out=args.out, **model_dir_arg(args)) as loaded:
         return _circuit(args, loaded)
 
 

@@ -56,6 +56,7 @@ from probes.circuits.engine import (
     mean_metric,
     pair_labels,
     position_means,
+    reader_groups,
     reader_hooks,
     resolve,
     writer_hooks,
@@ -70,26 +71,6 @@ ABLATIONS = ("zero", "mean")
 DIRECTIONS = ("denoise", "noise")
 
 
-# ---------------------------------------------------------------------------------------------
-# the reader groups of the edge sweep
-# ---------------------------------------------------------------------------------------------
-def _groups(graph: Graph) -> list[tuple[str, list[int], int, int | None]]:
-    """``(hook, reader indices, writers read (a prefix), head axis or None)`` per reader hook."""
-    H, L = graph.n_heads, graph.n_layers
-    per_layer = H + (1 if graph.has_mlp else 0)
-    out = []
-    for layer in range(L):
-        before = 1 + layer * per_layer
-        for c in "qkv":
-            idx = [graph.reader_index(f"{head_name(layer, h)}.{c}") for h in range(H)]
-            nw = 1 if (graph.kv_embed and c != "q") else before
-            out.append((f"blocks.{layer}.attn.hook_{c}_input", idx, nw, 2))
-        if graph.has_mlp:
-            out.append((f"blocks.{layer}.hook_mlp_in", [graph.reader_index(f"MLP{layer}")], before + H, None))
-    out.append((f"blocks.{L - 1}.hook_resid_post", [graph.reader_index("logits")], len(graph.writers), None))
-    return out
-
-
 def _binned(x: Tensor, bins: tuple[Tensor, int] | None) -> Tensor:
     """``x`` (``[b, p, ...]``) summed over the chunk into ``[..., bins]``: one bin per position
     (``bins`` None), or per span (``bins = (ids [b, p], n_spans)``)."""
@@ -102,7 +83,8 @@ def _binned(x: Tensor, bins: tuple[Tensor, int] | None) -> Tensor:
 
 def _node_by_pos(graph: Graph, delta: dict[str, Tensor], grads: dict[str, Tensor], bins=None) -> Tensor:
     """``[writers, pos or span]`` sums over the chunk of ``delta . grad`` at each writer's hook."""
-    rows = [_binned((delta["hook_embed"] * grads["hook_embed"]).sum(-1).double(), bins)[None]]
+    e = graph.embed_hook
+    rows = [_binned((delta[e] * grads[e]).sum(-1).double(), bins)[None]]
     for layer in range(graph.n_layers):
         z = f"blocks.{layer}.attn.hook_z"
         rows.append(_binned((delta[z] * grads[z]).sum(-1).double(), bins))
@@ -120,8 +102,8 @@ def _edge_by_pos(graph: Graph, contrib: Tensor, grads: dict[str, Tensor], bins=N
     out = contrib.new_zeros((len(graph.readers), len(graph.writers), K), dtype=torch.float64)
     rows = None if bins is None else [(bins[0].reshape(-1) == k).nonzero()[:, 0] for k in range(K)]
     flat = contrib.reshape(-1, *contrib.shape[2:])
-    for hook, idx, nw, head_axis in _groups(graph):
-        g = grads[hook] if head_axis is not None else grads[hook][:, :, None]
+    for hook, idx, nw, per_head in reader_groups(graph):
+        g = grads[hook] if per_head else grads[hook][:, :, None]
         if rows is None:
             out[idx, :nw] = torch.einsum("bpwd,bprd->rwp", contrib[:, :, :nw], g).double()
             continue
@@ -180,7 +162,7 @@ def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, 
                        if method == "atp*" else [])  # fmt: skip
     if method == "eap-ig":
         a_clean, a_other = capture(model, clean, W)[0], capture(model, other, W)[0]
-        e_c, e_k = a_clean["hook_embed"], a_other["hook_embed"]
+        e_c, e_k = a_clean[graph.embed_hook], a_other[graph.embed_hook]
         summed: dict[str, Tensor] = {}
         per = max(1, rows // len(clean))
         for s0 in range(0, steps, per):
@@ -188,7 +170,7 @@ def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, 
             m = len(alpha)
             interp = (e_k[None] + alpha[:, None, None, None] * (e_c - e_k)[None]).reshape(-1, *e_c.shape[1:])
             _, g, _ = capture(model, other, [], metric=metric(m), grad_names=W + R, repeat=m,
-                              replace={"hook_embed": lambda x, interp=interp: interp})  # fmt: skip
+                              replace={graph.embed_hook: lambda x, interp=interp: interp})  # fmt: skip
             for n, t in g.items():
                 t = t.view(m, -1, *t.shape[1:]).sum(0)
                 summed[n] = t if n not in summed else summed[n] + t

@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -139,6 +141,8 @@ def forks(model, on: bool = True) -> Iterator[None]:
     if not on:
         yield
         return
+    if hasattr(model, "check_forks"):  # a bridge: some architectures fork after the norm
+        model.check_forks()
     try:
         if saved[2]:
             model.set_use_attn_in(False)
@@ -174,14 +178,18 @@ def attend_with(model, layer: int, run: Run, resid: Tensor, kv_input: Tensor | N
     match) with ``delta`` added to the ``component`` input of every head, and only to it, by the
     block's own ``attention_inputs`` and ``attn``; returns the attention hooks ``names``
     (e.g. ``"hook_pattern"``, ``"hook_z"``). With ``kv_source="embed"`` a k/v delta goes into the
-    layer-0 input ``kv_input`` that keys and values read."""
+    layer-0 input ``kv_input`` that keys and values read. A model without those seams
+    (``can_restart`` False: a bridge) runs its forward with ``resid`` put in at the layer's input
+    and ``delta`` at the component's per-head fork (the forks must be on), stopped after the layer."""
     block = model.blocks[layer]
     reps = resid.shape[0] // len(run)
     tokens = run.tokens.repeat(reps, 1)
     kv = None if run.key_valid is None else run.key_valid.repeat(reps, 1)
-    kv_in = None if kv_input is None else kv_input.repeat(reps, 1, 1)
     seen: dict[str, Tensor] = {}
-    hooks = [(f"blocks.{layer}.attn.{n}", lambda x, hook: seen.__setitem__(hook.name.rsplit(".", 1)[-1], x)) for n in names]
+    hooks = [(f"blocks.{layer}.attn.{n}", lambda x, hook, n=n: seen.__setitem__(n, x)) for n in names]
+    if not getattr(model, "can_restart", True):
+        return _attend_hooked(model, layer, tokens, kv, resid, component, delta, hooks, seen)
+    kv_in = None if kv_input is None else kv_input.repeat(reps, 1, 1)
     with no_forks(model):
         ctx = model.context(tokens, kv, kv_in)
         inputs = list(block.attention_inputs(resid, ctx))
@@ -195,8 +203,30 @@ def attend_with(model, layer: int, run: Run, resid: Tensor, kv_input: Tensor | N
     return seen
 
 
+class _Stop(Exception):
+    """Raised by a hook once everything wanted has been read: the rest of the forward is skipped."""
+
+
+def _attend_hooked(model, layer, tokens, kv, resid, component, delta, hooks, seen) -> dict[str, Tensor]:
+    if not model.cfg.use_split_qkv_input:
+        raise RuntimeError("attend_with on a model without restart seams needs the per-head forks on (engine.forks)")
+
+    def stop_when_done(x, hook):
+        raise _Stop
+
+    hooks = [(f"blocks.{layer}.hook_resid_pre", lambda x, hook: resid),
+             (f"blocks.{layer}.attn.hook_{component}_input", lambda x, hook: x + delta[:, :, None]),
+             *hooks, (f"blocks.{layer}.hook_resid_post", stop_when_done)]  # fmt: skip
+    try:
+        with model.hooks(fwd_hooks=hooks):
+            model.forward_unchecked(tokens, kv)
+    except _Stop:
+        pass
+    return seen
+
+
 def writer_hooks(graph: Graph) -> list[str]:
-    names = ["hook_embed"]
+    names = [graph.embed_hook]
     for layer in range(graph.n_layers):
         names.append(f"blocks.{layer}.attn.hook_z")
         if graph.has_mlp:
@@ -204,14 +234,23 @@ def writer_hooks(graph: Graph) -> list[str]:
     return names
 
 
-def reader_hooks(graph: Graph) -> list[str]:
-    names = []
+def reader_groups(graph: Graph) -> list[tuple[str, list[int], int, bool]]:
+    """``(hook, reader indices, writers read, per head)`` of every reader hook in graph order: a
+    layer's q, k and v forks (one reader per head), its MLP input, the readout. The writers a
+    group reads are a prefix of the graph's writers, ``0 .. writers read - 1``."""
+    out = []
     for layer in range(graph.n_layers):
-        names += [f"blocks.{layer}.attn.hook_{c}_input" for c in "qkv"]
+        for c in COMPONENTS:
+            out.append((f"blocks.{layer}.attn.hook_{c}_input",
+                        [graph.reader_index(f"L{layer}H{h}.{c}") for h in range(graph.n_heads)], True))  # fmt: skip
         if graph.has_mlp:
-            names.append(f"blocks.{layer}.hook_mlp_in")
-    names.append(f"blocks.{graph.n_layers - 1}.hook_resid_post")
-    return names
+            out.append((f"blocks.{layer}.{graph.mlp_in_hook}", [graph.reader_index(f"MLP{layer}")], False))
+    out.append((f"blocks.{graph.n_layers - 1}.hook_resid_post", [graph.reader_index("logits")], False))
+    return [(hook, idx, int(np.flatnonzero(graph.valid[idx].any(0)).max()) + 1, per_head) for hook, idx, per_head in out]
+
+
+def reader_hooks(graph: Graph) -> list[str]:
+    return [hook for hook, _, _, _ in reader_groups(graph)]
 
 
 def writer_term(model, name: str, act: Tensor) -> Tensor:
@@ -258,8 +297,7 @@ def capture(
     replace = replace or {}
     wanted = set(names) | set(grad_names) | set(replace) | set(detach)
 
-    def hook(x: Tensor, hook) -> Tensor:
-        name = hook.name
+    def hook(x: Tensor, hook, name: str) -> Tensor:  # name: the one asked for (a bridge's hook.name is its own)
         if name in replace:
             x = replace[name](x)
         if name in grad_names:
@@ -273,7 +311,7 @@ def capture(
 
     tokens = run.tokens.repeat(repeat, 1)
     kv = None if run.key_valid is None else run.key_valid.repeat(repeat, 1)
-    with torch.set_grad_enabled(bool(grad_names)), model.hooks(fwd_hooks=[(n, hook) for n in sorted(wanted)]):
+    with torch.set_grad_enabled(bool(grad_names)), model.hooks(fwd_hooks=[(n, partial(hook, name=n)) for n in sorted(wanted)]):
         logits = model.forward_unchecked(tokens, kv)
         values = metric(logits) if metric is not None else logits.new_zeros(logits.shape[0])
         grads: dict[str, Tensor] = {}
@@ -336,6 +374,7 @@ __all__ = [
     "no_forks",
     "pair_labels",
     "position_means",
+    "reader_groups",
     "reader_hooks",
     "resolve",
     "writer_hooks",

@@ -15,6 +15,7 @@ held-out pairs, another seed of the same family).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from probes.circuits.engine import (
     forks,
     pair_labels,
     position_means,
+    reader_groups,
     resolve,
     writer_hooks,
     writer_term,
@@ -42,19 +44,6 @@ from probes.inputs import check_count, check_finite_model
 from probes.metrics import resample_sources
 
 ABLATIONS = ("corrupt", "resample", "mean")
-
-
-def _reader_groups(graph: Graph) -> list[tuple[str, list[int], bool]]:
-    """``(hook, reader indices, per-head)`` of each reader hook, in graph order."""
-    out = []
-    for layer in range(graph.n_layers):
-        for c in "qkv":
-            out.append((f"blocks.{layer}.attn.hook_{c}_input",
-                        [graph.reader_index(f"L{layer}H{h}.{c}") for h in range(graph.n_heads)], True))  # fmt: skip
-        if graph.has_mlp:
-            out.append((f"blocks.{layer}.hook_mlp_in", [graph.reader_index(f"MLP{layer}")], False))
-    out.append((f"blocks.{graph.n_layers - 1}.hook_resid_post", [graph.reader_index("logits")], False))
-    return out
 
 
 def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn, good, bad, spans: Tensor | None = None) -> Tensor:
@@ -87,8 +76,8 @@ def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn
         chunks.append((name, col, n))
         col += n
 
-    def grab(x, hook):
-        live[hook.name] = x
+    def grab(x, hook, name):  # the name asked for (a bridge's hook.name is its own)
+        live[name] = x
         return None
 
     def diff(name: str, c0: int, n: int) -> Tensor:
@@ -119,7 +108,8 @@ def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn
 
         return hook
 
-    hooks = [(n, grab) for n in writer_hooks(graph)] + [(h, fix(idx, ph)) for h, idx, ph in _reader_groups(graph)]
+    hooks = [(n, partial(grab, name=n)) for n in writer_hooks(graph)]
+    hooks += [(h, fix(idx, ph)) for h, idx, _, ph in reader_groups(graph)]
     tokens = run.tokens.repeat(k, 1)
     kv = None if run.key_valid is None else run.key_valid.repeat(k, 1)
     with forks(model), torch.set_grad_enabled(keep.requires_grad), model.hooks(fwd_hooks=hooks):

@@ -12,7 +12,8 @@ MLP ``"MLP{l}"`` (``hook_mlp_out``). The positional term of an absolute encoding
 
 An **edge** ``writer -> reader`` exists when the writer comes before the reader: a layer-``l``
 head input reads the embedding and every head and MLP of the layers before ``l``; ``MLP{l}``
-also reads its own layer's heads; the readout reads everything. This is TransformerLens'
+also reads its own layer's heads (not where attention and MLP run side by side, as in GPT-NeoX);
+the readout reads everything. This is TransformerLens'
 ``enumerate_edges`` graph with its positions summed (each edge here is one writer feeding one
 reader at every position). With ``kv_source="embed"`` every layer's keys and values read the
 layer-0 input, so the only edges into a ``.k`` or ``.v`` reader come from ``"embed"``.
@@ -88,6 +89,11 @@ class Graph:
     n_heads: int
     has_mlp: bool
     kv_embed: bool
+    # where the model's hooks read a node (a TransformerLens bridge names them otherwise, and runs
+    # a block's attention and MLP side by side in GPT-NeoX: then MLP{l} reads no layer-l head)
+    embed_hook: str = "hook_embed"
+    mlp_in_hook: str = "hook_mlp_in"  # blocks.{l}.<this>: the MLP's own copy of its input
+    parallel: bool = False
 
     @property
     def n_edges(self) -> int:
@@ -121,6 +127,7 @@ def build_graph(cfg) -> Graph:
     L, H = cfg.n_layers, cfg.n_heads
     has_mlp = bool(cfg.d_mlp)
     kv_embed = cfg.kv_source == "embed"
+    parallel = bool(getattr(cfg, "parallel_attn_mlp", False))
     writers = ["embed"]
     for layer in range(L):
         writers += [head_name(layer, h) for h in range(H)]
@@ -138,13 +145,14 @@ def build_graph(cfg) -> Graph:
         s = parse(r)
         if s.kind == "logits":
             valid[i] = True
-        elif s.kind == "mlp":
-            valid[i] = depth <= s.layer  # the embed, heads of layers <= l, MLPs of layers < l
+        elif s.kind == "mlp":  # the embed, heads of layers <= l (< l side by side), MLPs of layers < l
+            valid[i] = depth < s.layer if parallel else depth <= s.layer
         elif kv_embed and s.component in ("k", "v"):
             valid[i, 0] = True
         else:
             valid[i] = depth < s.layer
-    return Graph(tuple(writers), tuple(readers), valid, L, H, has_mlp, kv_embed)
+    hooks = {k: getattr(cfg, k) for k in ("embed_hook", "mlp_in_hook") if hasattr(cfg, k)}
+    return Graph(tuple(writers), tuple(readers), valid, L, H, has_mlp, kv_embed, parallel=parallel, **hooks)
 
 
 def build_graph_from(scores) -> Graph:

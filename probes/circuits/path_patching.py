@@ -17,7 +17,10 @@ layer ``l`` is reached by running only layer ``l``'s attention (the model's own
 output replaces its corrupt one in the cached ``hook_resid_mid`` and the forward resumes there
 (``forward_unchecked(..., start_at="resid_mid")``). MLP receivers resume at their layer's
 ``resid_mid`` with the delta added at ``hook_mlp_in``, the readout from the final residual.
-Senders, receivers and examples share forwards as rows of one batch.
+Senders, receivers and examples share forwards as rows of one batch. A model without those
+restart seams (``can_restart`` False: a TransformerLens bridge) runs each (sender, receiver) pair as
+a whole corrupt forward with the delta added at the receiver's own hook, which is the definition
+itself (``tests/test_path_patching.py`` holds the two paths equal on our model).
 """
 
 from __future__ import annotations
@@ -165,7 +168,8 @@ def path_patch(
         layer = L if site.kind == "logits" else site.layer
         by_site.setdefault((layer, site.kind, site.component), []).append(j)
     W = writer_hooks(graph)
-    names = W + [f"blocks.{layer}.{h}" for layer in range(L) for h in ("hook_resid_pre", "hook_resid_mid")]
+    hooked = not getattr(model, "can_restart", True)  # a bridge: no seam to restart a layer at
+    names = W if hooked else W + [f"blocks.{layer}.{h}" for layer in range(L) for h in ("hook_resid_pre", "hook_resid_mid")]
     names.append(f"blocks.{L - 1}.hook_resid_post")
     chunk = max(1, min(n, rows))
     with eval_mode(model), forks(model), torch.no_grad():
@@ -178,9 +182,15 @@ def path_patch(
             g, b = good[sl], bad[sl]
             for (layer, kind, comp), cols in by_site.items():
                 ok = valid[:, cols].any(1).nonzero()[0]  # senders with an edge into some of these
-                if len(ok):
-                    out = _site(model, kk, a_cor, delta, layer, kind, comp, [r_names[j] for j in cols], ok, fn, g, b, rows)
-                    sums[np.ix_(ok, cols)] += out
+                if not len(ok):
+                    continue
+                receivers = [r_names[j] for j in cols]
+                if hooked:
+                    out = _site_hooked(model, graph, kk, delta, layer, kind, comp, receivers, ok, valid[np.ix_(ok, cols)],
+                                       fn, g, b, rows)  # fmt: skip
+                else:
+                    out = _site(model, kk, a_cor, delta, layer, kind, comp, receivers, ok, fn, g, b, rows)
+                sums[np.ix_(ok, cols)] += out
         m_clean = mean_metric(model, c, fn, good, bad, rows)
         m_corrupt = mean_metric(model, k, fn, good, bad, rows)
     watch.check("path_patch")
@@ -234,6 +244,44 @@ def _site(model, run, acts, delta, layer, kind, comp, receivers, senders, fn, go
             reps = ch.shape[0] * ch.shape[1]
             res = resume(layer, (mid[None, None] + ch).reshape(-1, *mid.shape[1:]), reps, "resid_mid")
             out[s0 : s0 + kk, r0 : r0 + ch.shape[1]] = res.view(kk, -1).cpu().numpy()
+    return out
+
+
+def _site_hooked(model, graph, run, delta, layer, kind, comp, receivers, senders, valid, fn, good, bad, rows) -> np.ndarray:
+    """What :func:`_site` sums, for a model without restart seams (a bridge): each valid (sender,
+    receiver) pair is one copy of the corrupt run, the sender's delta added at that receiver's
+    input hook alone (its own head's fork, the MLP's input or the final residual)."""
+    b = len(run)
+    heads: list[int | None] = [None]
+    if kind == "logits":
+        hook = f"blocks.{graph.n_layers - 1}.hook_resid_post"
+    elif kind == "mlp":
+        hook = f"blocks.{layer}.{graph.mlp_in_hook}"
+    else:
+        hook, heads = f"blocks.{layer}.attn.hook_{comp}_input", [parse(r).head for r in receivers]
+    pairs = [(i, j) for i, j in zip(*np.nonzero(valid))]
+    out = np.zeros(valid.shape)
+    per = max(1, rows // b)
+    for p0 in range(0, len(pairs), per):
+        chunk = pairs[p0 : p0 + per]
+        k = len(chunk)
+        d = delta[:, :, [int(senders[i]) for i, _ in chunk]].permute(2, 0, 1, 3)  # [k, b, p, d]
+        at = torch.tensor([0 if heads[j] is None else heads[j] for _, j in chunk], device=d.device)
+
+        def add(x, hook, d=d, at=at, k=k):
+            if heads[0] is None:
+                return x + d.reshape(x.shape)
+            x = x.clone().view(k, b, *x.shape[1:])  # [k, b, p, heads, d]
+            x[torch.arange(k, device=x.device), :, :, at] += d
+            return x.view(k * b, *x.shape[2:])
+
+        tokens = run.tokens.repeat(k, 1)
+        kv = None if run.key_valid is None else run.key_valid.repeat(k, 1)
+        with model.hooks(fwd_hooks=[(hook, add)]):
+            logits = model.forward_unchecked(tokens, kv)
+        sums = fn(logits, good.repeat(k), bad.repeat(k)).double().view(k, b).sum(1).cpu().numpy()
+        for (i, j), v in zip(chunk, sums):
+            out[i, j] = v
     return out
 
 
