@@ -49,8 +49,10 @@ RANKINGS = ("exact ablation: top head", "attribution ranking: top head", "head p
             "positional routes: top route")
 
 CIRCUIT = "circuit --faithful 0.9: holds every route"
+ALIGNED = "σ-aligned circuit (--method atp --aligned) --faithful 0.9: holds every route"
+ALIGNED_CLEAN = "σ-aligned circuit: no other head of a route's layer or below"
 
-__all__ = ["CIRCUIT", "EXPECTED", "FAMILY_ORDER", "RANKINGS", "expected", "family_of", "mirror_head", "score_cell",
+__all__ = ["ALIGNED", "ALIGNED_CLEAN", "CIRCUIT", "EXPECTED", "FAMILY_ORDER", "RANKINGS", "expected", "family_of", "mirror_head", "score_cell",
            "validation_markdown",
            "validation_table"]
 
@@ -136,10 +138,29 @@ def score_cell(record: dict[str, Any]) -> dict[str, Any]:
     if circuit is not None:
         out[CIRCUIT] = {"named": f"{100 * circuit['edges'] / circuit['total_edges']:.1f}% of the units",
                         "hit": circuit["recall"] == 1.0}
+    aligned = record.get("aligned_circuit")
+    if aligned is not None:
+        out[ALIGNED] = {"named": f"{100 * aligned['edges'] / aligned['total_edges']:.1f}% of the units",
+                        "hit": aligned["recall"] == 1.0}
+        beside = beside_routes(aligned["heads"], routes)
+        out[ALIGNED_CLEAN] = {"named": ", ".join(beside) or "none", "hit": not beside}
     for probe in EXPECTED:
         verdict, want = record["verdicts"].get(probe), expected(probe, record)
         if verdict is not None and want is not None:
             out[probe] = {"named": verdict, "hit": verdict == want}
+    return out
+
+
+def beside_routes(heads: list[str], routes: np.ndarray) -> list[str]:
+    """The heads of ``heads`` (``"L0H3"``) that are no route and sit in a route's layer or below,
+    where no positional signal has arrived yet: a circuit that holds one holds a head that cannot
+    carry the planted position (the routes' own layer mixes only after it)."""
+    deepest = int(np.nonzero(routes)[0].max())
+    out = []
+    for name in heads:
+        layer, head = (int(x) for x in name[1:].split("H"))
+        if layer <= deepest and not routes[layer, head]:
+            out.append(name)
     return out
 
 
@@ -177,7 +198,7 @@ def _task_table(records: list[dict[str, Any]]) -> str:
     table = validation_table(records)
     fams = [f for f in FAMILY_ORDER if any(r["family"] == f for r in records)]
     lines = ["| probe | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
-    for probe in (*EXPECTED, *RANKINGS, CIRCUIT):
+    for probe in (*EXPECTED, *RANKINGS, CIRCUIT, ALIGNED, ALIGNED_CLEAN):
         if probe not in table:
             continue
         row = []
@@ -192,6 +213,11 @@ def _task_table(records: list[dict[str, Any]]) -> str:
                  if r["family"] == f and r.get("circuit")] for f in fams}
     lines.append("| faithful circuit's size, median % of the position-aware units | " + " | ".join(
         f"{np.median(v):.1f}" if v else "—" for v in sizes.values()) + " |")
+    sizes = {f: [100 * r["aligned_circuit"]["edges"] / r["aligned_circuit"]["total_edges"] for r in records
+                 if r["family"] == f and r.get("aligned_circuit")] for f in fams}
+    if any(sizes.values()):
+        lines.append("| σ-aligned circuit's size, median % of the position-aware units | " + " | ".join(
+            f"{np.median(v):.1f}" if v else "—" for v in sizes.values()) + " |")
     return "\n".join(lines)
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "check_pad_mask",
     "check_threshold",
     "check_token_tensor",
+    "position_permutation",
 ]
 
 
@@ -222,3 +223,22 @@ class FiniteWatch:
             fix = "run it without amp (float32)" if amp else "check the inputs and the weights' scale"
             raise ValueError(f"{_p(who)}the model's logits are not finite (NaN or inf) on these inputs although "
                              f"its weights are: an overflow; {fix}")
+
+
+def position_permutation(clean: Tensor, corrupt: Tensor) -> Tensor:
+    """``σ [n, pos]`` with ``corrupt[b, σ[b, i]] == clean[b, i]``: each clean token's position in
+    its counterfactual row (equal tokens matched in order). A one-line error where a row of
+    ``corrupt`` is not a permutation of its clean row."""
+    if clean.shape != corrupt.shape:
+        raise ValueError(f"clean and counterfactual tokens must have one shape, got {tuple(clean.shape)} and "
+                         f"{tuple(corrupt.shape)}")
+    order_clean = torch.sort(clean, dim=1, stable=True)
+    order_corrupt = torch.sort(corrupt, dim=1, stable=True)
+    bad = (order_clean.values != order_corrupt.values).any(dim=1)
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        raise ValueError(f"row {row}: the counterfactual is not the same tokens moved (a position-only "
+                         "counterfactual, task.counterfactuals(n, kind='position'), is needed)")
+    sigma = torch.empty_like(clean)
+    sigma.scatter_(1, order_clean.indices, order_corrupt.indices)
+    return sigma

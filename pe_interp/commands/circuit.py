@@ -55,10 +55,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="keep the smallest circuit whose faithfulness on held-out pairs reaches T (0 < T <= 1)")
     p.add_argument("--top-n", type=int, default=30, help="edges kept (without --faithful)")
     p.add_argument("--whole-edges", action="store_true", help="edges at every position, not per span of the examples")
-    p.add_argument("--select", default="paths", choices=SELECTS,
-                   help="paths: by widest path from the embedding to the logits; greedy: from the logits down; "
-                        "top: by |score| alone (not connected)")  # fmt: skip
+    p.add_argument("--select", default=None, choices=SELECTS,
+                   help="paths (the default): by widest path from the embedding to the logits; greedy: from the logits "
+                        "down; top (the default with --aligned): by |score| alone (not connected)")  # fmt: skip
     p.add_argument("--method", default="eap-ig", choices=METHODS)
+    p.add_argument("--aligned", action="store_true",
+                   help="with --method atp on position pairs: compare each token with itself at its moved position "
+                        "(scores and faithfulness), so that a unit blind to position scores 0")  # fmt: skip
     p.add_argument("--sparsity", type=float, default=0.5, help="--method learned: the weight of the mean mask")
     p.add_argument("--budget", type=float, default=None,
                    help="--method learned: the share of the units to end on (instead of --sparsity), e.g. 0.1")  # fmt: skip
@@ -102,7 +105,8 @@ def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
 
 
 def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method="eap-ig", n=128, metric="margin",
-                seed=0, faithful=None, positional=True, select="paths", sparsity=0.5, budget=None) -> tuple[Any, Any]:  # fmt: skip
+                seed=0, faithful=None, positional=True, select=None, sparsity=0.5, budget=None,
+                aligned=False) -> tuple[Any, Any]:  # fmt: skip
     """The work of ``pe-interp circuit``: returns the circuit (route and curve in it) and the route."""
     from probes import family_attributions
     from probes.circuits import faithfulness_curve, minimal_circuit, rank_edges
@@ -120,9 +124,17 @@ def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method
         raise ValueError(f"--budget is a share of the units in (0, 1) for --method learned, got {budget} with {method}")
     if positional and method in ("atp*", "path_patch"):
         raise ValueError(f"--method {method} scores whole edges only; pass --whole-edges, or --method eap-ig or atp")
+    if aligned and (method != "atp" or counterfactual != "position"):
+        raise ValueError(f"--aligned compares each token with itself moved: it needs --method atp and --counterfactual "
+                         f"position, got --method {method} --counterfactual {counterfactual}")
+    select = select or ("top" if aligned else "paths")
+    if aligned and select != "top":  # aligned, the embedding's term is the same token's: every edge out of it scores 0
+        raise ValueError(f"--aligned: position enters at the routes themselves, so no path from the embedding carries "
+                         f"it; use --select top (its default), not {select}")
     kinds = ["position", "content"] + ([counterfactual] if counterfactual == "both" else [])
     scorer = "eap-ig" if method == "learned" else method
-    fams = family_attributions(model, task, n, kinds=kinds, seed=seed, method=scorer, metric=metric, positional=positional)
+    fams = family_attributions(model, task, n, kinds=kinds, seed=seed, method=scorer, metric=metric, positional=positional,
+                               aligned=aligned)  # fmt: skip
     ranking = rank_edges(fams, select=select, positional=positional, by=counterfactual)
     if method == "learned":  # ordered by the learnt masks; each edge keeps its family scores
         from probes.circuits.learned import learn_ranking
@@ -134,11 +146,11 @@ def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method
     held_out = task.counterfactuals(n, kind=counterfactual, seed=seed + 1)
     spans = task if positional else None
     if faithful is not None:
-        c = minimal_circuit(model, ranking, held_out, target=faithful, spans=spans, metric=metric)
+        c = minimal_circuit(model, ranking, held_out, target=faithful, spans=spans, metric=metric, aligned=aligned)
     else:
         c = ranking.circuit(top_n)
         sizes = sorted({*default_sizes(ranking.total, 12), len(c.edges)})
-        curve = faithfulness_curve(model, ranking, held_out, sizes=sizes, spans=spans, metric=metric)
+        curve = faithfulness_curve(model, ranking, held_out, sizes=sizes, spans=spans, metric=metric, aligned=aligned)
         curve.pop("per_example")
         at = curve["sizes"].index(len(c.edges))
         c = dataclasses.replace(c, faithfulness={**curve, "kept": curve["recovered"][at], "size": len(c.edges),
@@ -148,7 +160,7 @@ def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method
                        attributions={k: fams[k] for k in ("position", "content")})  # fmt: skip
     meta = {**c.meta, "top_head": head_name(layer, head), "top_head_source": why, "route": route.to_dict(),
             "counterfactual": counterfactual, "n_pairs": n, "seed": seed, "held_out_seed": seed + 1,
-            "encoding": model.cfg.encoding_name}  # fmt: skip
+            "encoding": model.cfg.encoding_name, "aligned": bool(aligned)}  # fmt: skip
     if "learned" in ranking.meta:
         meta["learned"] = {k: v for k, v in ranking.meta["learned"].items() if k != "history"}
     c.faithfulness["n_pairs"] = n
@@ -215,7 +227,7 @@ def _circuit(args: argparse.Namespace, loaded) -> int:
     c, route = circuit_run(loaded.model, loaded.task, loaded, counterfactual=args.counterfactual, top_n=args.top_n,
                            method=args.method, n=args.n, metric=args.metric, seed=args.seed, faithful=args.faithful,
                            positional=not args.whole_edges, select=args.select, sparsity=args.sparsity,
-                           budget=args.budget)  # fmt: skip
+                           budget=args.budget, aligned=args.aligned)  # fmt: skip
     out = Path(args.out) if args.out else loaded.result_dir
     save_result(out / "circuit.json", c, loaded.provenance)
     title = f"{c.meta['encoding']}: circuit ({c.method}, ranked by the {args.counterfactual} family)"

@@ -103,10 +103,13 @@ def _record_of(cell_id: str, params: dict[str, Any], run_dir: Path, kept: dict[s
     from probes.deposit.trajectory import PAIRS_SEED_OFFSET
 
     run = load_run(run_dir)
-    if kept is not None and kept.get("sha256") == run.provenance["sha256"] and ("circuit" in kept or not circuits):
-        return kept
     model, task, seed = run.model, run.task, run.train_cfg.seed
     routes = position_routes(model)[1]
+    if kept is not None and kept.get("sha256") == run.provenance["sha256"]:
+        if not circuits or not routes.any() or {"circuit", "aligned_circuit"} <= set(kept):
+            return kept
+        if "circuit" in kept:  # scored before the σ-aligned circuit existed: add it alone
+            return {**kept, "aligned_circuit": _circuit_record(model, task, run, routes, aligned=True)}
     test = run.examples("test", 2000)
     a = ablate_heads(model, test.tokens, test.labels, pad_mask=test.pad_mask)
     attribution = ablate_heads(model, test.tokens[:500], test.labels[:500], pad_mask=test.pad_mask[:500],
@@ -139,10 +142,19 @@ def _record_of(cell_id: str, params: dict[str, Any], run_dir: Path, kept: dict[s
         "top_drop": float(dominance(a).drop), "positional_effect": shares.effect,
     }
     if circuits and routes.any():
-        from pe_interp.commands.circuit import circuit_run
-
-        c, _ = circuit_run(model, task, run, faithful=0.9)
-        heads = {f"L{a}H{b}" for a, b in zip(*routes.nonzero())}
-        record["circuit"] = {"recall": len(heads & set(c.nodes)) / len(heads), "edges": len(c.edges),
-                             "total_edges": c.total_edges, "faithfulness": (c.faithfulness or {}).get("kept")}
+        record["circuit"] = _circuit_record(model, task, run, routes)
+        record["aligned_circuit"] = _circuit_record(model, task, run, routes, aligned=True)
     return record
+
+
+def _circuit_record(model, task, run, routes, aligned: bool = False) -> dict[str, Any]:
+    """``circuit --faithful 0.9`` (default EAP-IG, paths), or σ-aligned (``--method atp
+    --aligned``, top units): recall of the planted heads, its size, faithfulness, its head writers."""
+    from pe_interp.commands.circuit import circuit_run
+
+    how = {"method": "atp", "aligned": True} if aligned else {}
+    c, _ = circuit_run(model, task, run, faithful=0.9, **how)
+    planted = {f"L{a}H{b}" for a, b in zip(*routes.nonzero())}
+    heads = sorted({w for w, _ in c.edges if w.startswith("L")})
+    return {"recall": len(planted & set(c.nodes)) / len(planted), "edges": len(c.edges), "total_edges": c.total_edges,
+            "faithfulness": (c.faithfulness or {}).get("kept"), "heads": heads}

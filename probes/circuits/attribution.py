@@ -30,6 +30,13 @@ corrupt_labels) -> [n]``); scores are means over examples.
 - ``"eap-ig"`` (Hanna et al. 2024): the gradient averaged over ``steps`` runs whose token
   embedding goes from corrupt to clean, ``corrupt + k/steps (clean - corrupt)``, ``k = 1..steps``.
 
+**σ-aligned** (``aligned=True``, ``"atp"`` on position-only pairs, where the corrupt row holds the
+clean row's tokens moved, ``x'[σ(i)] = x[i]``): the corrupt run is read at ``σ(i)``, each clean
+token's own moved position, for both the activation and (denoising) the gradient, so the estimate
+is that of patching the clean value of token ``i`` into the corrupt run where that token sits. At
+a fixed index a position-only pair changes the token a unit sees, and a unit blind to position
+then scores as if it carried position; aligned, its two values are equal and it scores exactly 0.
+
 Where the metric is linear in the activation between the two values (a readout without a final
 norm; a value input of the last layer of a model without norms or MLPs; a query or key input
 there for ``"atp*"``) the estimate is the exact effect, and ``tests/test_attribution.py`` holds
@@ -47,6 +54,7 @@ from torch import Tensor
 from pe_interp.modes import eval_mode
 from probes.circuits.engine import (
     Run,
+    align,
     as_pair,
     as_run,
     attend_with,
@@ -54,6 +62,7 @@ from probes.circuits.engine import (
     contributions,
     forks,
     mean_metric,
+    moved,
     pair_labels,
     position_means,
     reader_groups,
@@ -141,8 +150,10 @@ def _qk_fix(model, graph: Graph, base: Run, acts: dict, contrib: Tensor, gpat: l
     return out
 
 
-def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, edges, steps, fn, rows, bins=None):
-    """Summed (not yet averaged) scores of one chunk of examples, for each gradient variant."""
+def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, edges, steps, fn, rows, bins=None,
+           sigma=None):  # fmt: skip
+    """Summed (not yet averaged) scores of one chunk of examples, for each gradient variant.
+    ``sigma``: the corrupt run read at each clean token's moved position (:func:`engine.align`)."""
     W = writer_hooks(graph)
     R = reader_hooks(graph) if edges else []
     good, bad = pair_labels(clean, other)
@@ -157,7 +168,7 @@ def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, 
 
     a_clean = capture(model, clean, W)[0] if base is not clean else None
     if other is not None and base is not other:
-        a_other = capture(model, other, W)[0]
+        a_other = align(capture(model, other, W)[0], sigma)
     variants = [()] + ([tuple(f"blocks.{layer}.{h}" for h in ("hook_attn_out", "hook_mlp_out")) for layer in range(graph.n_layers)]
                        if method == "atp*" else [])  # fmt: skip
     if method == "eap-ig":
@@ -187,7 +198,7 @@ def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, 
             if base is clean:
                 a_clean = acts
             else:
-                a_other = acts
+                a_other, g = align(acts, sigma), align(g, sigma)
             if other is None:
                 a_other = {n: (torch.zeros_like(a_clean[n]) if mode == "zero"
                                else means[n][None, : a_clean[n].shape[1]].expand_as(a_clean[n])) for n in W}  # fmt: skip
@@ -229,6 +240,7 @@ def attribute(
     by_position: bool = False,
     spans: Any = None,
     span_names: Any = None,
+    aligned: bool = False,
     batch_size: int | None = None,
 ) -> Attribution:
     """Attribution scores of every node (``granularity="node"``) or edge (``"edge"``).
@@ -239,8 +251,10 @@ def attribute(
     ``by_position`` keeps a last axis of positions (``"atp"``, ``"eap-ig"``). ``spans``: each
     clean example's span per position (``[n, pos]`` ids into ``span_names``, e.g.
     ``task.spans(pairs.clean)``) adds ``by_span``, each span's positions summed per example
-    (``"atp"``, ``"eap-ig"``). ``batch_size``: most rows per forward (examples x steps or x
-    writers). See the module docstring."""
+    (``"atp"``, ``"eap-ig"``). ``aligned`` (``"atp"``, position-only pairs): each clean token's
+    activation is compared with the corrupt run's at that token's moved position, not at the same
+    index, so that a unit blind to position scores exactly 0 (module docstring). ``batch_size``:
+    most rows per forward (examples x steps or x writers). See the module docstring."""
     for name, value, allowed in (("method", method, METHODS), ("granularity", granularity, GRANULARITIES),
                                  ("ablation", ablation, ABLATIONS), ("direction", direction, DIRECTIONS)):  # fmt: skip
         if value not in allowed:
@@ -261,6 +275,10 @@ def attribute(
     if by_position and spans is not None:
         raise ValueError("attribute: pass by_position or spans, not both")
     ids, names = (None, ()) if spans is None else span_ids(spans, span_names, c.tokens.shape, "attribute")
+    if aligned and method != "atp":
+        raise ValueError(f"attribute: aligned=True is for method='atp' (a position-only pair's aligned inputs are equal, "
+                         f"so there is no path for {method!r} to integrate or recompute)")
+    sigma = moved(c, k, "attribute") if aligned else None
     if method == "atp*" and graph.n_layers < 2:
         raise ValueError("attribute: method='atp*' (GradDrop over layers) needs a model with at least 2 layers")
     mode = direction if k is not None else ablation
@@ -286,7 +304,8 @@ def attribute(
             sl = slice(c0, c0 + chunk)
             bins = None if ids is None else (ids[sl].to(c.tokens.device), len(names))
             part = _chunk(model, graph, c.rows(sl), None if k is None else k.rows(sl), means, mode=mode,
-                          method=method, edges=edges, steps=steps, fn=fn, rows=rows, bins=bins)  # fmt: skip
+                          method=method, edges=edges, steps=steps, fn=fn, rows=rows, bins=bins,
+                          sigma=None if sigma is None else sigma[sl])  # fmt: skip
             totals = part if totals is None else [a + b for a, b in zip(totals, part)]
         good, bad = pair_labels(c, k)
         m_clean = mean_metric(model, c, fn, good, bad, rows)
@@ -314,7 +333,8 @@ def attribute(
         n_layers=graph.n_layers, n_heads=graph.n_heads, steps=steps if method == "eap-ig" else 1,
         clean_metric=m_clean, corrupt_metric=m_corrupt, by_position=per_pos[0] if by_position else None,
         span_names=tuple(names), by_span=per_pos[0] if ids is not None else None,
-        magnitude=magnitude, meta={"encoding": model.cfg.encoding_name, "kv_source": model.cfg.kv_source},
+        magnitude=magnitude, meta={"encoding": model.cfg.encoding_name, "kv_source": model.cfg.kv_source,
+                                   **({"aligned": True} if aligned else {})},
     )  # fmt: skip
 
 

@@ -25,11 +25,13 @@ from torch import Tensor
 from pe_interp.modes import eval_mode
 from probes.circuits.engine import (
     Run,
+    align,
     as_pair,
     as_run,
     capture,
     contributions,
     forks,
+    moved,
     pair_labels,
     position_means,
     reader_groups,
@@ -145,7 +147,7 @@ class _Evaluator:
     each, the clean run's (everything kept) and the corrupt one's (nothing kept)."""
 
     def __init__(self, model, clean, corrupt, *, ablation, metric, reference, seed, batch_size, spans, n_spans,
-                 who: str = "faithfulness"):
+                 aligned: bool = False, who: str = "faithfulness"):
         if ablation not in ABLATIONS:
             raise ValueError(f"{who}: ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}")
         if batch_size is not None:
@@ -156,6 +158,10 @@ class _Evaluator:
         self.c, self.k = as_pair(model, clean, corrupt, who)
         if ablation == "corrupt" and self.k is None:
             raise ValueError(f"{who}: ablation='corrupt' needs corrupt= (or CounterfactualPairs)")
+        if aligned and ablation != "corrupt":
+            raise ValueError(f"{who}: aligned=True reads the corrupt run at each token's moved position; it needs "
+                             f"ablation='corrupt', got {ablation!r}")
+        self.sigma = moved(self.c, self.k, who) if aligned else None
         self.ids = None
         if n_spans > 1 or spans is not None:
             if spans is None:  # a circuit of spans, evaluated without them
@@ -195,7 +201,8 @@ class _Evaluator:
                 else:
                     src = self.k.rows(sl) if self.ablation == "corrupt" else _resampled(c, sl, self.seed)
                     with torch.no_grad():
-                        repl = contributions(model, graph, capture(model, src, names)[0])
+                        acts = capture(model, src, names)[0]
+                        repl = contributions(model, graph, align(acts, None if self.sigma is None else self.sigma[sl]))
                 sp = None if self.ids is None else self.ids[sl].to(c.tokens.device)
                 for j0 in range(0, keep.shape[0], per):
                     out[j0 : j0 + per, sl] = ablated_metric(model, graph, c.rows(sl), repl, keep[j0 : j0 + per], self.fn,
@@ -262,6 +269,7 @@ def faithfulness_curve(
     metric: Any = "margin",
     reference: Any = None,
     seed: int = 0,
+    aligned: bool = False,
     batch_size: int | None = None,
 ) -> dict[str, Any]:
     """The metric with the circuit of each size in ``sizes`` kept, every other edge ablated.
@@ -271,6 +279,8 @@ def faithfulness_curve(
     listed, first ``n``, not pruned). ``spans``: the evaluated clean examples' spans (the task,
     or ``[n, pos]`` ids), for position-aware circuits. ``ablation``: ``"corrupt"`` (needs
     ``corrupt``), ``"resample"``, ``"mean"`` (over ``reference``, default the clean batch).
+    ``aligned`` (with ``"corrupt"`` on position-only pairs): an ablated edge reads the corrupt
+    run's term at each clean token's moved position (:func:`probes.attribute`'s ``aligned``).
 
     A size ``n`` is the circuit of the longest prefix of the ranking with at most ``n`` units.
     Returns ``{"sizes", "kept" (its units), "metric" (mean per size), "full",
@@ -281,7 +291,7 @@ def faithfulness_curve(
         n_spans = len(scores.span_names) if scores.positional else 1
         ev = _Evaluator(model, clean, corrupt, ablation=ablation, metric=metric, reference=reference, seed=seed,
                         batch_size=batch_size, spans=spans if scores.positional else None, n_spans=n_spans,
-                        who="faithfulness_curve")  # fmt: skip
+                        aligned=aligned, who="faithfulness_curve")  # fmt: skip
         sizes = list(sizes) if sizes is not None else [len(scores.edges)]
         if any(s < 0 or s > len(scores.edges) for s in sizes):
             raise ValueError(f"faithfulness_curve: sizes must be in 0..{len(scores.edges)}")
@@ -293,7 +303,7 @@ def faithfulness_curve(
     r = _ranking(scores, select=select, positional=positional, by=by)
     ev = _Evaluator(model, clean, corrupt, ablation=ablation, metric=metric, reference=reference, seed=seed,
                     batch_size=batch_size, spans=spans if r.positional else None, n_spans=r.n_spans,
-                    who="faithfulness_curve")  # fmt: skip
+                    aligned=aligned, who="faithfulness_curve")  # fmt: skip
     if sizes is None:
         sizes = default_sizes(r.total)
     sizes = list(sizes)
@@ -320,6 +330,7 @@ def minimal_circuit(
     metric: Any = "margin",
     reference: Any = None,
     seed: int = 0,
+    aligned: bool = False,
     batch_size: int | None = None,
     points: int = 16,
 ) -> Circuit:
@@ -337,7 +348,7 @@ def minimal_circuit(
     r = _ranking(scores, select=select, positional=positional, by=by)
     ev = _Evaluator(model, clean, corrupt, ablation=ablation, metric=metric, reference=reference, seed=seed,
                     batch_size=batch_size, spans=spans if r.positional else None, n_spans=r.n_spans,
-                    who="minimal_circuit")  # fmt: skip
+                    aligned=aligned, who="minimal_circuit")  # fmt: skip
     full, empty = ev.ends()
     seen: dict[int, tuple[int, float, float]] = {}  # size -> (kept, recovered, metric)
 
@@ -372,6 +383,7 @@ def minimal_circuit(
     faith = {"target": float(target), "kept": seen[hi][1], "size": seen[hi][0], "prefix": int(hi), "metric_kept": seen[hi][2],
              "sizes": sizes, "kept_sizes": kept, "recovered": rec, "metric": [seen[n][2] for n in sizes], "full": full,
              "empty": empty, "area": curve_area(kept, rec, r.total), "total_edges": r.total, "ablation": ablation,
+             "aligned": bool(aligned),
              "select": r.select, "positional": r.positional, "n_pairs": len(ev.c)}  # fmt: skip
     c.meta["selection"].update({"target": float(target)})
     return Circuit(**{**c.__dict__, "faithfulness": faith})

@@ -31,15 +31,20 @@ def exact_edges(model, clean, corrupt=None, *, metric="margin", batch_size: int 
 
 
 def family_attributions(model, task, n: int = 256, *, kinds: Sequence[str] = ("position", "content"), seed: int = 0,
-                        positional: bool = False, **kwargs) -> dict[str, Attribution]:  # fmt: skip
+                        positional: bool = False, aligned: bool = False, **kwargs) -> dict[str, Attribution]:  # fmt: skip
     """One edge attribution per counterfactual family of ``task`` (``task.counterfactuals(n,
     kind, seed)``), with the same metric (default ``"margin"``) so that the families' scores share
     units; ``positional`` adds scores per span of the task (``task.spans`` of the clean rows);
-    ``kwargs`` go to :func:`probes.attribute` (``method="path_patch"``: exact scores from
-    :func:`exact_edges` instead, not per span)."""
+    ``aligned``: the position family's scores σ-aligned (:func:`probes.attribute`; the other
+    families change tokens, not positions, and are scored as they are). ``kwargs`` go to
+    :func:`probes.attribute` (``method="path_patch"``: exact scores from :func:`exact_edges`
+    instead, not per span)."""
     kwargs.setdefault("metric", "margin")
     method = kwargs.pop("method", "atp")
     if method == "path_patch":  # exact
+        if aligned:
+            raise ValueError("family_attributions: aligned scores are attribution estimates ('atp'); exact path patching "
+                             "patches at fixed indices")
         if positional:
             raise ValueError("family_attributions: exact scores (method='path_patch') are not per span; use 'atp' or 'eap-ig'")
         return {kind: exact_edges(model, task.counterfactuals(n, kind=kind, seed=seed), **kwargs) for kind in kinds}
@@ -48,7 +53,7 @@ def family_attributions(model, task, n: int = 256, *, kinds: Sequence[str] = ("p
     for kind in kinds:
         pairs = task.counterfactuals(n, kind=kind, seed=seed)
         extra = dict(spans=task.spans(pairs.clean), span_names=task.span_names) if positional else {}
-        out[kind] = attribute(model, pairs, method=method, **extra, **kwargs)
+        out[kind] = attribute(model, pairs, method=method, aligned=aligned and kind == "position", **extra, **kwargs)
     return out
 
 

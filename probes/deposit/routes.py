@@ -47,7 +47,13 @@ from torch import Tensor
 from pe_interp.io import load_result, nan_array, register_result, to_json, write_result
 from pe_interp.modes import eval_mode
 from probes.deposit.dominance import LARGE_DROP, SMALL_DROP
-from probes.inputs import FiniteWatch, check_count, check_examples, check_finite_model
+from probes.inputs import (
+    FiniteWatch,
+    check_count,
+    check_examples,
+    check_finite_model,
+    position_permutation,
+)
 from probes.metrics import bootstrap_ci
 from probes.patching import logit_diff
 
@@ -62,25 +68,6 @@ RESULT_KIND = register_result("positional routes", "RouteShares.load", ("shares"
 
 __all__ = ["EMBED", "PositionalDominance", "RouteShares", "position_permutation", "position_routes",
            "positional_dominance", "route_shares"]
-
-
-def position_permutation(clean: Tensor, corrupt: Tensor) -> Tensor:
-    """``σ [n, pos]`` with ``corrupt[b, σ[b, i]] == clean[b, i]``: each clean token's position in
-    its counterfactual row (equal tokens matched in order). A one-line error where a row of
-    ``corrupt`` is not a permutation of its clean row."""
-    if clean.shape != corrupt.shape:
-        raise ValueError(f"clean and counterfactual tokens must have one shape, got {tuple(clean.shape)} and "
-                         f"{tuple(corrupt.shape)}")
-    order_clean = torch.sort(clean, dim=1, stable=True)
-    order_corrupt = torch.sort(corrupt, dim=1, stable=True)
-    bad = (order_clean.values != order_corrupt.values).any(dim=1)
-    if bad.any():
-        row = int(bad.nonzero()[0])
-        raise ValueError(f"row {row}: the counterfactual is not the same tokens moved (a position-only "
-                         "counterfactual, task.counterfactuals(n, kind='position'), is needed)")
-    sigma = torch.empty_like(clean)
-    sigma.scatter_(1, order_clean.indices, order_corrupt.indices)
-    return sigma
 
 
 def position_routes(model) -> tuple[list[str], np.ndarray]:
