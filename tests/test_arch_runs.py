@@ -97,7 +97,6 @@ def test_each_architecture_learns_past_chance_on_smoke(arch, tmp_path):
     (["train", "--preset", "smoke", "--arch", "gpt2", "--silent-heads", "0:1", "--out", "{t}/x"],
      r"brings its own position encoding and heads"),
     (["train", "--preset", "smoke", "--arch", "gpt2", "--d-head", "4", "--out", "{t}/x"], r"\(d_head = d_model / n_heads\)"),
-    (["circuit", "{run}"], r"has no 'use_split_qkv_input' setting"),
     (["generalize", "{run}"], r"which this probe reads of pe_interp's own model"),
     (["decompose", "{run}"], r"has none of pe_interp's encoding modules"),
 ])  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ PAIRS_SEED_OFFSET = 7_717  # the pairs are task.counterfactuals(n, "position", s
 # 1,000-example ablation grid does.
 PAIRS_CONFIRM = 512
 
-__all__ = ["SnapshotDynamics", "measure_ablation", "measure_routes", "measure_step", "snapshot_dynamics"]
+__all__ = ["Snapshot", "SnapshotDynamics", "measure_ablation", "measure_routes", "measure_step", "snapshot_dynamics",
+           "walk_snapshots"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,9 +135,6 @@ def snapshot_dynamics(
     """Every criterion at every snapshot (module docstring). ``done``: records already computed
     with these options, kept where their snapshot's sha256 still matches (a resumed call redoes
     nothing); ``on_record`` sees the result after each new record (to save it)."""
-    for name, value in (("n", n), ("n_confirm", n_confirm), ("n_pairs", n_pairs)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"snapshot_dynamics: {name} must be a positive whole number, got {value!r}")
     manifest = {e["step"]: e for e in read_manifest(run_dir)}
     if not manifest:
         raise ValueError(f"{run_dir}: the run kept no snapshots (train it with --snapshots log)")
@@ -144,25 +143,64 @@ def snapshot_dynamics(
     if missing:
         raise ValueError(f"{run_dir}: no snapshot at step(s) {', '.join(map(str, missing[:5]))}; the run kept "
                          f"{len(manifest)} (pe-interp show lists them)")
+    snapshots = [Snapshot(s, partial(load_run, run_dir, step=s), e["sha256"]) for s, e in sorted(manifest.items())]
+    return walk_snapshots(snapshots, n=n, n_confirm=n_confirm, n_pairs=n_pairs, positional=positional,
+                          n_bootstrap=n_bootstrap, done=done, on_record=on_record, progress=progress, only=wanted)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One point of a walk: its ``step``, how to ``load`` it (a run), and its weights' ``sha256``
+    when known before loading (a run's manifest), else the ``revision`` it is named by (a hub
+    revision, or a directory of saved checkpoints: :mod:`pe_interp.commands.dynamics`)."""
+
+    step: int
+    load: Callable[[], Any]
+    sha256: str | None = None
+    revision: str | None = None
+
+
+def walk_snapshots(
+    snapshots: Sequence[Snapshot], *, n: int = 128, n_confirm: int = 1000, n_pairs: int = 128, positional: bool = True,
+    n_bootstrap: int = 1000, done: SnapshotDynamics | None = None,
+    on_record: Callable[[SnapshotDynamics], None] | None = None, progress: bool = True,
+    only: Sequence[int] | None = None,
+) -> SnapshotDynamics:
+    """:func:`measure_step` at each snapshot (or at the steps ``only``), in step order: what
+    :func:`snapshot_dynamics` does for a run's snapshots, for any sequence of loadable checkpoints.
+    A record of ``done`` (computed with these options) is kept where its sha256 (or, unknown before
+    loading, its revision) still matches; ``on_record`` sees every kept record, the result only
+    those of ``only``."""
+    for name, value in (("n", n), ("n_confirm", n_confirm), ("n_pairs", n_pairs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"snapshot_dynamics: {name} must be a positive whole number, got {value!r}")
     options = {"n": n, "n_confirm": max(n, n_confirm), "n_pairs": n_pairs, "positional": positional,
                "n_bootstrap": n_bootstrap, "no_effect": NO_EFFECT, "pairs_confirm": PAIRS_CONFIRM}
-    kept = {}
-    if done is not None and done.options == options:
-        kept = {r["step"]: r for r in done.records if r["step"] in manifest and r["sha256"] == manifest[r["step"]]["sha256"]}
-    records = dict(kept)
-    bar = _bar(len(wanted), len([s for s in wanted if s in kept]), progress)
-    for step in wanted:
+    by_step = {s.step: s for s in snapshots}
+
+    def still(r: dict[str, Any]) -> bool:
+        s = by_step.get(r["step"])
+        return s is not None and (r["sha256"] == s.sha256 if s.sha256 is not None else r.get("revision") == s.revision)
+
+    records = {r["step"]: r for r in (done.records if done is not None and done.options == options else ()) if still(r)}
+    todo = sorted(by_step) if only is None else sorted(set(only))
+    bar = _bar(len(todo), len([s for s in todo if s in records]), progress)
+    for step in todo:
         if step in records:
             continue
-        run = load_run(run_dir, step=step)
-        records[step] = measure_step(run, n, n_pairs, n_bootstrap, positional, n_confirm=options["n_confirm"])
+        snap = by_step[step]
+        record = measure_step(snap.load(), n, n_pairs, n_bootstrap, positional, n_confirm=options["n_confirm"])
+        record["step"] = step
+        if snap.revision is not None:
+            record["revision"] = snap.revision
+        records[step] = record
         if bar is not None:
             bar.update(1)
         if on_record is not None:
             on_record(SnapshotDynamics(tuple(records[s] for s in sorted(records)), options))
     if bar is not None:
         bar.close()
-    return SnapshotDynamics(tuple(records[s] for s in sorted(records) if s in wanted), options)
+    return SnapshotDynamics(tuple(records[s] for s in todo), options)
 
 
 def _bar(total: int, initial: int, enabled: bool):
