@@ -136,7 +136,7 @@ def checkpoint_cell(source: str | Path, sweep_dir: str | Path, probes: tuple[str
     if stale:
         shutil.rmtree(cell_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
-        for name in ("config.json", "model.safetensors", "metrics.jsonl"):
+        for name in ("config.json", "model.safetensors", "metrics.jsonl", "circuit.json"):
             if (source / name).is_file():
                 shutil.copyfile(source / name, run_dir / name)
         metrics = run.metrics()

@@ -671,6 +671,8 @@ def test_demo_opens_up_a_committed_checkpoint(tmp_path, capsys):
     (ckpt / "train_state.safetensors").unlink()  # a committed checkpoint holds config and weights only
     planted = tmp_path / "checkpoints" / "planted-tiny"  # a constructed model: shown first
     pe_interp.train(preset="smoke", encoding="rope(heads=(1,), layers=(0,))", seed=2, out=planted, progress=False)
+    # its committed circuit (circuit.json) travels with it and is shown with its verdicts
+    assert main(["circuit", str(planted), "--method", "atp", "--aligned", "--n", "16", "--top-n", "6"]) == 0
     (tmp_path / "checkpoints" / "not-a-run").mkdir()  # ignored: no config.json
     out = tmp_path / "demo"
     argv = ["demo", "--preset", "smoke", "--out", str(out), "--checkpoints", str(tmp_path / "checkpoints"),
@@ -681,6 +683,7 @@ def test_demo_opens_up_a_committed_checkpoint(tmp_path, capsys):
     assert f"report: {(out / 'report.html').resolve()}" in printed
     first = printed.index("A constructed model first: checkpoints/planted-tiny (rope(heads=(1,),layers=(0,))")
     assert first < printed.index("The trained models") and "positional deposit (where position enters):" in printed
+    assert first < printed.index("its σ-aligned circuit: ") < printed.index("The trained models")
     cells = sorted(p.name for p in (out / "cells").iterdir())
     assert len(cells) == 5 and any("checkpoint-tiny-rope" in c for c in cells)
     ck = next((out / "cells").glob("*checkpoint-tiny-rope*"))

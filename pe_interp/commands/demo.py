@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     for cell in planted:
         print(f"\nA constructed model first: checkpoints/{cell.params['checkpoint']} ({cell.params['encoding']}: position "
               f"enters at the heads named there and nowhere else; held-out {100 * cell.test_acc:.1f}%)")
-        for line in verdict_lines(cell):
+        for line in verdict_lines(cell) + circuit_lines(cell):
             print("  - " + line)
     natural = [c for c in cells if c not in planted]
     task = first_task(natural)
@@ -78,6 +78,20 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({"out": str(args.out), "done": len(summary.done), "skipped": len(summary.skipped),
                       "failed": summary.failed, "wall_s": round(time.time() - t0, 1)}))
     return 1 if summary.failed else 0
+
+
+def circuit_lines(cell) -> list[str]:
+    """The committed circuit of a demo cell (``circuit.json``, written by ``pe-interp circuit``), as text."""
+    from probes.circuits import Circuit
+    from probes.circuits.view import circuit_summary
+
+    path = cell.run_dir / "circuit.json"
+    if not path.is_file():
+        return []
+    c = Circuit.load(path)
+    how = "σ-aligned circuit" if c.meta.get("aligned") else "circuit"
+    heads = sorted({w for w, _ in c.edges if w.startswith("L")})
+    return [f"its {how}: {circuit_summary(c)}; the heads that write into it: {', '.join(heads) or 'none'}"]
 
 
 def verdict_lines(cell) -> list[str]:
