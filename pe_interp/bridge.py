@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from pe_interp.checks import check_pad_mask_tensor, check_token_ids
 from pe_interp.config import ARCH_ENCODINGS
+from pe_interp.encodings.base import RotarySpan
 from pe_interp.hf_arch import read_answers
 
 # Hugging Face model_type -> our name of the architecture (ModelConfig.arch, pe-interp train --arch)
@@ -120,6 +121,7 @@ class BridgedModel(nn.Module):
             if pad_id in answers.tolist():
                 raise ValueError(f"answers include the pad id {pad_id}")
         self.register_buffer("answers", None if answers is None else answers.long(), persistent=False)
+        self._encoding: BridgeEncoding | None = None
         kind = getattr(hf, "model_type", "?")
         arch = ARCH_OF.get(kind, kind)
         name, how = ARCH_ENCODINGS.get(arch, ("unknown", "unknown"))
@@ -135,12 +137,12 @@ class BridgedModel(nn.Module):
 
     # ------------------------------------------------------------------ what the probes read
     @property
-    def encoding(self) -> Any:
-        """A bridge has none of pe_interp's encoding modules: the probes that read them
-        (decomposition, route shares) say so in one line."""
-        raise ValueError(f"a TransformerLens bridge ({self.cfg.encoding_name}) has none of pe_interp's encoding "
-                         "modules, which this probe reads (logit decomposition, route shares); ablation, patching, "
-                         "attribution, circuits and dynamics run on it")  # fmt: skip
+    def encoding(self) -> BridgeEncoding:
+        """What route shares read of the encoding (:class:`BridgeEncoding`); the logit
+        decomposition, which needs our own encoding modules, says so in one line."""
+        if self._encoding is None:
+            self._encoding = BridgeEncoding(self)
+        return self._encoding
 
     @property
     def W_E(self) -> Tensor:
@@ -233,4 +235,71 @@ class BridgedModel(nn.Module):
     def _read(self, logits: Tensor, mask: Tensor | None) -> Tensor:
         return read_answers(logits, mask, self.answers)
 
-__all__ = ["ARCH_OF", "FORKS_BEFORE_NORM", "RESUMES", "BridgeConfig", "BridgedModel", "NotOnABridge"]
+class BridgeEncoding:
+    """The positions a probe can move on a bridge, as :func:`probes.route_shares` reads an
+    encoding: the rotary q/k of Llama and GPT-NeoX (:meth:`rotary_spans`, Hugging Face's
+    ``rotate_half`` pairs, read from the bridge's own ``hook_cos``/``hook_sin``; moved at
+    ``hook_q``/``hook_k``, before the bridge rotates: rotations of one pair commute, so the moved
+    head is rotated to the new position exactly) and GPT-2's learned positions (the residual
+    route, ``hook_pos_embed``). BLOOM's ALiBi has no hook that moves one head's bias; what else a
+    probe reads (the logit decomposition) raises one line."""
+
+    has_bias = False
+    rotation_hooks = ("hook_q", "hook_k")
+
+    decomposes = False  # the logit decomposition reads our own encoding modules
+
+    def __init__(self, model: BridgedModel) -> None:
+        self.model = model
+        c = model.cfg
+        hf = model.bridge.original_model.config
+        n_kv = getattr(hf, "num_key_value_heads", None) or c.n_heads
+        self.why_not = None
+        if c.model_type not in ("llama", "gpt_neox", "gpt2"):
+            self.why_not = (f"{c.encoding_name}: the bridge has no hook that moves one head's positions, which route "
+                            "shares need; ablation, patching, attribution and circuits run on it")
+        elif n_kv != c.n_heads:
+            self.why_not = (f"{c.encoding_name}: {n_kv} key/value heads for {c.n_heads} query heads; route shares "
+                            "move each head's queries and keys together")  # fmt: skip
+        self._spans: dict[int, tuple[RotarySpan, ...]] = {}
+
+    @property
+    def rotates(self) -> bool:
+        if self.why_not is not None:
+            raise ValueError(self.why_not)
+        return self.model.cfg.model_type != "gpt2"
+
+    def rotary_spans(self, layer: int) -> tuple[RotarySpan, ...] | None:
+        if not self.rotates:
+            return None
+        if layer not in self._spans:
+            c, seen = self.model.cfg, {}
+            hooks = [(f"blocks.{layer}.attn.hook_{n}", lambda x, hook, n=n: seen.__setitem__(n, x.detach()[0]))
+                     for n in ("cos", "sin")]  # fmt: skip
+            with torch.no_grad():
+                self.model.bridge.run_with_hooks(torch.zeros(1, c.n_ctx, dtype=torch.long, device=self.model.W_E.device),
+                                                 fwd_hooks=hooks)  # fmt: skip
+            cos, sin = seen["cos"], seen["sin"]  # [n_ctx, rotary dim], each angle twice (rotate_half)
+            half = cos.shape[-1] // 2
+            theta = torch.atan2(sin[1, :half], cos[1, :half]).double()
+            self._spans[layer] = (RotarySpan(0, 2 * half, theta, cos[:, :half], sin[:, :half], halves=True),)
+        return self._spans[layer]
+
+    def bias(self, n_q: int, n_k: int, layer: int) -> None:
+        return None
+
+    def residual(self, n: int) -> Tensor | None:
+        return None if self.rotates else self.model.bridge.W_pos[:n]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and friends ask for these
+            raise AttributeError(name)
+        raise ValueError(self.not_ours())
+
+    def not_ours(self) -> str:
+        return (f"a TransformerLens bridge ({self.model.cfg.encoding_name}) has none of pe_interp's encoding modules, "
+                "which the logit decomposition reads; ablation, patching, attribution, circuits, dynamics and (for "
+                "rotary and learned positions) route shares run on it")
+
+
+__all__ = ["ARCH_OF", "BridgeEncoding", "FORKS_BEFORE_NORM", "RESUMES", "BridgeConfig", "BridgedModel", "NotOnABridge"]

@@ -33,6 +33,7 @@ from pe_interp.checks import (
 __all__ = [
     "FiniteWatch",
     "check_count",
+    "check_decomposable",
     "check_example",
     "check_examples",
     "check_finite_model",
@@ -65,6 +66,15 @@ def check_model(model, who: str = "") -> None:
         hint = ("; wrap a bridge as pe_interp.bridge.BridgedModel(bridge, answers=...)" if kind == "TransformerBridge"
                 else "")
         raise ValueError(f"{_p(who)}model must be a pe_interp HookedPETransformer or a BridgedModel, got {kind}{hint}")
+
+
+def check_decomposable(model, who: str = "") -> None:
+    """A one-line ValueError where ``model``'s encoding is not one of ours (a bridge's view of its
+    architecture's positions, :class:`pe_interp.bridge.BridgeEncoding`): the logit decomposition
+    splits our own encoding modules' terms."""
+    enc = model.encoding
+    if not getattr(enc, "decomposes", True):
+        raise ValueError(f"{_p(who)}{enc.not_ours()}")
 
 
 def check_finite_model(model, who: str = "") -> None:

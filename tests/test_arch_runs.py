@@ -58,15 +58,17 @@ def test_a_snapshot_of_an_architecture_is_probed_at_its_step(neox):
     assert early.provenance["sha256"] != final.provenance["sha256"]
 
 
-def test_dynamics_of_an_architecture_walks_its_snapshots_without_routes(neox, capsys):
+def test_dynamics_of_an_architecture_walks_its_snapshots_with_routes(neox, capsys):
     import json
 
     assert main(["dynamics", str(neox), "--n", "16", "--n-confirm", "16", "--no-figures", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "single-head deposit: yes at" in out and "positional deposit" not in out
+    assert "single-head deposit: yes at" in out and "positional deposit: yes at" in out
     records = json.loads((neox / "dynamics.json").read_text())["records"]
     assert [r["step"] for r in records] == [0, 1, 2, 4, 8, 16]
-    assert all(r["positional"] is None and "positional" not in r["verdicts"] for r in records)
+    # GPT-NeoX's rotary heads are routes (moved through the bridge's hook_q/hook_k)
+    assert all(r["positional"] is not None and "positional" in r["verdicts"] for r in records)
+    assert all(all(all(row) for row in r["positional"]["routes"]) for r in records)
 
 
 def test_architecture_training_is_deterministic_and_resumes_bit_for_bit(tmp_path):

@@ -186,6 +186,23 @@ def test_ablate_reads_a_saved_model_directory_with_task(model_dir, tmp_path, cap
     assert saved.n_examples == 24 and saved.values.shape == (2, 2)
 
 
+def test_routes_reads_a_saved_model_directory_with_task(model_dir, tmp_path, capsys):
+    """Route shares of GPT-NeoX's partial rotary heads through the bridge (tests/test_bridge_routes.py
+    holds them to the Hugging Face model and a naive loop)."""
+    import shutil
+
+    from pe_interp.cli import main
+    from probes import RouteShares
+
+    run = tmp_path / "m"
+    shutil.copytree(model_dir, run)
+    code = main(["routes", str(run), "--task", "distance", "--preset", "smoke", "--n", "32", "--n-bootstrap", "50"])
+    assert code in (0, 3)  # 3: the intervals cannot decide
+    r = RouteShares.load(run / "routes.json")
+    assert r.routes.all() and r.embed is None and r.n_examples == 32
+    assert "positional deposit" in capsys.readouterr().out
+
+
 def test_circuit_reads_a_saved_model_directory_with_task(model_dir, tmp_path, capsys):
     """The whole circuit command on a bridge: family attributions per span, the faithful circuit on
     held-out pairs, exact path patching into the top head (no layer-0 logit terms: no encoding
@@ -212,7 +229,7 @@ def test_circuit_reads_a_saved_model_directory_with_task(model_dir, tmp_path, ca
      r"the model's vocabulary \(38\) is too small for task 'distance' at preset 'quick': it needs 128 input ids and 30"),
     (["ablate", "{d}", "--task", "sorting", "--preset", "smoke"], r"task must be one of"),
     (["ablate", "{d}@4", "--task", "distance", "--preset", "smoke"], r"a saved Hugging Face model has no snapshots"),
-    (["routes", "{d}", "--task", "distance", "--preset", "smoke"], r"has none of pe_interp's encoding modules"),
+    (["decompose", "{d}", "--task", "distance", "--preset", "smoke"], r"has none of pe_interp.s encoding modules, which the logit decomposition reads"),
     (["circuit", "{d}"], r"say which task to probe it on with --task"),
     (["generalize", "{d}"], r"this command reads pe-interp runs only"),
     (["ablate", "{d}", "--task", "distance", "--preset", "smoke", "--revision", "step1"],

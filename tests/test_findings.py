@@ -143,6 +143,24 @@ def test_rates_and_criteria_on_known_grids():
     assert [m.decided for m in models][0] in ("yes", "undecided") and "Decided on the bootstrap intervals" in text
 
 
+def test_the_positional_column_appears_where_a_model_was_measured():
+    from pe_interp.report.findings import markdown
+
+    drops = np.full((6, 16), 0.02)
+    plain = [_finding("base", 0, drops), _finding("base", 1, drops)]
+    assert "positional deposit" not in markdown(condition_rows(model_rows(plain)), model_rows(plain))
+    measured = [dict(plain[0], routes={"verdict": "yes", "top": "L0H3"}), dict(plain[1], routes={"verdict": "no"}),
+                _finding("x=1", 0, drops)]  # fmt: skip
+    models = model_rows(measured)
+    conds = condition_rows(models)
+    text = markdown(conds, models)
+    head, rule, base, x = text.splitlines()[:4]
+    assert "| positional deposit, k of n measured [95% CI] |" in head and rule.count("---") == head.count("|") - 1
+    assert "| 1 of 2 [9, 91]% |" in base and base.count("|") == head.count("|") and "| — |" in x
+    assert ("Positional deposit (one route carries ≥ 50% of the positional effect, every other ≤ 5%) in 1 of the 2 "
+            "models it was measured on (Wilson 95% 9–91%).") in verdict(conds, models)
+
+
 def test_readme_needs_its_markers(tmp_path):
     readme = tmp_path / "R.md"
     readme.write_text("no markers\n")

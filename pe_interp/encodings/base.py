@@ -59,7 +59,9 @@ class RotarySpan:
     Dims ``[start, start + dim)`` in **adjacent pairs** ``(start + 2i, start + 2i + 1)``; pair
     ``i`` at position ``p`` is rotated by the angle ``p * theta[i]``, whose cosine and sine are
     ``cos[p, i]`` and ``sin[p, i]`` (the tables the model itself uses). ``heads`` (bool
-    ``[n_heads]``) marks the heads that are rotated; None: all of them.
+    ``[n_heads]``) marks the heads that are rotated; None: all of them. ``halves``: the pairs are
+    ``(start + i, start + dim/2 + i)`` instead (Hugging Face's ``rotate_half``, read through a
+    bridge: :class:`pe_interp.bridge.BridgeEncoding`).
     """
 
     start: int
@@ -68,6 +70,7 @@ class RotarySpan:
     cos: Tensor  # [n_ctx, dim // 2]
     sin: Tensor
     heads: Tensor | None = None
+    halves: bool = False
 
     def rotates_head(self, head: int) -> bool:
         return self.heads is None or bool(self.heads[head])

@@ -104,7 +104,7 @@ class Restricted(Encoding):
         out = []
         for s in spans:
             heads = self.head_mask if s.heads is None else (s.heads & self.head_mask)
-            out.append(RotarySpan(s.start, s.dim, s.theta, s.cos, s.sin, heads))
+            out.append(RotarySpan(s.start, s.dim, s.theta, s.cos, s.sin, heads, s.halves))
         return tuple(out)
 
     def head_parameters(self) -> dict[str, HeadAxes]:

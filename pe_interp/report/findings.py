@@ -63,6 +63,7 @@ class ModelRow:
     wall_s: float | None
     native_bf16: bool | None
     decided: str = ""  # the single-head deposit decided on its intervals: yes, no or undecided
+    positional: str = ""  # the positional deposit (routes probe): yes, no or undecided; "" not measured
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class ConditionRow:
     median_share_of_layer: float
     median_layer0_drop: float | None
     tops: tuple[str, ...]
+    k_positional: int = 0
+    n_positional: int = 0  # models whose positional criterion was measured
 
 
 def _top_of_layer(drops: np.ndarray) -> tuple[int, float, float]:
@@ -110,6 +113,7 @@ def model_rows(findings: list[dict[str, Any]]) -> list[ModelRow]:
             peak_l0_drop=peak[0], peak_step=peak[1],
             wall_s=sum((f.get("seconds") or {}).values()) or None, native_bf16=machine.get("cpu_bf16"),
             decided=decide_single(a).verdict if not np.isnan(a.ci_low).any() else "",
+            positional=(f.get("routes") or {}).get("verdict", ""),
         ))
     return rows
 
@@ -144,6 +148,7 @@ def condition_rows(models: list[ModelRow], order: list[str] | None = None) -> li
             median_share_of_model=statistics.median(m.share_of_model for m in ms),
             median_share_of_layer=statistics.median(m.share_of_layer for m in ms),
             median_layer0_drop=statistics.median(l0) if l0 else None, tops=tuple(m.top for m in ms),
+            k_positional=sum(m.positional == "yes" for m in ms), n_positional=sum(bool(m.positional) for m in ms),
         ))
     return out
 
@@ -167,6 +172,12 @@ def verdict(conds: list[ConditionRow], models: list[ModelRow] | None = None) -> 
     text = (f"Single-head deposit in {k} of {n} models (Wilson 95% interval {_pct(lo, 0)}–{_pct(hi, 0)}%)"
             + (f", in: {', '.join(where)}." if where else ", in no condition.")
             + f" Layer-0 concentration (the looser criterion) in {kc} of {n}.")
+    npos = sum(c.n_positional for c in conds)
+    if npos:
+        kp = sum(c.k_positional for c in conds)
+        plo, phi = wilson(kp, npos)
+        text += (f" Positional deposit (one route carries ≥ 50% of the positional effect, every other ≤ 5%) in {kp} "
+                 f"of the {npos} models it was measured on (Wilson 95% {_pct(plo, 0)}–{_pct(phi, 0)}%).")
     if models:
         big = max(models, key=lambda m: m.top_drop)
         text += (f" The criterion's two halves alone: a head costing ≥ {LARGE_DROP * 100:.0f} points in "
@@ -187,11 +198,17 @@ TABLE_HEAD = ("| condition | seeds | held-out acc % | single-head deposit, k of 
 
 def markdown(conds: list[ConditionRow], models: list[ModelRow]) -> str:
     """The condition table, the verdict and the per-model table, in Markdown."""
-    lines = [TABLE_HEAD]
+    positional = any(c.n_positional for c in conds)  # a column only where some model was measured
+    head = TABLE_HEAD if not positional else TABLE_HEAD.replace(
+        "k of n [95% CI] | median top-head", "k of n [95% CI] | positional deposit, k of n measured [95% CI] | median "
+        "top-head", 1).replace("|---|---|---|---|---|---|---|---|---|", "|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
     for c in conds:
+        pos = "—" if not c.n_positional else _rate(c.k_positional, c.n_positional, wilson(c.k_positional, c.n_positional))
         lines.append(f"| {c.condition} | {c.n} | {_pct(c.acc_mean)} ± {_pct(c.acc_sd)} | "
                      f"{_rate(c.k_single, c.n, c.single_ci)} | {_rate(c.k_concentration, c.n, c.concentration_ci)} | "
-                     f"{_pct(c.median_top_drop)} | {_pct(c.median_share_of_model, 0)} / {_pct(c.median_share_of_layer, 0)} | "
+                     + (f"{pos} | " if positional else "")
+                     + f"{_pct(c.median_top_drop)} | {_pct(c.median_share_of_model, 0)} / {_pct(c.median_share_of_layer, 0)} | "
                      f"{_pct(c.median_layer0_drop)} | {', '.join(c.tops)} |")
     lines += ["", verdict(conds, models), "", "Per model:", "",
               "| condition | seed | acc % | steps | top head | drop [95% CI] (pts) | runner-up | share of model / layer % | "

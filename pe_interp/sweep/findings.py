@@ -91,6 +91,7 @@ def summarize(grid: Grid, cell: Cell, result: dict[str, Any], run_dir: Path) -> 
         "dynamics": [{k: r[k] for k in ("step", "layer", "baseline", "drops", "n_probe", "metric")} for r in dynamics],
         "history": [{k: m.get(k) for k in ("step", "test_acc", "test_loss", "train_loss", "lr")} for m in metrics],
         "positional": (result.get("positional") or {}).get("scores"),
+        "routes": _routes(result.get("routes")),
         "snapshots": _rounded((result.get("snapshot_dynamics") or {}).get("records")),
         "weights": {"sha256": _sha256(run_dir / "model.safetensors"), "step": final.get("step")}
         if (run_dir / "model.safetensors").is_file() else None,
@@ -98,6 +99,14 @@ def summarize(grid: Grid, cell: Cell, result: dict[str, Any], run_dir: Path) -> 
         "machine": result.get("machine"),
     }
     return out
+
+
+def _routes(r: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The positional criterion of a cell (``routes`` probe): its verdict and the numbers behind it."""
+    if not r:
+        return None
+    keep = ("verdict", "why", "top", "effect", "shares", "ci_low", "ci_high", "embed", "n_examples")
+    return _rounded({k: r.get(k) for k in keep})
 
 
 def _rounded(x: Any, digits: int = 5) -> Any:

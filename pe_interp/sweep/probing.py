@@ -262,11 +262,17 @@ def _shares(terms, mats: dict[str, Any]) -> dict[str, float]:
 
 def _probe_routes(run: Run, n: int = 512) -> dict[str, Any] | None:
     """Each route's share of the positional effect on ``n`` position-only pairs (the dynamics' pairs
-    seed), and the positional verdict (:mod:`probes.deposit.routes`; None: position changes no label)."""
-    from probes.deposit import PAIRS_SEED_OFFSET, positional_dominance, route_shares
+    seed), and the positional verdict (:mod:`probes.deposit.routes`; None: position changes no label,
+    or nothing can move the model's positions: a bridge over BLOOM)."""
+    from probes.deposit import (
+        PAIRS_SEED_OFFSET,
+        can_move_positions,
+        positional_dominance,
+        route_shares,
+    )
 
     pairs = run.task.counterfactuals(n, kind="position", seed=run.train_cfg.seed + PAIRS_SEED_OFFSET)
-    if not bool((pairs.clean.labels != pairs.corrupt.labels).any()):
+    if not can_move_positions(run.model) or not bool((pairs.clean.labels != pairs.corrupt.labels).any()):
         return None
     result = route_shares(run.model, pairs.clean.tokens, pairs.corrupt.tokens, pairs.clean.labels, pairs.corrupt.labels,
                           pad_mask=pairs.clean.pad_mask)

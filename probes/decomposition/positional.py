@@ -19,7 +19,7 @@ from pe_interp.io import (
 from pe_interp.kernels.rope import apply_rope
 from pe_interp.modes import eval_mode
 from probes.decomposition.toeplitz import toeplitz_score
-from probes.inputs import check_count, check_examples, check_finite_model
+from probes.inputs import check_count, check_decomposable, check_examples, check_finite_model
 
 __all__ = ["PositionalScores", "positional_scores"]
 
@@ -114,6 +114,7 @@ def positional_scores(
     """:class:`PositionalScores` of every head on ``tokens [n, pos]`` (n >= 2)."""
     cfg = model.cfg
     check_finite_model(model, "positional_scores")
+    check_decomposable(model, "positional_scores")
     check_count(batch_size, "batch_size", 1, "positional_scores")
     tokens, _, checked_pm = check_examples(model, tokens, None, pad_mask, who="positional_scores")
     pad_mask = None if pad_mask is None else checked_pm

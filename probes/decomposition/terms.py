@@ -14,7 +14,14 @@ from torch import Tensor
 from pe_interp.modes import eval_mode
 from probes.decomposition.rope import RopeTerms, rope_spans, rope_terms
 from probes.decomposition.toeplitz import toeplitz_score
-from probes.inputs import check_example, check_examples, check_finite_model, check_head, check_layer
+from probes.inputs import (
+    check_decomposable,
+    check_example,
+    check_examples,
+    check_finite_model,
+    check_head,
+    check_layer,
+)
 
 __all__ = ["LogitTerms", "logit_terms"]
 
@@ -133,6 +140,7 @@ def logit_terms(
     who = "logit_terms"
     layer, head = check_layer(model, layer, who), check_head(model, head, who)
     check_finite_model(model, who)
+    check_decomposable(model, who)
     if isinstance(tokens, Tensor) and tokens.ndim == 1:
         tokens = tokens[None]
         pad_mask = pad_mask.reshape(1, -1) if isinstance(pad_mask, Tensor) else pad_mask

@@ -23,6 +23,7 @@ from probes.deposit.dynamics import DYNAMICS_FILE, DepositDynamics, dynamics_arr
 from probes.deposit.routes import (
     PositionalDominance,
     RouteShares,
+    can_move_positions,
     positional_dominance,
     route_shares,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "SnapshotDynamics",
     "decide_concentration",
     "decide_single",
+    "can_move_positions",
     "positional_dominance",
     "route_shares",
     "snapshot_dynamics",

@@ -66,7 +66,7 @@ NO_EFFECT = 0.1
 FLOAT_NOISE = 1e-6  # below this the effect is float rounding, and no share is computed
 RESULT_KIND = register_result("positional routes", "RouteShares.load", ("shares", "routes", "effect"))
 
-__all__ = ["EMBED", "PositionalDominance", "RouteShares", "position_permutation", "position_routes",
+__all__ = ["EMBED", "PositionalDominance", "RouteShares", "can_move_positions", "position_permutation", "position_routes",
            "positional_dominance", "route_shares"]
 
 
@@ -93,6 +93,16 @@ def position_routes(model) -> tuple[list[str], np.ndarray]:
     return extra, heads
 
 
+def can_move_positions(model) -> bool:
+    """Whether :func:`route_shares` can move this model's positions (our own models always; a
+    bridge where :class:`pe_interp.bridge.BridgeEncoding` says so: not over BLOOM's ALiBi)."""
+    try:
+        position_routes(model)
+    except ValueError:
+        return False
+    return True
+
+
 def _rerotate(t: Tensor, spans, sigma: Tensor, heads: Tensor) -> Tensor:
     """``t [B, pos, head, d]`` (rotated at positions 0..pos-1) rotated at ``sigma [B, pos]``
     instead, for the heads marked in ``heads [B, head]`` and each span that rotates them."""
@@ -104,9 +114,14 @@ def _rerotate(t: Tensor, spans, sigma: Tensor, heads: Tensor) -> Tensor:
         cos_s, sin_s = s.cos[sigma].to(t.dtype), s.sin[sigma].to(t.dtype)  # [B, pos, half]
         c = (cos_s * cos_i + sin_s * sin_i)[:, :, None, :]  # angle sigma(i) - i
         sn = (sin_s * cos_i - cos_s * sin_i)[:, :, None, :]
-        pair = t[..., s.start : s.start + s.dim].reshape(*t.shape[:3], half, 2)
-        y0, y1 = pair[..., 0], pair[..., 1]
-        moved = torch.stack((y0 * c - y1 * sn, y0 * sn + y1 * c), dim=-1).reshape(*t.shape[:3], s.dim)
+        seg = t[..., s.start : s.start + s.dim]
+        if s.halves:  # pairs (i, i + dim/2): Hugging Face's rotate_half
+            y0, y1 = seg[..., :half], seg[..., half:]
+            moved = torch.cat((y0 * c - y1 * sn, y0 * sn + y1 * c), dim=-1)
+        else:  # adjacent pairs (2i, 2i + 1)
+            pair = seg.reshape(*t.shape[:3], half, 2)
+            y0, y1 = pair[..., 0], pair[..., 1]
+            moved = torch.stack((y0 * c - y1 * sn, y0 * sn + y1 * c), dim=-1).reshape(*t.shape[:3], s.dim)
         mask = heads if s.heads is None else heads & s.heads.to(heads.device)[None]
         part = out[..., s.start : s.start + s.dim]
         out[..., s.start : s.start + s.dim] = torch.where(mask[:, None, :, None], moved, part)
@@ -118,7 +133,8 @@ def _hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, first:
     ``embed_rows [B]``) see the positions ``sigma [B, pos]``, from layer ``first`` on."""
     enc, hooks = model.encoding, []
     if first == 0 and bool(embed_rows.any()):
-        def pos_embed(x, hook):
+        def pos_embed(x, hook):  # [batch or 1 (a bridge's), pos, d_model]
+            x = x.expand(sigma.shape[0], -1, -1)
             return torch.where(embed_rows[:, None, None], x.gather(1, sigma[..., None].expand_as(x)), x)
         hooks.append(("hook_pos_embed", pos_embed))
     for layer in range(first, model.cfg.n_layers):
@@ -130,7 +146,9 @@ def _hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, first:
 
             def rot(x, hook, spans=spans, heads=heads):
                 return _rerotate(x, spans, sigma, heads)
-            hooks += [(f"blocks.{layer}.attn.hook_rot_q", rot), (f"blocks.{layer}.attn.hook_rot_k", rot)]
+            # after the rotation (or before it, on a bridge: one pair's rotations commute)
+            names = getattr(enc, "rotation_hooks", ("hook_rot_q", "hook_rot_k"))
+            hooks += [(f"blocks.{layer}.attn.{name}", rot) for name in names]
         if enc.has_bias:
             def bias(b, hook, heads=heads):  # [head, q, k] -> [B, head, q, k], gathered at sigma
                 rows = sigma[:, None, :, None].expand(-1, b.shape[0], -1, b.shape[2])
@@ -230,8 +248,9 @@ def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labe
     n, L, H = len(clean), cfg.n_layers, cfg.n_heads
     ld = torch.empty(len(units), n, dtype=torch.float64)
     watch = FiniteWatch()
+    restarts = getattr(model, "can_restart", True)  # a bridge runs every copy from the embedding
     with eval_mode(model):
-        names = {f"blocks.{layer}.hook_resid_pre" for layer in range(L)}
+        names = {f"blocks.{layer}.hook_resid_pre" for layer in range(L)} if restarts else set()
         clean_logits, cache = model.run_with_cache(clean, mask, names_filter=lambda name: name in names)
         ld_clean = logit_diff(watch.see(clean_logits), good, bad).double()
         ld_cf = logit_diff(watch.see(model.forward_unchecked(corrupt, key_valid)), good, bad).double()
@@ -239,7 +258,7 @@ def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labe
         chunk = min(n, batch_size)
         for u0 in range(0, len(units), group):
             part = units[u0 : u0 + group]
-            first = min(0 if isinstance(u, str) else int(u[0]) for u in part)
+            first = min(0 if isinstance(u, str) else int(u[0]) for u in part) if restarts else 0
             for r0 in range(0, n, chunk):
                 rows = slice(r0, min(n, r0 + chunk))
                 k = rows.stop - rows.start
@@ -257,9 +276,10 @@ def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labe
                 tok = clean[rows].repeat(g, 1)
                 kv = None if key_valid is None else key_valid[rows].repeat(g, 1)
                 sig = sigma[rows].repeat(g, 1)
-                resid = None if first == 0 else cache[f"blocks.{first}.hook_resid_pre"][rows].repeat(g, 1, 1)
+                restart = {} if first == 0 else {"start_at_layer": first,
+                                                 "residual": cache[f"blocks.{first}.hook_resid_pre"][rows].repeat(g, 1, 1)}
                 with model.hooks(fwd_hooks=_hooks(model, sig, heads.flatten(0, 1), embed.flatten(), first)):
-                    logits = watch.see(model.forward_unchecked(tok, kv, start_at_layer=first, residual=resid))
+                    logits = watch.see(model.forward_unchecked(tok, kv, **restart))
                 ld[u0 : u0 + g, rows] = logit_diff(logits, good[rows].repeat(g), bad[rows].repeat(g)).double().view(g, k).cpu()
     watch.check(who, False)
     ld_clean, ld_cf = ld_clean.cpu(), ld_cf.cpu()

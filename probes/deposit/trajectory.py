@@ -24,7 +24,7 @@ from pe_interp.io import load_result, register_result, to_json, write_result
 from pe_interp.snapshots import read_manifest
 from probes.ablation import ablate_heads
 from probes.deposit.decision import NO, decide_concentration, decide_single
-from probes.deposit.routes import NO_EFFECT, positional_dominance, route_shares
+from probes.deposit.routes import NO_EFFECT, can_move_positions, positional_dominance, route_shares
 
 RESULT_KIND = register_result("snapshot dynamics", "SnapshotDynamics.load", ("records", "options"))
 PAIRS_SEED_OFFSET = 7_717  # the pairs are task.counterfactuals(n, "position", seed=train seed + this)
@@ -101,9 +101,9 @@ def measure_step(run, n: int, n_pairs: int, n_bootstrap: int = 1000, positional:
     under ``screen``."""
     t0 = time.perf_counter()
     abl = measure_ablation(run, n, n_bootstrap)
-    # a bridge (train --arch, a model directory) has none of our encoding modules to move: no routes
-    movable = hasattr(run.model.cfg, "encoding")
-    pos = measure_routes(run, n_pairs, n_bootstrap) if positional and movable and _position_changes_label(run.task) else None
+    pos = None
+    if positional and can_move_positions(run.model) and _position_changes_label(run.task):
+        pos = measure_routes(run, n_pairs, n_bootstrap)
     screen = {**abl["verdicts"], **(pos["verdicts"] if pos else {})}
     confirmed = False
     if n_confirm is not None:

@@ -1,0 +1,105 @@
+"""Route shares, the positional criterion's measure, on a TransformerLens bridge (issues 36, 38).
+
+References built here and not by the probe: the model's positional effect ("every route sees σ")
+against the Hugging Face model itself run with ``position_ids = σ``; each head's own share against
+a naive loop that rotates that head's queries and keys with tables computed here from the config
+(``rope_theta``, the rotary share of each head)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pe_interp.bridge import BridgedModel
+from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir, word_tokenizer
+from probes import positional_dominance, route_shares
+from probes.inputs import position_permutation
+
+V, PAD, N, P = 30, 0, 16, 9
+ANSWERS = [26, 27, 28, 29]
+SHAPE = {"n_layers": 2, "d_model": 32, "n_heads": 2, "d_mlp": 40, "n_ctx": 16, "d_vocab": V, "pad_id": PAD}
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt-neox", "gpt2", "bloom"])
+def built(request, tmp_path_factory):
+    arch = request.param
+    hf = build_hf_model(arch, seed=3, **SHAPE)
+    with torch.no_grad():  # sharper attention than the initialisation's, so that positions matter
+        for name, p in hf.named_parameters():
+            if any(k in name for k in ("q_proj", "k_proj", "query_key_value", "c_attn", "wpe")):
+                p.mul_(12.0)
+    out = save_model_dir(hf, word_tokenizer(V, PAD), tmp_path_factory.mktemp(arch) / "model")
+    return arch, hf, BridgedModel(boot_bridge(out), answers=ANSWERS)
+
+
+def _pairs():
+    g = torch.Generator().manual_seed(0)
+    clean = torch.randint(1, 26, (N, P), generator=g)
+    order = torch.stack([torch.randperm(P, generator=g) for _ in range(N)])
+    corrupt = clean.gather(1, order)
+    good = torch.randint(0, 4, (N,), generator=g)
+    return clean, corrupt, good, (good + 1) % 4
+
+
+def _ld(logits, good, bad):
+    return (logits.gather(1, good[:, None])[:, 0] - logits.gather(1, bad[:, None])[:, 0]).double()
+
+
+def _rotate_one_head(hf, model, sigma, layer, head):
+    """Hooks that turn head ``head``'s queries and keys of ``layer`` to the positions ``sigma``
+    (before the bridge rotates them at their own), with angles from the config."""
+    c = hf.config
+    d = SHAPE["d_model"] // SHAPE["n_heads"]
+    rope = getattr(c, "rope_parameters", None) or {}
+    r = int(d * rope.get("partial_rotary_factor", 1.0)) // 2 * 2
+    inv = 1.0 / rope.get("rope_theta", 10000.0) ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
+    ang = sigma.double()[..., None] * inv - torch.arange(P, dtype=torch.float64)[None, :, None] * inv  # [n, P, r/2]
+    cos, sin = ang.cos().float(), ang.sin().float()
+
+    def turn(x, hook):
+        x = x.clone()
+        y0, y1 = x[:, :, head, : r // 2].clone(), x[:, :, head, r // 2 : r].clone()
+        x[:, :, head, : r // 2] = y0 * cos - y1 * sin
+        x[:, :, head, r // 2 : r] = y0 * sin + y1 * cos
+        return x
+
+    return [(f"blocks.{layer}.attn.hook_{c}", turn) for c in "qk"]
+
+
+def test_route_shares_on_a_bridge_equal_the_hugging_face_model_and_a_naive_loop(built):
+    arch, hf, model = built
+    clean, corrupt, good, bad = _pairs()
+    if arch == "bloom":  # ALiBi: no hook moves one head's bias
+        with pytest.raises(ValueError, match="bloom: alibi: the bridge has no hook that moves one head.s positions, which route shares need"):
+            route_shares(model, clean, corrupt, good, bad)
+        return
+    r = route_shares(model, clean, corrupt, good, bad, n_bootstrap=0)
+    sigma = position_permutation(clean, corrupt)
+    with torch.no_grad():
+        ld_clean = _ld(hf(clean).logits[:, -1][:, ANSWERS], good, bad)
+        ld_all = _ld(hf(clean, position_ids=sigma).logits[:, -1][:, ANSWERS], good, bad)
+    effect = float((ld_clean - ld_all).mean())
+    assert abs(effect) > 1e-3 and r.effect == pytest.approx(effect, rel=1e-4, abs=1e-6)
+    if arch == "gpt2":  # learned positions enter the residual stream once: one route, the embedding
+        assert not r.routes.any() and r.embed == pytest.approx(1.0)
+        assert positional_dominance(r).verdict == "no"  # a deposit is a head; here position enters none
+        return
+    assert r.routes.all()
+    for layer in range(2):
+        for head in range(2):
+            with torch.no_grad():
+                logits = model.run_with_hooks(clean, fwd_hooks=_rotate_one_head(hf, model, sigma, layer, head))
+            share = float((ld_clean - _ld(logits, good, bad)).mean()) / effect
+            assert r.shares[layer, head] == pytest.approx(share, rel=1e-3, abs=1e-4), (layer, head)
+    assert np.isfinite(r.shares).all()
+
+
+def test_the_decomposition_still_says_in_one_line_that_it_reads_our_modules(built):
+    from probes import positional_scores
+
+    arch, _, model = built
+    clean = _pairs()[0]
+    with pytest.raises(ValueError, match="positional_scores: a TransformerLens bridge .* has none of pe_interp's encoding "
+                                         "modules, which the logit decomposition reads"):
+        positional_scores(model, clean[:4])
