@@ -34,7 +34,9 @@ from pe_interp.checkpoint import (
     read_json,
 )
 
-FAMILY_ORDER = ("one_route", "two_routes", "deep_route", "no_route", "single_yes", "single_no")
+FAMILY_ORDER = ("one_route", "two_routes", "deep_route", "no_route", "single_yes", "single_no", "single_yes_30ep",
+                "single_no_30ep")
+LONG = "_30ep"  # the single-head families trained 30 epochs instead of the preset's 6
 # The verdict each construction implies ("yes"/"no"); absent: the construction implies none.
 EXPECTED: dict[str, dict[str, str]] = {
     "positional deposit": {"one_route": "yes", "two_routes": "no", "deep_route": "yes", "no_route": "no",
@@ -60,7 +62,7 @@ __all__ = ["ALIGNED", "ALIGNED_CLEAN", "CIRCUIT", "EXPECTED", "FAMILY_ORDER", "R
 def family_of(params: dict[str, Any], routes: np.ndarray) -> str:
     """A planted cell's family from its settings and its route map ``[n_layers, n_heads]``."""
     if params.get("silent_heads"):
-        return "single_no" if routes.sum() == 2 else "single_yes"
+        return ("single_no" if routes.sum() == 2 else "single_yes") + (LONG if params.get("epochs") == 30 else "")
     n = int(routes.sum())
     if n == 0:
         return "no_route"
@@ -117,10 +119,11 @@ def expected(probe: str, record: dict[str, Any]) -> str | None:
     order-blind ceiling (``blind_ceiling``: length-only on task 1, content-only on task 3). So the
     criterion must hold when held-out accuracy is at least that ceiling + 50 points, and cannot
     hold below 50%; in between the construction implies nothing."""
-    if probe == "single-head deposit (paper)" and record["family"] == "single_yes":
+    family = record["family"].removesuffix(LONG)
+    if probe == "single-head deposit (paper)" and family == "single_yes":
         acc, ceiling = record["test_acc"], record.get("blind_ceiling", 1.0)
         return "yes" if acc >= ceiling + 0.5 else "no" if acc < 0.5 else None
-    return EXPECTED.get(probe, {}).get(record["family"])
+    return EXPECTED.get(probe, {}).get(family)
 
 
 def score_cell(record: dict[str, Any]) -> dict[str, Any]:

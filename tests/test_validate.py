@@ -124,3 +124,26 @@ def test_a_sweep_with_list_valued_settings_aggregates():
     rows = aggregate(results, ["silent_heads", "encoding"])
     assert len(rows) == 1 and rows[0]["n_seeds"] == 2 and rows[0]["acc_mean"] == pytest.approx(0.6)
     assert rows[0]["silent_heads"] == ((0, 1), (1, 0))
+
+
+def test_the_committed_single_yes_model_is_the_paper_criterions_true_positive():
+    """checkpoints/planted-single-yes: every head but L0H3 silent (W_V, b_V, W_O zero), trained 30
+    epochs to 97.7% held out. Ablating a silent head changes nothing, exactly; ablating L0H3 leaves
+    a model blind to order. So the paper's criterion must say yes, and it does, on its intervals;
+    the positional criterion too (L0H3 is the only route)."""
+    from pathlib import Path
+
+    from pe_interp.checkpoint import load_run
+    from probes import ablate_heads, positional_dominance, route_shares
+    from probes.deposit import PAIRS_SEED_OFFSET, decide_single, dominance
+
+    run = load_run(Path(__file__).resolve().parents[1] / "checkpoints" / "planted-single-yes")
+    test = run.examples("test", 1000)
+    a = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=200)
+    others = np.delete(a.drops.reshape(-1), 3)
+    assert np.all(others == 0.0) and a.drops[0, 3] >= 0.9  # 97.7% held out, down to the order-blind level
+    assert dominance(a).single and decide_single(a).verdict == "yes"
+    pairs = run.task.counterfactuals(128, kind="position", seed=run.train_cfg.seed + PAIRS_SEED_OFFSET)
+    r = route_shares(run.model, pairs.clean.tokens, pairs.corrupt.tokens, pairs.clean.labels, pairs.corrupt.labels,
+                     pad_mask=pairs.clean.pad_mask, n_bootstrap=200)
+    assert positional_dominance(r).verdict == "yes" and positional_dominance(r).top == "L0H3"

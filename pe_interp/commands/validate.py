@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         if (run_dir / "model.safetensors").is_file() and (sweep_dir / "cells" / cell.id / "result.json").is_file():
             record = _record_of(cell.id, cell.kwargs, run_dir, kept.get(cell.id), not args.no_circuits)
             add(record)
-            if record["family"] == "single_yes":
+            if record["family"].startswith("single_yes"):
                 mirrored = sweep_dir / "derived" / f"{cell.id}__mirror" / "run"
                 if not (mirrored / "model.safetensors").is_file():
                     from pe_interp.validate import mirror_head
