@@ -35,7 +35,8 @@ clean row's tokens moved, ``x'[σ(i)] = x[i]``): the corrupt run is read at ``σ
 token's own moved position, for both the activation and (denoising) the gradient, so the estimate
 is that of patching the clean value of token ``i`` into the corrupt run where that token sits. At
 a fixed index a position-only pair changes the token a unit sees, and a unit blind to position
-then scores as if it carried position; aligned, its two values are equal and it scores exactly 0.
+then scores as if it carried position; aligned, its two values are equal and it scores 0 (to float
+rounding: the moved keys are summed in another order).
 
 Where the metric is linear in the activation between the two values (a readout without a final
 norm; a value input of the last layer of a model without norms or MLPs; a query or key input
@@ -253,7 +254,7 @@ def attribute(
     ``task.spans(pairs.clean)``) adds ``by_span``, each span's positions summed per example
     (``"atp"``, ``"eap-ig"``). ``aligned`` (``"atp"``, position-only pairs): each clean token's
     activation is compared with the corrupt run's at that token's moved position, not at the same
-    index, so that a unit blind to position scores exactly 0 (module docstring). ``batch_size``:
+    index, so that a unit blind to position scores 0 (module docstring). ``batch_size``:
     most rows per forward (examples x steps or x writers). See the module docstring."""
     for name, value, allowed in (("method", method, METHODS), ("granularity", granularity, GRANULARITIES),
                                  ("ablation", ablation, ABLATIONS), ("direction", direction, DIRECTIONS)):  # fmt: skip

@@ -381,9 +381,9 @@ def position_means(model, run: Run, names: Sequence[str], batch_size: int) -> di
 
 __all__ = [
     "METRICS",
-    "align",
     "PerExample",
     "Run",
+    "align",
     "as_pair",
     "attend_with",
     "as_run",
