@@ -342,9 +342,10 @@ class PositionalDominance:
     def text(self) -> str:
         if not self.top:
             return f"positional deposit: {self.verdict} ({self.why})"
+        second = (f"runner-up {self.runner_up} {100 * self.runner_up_share:.0f}%" if self.runner_up
+                  else "the only route")
         return (f"positional deposit: {self.decided} — top route {self.top} carries {100 * self.share:.0f}% "
-                f"[{100 * self.ci[0]:.0f}, {100 * self.ci[1]:.0f}] of the positional effect, runner-up "
-                f"{self.runner_up or '-'} {100 * self.runner_up_share:.0f}% ({self.why})")
+                f"[{100 * self.ci[0]:.0f}, {100 * self.ci[1]:.0f}] of the positional effect, {second} ({self.why})")
 
 
 def positional_dominance(r: RouteShares) -> PositionalDominance:
