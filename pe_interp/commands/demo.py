@@ -50,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
                            checkpoints=args.checkpoints or None, workers=args.workers, progress=not args.no_progress)
     cells, errors = load_cells(args.out)  # a cell whose results came from other weights is an error there
     planted = [c for c in cells if str(c.params.get("checkpoint", "")).startswith("planted-")]
-    for cell in planted:
-        print(f"\nA constructed model first: checkpoints/{cell.params['checkpoint']} ({cell.params['encoding']}: position "
+    for i, cell in enumerate(planted):
+        lead = "A constructed model first" if i == 0 else "Another constructed model"
+        print(f"\n{lead}: checkpoints/{cell.params['checkpoint']} ({cell.params['encoding']}: position "
               f"enters at the heads named there and nowhere else; held-out {100 * cell.test_acc:.1f}%)")
         for line in verdict_lines(cell) + circuit_lines(cell):
             print("  - " + line)
@@ -101,7 +102,7 @@ def verdict_lines(cell) -> list[str]:
     lines = []
     if cell.ablation is not None:
         d = dominance(cell.ablation)
-        large = f"{d.n_large} head{'s' if d.n_large != 1 else ''} cost ≥ 50 points"
+        large = f"{d.n_large} head{'s cost' if d.n_large != 1 else ' costs'} ≥ 50 points"
         lines.append(f"single-head deposit (the paper's criterion, zero-ablation): {'YES' if d.single else 'no'}: "
                      f"top L{d.layer}H{d.head} costs {100 * d.drop:.1f} points, {large}, the largest other "
                      f"|drop| {100 * d.others_max_abs:.1f}")
