@@ -17,7 +17,8 @@ from pe_interp import HookedPETransformer, ModelConfig
 from pe_interp.tasks.batch import Batch, CounterfactualPairs
 from probes import attribute
 from probes.circuits import faithfulness_curve
-from probes.circuits.engine import as_pair, moved
+from probes.circuits.alignment import moved
+from probes.circuits.engine import as_pair
 
 VOCAB, CLASSES = 20, 5
 

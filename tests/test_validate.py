@@ -147,3 +147,21 @@ def test_the_committed_single_yes_model_is_the_paper_criterions_true_positive():
     r = route_shares(run.model, pairs.clean.tokens, pairs.corrupt.tokens, pairs.clean.labels, pairs.corrupt.labels,
                      pad_mask=pairs.clean.pad_mask, n_bootstrap=200)
     assert positional_dominance(r).verdict == "yes" and positional_dominance(r).top == "L0H3"
+
+
+def test_the_aligned_circuit_rows_can_miss():
+    """A σ-aligned circuit that lacks a route, or holds a blind head of a route's layer or below
+    (a head that cannot carry the planted position), scores a miss; a later-layer reader does not."""
+    from pe_interp.validate import ALIGNED, ALIGNED_CLEAN, beside_routes
+
+    routes = np.zeros((2, 8), dtype=int)
+    routes[0, 3] = 1
+    record = {"routes": routes.tolist(), "family": "one_route", "rankings": {}, "verdicts": {},
+              "aligned_circuit": {"recall": 1.0, "edges": 10, "total_edges": 100, "heads": ["L0H3", "L1H2"]}}
+    assert score_cell(record)[ALIGNED_CLEAN] == {"named": "none", "hit": True}
+    record["aligned_circuit"] = {"recall": 0.0, "edges": 10, "total_edges": 100, "heads": ["L0H5", "L1H2"]}
+    scored = score_cell(record)
+    assert scored[ALIGNED]["hit"] is False and scored[ALIGNED_CLEAN] == {"named": "L0H5", "hit": False}
+    deep = np.zeros((2, 8), dtype=bool)
+    deep[1, 4] = True
+    assert beside_routes(["L0H1", "L1H4", "L1H6"], deep) == ["L0H1", "L1H6"]

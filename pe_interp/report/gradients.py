@@ -1,6 +1,6 @@
 """C15's verdict from the gradient "seeds" the sweep measured at initialisation.
 
-The sweep (:func:`pe_interp.sweep.probing.sweep_gradients`) stores, in ``OUT/gradients.json``,
+The sweep (:func:`pe_interp.sweep.gradients.sweep_gradients`) stores, in ``OUT/gradients.json``,
 the coherence of each head's per-example gradients (``||mean g|| / mean ||g||``; about
 ``1/sqrt(n)`` for independent directions, 1 when every example agrees) for RoPE, ALiBi, T5 and
 sinusoidal at the runs' own model size, on one batch of task-1 examples, over the runs' seeds as
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pe_interp.report.data import NOT_MEASURED, NOT_REPRODUCED, REPRODUCED
-from pe_interp.sweep.probing import GRADIENT_N, load_gradients
+from pe_interp.sweep.gradients import GRADIENT_N, load_gradients
 
 N_EXAMPLES = GRADIENT_N
 

@@ -53,9 +53,9 @@ import torch
 from torch import Tensor
 
 from pe_interp.modes import eval_mode
+from probes.circuits.alignment import align, moved
 from probes.circuits.engine import (
     Run,
-    align,
     as_pair,
     as_run,
     attend_with,
@@ -63,7 +63,6 @@ from probes.circuits.engine import (
     contributions,
     forks,
     mean_metric,
-    moved,
     pair_labels,
     position_means,
     reader_groups,
@@ -154,7 +153,7 @@ def _qk_fix(model, graph: Graph, base: Run, acts: dict, contrib: Tensor, gpat: l
 def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, edges, steps, fn, rows, bins=None,
            sigma=None):  # fmt: skip
     """Summed (not yet averaged) scores of one chunk of examples, for each gradient variant.
-    ``sigma``: the corrupt run read at each clean token's moved position (:func:`engine.align`)."""
+    ``sigma``: the corrupt run read at each clean token's moved position (:func:`probes.circuits.alignment.align`)."""
     W = writer_hooks(graph)
     R = reader_hooks(graph) if edges else []
     good, bad = pair_labels(clean, other)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from probes.circuits.graph import COMPONENTS, Graph
-from probes.inputs import check_examples, position_permutation
+from probes.inputs import check_examples
 
 PerExample = Callable[[Tensor, Tensor, Tensor], Tensor]
 
@@ -127,25 +127,6 @@ def as_pair(model, clean: Any, corrupt: Any, who: str = "") -> tuple[Run, Run | 
 
 def pair_labels(clean: Run, corrupt: Run | None) -> tuple[Tensor, Tensor]:
     return clean.labels, (clean.labels if corrupt is None else corrupt.labels)
-
-
-def moved(clean: Run, corrupt: Run | None, who: str) -> Tensor:
-    """``σ [n, pos]`` of a position-only pair (``corrupt[b, σ[b, i]]`` is ``clean[b, i]``), for
-    σ-aligned scores; a one-line error for any other pair."""
-    if corrupt is None:
-        raise ValueError(f"{who}: aligned=True compares each token with itself moved; it needs position-only pairs")
-    try:
-        return position_permutation(clean.tokens, corrupt.tokens)
-    except ValueError as err:
-        raise ValueError(f"{who}: aligned=True: {err}") from None
-
-
-def align(acts: dict[str, Tensor], sigma: Tensor | None) -> dict[str, Tensor]:
-    """Each ``[b, pos, ...]`` activation read at ``σ``: row ``b``, position ``i`` takes position
-    ``σ[b, i]`` (the corrupt run's value of the clean token at ``i``). ``σ`` None: unchanged."""
-    if sigma is None:
-        return acts
-    return {n: a.gather(1, sigma.view(*sigma.shape, *[1] * (a.ndim - 2)).expand_as(a)) for n, a in acts.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,7 +364,6 @@ __all__ = [
     "METRICS",
     "PerExample",
     "Run",
-    "align",
     "as_pair",
     "attend_with",
     "as_run",
@@ -391,7 +371,6 @@ __all__ = [
     "contributions",
     "forks",
     "mean_metric",
-    "moved",
     "no_forks",
     "pair_labels",
     "position_means",

@@ -23,15 +23,14 @@ import torch
 from torch import Tensor
 
 from pe_interp.modes import eval_mode
+from probes.circuits.alignment import align, moved
 from probes.circuits.engine import (
     Run,
-    align,
     as_pair,
     as_run,
     capture,
     contributions,
     forks,
-    moved,
     pair_labels,
     position_means,
     reader_groups,

@@ -1,0 +1,33 @@
+"""σ-alignment: on a position-only pair (the corrupt row holds the clean row's tokens moved,
+``x'[σ(i)] = x[i]``) read the corrupt run at each clean token's moved position, so that a unit
+blind to position has equal values in both runs (:func:`probes.attribute`'s ``aligned``, and the
+faithfulness ablation's)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from probes.circuits.engine import Run
+from probes.inputs import position_permutation
+
+
+def moved(clean: Run, corrupt: Run | None, who: str) -> Tensor:
+    """``σ [n, pos]`` of a position-only pair (``corrupt[b, σ[b, i]]`` is ``clean[b, i]``), for
+    σ-aligned scores; a one-line error for any other pair."""
+    if corrupt is None:
+        raise ValueError(f"{who}: aligned=True compares each token with itself moved; it needs position-only pairs")
+    try:
+        return position_permutation(clean.tokens, corrupt.tokens)
+    except ValueError as err:
+        raise ValueError(f"{who}: aligned=True: {err}") from None
+
+
+def align(acts: dict[str, Tensor], sigma: Tensor | None) -> dict[str, Tensor]:
+    """Each ``[b, pos, ...]`` activation read at ``σ``: row ``b``, position ``i`` takes position
+    ``σ[b, i]`` (the corrupt run's value of the clean token at ``i``). ``σ`` None: unchanged."""
+    if sigma is None:
+        return acts
+    return {n: a.gather(1, sigma.view(*sigma.shape, *[1] * (a.ndim - 2)).expand_as(a)) for n, a in acts.items()}
+
+
+__all__ = ["align", "moved"]
