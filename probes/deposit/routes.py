@@ -32,6 +32,10 @@ route's inside ±5%, "no" when the top route's lies below 50% or another's outsi
 the model has no positional effect: less than :data:`NO_EFFECT`, 0.1 logits, or when the top
 route is the residual stream: a deposit is a head, and an absolute encoding enters none of its
 own, so there this criterion cannot localise), and "undecided" otherwise.
+
+How it runs (:mod:`probes.deposit.moving`): a head's route is a replacement of that head's output
+by its output with the positions moved, so every head's route runs in the exact ablation sweep,
+many per forward, at about the cost of an ablation grid on as many examples.
 """
 
 from __future__ import annotations
@@ -46,7 +50,16 @@ from torch import Tensor
 
 from pe_interp.io import load_result, nan_array, register_result, to_json, write_result
 from pe_interp.modes import eval_mode
+from probes.ablation_exact import sweep_batched, sweep_stacked
+from probes.ablation_inputs import AblationRequest, default_batch_size
 from probes.deposit.dominance import LARGE_DROP, SMALL_DROP
+from probes.deposit.moving import (
+    EMBED,
+    MovedOutputs,
+    can_move_positions,
+    move_hooks,
+    position_routes,
+)
 from probes.inputs import (
     FiniteWatch,
     check_count,
@@ -54,10 +67,9 @@ from probes.inputs import (
     check_finite_model,
     position_permutation,
 )
-from probes.metrics import bootstrap_ci
+from probes.metrics import Metric, bootstrap_ci
 from probes.patching import logit_diff
 
-EMBED = "embed"
 # A positional effect below this (mean logit difference) is no effect: it moves no answer's
 # probability by more than ~2.5 points (a model blind to order scores ~1e-6, an untrained one
 # ~1e-3), and shares of it are noise. The positional deposit is then "no", as the paper's
@@ -68,97 +80,6 @@ RESULT_KIND = register_result("positional routes", "RouteShares.load", ("shares"
 
 __all__ = ["EMBED", "PositionalDominance", "RouteShares", "can_move_positions", "position_permutation", "position_routes",
            "positional_dominance", "route_shares"]
-
-
-def position_routes(model) -> tuple[list[str], np.ndarray]:
-    """``(extra routes, heads [n_layers, n_heads] bool)``: ``["embed"]`` when the encoding adds a
-    residual term, and the heads whose logits depend on position (rotated, or a bias that varies
-    over query and key positions)."""
-    cfg, enc = model.cfg, model.encoding
-    heads = np.zeros((cfg.n_layers, cfg.n_heads), dtype=bool)
-    n = min(cfg.n_ctx, 8)
-    for layer in range(cfg.n_layers):
-        if enc.rotates:
-            spans = enc.rotary_spans(layer)
-            if spans is None:
-                raise ValueError(f"encoding {cfg.encoding_name!r} rotates without saying how (rotary_spans); "
-                                 "its positional routes cannot be intervened on")
-            for s in spans:
-                heads[layer] |= np.ones(cfg.n_heads, bool) if s.heads is None else s.heads.cpu().numpy()
-        with torch.no_grad():
-            bias = enc.bias(n, n, layer)
-        if bias is not None:
-            heads[layer] |= (bias.detach().flatten(1).amax(1) > bias.detach().flatten(1).amin(1)).cpu().numpy()
-    extra = [EMBED] if enc.residual(1) is not None else []
-    return extra, heads
-
-
-def can_move_positions(model) -> bool:
-    """Whether :func:`route_shares` can move this model's positions (our own models always; a
-    bridge where :class:`pe_interp.bridge.BridgeEncoding` says so: not over BLOOM's ALiBi)."""
-    try:
-        position_routes(model)
-    except ValueError:
-        return False
-    return True
-
-
-def _rerotate(t: Tensor, spans, sigma: Tensor, heads: Tensor) -> Tensor:
-    """``t [B, pos, head, d]`` (rotated at positions 0..pos-1) rotated at ``sigma [B, pos]``
-    instead, for the heads marked in ``heads [B, head]`` and each span that rotates them."""
-    out = t.clone()
-    n_pos = t.shape[1]
-    for s in spans:
-        half = s.dim // 2
-        cos_i, sin_i = s.cos[:n_pos].to(t.dtype), s.sin[:n_pos].to(t.dtype)  # [pos, half]
-        cos_s, sin_s = s.cos[sigma].to(t.dtype), s.sin[sigma].to(t.dtype)  # [B, pos, half]
-        c = (cos_s * cos_i + sin_s * sin_i)[:, :, None, :]  # angle sigma(i) - i
-        sn = (sin_s * cos_i - cos_s * sin_i)[:, :, None, :]
-        seg = t[..., s.start : s.start + s.dim]
-        if s.halves:  # pairs (i, i + dim/2): Hugging Face's rotate_half
-            y0, y1 = seg[..., :half], seg[..., half:]
-            moved = torch.cat((y0 * c - y1 * sn, y0 * sn + y1 * c), dim=-1)
-        else:  # adjacent pairs (2i, 2i + 1)
-            pair = seg.reshape(*t.shape[:3], half, 2)
-            y0, y1 = pair[..., 0], pair[..., 1]
-            moved = torch.stack((y0 * c - y1 * sn, y0 * sn + y1 * c), dim=-1).reshape(*t.shape[:3], s.dim)
-        mask = heads if s.heads is None else heads & s.heads.to(heads.device)[None]
-        part = out[..., s.start : s.start + s.dim]
-        out[..., s.start : s.start + s.dim] = torch.where(mask[:, None, :, None], moved, part)
-    return out
-
-
-def _hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, first: int) -> list:
-    """Forward hooks that let ``layer_heads [B, n_layers, n_heads]`` (and the residual term for
-    ``embed_rows [B]``) see the positions ``sigma [B, pos]``, from layer ``first`` on."""
-    enc, hooks = model.encoding, []
-    if first == 0 and bool(embed_rows.any()):
-        def pos_embed(x, hook):  # [batch or 1 (a bridge's), pos, d_model]
-            x = x.expand(sigma.shape[0], -1, -1)
-            return torch.where(embed_rows[:, None, None], x.gather(1, sigma[..., None].expand_as(x)), x)
-        hooks.append(("hook_pos_embed", pos_embed))
-    for layer in range(first, model.cfg.n_layers):
-        heads = layer_heads[:, layer]
-        if not bool(heads.any()):
-            continue
-        if enc.rotates:
-            spans = enc.rotary_spans(layer)
-
-            def rot(x, hook, spans=spans, heads=heads):
-                return _rerotate(x, spans, sigma, heads)
-            # after the rotation (or before it, on a bridge: one pair's rotations commute)
-            names = getattr(enc, "rotation_hooks", ("hook_rot_q", "hook_rot_k"))
-            hooks += [(f"blocks.{layer}.attn.{name}", rot) for name in names]
-        if enc.has_bias:
-            def bias(b, hook, heads=heads):  # [head, q, k] -> [B, head, q, k], gathered at sigma
-                rows = sigma[:, None, :, None].expand(-1, b.shape[0], -1, b.shape[2])
-                moved = b[None].expand(sigma.shape[0], -1, -1, -1).gather(2, rows)
-                moved = moved.gather(3, sigma[:, None, None, :].expand_as(moved))
-                return torch.where(heads[:, :, None, None], moved, b[None])
-            hooks.append((f"blocks.{layer}.attn.hook_pos_bias", bias))
-            # a per-row bias runs on the eager path (a hook here makes the layer eager)
-            hooks.append((f"blocks.{layer}.attn.hook_attn_scores", lambda x, hook: x))
-    return hooks
 
 
 @dataclass(frozen=True, eq=False)
@@ -222,14 +143,17 @@ class RouteShares:
 
 @torch.no_grad()
 def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labels: Tensor, corrupt_labels: Tensor,
-                 *, pad_mask: Tensor | None = None, batch_size: int = 256, n_bootstrap: int = 1000,
+                 *, pad_mask: Tensor | None = None, batch_size: int | None = None, n_bootstrap: int = 1000,
                  ci: float = 0.95, seed: int = 0) -> RouteShares:
     """Each positional route's share of the positional effect (module docstring), on position-only
     counterfactual pairs (``task.counterfactuals(n, kind="position")``; the pairs share
-    ``pad_mask``)."""
+    ``pad_mask``). Each head's route runs as a replacement of its output in the exact ablation
+    sweep (:mod:`probes.deposit.moving`); ``batch_size``: rows per forward (default: as
+    :func:`probes.ablate_heads`)."""
     who = "route_shares"
     check_finite_model(model, who)
-    check_count(batch_size, "batch_size", 1, who)
+    if batch_size is not None:
+        check_count(batch_size, "batch_size", 1, who)
     check_count(n_bootstrap, "n_bootstrap", 0, who)
     clean, good, mask = check_examples(model, clean_tokens, clean_labels, pad_mask, who=who, label_name="clean_labels")
     corrupt, bad, _ = check_examples(model, corrupt_tokens, corrupt_labels, pad_mask, who=who, what="corrupt_tokens",
@@ -241,48 +165,43 @@ def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labe
         sigma = position_permutation(clean, corrupt)
     except ValueError as err:
         raise ValueError(f"{who}: {err}") from None
-    _, key_valid = model.check_inputs(clean, mask)
-    cfg = model.cfg
     extra, routes = position_routes(model)
-    units = [(int(a), int(h)) for a, h in zip(*np.nonzero(routes))] + [EMBED] * bool(extra) + ["all"]
-    n, L, H = len(clean), cfg.n_layers, cfg.n_heads
-    ld = torch.empty(len(units), n, dtype=torch.float64)
+    heads = [(int(a), int(h)) for a, h in zip(*np.nonzero(routes))]
+    n = len(clean)
+    batch_size = default_batch_size(model) if batch_size is None else batch_size
     watch = FiniteWatch()
-    restarts = getattr(model, "can_restart", True)  # a bridge runs every copy from the embedding
+    # the metric reads a row's pair of labels by its index (the sweep passes "labels" through)
+    ld_of = Metric("logit difference", lambda logits, i: logit_diff(logits, good[i], bad[i]))
     with eval_mode(model):
-        names = {f"blocks.{layer}.hook_resid_pre" for layer in range(L)} if restarts else set()
-        clean_logits, cache = model.run_with_cache(clean, mask, names_filter=lambda name: name in names)
-        ld_clean = logit_diff(watch.see(clean_logits), good, bad).double()
-        ld_cf = logit_diff(watch.see(model.forward_unchecked(corrupt, key_valid)), good, bad).double()
-        group = max(1, batch_size // n) if n <= batch_size else 1
-        chunk = min(n, batch_size)
-        for u0 in range(0, len(units), group):
-            part = units[u0 : u0 + group]
-            first = min(0 if isinstance(u, str) else int(u[0]) for u in part) if restarts else 0
-            for r0 in range(0, n, chunk):
-                rows = slice(r0, min(n, r0 + chunk))
-                k = rows.stop - rows.start
-                heads = torch.zeros(len(part), k, L, H, dtype=torch.bool, device=clean.device)
-                embed = torch.zeros(len(part), k, dtype=torch.bool, device=clean.device)
-                for i, u in enumerate(part):
-                    if u == "all":
-                        heads[i] = torch.as_tensor(routes, device=clean.device)
-                        embed[i] = bool(extra)
-                    elif u == EMBED:
-                        embed[i] = True
-                    else:
-                        heads[i, :, u[0], u[1]] = True
-                g = len(part)
-                tok = clean[rows].repeat(g, 1)
-                kv = None if key_valid is None else key_valid[rows].repeat(g, 1)
-                sig = sigma[rows].repeat(g, 1)
-                restart = {} if first == 0 else {"start_at_layer": first,
-                                                 "residual": cache[f"blocks.{first}.hook_resid_pre"][rows].repeat(g, 1, 1)}
-                with model.hooks(fwd_hooks=_hooks(model, sig, heads.flatten(0, 1), embed.flatten(), first)):
-                    logits = watch.see(model.forward_unchecked(tok, kv, **restart))
-                ld[u0 : u0 + g, rows] = logit_diff(logits, good[rows].repeat(g), bad[rows].repeat(g)).double().view(g, k).cpu()
+        req = AblationRequest(model=model, tokens=clean, labels=torch.arange(n, device=clean.device), pad_mask=mask,
+                              units=[(u,) for u in heads], grid=False, method=MovedOutputs.method, metric=ld_of,
+                              reference=None, per_example=False, n_bootstrap=0, ci=ci, seed=seed,
+                              batch_size=batch_size, progress=False, amp=False, who=who)
+        sweep = sweep_batched if getattr(model, "can_restart", True) else sweep_stacked
+        if heads:
+            ld_clean, ld_heads = sweep(req, watch, MovedOutputs(model, clean, mask, sigma, routes))
+        else:
+            ld_clean, ld_heads = None, torch.empty(0, n, dtype=torch.float64)
+        # the residual route and every route at once: whole forwards from the embedding
+        _, key_valid = model.check_inputs(clean, mask)
+        whole = [EMBED] * bool(extra) + ["all"]
+        ld_whole = torch.empty(len(whole), n, dtype=torch.float64)
+        for r0 in range(0, n, batch_size):
+            rows = slice(r0, min(n, r0 + batch_size))
+            for i, u in enumerate(whole):
+                moved = torch.as_tensor(routes, device=clean.device) & (u == "all")
+                layer_heads = moved[None].expand(rows.stop - rows.start, -1, -1)
+                embed = torch.full((rows.stop - rows.start,), bool(extra), device=clean.device)
+                kv = None if key_valid is None else key_valid[rows]
+                with model.hooks(fwd_hooks=move_hooks(model, sigma[rows], layer_heads, embed, 0)):
+                    logits = watch.see(model.forward_unchecked(clean[rows], kv))
+                ld_whole[i, rows] = logit_diff(logits, good[rows], bad[rows]).double().cpu()
+        if ld_clean is None:
+            ld_clean = logit_diff(watch.see(model.forward_unchecked(clean, key_valid)), good, bad).double().cpu()
+        ld_cf = logit_diff(watch.see(model.forward_unchecked(corrupt, key_valid)), good, bad).double().cpu()
     watch.check(who, False)
-    ld_clean, ld_cf = ld_clean.cpu(), ld_cf.cpu()
+    ld, units = torch.cat([ld_heads, ld_whole]), heads + whole
+    L, H = model.cfg.n_layers, model.cfg.n_heads
     ld_all = ld[-1]
     denom = ld_clean - ld_all
     numer = ld_clean[None] - ld[:-1]

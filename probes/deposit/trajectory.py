@@ -28,9 +28,8 @@ from probes.deposit.routes import NO_EFFECT, can_move_positions, positional_domi
 
 RESULT_KIND = register_result("snapshot dynamics", "SnapshotDynamics.load", ("records", "options"))
 PAIRS_SEED_OFFSET = 7_717  # the pairs are task.counterfactuals(n, "position", seed=train seed + this)
-# An open positional verdict is re-measured on this many pairs: each pair costs one forward per
-# route (96 at mid), four times an ablation example's share, so 512 pairs cost about what the
-# 1,000-example ablation grid does.
+# An open positional verdict is re-measured on this many pairs (since the routes run as
+# replacements in the ablation sweep, 512 pairs cost about half the 1,000-example ablation grid).
 PAIRS_CONFIRM = 512
 
 __all__ = ["Snapshot", "SnapshotDynamics", "measure_ablation", "measure_routes", "measure_step", "snapshot_dynamics",

@@ -1,0 +1,150 @@
+"""Moving a model's positions one route at a time: the interventions behind route shares
+(:func:`probes.deposit.routes.route_shares`).
+
+A **route** is a head whose logits the encoding makes depend on position (rotated queries and
+keys, or a positional bias), or the residual stream for an absolute encoding (``"embed"``).
+:func:`position_routes` lists them; :func:`move_hooks` lets a chosen set of routes see the
+positions ``σ`` instead of ``0..n-1``, by the model's own hooks.
+
+**One head's route is a replacement of its output.** Moving head ``h`` of layer ``l`` changes
+nothing before layer ``l``, and within layer ``l`` only that head's attention: each head's
+pattern and output depend on its own queries, keys and values. So "route ``(l, h)`` sees ``σ``"
+is the forward in which ``z_h`` of layer ``l`` (``hook_z``) is replaced by ``z'_h``, the head's
+output with its positions moved on the clean input of layer ``l``. :class:`MovedOutputs` computes
+``z'`` of every head of a layer in one forward (every route of that layer moved at once: the heads
+do not see each other's positions), and the exact ablation sweep
+(:func:`probes.ablation_exact.sweep_batched`, with its seam after a layer's attention) runs every
+route as a replacement, many per forward: the cost of an ablation grid instead of a forward from
+the route's layer per route.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from probes.ablation_replace import capture_z
+
+EMBED = "embed"
+
+__all__ = ["EMBED", "MovedOutputs", "can_move_positions", "move_hooks", "position_routes", "rerotate"]
+
+
+def position_routes(model) -> tuple[list[str], np.ndarray]:
+    """``(extra routes, heads [n_layers, n_heads] bool)``: ``["embed"]`` when the encoding adds a
+    residual term, and the heads whose logits depend on position (rotated, or a bias that varies
+    over query and key positions)."""
+    cfg, enc = model.cfg, model.encoding
+    heads = np.zeros((cfg.n_layers, cfg.n_heads), dtype=bool)
+    n = min(cfg.n_ctx, 8)
+    for layer in range(cfg.n_layers):
+        if enc.rotates:
+            spans = enc.rotary_spans(layer)
+            if spans is None:
+                raise ValueError(f"encoding {cfg.encoding_name!r} rotates without saying how (rotary_spans); "
+                                 "its positional routes cannot be intervened on")
+            for s in spans:
+                heads[layer] |= np.ones(cfg.n_heads, bool) if s.heads is None else s.heads.cpu().numpy()
+        with torch.no_grad():
+            bias = enc.bias(n, n, layer)
+        if bias is not None:
+            heads[layer] |= (bias.detach().flatten(1).amax(1) > bias.detach().flatten(1).amin(1)).cpu().numpy()
+    extra = [EMBED] if enc.residual(1) is not None else []
+    return extra, heads
+
+
+def can_move_positions(model) -> bool:
+    """Whether :func:`route_shares` can move this model's positions (our own models always; a
+    bridge where :class:`pe_interp.bridge.BridgeEncoding` says so: not over BLOOM's ALiBi)."""
+    try:
+        position_routes(model)
+    except ValueError:
+        return False
+    return True
+
+
+def rerotate(t: Tensor, spans, sigma: Tensor, heads: Tensor) -> Tensor:
+    """``t [B, pos, head, d]`` (rotated at positions 0..pos-1) rotated at ``sigma [B, pos]``
+    instead, for the heads marked in ``heads [B, head]`` and each span that rotates them."""
+    out = t.clone()
+    n_pos = t.shape[1]
+    for s in spans:
+        half = s.dim // 2
+        cos_i, sin_i = s.cos[:n_pos].to(t.dtype), s.sin[:n_pos].to(t.dtype)  # [pos, half]
+        cos_s, sin_s = s.cos[sigma].to(t.dtype), s.sin[sigma].to(t.dtype)  # [B, pos, half]
+        c = (cos_s * cos_i + sin_s * sin_i)[:, :, None, :]  # angle sigma(i) - i
+        sn = (sin_s * cos_i - cos_s * sin_i)[:, :, None, :]
+        seg = t[..., s.start : s.start + s.dim]
+        if s.halves:  # pairs (i, i + dim/2): Hugging Face's rotate_half
+            y0, y1 = seg[..., :half], seg[..., half:]
+            moved = torch.cat((y0 * c - y1 * sn, y0 * sn + y1 * c), dim=-1)
+        else:  # adjacent pairs (2i, 2i + 1)
+            pair = seg.reshape(*t.shape[:3], half, 2)
+            y0, y1 = pair[..., 0], pair[..., 1]
+            moved = torch.stack((y0 * c - y1 * sn, y0 * sn + y1 * c), dim=-1).reshape(*t.shape[:3], s.dim)
+        mask = heads if s.heads is None else heads & s.heads.to(heads.device)[None]
+        part = out[..., s.start : s.start + s.dim]
+        out[..., s.start : s.start + s.dim] = torch.where(mask[:, None, :, None], moved, part)
+    return out
+
+
+def move_hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, first: int) -> list:
+    """Forward hooks that let ``layer_heads [B, n_layers, n_heads]`` (and the residual term for
+    ``embed_rows [B]``) see the positions ``sigma [B, pos]``, from layer ``first`` on."""
+    enc, hooks = model.encoding, []
+    if first == 0 and bool(embed_rows.any()):
+        def pos_embed(x, hook):  # [batch or 1 (a bridge's), pos, d_model]
+            x = x.expand(sigma.shape[0], -1, -1)
+            return torch.where(embed_rows[:, None, None], x.gather(1, sigma[..., None].expand_as(x)), x)
+        hooks.append(("hook_pos_embed", pos_embed))
+    for layer in range(first, model.cfg.n_layers):
+        heads = layer_heads[:, layer]
+        if not bool(heads.any()):
+            continue
+        if enc.rotates:
+            spans = enc.rotary_spans(layer)
+
+            def rot(x, hook, spans=spans, heads=heads):
+                return rerotate(x, spans, sigma, heads)
+            # after the rotation (or before it, on a bridge: one pair's rotations commute)
+            names = getattr(enc, "rotation_hooks", ("hook_rot_q", "hook_rot_k"))
+            hooks += [(f"blocks.{layer}.attn.{name}", rot) for name in names]
+        if enc.has_bias:
+            def bias(b, hook, heads=heads):  # [head, q, k] -> [B, head, q, k], gathered at sigma
+                rows = sigma[:, None, :, None].expand(-1, b.shape[0], -1, b.shape[2])
+                moved = b[None].expand(sigma.shape[0], -1, -1, -1).gather(2, rows)
+                moved = moved.gather(3, sigma[:, None, None, :].expand_as(moved))
+                return torch.where(heads[:, :, None, None], moved, b[None])
+            hooks.append((f"blocks.{layer}.attn.hook_pos_bias", bias))
+            # a per-row bias runs on the eager path (a hook here makes the layer eager)
+            hooks.append((f"blocks.{layer}.attn.hook_attn_scores", lambda x, hook: x))
+    return hooks
+
+
+class MovedOutputs:
+    """What replaces each route head's ``hook_z`` in the ablation sweep: its output with its
+    positions moved to ``sigma`` on the clean input of its layer (module docstring). Duck-types
+    :class:`probes.ablation_replace.Replacement` for the exact sweeps."""
+
+    method = "positions moved"
+
+    def __init__(self, model, tokens: Tensor, pad_mask: Tensor, sigma: Tensor, routes: np.ndarray) -> None:
+        self.model, self.tokens, self.pad_mask, self.sigma = model, tokens, pad_mask, sigma
+        self.routes = torch.as_tensor(routes, device=tokens.device)
+        self.layers = [layer for layer in range(routes.shape[0]) if bool(routes[layer].any())]
+
+    def for_chunk(self, idx: Tensor, width: int) -> dict[int, Tensor]:
+        """``{layer: z' [len(idx), width, n_heads, d_head]}`` for the examples ``idx`` cut to
+        ``width`` columns (a cut keeps every real token, and σ maps real positions to real ones)."""
+        toks, pm, sig = self.tokens[idx, :width], self.pad_mask[idx, :width], self.sigma[idx, :width]
+        if bool((sig >= width).any()):
+            raise AssertionError("a width cut dropped a position that σ moves a token to")
+        out: dict[int, Tensor] = {}
+        no_embed = torch.zeros(len(idx), dtype=torch.bool, device=idx.device)
+        for layer in self.layers:
+            heads = torch.zeros(len(idx), *self.routes.shape, dtype=torch.bool, device=idx.device)
+            heads[:, layer] = self.routes[layer]
+            with self.model.hooks(fwd_hooks=move_hooks(self.model, sig, heads, no_embed, layer)):
+                out[layer] = capture_z(self.model, toks, pm, [layer])[layer]
+        return out
