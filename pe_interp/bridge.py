@@ -236,18 +236,18 @@ class BridgedModel(nn.Module):
         return read_answers(logits, mask, self.answers)
 
 class BridgeEncoding:
-    """The positions a probe can move on a bridge, as :func:`probes.route_shares` reads an
-    encoding: the rotary q/k of Llama and GPT-NeoX (:meth:`rotary_spans`, Hugging Face's
-    ``rotate_half`` pairs, read from the bridge's own ``hook_cos``/``hook_sin``; moved at
-    ``hook_q``/``hook_k``, before the bridge rotates: rotations of one pair commute, so the moved
-    head is rotated to the new position exactly) and GPT-2's learned positions (the residual
-    route, ``hook_pos_embed``). BLOOM's ALiBi has no hook that moves one head's bias; what else a
-    probe reads (the logit decomposition) raises one line."""
+    """The positions a probe can read and move on a bridge, as :func:`probes.route_shares` and the
+    logit decomposition read an encoding: the rotary q/k of Llama and GPT-NeoX
+    (:meth:`rotary_spans`, Hugging Face's ``rotate_half`` pairs, read from the bridge's own
+    ``hook_cos``/``hook_sin``; moved at ``hook_q``/``hook_k``, before the bridge rotates: rotations
+    of one pair commute, so the moved head is rotated to the new position exactly;
+    :meth:`rotate` rotates them as the bridge does) and GPT-2's learned positions (the residual
+    route, ``hook_pos_embed``). BLOOM's ALiBi has no hook of its own (the bridge adds it inside
+    the attention scores): what needs it says so in one line."""
 
     has_bias = False
     rotation_hooks = ("hook_q", "hook_k")
-
-    decomposes = False  # the logit decomposition reads our own encoding modules
+    unrotated_hooks = ("hook_q", "hook_k")  # q/k before the rotation (the logit decomposition's direct term)
 
     def __init__(self, model: BridgedModel) -> None:
         self.model = model
@@ -285,6 +285,27 @@ class BridgeEncoding:
             self._spans[layer] = (RotarySpan(0, 2 * half, theta, cos[:, :half], sin[:, :half], halves=True),)
         return self._spans[layer]
 
+    @property
+    def decomposes(self) -> bool:
+        """Whether the logit decomposition reads every term of this architecture's logits."""
+        return self.why_not is None
+
+    def rotate(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor, Tensor]:
+        """``q``, ``k`` ``[batch, pos, head, d_head]`` (``hook_q``/``hook_k``) rotated at positions
+        ``0..pos-1``, as the bridge rotates them (identity for GPT-2)."""
+        spans = self.rotary_spans(layer) or ()
+
+        def turn(t: Tensor) -> Tensor:
+            out, n = t.clone(), t.shape[1]
+            for s in spans:
+                half = s.dim // 2
+                c, sn = s.cos[:n, None, :].to(t.dtype), s.sin[:n, None, :].to(t.dtype)  # [pos, 1, half]
+                x0, x1 = t[..., s.start : s.start + half], t[..., s.start + half : s.start + s.dim]
+                out[..., s.start : s.start + s.dim] = torch.cat((x0 * c - x1 * sn, x0 * sn + x1 * c), dim=-1)
+            return out
+
+        return turn(q), turn(k)
+
     def bias(self, n_q: int, n_k: int, layer: int) -> None:
         return None
 
@@ -297,9 +318,12 @@ class BridgeEncoding:
         raise ValueError(self.not_ours())
 
     def not_ours(self) -> str:
-        return (f"a TransformerLens bridge ({self.model.cfg.encoding_name}) has none of pe_interp's encoding modules, "
-                "which the logit decomposition reads; ablation, patching, attribution, circuits, dynamics and (for "
-                "rotary and learned positions) route shares run on it")
+        """Why the logit decomposition cannot split this bridge's logits (one line)."""
+        if self.why_not is not None and self.model.cfg.model_type == "bloom":
+            return (f"{self.model.cfg.encoding_name}: the bridge adds the ALiBi bias inside the attention scores, with "
+                    "no hook of its own, so the logit decomposition cannot show it as a term (positional_scores' "
+                    "template and Toeplitz scores, ablation, patching, attribution and circuits run on it)")
+        return self.why_not or f"{self.model.cfg.encoding_name}: not decomposable"
 
 
 __all__ = ["ARCH_OF", "BridgeEncoding", "FORKS_BEFORE_NORM", "RESUMES", "BridgeConfig", "BridgedModel", "NotOnABridge"]

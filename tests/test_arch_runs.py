@@ -100,9 +100,24 @@ def test_each_architecture_learns_past_chance_on_smoke(arch, tmp_path):
      r"brings its own position encoding and heads"),
     (["train", "--preset", "smoke", "--arch", "gpt2", "--d-head", "4", "--out", "{t}/x"], r"\(d_head = d_model / n_heads\)"),
     (["generalize", "{run}"], r"which this probe reads of pe_interp's own model"),
-    (["decompose", "{run}"], r"has none of pe_interp's encoding modules"),
 ])  # fmt: skip
 def test_what_an_architecture_cannot_do_is_one_line(neox, tmp_path, argv, pattern, capsys):
     from bad_input_env import expect_cli_refusal
 
     expect_cli_refusal([a.format(t=tmp_path, run=neox) for a in argv], pattern, capsys)
+
+
+def test_decompose_reads_an_architecture_run(neox, tmp_path, capsys):
+    """GPT-NeoX's partial rotary heads through the bridge (tests/test_bridge_decomposition.py holds
+    the terms to the bridge's scores and the direct term to the model run without rotation)."""
+    import json
+    import shutil
+
+    from pe_interp.cli import main
+
+    run = tmp_path / "neox"
+    shutil.copytree(neox, run)
+    assert main(["decompose", str(run), "--layer", "0", "--head", "1", "--no-figures"]) == 0
+    assert "terms sum to the logits within" in capsys.readouterr().out
+    saved = json.loads((run / "decompose_L0H1.json").read_text())
+    assert saved["max_error"] < 1e-4 and saved["rope"] is not None and "content-content" in saved["terms"]

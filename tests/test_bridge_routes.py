@@ -10,9 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from bridge_env import sharp_bridge
 
-from pe_interp.bridge import BridgedModel
-from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir, word_tokenizer
 from probes import positional_dominance, route_shares
 from probes.inputs import position_permutation
 
@@ -23,14 +22,9 @@ SHAPE = {"n_layers": 2, "d_model": 32, "n_heads": 2, "d_mlp": 40, "n_ctx": 16, "
 
 @pytest.fixture(scope="module", params=["llama", "gpt-neox", "gpt2", "bloom"])
 def built(request, tmp_path_factory):
-    arch = request.param
-    hf = build_hf_model(arch, seed=3, **SHAPE)
-    with torch.no_grad():  # sharper attention than the initialisation's, so that positions matter
-        for name, p in hf.named_parameters():
-            if any(k in name for k in ("q_proj", "k_proj", "query_key_value", "c_attn", "wpe")):
-                p.mul_(12.0)
-    out = save_model_dir(hf, word_tokenizer(V, PAD), tmp_path_factory.mktemp(arch) / "model")
-    return arch, hf, BridgedModel(boot_bridge(out), answers=ANSWERS)
+    arch = request.param  # sharper attention than the initialisation's, so that positions matter
+    hf, model, _ = sharp_bridge(arch, SHAPE, 3, 12.0, tmp_path_factory.mktemp(arch) / "model", ANSWERS)
+    return arch, hf, model
 
 
 def _pairs():
@@ -93,13 +87,3 @@ def test_route_shares_on_a_bridge_equal_the_hugging_face_model_and_a_naive_loop(
             share = float((ld_clean - _ld(logits, good, bad)).mean()) / effect
             assert r.shares[layer, head] == pytest.approx(share, rel=1e-3, abs=1e-4), (layer, head)
     assert np.isfinite(r.shares).all()
-
-
-def test_the_decomposition_still_says_in_one_line_that_it_reads_our_modules(built):
-    from probes import positional_scores
-
-    arch, _, model = built
-    clean = _pairs()[0]
-    with pytest.raises(ValueError, match="positional_scores: a TransformerLens bridge .* has none of pe_interp's encoding "
-                                         "modules, which the logit decomposition reads"):
-        positional_scores(model, clean[:4])

@@ -80,7 +80,7 @@ def decompose_run(
     tag = f"L{layer}H{head}"
     payload = terms.to_dict()
     payload["positional_scores"] = None if scores is None else scores.to_dict()
-    payload["model_encoding"] = str(getattr(cfg, "encoding_name", cfg.encoding))
+    payload["model_encoding"] = str(getattr(cfg, "encoding_name", None) or cfg.encoding)
     written = {"json": out_dir / f"decompose_{tag}.json"}
     save_result(written["json"], payload, weights, indent=2)
     if figures:

@@ -18,8 +18,9 @@ from pe_interp.io import (
 )
 from pe_interp.kernels.rope import apply_rope
 from pe_interp.modes import eval_mode
+from probes.decomposition.reads import allowed, attention_scale, qk_hooks, rotated_qk, unrotated_qk
 from probes.decomposition.toeplitz import toeplitz_score
-from probes.inputs import check_count, check_decomposable, check_examples, check_finite_model
+from probes.inputs import check_count, check_examples, check_finite_model
 
 __all__ = ["PositionalScores", "positional_scores"]
 
@@ -114,7 +115,6 @@ def positional_scores(
     """:class:`PositionalScores` of every head on ``tokens [n, pos]`` (n >= 2)."""
     cfg = model.cfg
     check_finite_model(model, "positional_scores")
-    check_decomposable(model, "positional_scores")
     check_count(batch_size, "batch_size", 1, "positional_scores")
     tokens, _, checked_pm = check_examples(model, tokens, None, pad_mask, who="positional_scores")
     pad_mask = None if pad_mask is None else checked_pm
@@ -125,7 +125,9 @@ def positional_scores(
     L, H = cfg.n_layers, cfg.n_heads
     names = [f"blocks.{layer}.attn.hook_attn_scores" for layer in range(L)]
     enc = model.encoding
-    direct_names = [f"blocks.{layer}.attn.hook_{k}" for layer in range(L) for k in ("rot_q", "rot_k", "pos_bias")]
+    # the encoding's own term needs its terms (not over a bridge's ALiBi: NaN there, the rest is measured)
+    reads_direct = getattr(enc, "decomposes", True)
+    direct_names = [n for layer in range(L) for n in qk_hooks(layer) + [f"blocks.{layer}.attn.hook_pos_bias"]]
     f64 = torch.float64
     d_sums = torch.zeros(5, L, H, dtype=f64, device=device)  # sum d, d^2, s, s^2, count over valid entries
     # per half: sums and sums of squares per (layer, head, i, j), counts per (i, j)
@@ -141,14 +143,15 @@ def positional_scores(
             toks = tokens[rows].to(device)
             pm = None if pad_mask is None else pad_mask[rows].to(device)
             _, cache = model.run_with_cache(toks, pm, names_filter=names + direct_names)
-            scores = torch.stack([cache[nm] for nm in names], 1).to(f64)  # [b, L, H, q, k]
-            finite = torch.isfinite(scores)
+            raw = torch.stack([cache[nm] for nm in names], 1)  # [b, L, H, q, k]
+            finite = allowed(raw)  # in the dtype the model masked in
+            scores = raw.to(f64)
             if cfg.mask_padding:
                 qv = (toks != cfg.pad_id) if pm is None else pm
                 finite = finite & qv[:, None, None, :, None]
             scores = torch.where(finite, scores, torch.zeros((), dtype=f64, device=device))
             valid = finite[:, 0, 0]  # [b, q, k]: the same for every head
-            direct = torch.stack([_direct(model, cache, layer, n_pos) for layer in range(L)], 1)  # [b, L, H, q, k]
+            direct = torch.stack([_direct(model, cache, layer, n_pos, reads_direct) for layer in range(L)], 1)
             d_sums += torch.stack([(direct * finite).sum((0, 3, 4)), (direct**2 * finite).sum((0, 3, 4)),
                                    scores.sum((0, 3, 4)), (scores**2).sum((0, 3, 4)), finite.to(f64).sum((0, 3, 4))])
             t = toeplitz_score(scores, finite)
@@ -181,27 +184,31 @@ def positional_scores(
     var_d = d_sums[1] / m - (d_sums[0] / m) ** 2
     var_s = d_sums[3] / m - (d_sums[2] / m) ** 2
     direct = torch.where(var_s > 0, var_d.clamp(min=0) / var_s.clamp(min=1e-300), torch.full_like(var_s, math.nan))
-    if enc.rotates and any(enc.rotary_spans(layer) is None for layer in range(L)):
-        direct = torch.full_like(direct, math.nan)  # it rotates without saying how: not measurable
+    if not reads_direct or (enc.rotates and any(enc.rotary_spans(layer) is None for layer in range(L))):
+        direct = torch.full_like(direct, math.nan)  # it rotates without saying how (or biases unseen): not measurable
     return PositionalScores(scores=template.float().cpu(), toeplitz=toeplitz.float().cpu(), n_examples=n,
                             direct=direct.float().cpu())
 
 
-def _direct(model, cache, layer: int, n_pos: int) -> Tensor:
+def _direct(model, cache, layer: int, n_pos: int, reads: bool = True) -> Tensor:
     """The encoding's own term in layer ``layer``'s logits ``[b, H, q, k]``: rotated minus un-rotated
-    q.k (scaled), plus the positional bias (0 where the encoding does neither)."""
+    q.k (scaled), plus the positional bias (0 where the encoding does neither, or ``reads`` is False)."""
     pre = f"blocks.{layer}.attn."
-    out = None
-    if pre + "hook_rot_q" in cache.cache_dict:
-        q, k = cache[pre + "hook_rot_q"].double(), cache[pre + "hook_rot_k"].double()
-        qu, ku = q.clone(), k.clone()
-        for span in model.encoding.rotary_spans(layer) or ():
-            cos, sin = span.cos[:n_pos].double(), span.sin[:n_pos].double()
-            qu = apply_rope(qu, cos, -sin, span.start, span.heads)
-            ku = apply_rope(ku, cos, -sin, span.start, span.heads)
-        scale = model.blocks[layer].attn.scale
-        out = (torch.einsum("bqhd,bkhd->bhqk", q, k) - torch.einsum("bqhd,bkhd->bhqk", qu, ku)) * scale
     like = cache[pre + "hook_attn_scores"]
+    out = None
+    if reads and model.encoding.rotates:
+        q, k = (t.double() for t in rotated_qk(model, cache, layer))
+        plain = unrotated_qk(model, cache, layer)
+        if plain is None:  # undo the rotation with the encoding's own tables
+            qu, ku = q.clone(), k.clone()
+            for span in model.encoding.rotary_spans(layer) or ():
+                cos, sin = span.cos[:n_pos].double(), span.sin[:n_pos].double()
+                qu = apply_rope(qu, cos, -sin, span.start, span.heads)
+                ku = apply_rope(ku, cos, -sin, span.start, span.heads)
+        else:
+            qu, ku = (t.double() for t in plain)
+        scale = attention_scale(model, layer)
+        out = (torch.einsum("bqhd,bkhd->bhqk", q, k) - torch.einsum("bqhd,bkhd->bhqk", qu, ku)) * scale
     if pre + "hook_pos_bias" in cache.cache_dict:
         bias = cache[pre + "hook_pos_bias"].double()
         out = bias.expand(like.shape[0], -1, -1, -1) if out is None else out + bias

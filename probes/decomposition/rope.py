@@ -7,7 +7,9 @@ Writing each rotated pair k of the (un-rotated) head vectors as a complex number
                             = s * Re sum_k  (G^(k) o E^(k))[m, n]                     + unrotated
 
 with the complex content Gram matrix ``G^(k)_{mn} = q_m^(k) conj(k_n^(k))`` and the Toeplitz,
-rank-one, unit-diagonal relative-position kernel ``E^(k)_{mn} = e^{i (m-n) theta_k}``. The spans,
+rank-one, unit-diagonal relative-position kernel ``E^(k)_{mn} = e^{i (m-n) theta_k}``. A pair is
+two adjacent dims, or dims ``i`` and ``i + dim/2`` of a span (``RotarySpan.halves``: Hugging
+Face's ``rotate_half``, as a bridge over Llama or GPT-NeoX rotates). The spans,
 their frequencies and the cos/sin tables come from the encoding
 (:meth:`pe_interp.encodings.Encoding.rotary_spans`).
 """
@@ -49,7 +51,7 @@ class RopeTerms:
 
     - ``theta [n_pairs]``: each pair's frequency (rad/token), spans in order;
     - ``pair_logits [n_pairs, q, k]``: each pair's exact contribution ``s * (rq_2k rk_2k +
-      rq_2k+1 rk_2k+1)``;
+      rq_2k+1 rk_2k+1)`` (dims ``k`` and ``k + dim/2`` for a ``halves`` span);
     - ``gram [n_pairs, q, k]`` (complex): ``G^(k)_{mn} = q_m^(k) conj(k_n^(k))`` of the
       un-rotated vectors;
     - ``kernel [n_pairs, q, k]`` (complex): ``E^(k)_{mn} = exp(i (m - n) theta_k)``;
@@ -88,6 +90,15 @@ class RopeTerms:
         return ss / ss.sum().clamp(min=1e-300)
 
 
+def _pair_parts(x: Tensor, halves: bool) -> tuple[Tensor, Tensor]:
+    """The two coordinates of every rotated pair of ``x [n, dim]``: adjacent ``(2i, 2i + 1)``, or
+    ``(i, i + dim/2)`` (``halves``, Hugging Face's ``rotate_half``)."""
+    if halves:
+        half = x.shape[1] // 2
+        return x[:, :half], x[:, half:]
+    return x[:, 0::2], x[:, 1::2]
+
+
 def rope_terms(rot_q: Tensor, rot_k: Tensor, spans: list[RopeSpan], scale: float) -> RopeTerms:
     """:class:`RopeTerms` of one head from its rotated ``rot_q [q, d]``, ``rot_k [k, d]``."""
     n_q, d = rot_q.shape
@@ -98,17 +109,17 @@ def rope_terms(rot_q: Tensor, rot_k: Tensor, spans: list[RopeSpan], scale: float
     pos_k = torch.arange(n_k, dtype=torch.float64, device=rot_q.device)
     for sp in spans:
         rotated[sp.start : sp.start + sp.dim] = True
-        rq = rot_q[:, sp.start : sp.start + sp.dim].double()
-        rk = rot_k[:, sp.start : sp.start + sp.dim].double()
+        q0, q1 = _pair_parts(rot_q[:, sp.start : sp.start + sp.dim].double(), sp.halves)  # [q, pairs] each
+        k0, k1 = _pair_parts(rot_k[:, sp.start : sp.start + sp.dim].double(), sp.halves)
         # exact per-pair contributions of the rotated vectors
-        pair = torch.einsum("qpt,kpt->pqk", rq.view(n_q, -1, 2), rk.view(n_k, -1, 2)) * scale
+        pair = (torch.einsum("qp,kp->pqk", q0, k0) + torch.einsum("qp,kp->pqk", q1, k1)) * scale
         # un-rotate with the model's own tables (exact inverse up to rounding)
-        cq, sq = sp.cos[:n_q].double().to(rq.device), sp.sin[:n_q].double().to(rq.device)
-        ck, sk = sp.cos[:n_k].double().to(rq.device), sp.sin[:n_k].double().to(rq.device)
-        zq = torch.complex(rq[:, 0::2], rq[:, 1::2]) * torch.complex(cq, -sq)  # [q, pairs]
-        zk = torch.complex(rk[:, 0::2], rk[:, 1::2]) * torch.complex(ck, -sk)
+        cq, sq = sp.cos[:n_q].double().to(q0.device), sp.sin[:n_q].double().to(q0.device)
+        ck, sk = sp.cos[:n_k].double().to(q0.device), sp.sin[:n_k].double().to(q0.device)
+        zq = torch.complex(q0, q1) * torch.complex(cq, -sq)  # [q, pairs]
+        zk = torch.complex(k0, k1) * torch.complex(ck, -sk)
         gram = torch.einsum("qp,kp->pqk", zq, zk.conj())
-        theta = sp.theta.to(rq.device)
+        theta = sp.theta.to(q0.device)
         rel = pos_q[:, None] - pos_k[None, :]
         kernel = torch.polar(torch.ones_like(rel)[None].expand(theta.shape[0], -1, -1), rel[None] * theta[:, None, None])
         thetas.append(theta)

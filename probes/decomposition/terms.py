@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from pe_interp.modes import eval_mode
+from probes.decomposition.reads import allowed, attention_scale, layer0_qk, rotated_qk
 from probes.decomposition.rope import RopeTerms, rope_spans, rope_terms
 from probes.decomposition.toeplitz import toeplitz_score
 from probes.inputs import (
@@ -175,56 +176,32 @@ def _component_qk(model, toks, pm, head: int, cache: dict[str, Tensor]) -> tuple
     With ``ln1``'s scale frozen at the value of the real forward, the path from the layer's input
     ``x`` to rotated q (and k) is affine, ``Q(x) = A x + Q(0)``; ``Q(0)`` (LayerNorm's bias through
     the projection, plus ``b_Q``, extended and rotated) is the offset, and ``Q(c) - Q(0)``,
-    ``Q(p) - Q(0)`` are the content and position parts. Each ``Q(x)`` is the block's own
-    :meth:`~pe_interp.blocks.TransformerBlock.attention_inputs` and attention forward on ``x``,
-    read at ``hook_rot_q/k`` (``hook_q/k`` for an encoding that does not rotate).
+    ``Q(p) - Q(0)`` are the content and position parts (:func:`~probes.decomposition.reads.layer0_qk`).
     """
-    block = model.blocks[0]
-    tokens, key_valid = model.check_inputs(toks, pm)
-    embed_kv = model.cfg.kv_source == "embed"
-    names = ("hook_rot_q", "hook_rot_k") if model.encoding.rotates else ("hook_q", "hook_k")
     ln_scale = cache.get("blocks.0.ln1.hook_scale")  # absent when the model has no norm
-
-    def qk(x: Tensor) -> tuple[Tensor, Tensor]:
-        got: dict[str, Tensor] = {}
-
-        def grab(t: Tensor, hook: Any) -> None:
-            got[hook.name.rsplit(".", 1)[-1]] = t
-
-        hooks: list[tuple[str, Any]] = [(f"blocks.0.attn.{n}", grab) for n in names]
-        if ln_scale is not None:
-            hooks.append(("blocks.0.ln1.hook_scale", lambda scale, hook: ln_scale))
-        ctx = model.context(tokens, key_valid, x if embed_kv else None)
-        with model.hooks(fwd_hooks=hooks):
-            block.attn(*block.attention_inputs(x, ctx), ctx)
-        return got[names[0]][0, :, head], got[names[1]][0, :, head]
-
     c, p = cache["hook_embed"], cache.get("hook_pos_embed")
-    q0, k0 = qk(torch.zeros_like(c))
+    q0, k0 = layer0_qk(model, toks, pm, torch.zeros_like(c), ln_scale, head)
     qs, ks = {}, {}
     for name, x in (("content", c), ("position", p)):
         if x is not None:
-            q, k = qk(x)
+            q, k = layer0_qk(model, toks, pm, x, ln_scale, head)
             qs[name], ks[name] = q - q0, k - k0
     qs["offset"], ks["offset"] = q0, k0
     return qs, ks
 
 
 def _logit_terms(model, toks, pm, layer, head, cache) -> dict[str, Any]:
-    cfg, enc, attn = model.cfg, model.encoding, model.blocks[layer].attn
+    cfg, enc = model.cfg, model.encoding
     pre = f"blocks.{layer}"
     n_pos = toks.shape[1]
-    scale = float(attn.scale)
+    scale = attention_scale(model, layer)
     bias_all = cache.get(f"{pre}.attn.hook_pos_bias")
     bias = None if bias_all is None else bias_all[head]
-    if enc.rotates:
-        rot_q, rot_k = cache[f"{pre}.attn.hook_rot_q"], cache[f"{pre}.attn.hook_rot_k"]
-    else:
-        rot_q, rot_k = cache[f"{pre}.attn.hook_q"], cache[f"{pre}.attn.hook_k"]
+    rot_q, rot_k = rotated_qk(model, cache, layer)
     qk_actual = torch.einsum("qd,kd->qk", rot_q[0, :, head], rot_k[0, :, head]) * scale
     unmasked = qk_actual if bias is None else qk_actual + bias
     scores = cache[f"{pre}.attn.hook_attn_scores"][0, head]
-    valid = torch.isfinite(scores)
+    valid = allowed(scores)
     actual = torch.where(valid, scores, unmasked)
     if cfg.mask_padding:
         query_valid = (toks[0] != cfg.pad_id) if pm is None else pm[0]
@@ -257,6 +234,6 @@ def _logit_terms(model, toks, pm, layer, head, cache) -> dict[str, Any]:
         "query_valid": query_valid,
         "rope": rope,
         "components": components,
-        "encoding": str(getattr(cfg, "encoding_name", cfg.encoding)),
+        "encoding": str(getattr(cfg, "encoding_name", None) or cfg.encoding),
         "scale": scale,
     }

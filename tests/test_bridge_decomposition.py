@@ -1,0 +1,138 @@
+"""The logit decomposition on a TransformerLens bridge (issue 38): Llama's and GPT-NeoX's rotary
+heads (Hugging Face's ``rotate_half`` pairs) and GPT-2's learned positions, on shapes the other
+bridge tests do not build.
+
+References built here and not by the probe: the terms must sum to the bridge's own
+``hook_attn_scores``; the rotation the encoding applies must equal Llama's own ``hook_rot_q/k``;
+the direct term of layer 0 must equal the Hugging Face model run with ``position_ids = 0`` (no
+rotation anywhere) subtracted from the model run as it is, in layer 0, where both see the same
+input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from bridge_env import sharp_bridge
+
+from pe_interp.hf_arch import build_hf_model, save_model_dir, word_tokenizer
+from probes import logit_terms, positional_scores
+
+V, PAD = 30, 0
+ANSWERS = [26, 27, 28, 29]
+SHAPE = {"n_layers": 2, "d_model": 40, "n_heads": 4, "d_mlp": 24, "n_ctx": 14, "d_vocab": V, "pad_id": PAD}
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt-neox", "gpt2", "bloom"])
+def built(request, tmp_path_factory):
+    arch = request.param  # sharper attention than the initialisation's, and biases that are not 0
+    return (arch, *sharp_bridge(arch, SHAPE, 5, 8.0, tmp_path_factory.mktemp(arch) / "model", ANSWERS, bias_noise=0.1))
+
+
+def _tokens(n: int = 6):
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([11, 7, 11, 9, 5, 11][:n])
+    tokens = torch.randint(1, 26, (n, 11), generator=g)
+    mask = torch.arange(11)[None] < lengths[:, None]
+    tokens[~mask] = PAD
+    return tokens, mask
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_the_terms_sum_to_the_bridges_own_scores(built, layer):
+    arch, _, model, _ = built
+    if arch == "bloom":
+        pytest.skip("BLOOM: refused (below)")
+    tokens, mask = _tokens()
+    for head in (0, 3):
+        t = logit_terms(model, tokens, layer, head, pad_mask=mask, example=1)
+        assert t.check() < 1e-4, (arch, layer, head)
+        assert t.region.sum() == 7 * 8 // 2  # causal, 7 real tokens
+        if layer == 0:
+            want = {"content", "offset"} | ({"position"} if arch == "gpt2" else set())
+            assert set(t.components) == want
+            assert float(t.terms["content-content"].abs().max()) > 1e-3
+        else:
+            assert set(t.terms) == {"qk"}
+        if arch == "gpt2":
+            assert t.rope is None
+            continue
+        d_head = SHAPE["d_model"] // SHAPE["n_heads"]
+        share = (getattr(model.bridge.original_model.config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
+        rotary = int(d_head * share) // 2 * 2
+        assert t.rope.n_pairs == rotary // 2
+        torch.testing.assert_close(t.rope.hadamard().to(t.rope.pair_logits.dtype), t.rope.pair_logits, rtol=0, atol=1e-5)
+        assert bool((t.rope.unrotated != 0).any()) == (rotary < d_head)
+
+
+def test_the_encoding_rotates_as_llamas_bridge_does(built):
+    arch, _, model, _ = built
+    if arch != "llama":
+        pytest.skip("only Llama's bridge caches its rotated q/k")
+    tokens, mask = _tokens()
+    _, cache = model.run_with_cache(tokens, mask)
+    for layer in range(SHAPE["n_layers"]):
+        pre = f"blocks.{layer}.attn."
+        q, k = model.encoding.rotate(cache[pre + "hook_q"], cache[pre + "hook_k"], layer)
+        torch.testing.assert_close(q, cache[pre + "hook_rot_q"], rtol=0, atol=1e-6)
+        torch.testing.assert_close(k, cache[pre + "hook_rot_k"], rtol=0, atol=1e-6)
+
+
+def test_the_direct_term_of_layer_0_is_the_model_with_and_without_rotation(built):
+    arch, hf, model, _ = built
+    tokens, mask = _tokens()
+    ps = positional_scores(model, tokens, pad_mask=mask)
+    assert torch.isfinite(ps.scores).all() and torch.isfinite(ps.toeplitz).all()
+    if arch == "bloom":  # its ALiBi has no hook: the direct term is not measured, the rest is
+        assert torch.isnan(ps.direct).all()
+        return
+    if arch == "gpt2":  # learned positions enter the residual stream, no head's logits of their own
+        assert (ps.direct == 0).all()
+        return
+    scores = {}
+    for name, ids in (("as is", None), ("unrotated", torch.zeros_like(tokens))):
+        grab = ("blocks.0.attn.hook_attn_scores", lambda s, hook, name=name: scores.__setitem__(name, s))
+        with torch.no_grad():
+            model.bridge.run_with_hooks(tokens, fwd_hooks=[grab], attention_mask=mask.long(), position_ids=ids)
+    s, d = scores["as is"].double(), scores["as is"].double() - scores["unrotated"].double()
+    ok = torch.isfinite(s) & (s > -1e30) & mask[:, None, :, None]
+    want = []
+    for h in range(SHAPE["n_heads"]):
+        sv, dv = s[:, h][ok[:, h]], d[:, h][ok[:, h]]
+        want.append(float(dv.var(unbiased=False) / sv.var(unbiased=False)))
+    np.testing.assert_allclose(ps.direct[0].numpy(), want, rtol=1e-3, atol=1e-6)
+    assert min(want) > 1e-3
+
+
+def test_bloom_says_in_one_line_why_its_terms_cannot_be_split(built):
+    arch, _, model, _ = built
+    if arch != "bloom":
+        pytest.skip("BLOOM only")
+    tokens, mask = _tokens()
+    with pytest.raises(ValueError, match="logit_terms: bloom: alibi: the bridge adds the ALiBi bias inside the attention scores"):
+        logit_terms(model, tokens, 0, 0, pad_mask=mask)
+
+
+def test_decompose_reads_a_saved_model_directory_with_task(built, tmp_path, capsys):
+    import json
+
+    from pe_interp.cli import main
+
+    arch = built[0]
+    if arch not in ("llama", "bloom"):
+        pytest.skip("one rotary and one refused architecture")
+    # smoke's task 1 needs 38 token ids (32 inputs, 6 answers) and 16 positions
+    hf = build_hf_model(arch, seed=2, **{**SHAPE, "d_vocab": 38, "n_ctx": 16})
+    run = save_model_dir(hf, word_tokenizer(38, PAD), tmp_path / "m")
+    argv = ["decompose", str(run), "--task", "distance", "--preset", "smoke", "--layer", "1", "--head", "2",
+            "--no-figures"]  # fmt: skip
+    if arch == "bloom":
+        from bad_input_env import expect_cli_refusal
+
+        capsys.readouterr()  # saving the model wrote a progress bar
+        expect_cli_refusal(argv, r"adds the ALiBi bias inside the attention scores", capsys)
+        return
+    assert main(argv) == 0
+    saved = json.loads((run / "decompose_L1H2.json").read_text())
+    assert saved["max_error"] < 1e-4 and saved["model_encoding"].startswith("llama") and saved["rope"] is not None
+    assert "where position enters" in capsys.readouterr().out
