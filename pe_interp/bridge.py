@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from pe_interp.bridge_encoding import BridgeEncoding
 from pe_interp.checks import check_pad_mask_tensor, check_token_ids
 from pe_interp.config import ARCH_ENCODINGS
-from pe_interp.encodings.base import RotarySpan
 from pe_interp.hf_arch import read_answers
 
 # Hugging Face model_type -> our name of the architecture (ModelConfig.arch, pe-interp train --arch)
@@ -234,96 +234,5 @@ class BridgedModel(nn.Module):
 
     def _read(self, logits: Tensor, mask: Tensor | None) -> Tensor:
         return read_answers(logits, mask, self.answers)
-
-class BridgeEncoding:
-    """The positions a probe can read and move on a bridge, as :func:`probes.route_shares` and the
-    logit decomposition read an encoding: the rotary q/k of Llama and GPT-NeoX
-    (:meth:`rotary_spans`, Hugging Face's ``rotate_half`` pairs, read from the bridge's own
-    ``hook_cos``/``hook_sin``; moved at ``hook_q``/``hook_k``, before the bridge rotates: rotations
-    of one pair commute, so the moved head is rotated to the new position exactly;
-    :meth:`rotate` rotates them as the bridge does) and GPT-2's learned positions (the residual
-    route, ``hook_pos_embed``). BLOOM's ALiBi has no hook of its own (the bridge adds it inside
-    the attention scores): what needs it says so in one line."""
-
-    has_bias = False
-    rotation_hooks = ("hook_q", "hook_k")
-    unrotated_hooks = ("hook_q", "hook_k")  # q/k before the rotation (the logit decomposition's direct term)
-
-    def __init__(self, model: BridgedModel) -> None:
-        self.model = model
-        c = model.cfg
-        hf = model.bridge.original_model.config
-        n_kv = getattr(hf, "num_key_value_heads", None) or c.n_heads
-        self.why_not = None
-        if c.model_type not in ("llama", "gpt_neox", "gpt2"):
-            self.why_not = (f"{c.encoding_name}: the bridge has no hook that moves one head's positions, which route "
-                            "shares need; ablation, patching, attribution and circuits run on it")
-        elif n_kv != c.n_heads:
-            self.why_not = (f"{c.encoding_name}: {n_kv} key/value heads for {c.n_heads} query heads; route shares "
-                            "move each head's queries and keys together")  # fmt: skip
-        self._spans: dict[int, tuple[RotarySpan, ...]] = {}
-
-    @property
-    def rotates(self) -> bool:
-        if self.why_not is not None:
-            raise ValueError(self.why_not)
-        return self.model.cfg.model_type != "gpt2"
-
-    def rotary_spans(self, layer: int) -> tuple[RotarySpan, ...] | None:
-        if not self.rotates:
-            return None
-        if layer not in self._spans:
-            c, seen = self.model.cfg, {}
-            hooks = [(f"blocks.{layer}.attn.hook_{n}", lambda x, hook, n=n: seen.__setitem__(n, x.detach()[0]))
-                     for n in ("cos", "sin")]  # fmt: skip
-            with torch.no_grad():
-                self.model.bridge.run_with_hooks(torch.zeros(1, c.n_ctx, dtype=torch.long, device=self.model.W_E.device),
-                                                 fwd_hooks=hooks)  # fmt: skip
-            cos, sin = seen["cos"], seen["sin"]  # [n_ctx, rotary dim], each angle twice (rotate_half)
-            half = cos.shape[-1] // 2
-            theta = torch.atan2(sin[1, :half], cos[1, :half]).double()
-            self._spans[layer] = (RotarySpan(0, 2 * half, theta, cos[:, :half], sin[:, :half], halves=True),)
-        return self._spans[layer]
-
-    @property
-    def decomposes(self) -> bool:
-        """Whether the logit decomposition reads every term of this architecture's logits."""
-        return self.why_not is None
-
-    def rotate(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor, Tensor]:
-        """``q``, ``k`` ``[batch, pos, head, d_head]`` (``hook_q``/``hook_k``) rotated at positions
-        ``0..pos-1``, as the bridge rotates them (identity for GPT-2)."""
-        spans = self.rotary_spans(layer) or ()
-
-        def turn(t: Tensor) -> Tensor:
-            out, n = t.clone(), t.shape[1]
-            for s in spans:
-                half = s.dim // 2
-                c, sn = s.cos[:n, None, :].to(t.dtype), s.sin[:n, None, :].to(t.dtype)  # [pos, 1, half]
-                x0, x1 = t[..., s.start : s.start + half], t[..., s.start + half : s.start + s.dim]
-                out[..., s.start : s.start + s.dim] = torch.cat((x0 * c - x1 * sn, x0 * sn + x1 * c), dim=-1)
-            return out
-
-        return turn(q), turn(k)
-
-    def bias(self, n_q: int, n_k: int, layer: int) -> None:
-        return None
-
-    def residual(self, n: int) -> Tensor | None:
-        return None if self.rotates else self.model.bridge.W_pos[:n]
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):  # copy, pickle and friends ask for these
-            raise AttributeError(name)
-        raise ValueError(self.not_ours())
-
-    def not_ours(self) -> str:
-        """Why the logit decomposition cannot split this bridge's logits (one line)."""
-        if self.why_not is not None and self.model.cfg.model_type == "bloom":
-            return (f"{self.model.cfg.encoding_name}: the bridge adds the ALiBi bias inside the attention scores, with "
-                    "no hook of its own, so the logit decomposition cannot show it as a term (positional_scores' "
-                    "template and Toeplitz scores, ablation, patching, attribution and circuits run on it)")
-        return self.why_not or f"{self.model.cfg.encoding_name}: not decomposable"
-
 
 __all__ = ["ARCH_OF", "BridgeEncoding", "FORKS_BEFORE_NORM", "RESUMES", "BridgeConfig", "BridgedModel", "NotOnABridge"]

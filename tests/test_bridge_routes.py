@@ -61,18 +61,52 @@ def _rotate_one_head(hf, model, sigma, layer, head):
     return [(f"blocks.{layer}.attn.hook_{c}", turn) for c in "qk"]
 
 
+def _alibi_slopes(n_heads: int) -> torch.Tensor:
+    """BLOOM's slopes for a power-of-two number of heads, from the ALiBi paper's formula."""
+    return torch.tensor([2.0 ** (-8.0 * (h + 1) / n_heads) for h in range(n_heads)])
+
+
+def _move_one_bias(sigma, layer, head):
+    """A hook that gives head ``head`` of ``layer`` its ALiBi bias at the positions ``sigma``:
+    BLOOM adds ``slope * j`` for key ``j``, so add ``slope * (sigma(j) - j)`` where the mask allows."""
+    slope = float(_alibi_slopes(SHAPE["n_heads"])[head])
+
+    def move(scores, hook):
+        scores = scores.clone()
+        shift = slope * (sigma - torch.arange(P)[None]).to(scores.dtype)  # [n, k]
+        allowed = scores[:, head] > -1e30
+        scores[:, head] = torch.where(allowed, scores[:, head] + shift[:, None, :], scores[:, head])
+        return scores
+
+    return [(f"blocks.{layer}.attn.hook_attn_scores", move)]
+
+
+def _alibi_at(sigma):
+    """A stand-in for BLOOM's ``build_alibi_tensor`` that builds its ALiBi tensor at the positions
+    ``sigma`` (Hugging Face's layout, ``[batch * heads, 1, keys]``; the causal mask stays at the
+    true positions)."""
+    def alibi(attention_mask, num_heads, dtype):
+        a = _alibi_slopes(num_heads)[None, :, None] * sigma[:, None, :].to(torch.float32)
+        return a.reshape(-1, 1, sigma.shape[1]).to(dtype)
+
+    return alibi
+
+
 def test_route_shares_on_a_bridge_equal_the_hugging_face_model_and_a_naive_loop(built):
     arch, hf, model = built
     clean, corrupt, good, bad = _pairs()
-    if arch == "bloom":  # ALiBi: no hook moves one head's bias
-        with pytest.raises(ValueError, match="bloom: alibi: the bridge has no hook that moves one head.s positions, which route shares need"):
-            route_shares(model, clean, corrupt, good, bad)
-        return
     r = route_shares(model, clean, corrupt, good, bad, n_bootstrap=0)
     sigma = position_permutation(clean, corrupt)
     with torch.no_grad():
         ld_clean = _ld(hf(clean).logits[:, -1][:, ANSWERS], good, bad)
-        ld_all = _ld(hf(clean, position_ids=sigma).logits[:, -1][:, ANSWERS], good, bad)
+        if arch == "bloom":  # ALiBi from the attention mask, not position_ids: build it at sigma
+            hf.transformer.build_alibi_tensor = _alibi_at(sigma)
+            try:  # (with a mask: without one, BLOOM builds its ALiBi without calling the method)
+                ld_all = _ld(hf(clean, attention_mask=torch.ones_like(clean)).logits[:, -1][:, ANSWERS], good, bad)
+            finally:
+                del hf.transformer.build_alibi_tensor  # the class's own method again
+        else:
+            ld_all = _ld(hf(clean, position_ids=sigma).logits[:, -1][:, ANSWERS], good, bad)
     effect = float((ld_clean - ld_all).mean())
     assert abs(effect) > 1e-3 and r.effect == pytest.approx(effect, rel=1e-4, abs=1e-6)
     if arch == "gpt2":  # learned positions enter the residual stream once: one route, the embedding
@@ -82,8 +116,10 @@ def test_route_shares_on_a_bridge_equal_the_hugging_face_model_and_a_naive_loop(
     assert r.routes.all()
     for layer in range(2):
         for head in range(2):
+            hooks = (_move_one_bias(sigma, layer, head) if arch == "bloom"
+                     else _rotate_one_head(hf, model, sigma, layer, head))
             with torch.no_grad():
-                logits = model.run_with_hooks(clean, fwd_hooks=_rotate_one_head(hf, model, sigma, layer, head))
+                logits = model.run_with_hooks(clean, fwd_hooks=hooks)
             share = float((ld_clean - _ld(logits, good, bad)).mean()) / effect
             assert r.shares[layer, head] == pytest.approx(share, rel=1e-3, abs=1e-4), (layer, head)
     assert np.isfinite(r.shares).all()

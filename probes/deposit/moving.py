@@ -56,7 +56,7 @@ def position_routes(model) -> tuple[list[str], np.ndarray]:
 
 def can_move_positions(model) -> bool:
     """Whether :func:`route_shares` can move this model's positions (our own models always; a
-    bridge where :class:`pe_interp.bridge.BridgeEncoding` says so: not over BLOOM's ALiBi)."""
+    bridge where :class:`pe_interp.bridge.BridgeEncoding` says so: not with grouped key/value heads)."""
     try:
         position_routes(model)
     except ValueError:
@@ -110,7 +110,9 @@ def move_hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, fi
             # after the rotation (or before it, on a bridge: one pair's rotations commute)
             names = getattr(enc, "rotation_hooks", ("hook_rot_q", "hook_rot_k"))
             hooks += [(f"blocks.{layer}.attn.{name}", rot) for name in names]
-        if enc.has_bias:
+        if enc.has_bias and hasattr(enc, "move_bias"):  # a bridge's BLOOM: moved inside the scores
+            hooks.append((f"blocks.{layer}.attn.hook_attn_scores", enc.move_bias(layer, sigma, heads)))
+        elif enc.has_bias:
             def bias(b, hook, heads=heads):  # [head, q, k] -> [B, head, q, k], gathered at sigma
                 rows = sigma[:, None, :, None].expand(-1, b.shape[0], -1, b.shape[2])
                 moved = b[None].expand(sigma.shape[0], -1, -1, -1).gather(2, rows)
