@@ -12,6 +12,8 @@ import pytest
 import torch
 from bridge_env import sharp_bridge
 
+from pe_interp.bridge import BridgedModel
+from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir, word_tokenizer
 from probes import positional_dominance, route_shares
 from probes.inputs import position_permutation
 
@@ -123,3 +125,38 @@ def test_route_shares_on_a_bridge_equal_the_hugging_face_model_and_a_naive_loop(
             share = float((ld_clean - _ld(logits, good, bad)).mean()) / effect
             assert r.shares[layer, head] == pytest.approx(share, rel=1e-3, abs=1e-4), (layer, head)
     assert np.isfinite(r.shares).all()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt-neox"])
+def test_a_bridge_with_one_planted_positional_head_gets_a_yes_that_names_it(arch, tmp_path):
+    """Ground truth on a real architecture: every query and key projection is zero but head 1 of
+    layer 0's, so no other head's logits can depend on position (they attend uniformly over the
+    causal prefix). The positional criterion must name that head with share 1 and every other 0,
+    and say "yes"; the decomposition's direct term must name it too."""
+    from probes import positional_scores
+
+    shape = {**SHAPE, "n_heads": 4, "d_model": 32}
+    d, planted = 8, (0, 1)
+    hf = build_hf_model(arch, seed=3, **shape)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            layer = int(name.split(".")[2]) if ".layers." in name else None
+            if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                rows = p.view(4, d, -1)
+            elif arch == "gpt-neox" and "query_key_value" in name:
+                rows = p.view(4, 3, d, -1)[:, :2] if p.ndim == 2 else p.view(4, 3, d)[:, :2]
+            else:
+                if name.endswith(("lm_head.weight", "embed_out.weight")):
+                    p.mul_(100.0)  # a positional effect well above the criterion's 0.1 logits
+                continue
+            for h in range(4):
+                rows[h] = rows[h] * 20.0 if (layer, h) == planted else 0.0
+    model = BridgedModel(boot_bridge(save_model_dir(hf, word_tokenizer(V, PAD), tmp_path / "m")), answers=ANSWERS)
+    clean, corrupt, good, bad = _pairs()
+    r = route_shares(model, clean, corrupt, good, bad, n_bootstrap=200)
+    assert abs(r.effect) > 0.1
+    assert r.shares[planted] == pytest.approx(1.0, abs=1e-6)
+    assert np.count_nonzero(np.abs(r.shares) > 1e-9) == 1
+    verdict = positional_dominance(r)
+    assert verdict.verdict == "yes" and verdict.top == "L0H1"
+    assert positional_scores(model, clean, pad_mask=None).entry() == planted
