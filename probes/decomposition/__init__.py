@@ -43,17 +43,26 @@ with the complex content Gram matrix ``G^(k)_{mn} = q_m^(k) conj(k_n^(k))`` and 
 rank-one, unit-diagonal relative-position kernel ``E^(k)_{mn} = e^{i (m-n) theta_k}`` (the paper's
 Hadamard form). ``unrotated`` holds dimensions the encoding does not rotate (partial RoPE, the
 content path of decoupled RoPE). Pairs are RoPE's **adjacent (interleaved)** pairs
-``(2k, 2k+1)`` of each rotated span.
+``(2k, 2k+1)`` of each rotated span in our models, and Hugging Face's ``rotate_half`` pairs
+``(k, k + dim/2)`` on a TransformerLens bridge over Llama or GPT-NeoX.
+
+**On a bridge** (:class:`pe_interp.bridge.BridgedModel`; :mod:`~probes.decomposition.reads`): the
+rotated q/k are the bridge's own ``hook_rot_q/k`` where it caches them (Llama) or ``hook_q/k``
+rotated as the bridge does (GPT-NeoX); layer 0's components run the bridge's own layer 0 on each
+part of its input (``blocks.0.hook_resid_pre`` replaced, ``ln1.hook_scale`` frozen). BLOOM's ALiBi
+is added inside the bridge's scores with no hook of its own, so :func:`logit_terms` refuses it in
+one line and :func:`positional_scores` leaves its direct term NaN.
 
 :func:`toeplitz_score` measures how much of a ``[q, k]`` matrix is a function of ``j - i`` alone,
 and :func:`positional_scores` scores every head of a model for position-only structure.
 
 One idea per module: :mod:`~probes.decomposition.toeplitz` (the Toeplitz score),
 :mod:`~probes.decomposition.rope` (the per-frequency RoPE terms), :mod:`~probes.decomposition.terms`
-(the logit terms of one head) and :mod:`~probes.decomposition.positional` (positional scores of
-every head). What they need to know about the encoding (its rotated spans and their frequencies)
-they ask the encoding (:meth:`pe_interp.encodings.Encoding.rotary_spans`); the projections, the
-norm and the rotation they run are the model's own.
+(the logit terms of one head), :mod:`~probes.decomposition.positional` (positional scores of
+every head) and :mod:`~probes.decomposition.reads` (what they read of a model). What they need
+to know about the encoding (its rotated spans and their frequencies) they ask the encoding
+(:meth:`pe_interp.encodings.Encoding.rotary_spans`); the projections, the norm and the rotation
+they run are the model's own.
 """
 
 from probes.decomposition.positional import PositionalScores, positional_scores
