@@ -23,10 +23,19 @@ ANSWERS = [26, 27, 28, 29]
 SHAPE = {"n_layers": 2, "d_model": 40, "n_heads": 4, "d_mlp": 24, "n_ctx": 14, "d_vocab": V, "pad_id": PAD}
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt-neox", "gpt2", "bloom"])
-def built(request, tmp_path_factory):
-    arch = request.param  # sharper attention than the initialisation's, and biases that are not 0
-    return (arch, *sharp_bridge(arch, SHAPE, 5, 8.0, tmp_path_factory.mktemp(arch) / "model", ANSWERS, bias_noise=0.1))
+@pytest.fixture(scope="module")
+def bridges(tmp_path_factory):
+    """``bridges(arch)``: ``(hf, BridgedModel, directory)``, built once per architecture, with
+    sharper attention than the initialisation's and biases that are not 0."""
+    built: dict[str, tuple] = {}
+
+    def get(arch: str) -> tuple:
+        if arch not in built:
+            out = tmp_path_factory.mktemp(arch) / "model"
+            built[arch] = sharp_bridge(arch, SHAPE, 5, 8.0, out, ANSWERS, bias_noise=0.1)
+        return built[arch]
+
+    return get
 
 
 def _tokens(n: int = 6):
@@ -38,11 +47,10 @@ def _tokens(n: int = 6):
     return tokens, mask
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt-neox", "gpt2"])
 @pytest.mark.parametrize("layer", [0, 1])
-def test_the_terms_sum_to_the_bridges_own_scores(built, layer):
-    arch, _, model, _ = built
-    if arch == "bloom":
-        pytest.skip("BLOOM: refused (below)")
+def test_the_terms_sum_to_the_bridges_own_scores(bridges, arch, layer):
+    _, model, _ = bridges(arch)
     tokens, mask = _tokens()
     for head in (0, 3):
         t = logit_terms(model, tokens, layer, head, pad_mask=mask, example=1)
@@ -65,10 +73,9 @@ def test_the_terms_sum_to_the_bridges_own_scores(built, layer):
         assert bool((t.rope.unrotated != 0).any()) == (rotary < d_head)
 
 
-def test_the_encoding_rotates_as_llamas_bridge_does(built):
-    arch, _, model, _ = built
-    if arch != "llama":
-        pytest.skip("only Llama's bridge caches its rotated q/k")
+def test_the_encoding_rotates_as_llamas_bridge_does(bridges):
+    """Llama's bridge caches its rotated q/k (GPT-NeoX's does not: there the encoding rotates)."""
+    _, model, _ = bridges("llama")
     tokens, mask = _tokens()
     _, cache = model.run_with_cache(tokens, mask)
     for layer in range(SHAPE["n_layers"]):
@@ -78,8 +85,9 @@ def test_the_encoding_rotates_as_llamas_bridge_does(built):
         torch.testing.assert_close(k, cache[pre + "hook_rot_k"], rtol=0, atol=1e-6)
 
 
-def test_the_direct_term_of_layer_0_is_the_model_with_and_without_rotation(built):
-    arch, hf, model, _ = built
+@pytest.mark.parametrize("arch", ["llama", "gpt-neox", "gpt2", "bloom"])
+def test_the_direct_term_of_layer_0_is_the_model_with_and_without_rotation(bridges, arch):
+    hf, model, _ = bridges(arch)
     tokens, mask = _tokens()
     ps = positional_scores(model, tokens, pad_mask=mask)
     assert torch.isfinite(ps.scores).all() and torch.isfinite(ps.toeplitz).all()
@@ -104,23 +112,19 @@ def test_the_direct_term_of_layer_0_is_the_model_with_and_without_rotation(built
     assert min(want) > 1e-3
 
 
-def test_bloom_says_in_one_line_why_its_terms_cannot_be_split(built):
-    arch, _, model, _ = built
-    if arch != "bloom":
-        pytest.skip("BLOOM only")
+def test_bloom_says_in_one_line_why_its_terms_cannot_be_split(bridges):
+    _, model, _ = bridges("bloom")
     tokens, mask = _tokens()
     with pytest.raises(ValueError, match="logit_terms: bloom: alibi: the bridge adds the ALiBi bias inside the attention scores"):
         logit_terms(model, tokens, 0, 0, pad_mask=mask)
 
 
-def test_decompose_reads_a_saved_model_directory_with_task(built, tmp_path, capsys):
+@pytest.mark.parametrize("arch", ["llama", "bloom"])  # one rotary, one refused
+def test_decompose_reads_a_saved_model_directory_with_task(arch, tmp_path, capsys):
     import json
 
     from pe_interp.cli import main
 
-    arch = built[0]
-    if arch not in ("llama", "bloom"):
-        pytest.skip("one rotary and one refused architecture")
     # smoke's task 1 needs 38 token ids (32 inputs, 6 answers) and 16 positions
     hf = build_hf_model(arch, seed=2, **{**SHAPE, "d_vocab": 38, "n_ctx": 16})
     run = save_model_dir(hf, word_tokenizer(38, PAD), tmp_path / "m")
