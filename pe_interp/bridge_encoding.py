@@ -34,13 +34,16 @@ class BridgeEncoding:
         c = model.cfg
         hf = model.bridge.original_model.config
         n_kv = getattr(hf, "num_key_value_heads", None) or c.n_heads
-        self.why_not = None
+        self.why_not = None  # why no probe can read this architecture's positions
+        self.cannot_move = None  # why route shares cannot move one head's positions (the decomposition can read them)
         if c.model_type not in ("llama", "gpt_neox", "gpt2", "bloom"):
             self.why_not = (f"{c.encoding_name}: the bridge has no hook that moves one head's positions, which route "
                             "shares need; ablation, patching, attribution and circuits run on it")
+            self.cannot_move = self.why_not
         elif n_kv != c.n_heads:
-            self.why_not = (f"{c.encoding_name}: {n_kv} key/value heads for {c.n_heads} query heads; route shares "
-                            "move each head's queries and keys together")  # fmt: skip
+            self.cannot_move = (f"{c.encoding_name}: {n_kv} key/value heads for {c.n_heads} query heads; route shares "
+                                "move each head's queries and keys together (the logit decomposition, ablation, "
+                                "patching, attribution and circuits run on it)")  # fmt: skip
         self._spans: dict[int, tuple[RotarySpan, ...]] = {}
 
     @property

@@ -140,3 +140,43 @@ def test_decompose_reads_a_saved_model_directory_with_task(arch, tmp_path, capsy
     saved = json.loads((run / "decompose_L1H2.json").read_text())
     assert saved["max_error"] < 1e-4 and saved["model_encoding"].startswith("llama") and saved["rope"] is not None
     assert "where position enters" in capsys.readouterr().out
+
+
+def test_grouped_key_value_heads_decompose_and_route_shares_say_why_not(tmp_path):
+    """A Llama with 2 key/value heads for 4 query heads (as Llama 3 and Mistral share them): the
+    terms of every query head sum to the bridge's scores with its group's keys, the direct term
+    matches the model run without rotation, and route shares, which move one head's queries and
+    keys together, refuse in one line."""
+    import transformers
+
+    from pe_interp.bridge import BridgedModel
+    from pe_interp.hf_arch import boot_bridge, hf_config
+    from probes import route_shares
+
+    cfg = hf_config("llama", **SHAPE)
+    cfg.num_key_value_heads = 2
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(4)
+        hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(8.0)
+    model = BridgedModel(boot_bridge(save_model_dir(hf, word_tokenizer(V, PAD), tmp_path / "m")), answers=ANSWERS)
+    tokens, mask = _tokens()
+    for layer in (0, 1):
+        for head in range(SHAPE["n_heads"]):
+            assert logit_terms(model, tokens, layer, head, pad_mask=mask, example=2).check() < 1e-4, (layer, head)
+    ps = positional_scores(model, tokens, pad_mask=mask)
+    scores = {}
+    for name, ids in (("as is", None), ("unrotated", torch.zeros_like(tokens))):
+        grab = ("blocks.0.attn.hook_attn_scores", lambda s, hook, name=name: scores.__setitem__(name, s))
+        with torch.no_grad():
+            model.bridge.run_with_hooks(tokens, fwd_hooks=[grab], attention_mask=mask.long(), position_ids=ids)
+    s, d = scores["as is"].double(), scores["as is"].double() - scores["unrotated"].double()
+    ok = (s > -1e30) & mask[:, None, :, None]
+    want = [float(d[:, h][ok[:, h]].var(unbiased=False) / s[:, h][ok[:, h]].var(unbiased=False)) for h in range(4)]
+    np.testing.assert_allclose(ps.direct[0].numpy(), want, rtol=1e-3, atol=1e-6)
+    with pytest.raises(ValueError, match="2 key/value heads for 4 query heads; route shares move each head's"):
+        full = tokens[[0, 2, 5]]  # the rows without padding, and the same tokens reversed
+        route_shares(model, full, full.flip(1), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.long))

@@ -27,13 +27,13 @@ def qk_hooks(layer: int) -> list[str]:
 
 def rotated_qk(model, cache, layer: int) -> tuple[Tensor, Tensor]:
     """The queries and keys whose scaled dot product (plus any bias) is layer ``layer``'s logit,
-    ``[batch, pos, head, d]``."""
+    ``[batch, pos, head, d]`` (grouped key/value heads repeated to one per query head)."""
     pre = f"blocks.{layer}.attn."
     names = cache.cache_dict if hasattr(cache, "cache_dict") else cache
     if pre + "hook_rot_q" in names:
-        return cache[pre + "hook_rot_q"], cache[pre + "hook_rot_k"]
+        return _per_query_head(cache[pre + "hook_rot_q"], cache[pre + "hook_rot_k"])
     q, k = cache[pre + "hook_q"], cache[pre + "hook_k"]
-    return model.encoding.rotate(q, k, layer) if model.encoding.rotates else (q, k)
+    return _per_query_head(*(model.encoding.rotate(q, k, layer) if model.encoding.rotates else (q, k)))
 
 
 def unrotated_qk(model, cache, layer: int) -> tuple[Tensor, Tensor] | None:
@@ -44,7 +44,15 @@ def unrotated_qk(model, cache, layer: int) -> tuple[Tensor, Tensor] | None:
     if hooks is None:
         return None
     pre = f"blocks.{layer}.attn."
-    return cache[pre + hooks[0]], cache[pre + hooks[1]]
+    return _per_query_head(cache[pre + hooks[0]], cache[pre + hooks[1]])
+
+
+def _per_query_head(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    """``k`` with its grouped key/value heads repeated as Hugging Face's ``repeat_kv`` does (key
+    head ``g`` serves query heads ``g * r .. g * r + r - 1``), one per query head of ``q``."""
+    if k.shape[2] != q.shape[2]:
+        k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    return q, k
 
 
 def attention_scale(model, layer: int) -> float:

@@ -36,6 +36,8 @@ def position_routes(model) -> tuple[list[str], np.ndarray]:
     residual term, and the heads whose logits depend on position (rotated, or a bias that varies
     over query and key positions)."""
     cfg, enc = model.cfg, model.encoding
+    if (why := getattr(enc, "cannot_move", None)) is not None:  # a bridge that says so
+        raise ValueError(why)
     heads = np.zeros((cfg.n_layers, cfg.n_heads), dtype=bool)
     n = min(cfg.n_ctx, 8)
     for layer in range(cfg.n_layers):
