@@ -85,6 +85,21 @@ def test_the_encoding_rotates_as_llamas_bridge_does(bridges):
         torch.testing.assert_close(k, cache[pre + "hook_rot_k"], rtol=0, atol=1e-6)
 
 
+def _direct_reference(model, tokens, mask) -> list[float]:
+    """Each layer-0 head's direct term from the model itself: its scores as they are minus its
+    scores with ``position_ids = 0`` (no rotation anywhere; layer 0 sees the same input both
+    times), variance over the allowed entries as a share of the scores' variance."""
+    scores = {}
+    for name, ids in (("as is", None), ("unrotated", torch.zeros_like(tokens))):
+        grab = ("blocks.0.attn.hook_attn_scores", lambda s, hook, name=name: scores.__setitem__(name, s))
+        with torch.no_grad():
+            model.bridge.run_with_hooks(tokens, fwd_hooks=[grab], attention_mask=mask.long(), position_ids=ids)
+    s, d = scores["as is"].double(), scores["as is"].double() - scores["unrotated"].double()
+    ok = (s > -1e30) & mask[:, None, :, None]
+    return [float(d[:, h][ok[:, h]].var(unbiased=False) / s[:, h][ok[:, h]].var(unbiased=False))
+            for h in range(s.shape[1])]
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt-neox", "gpt2", "bloom"])
 def test_the_direct_term_of_layer_0_is_the_model_with_and_without_rotation(bridges, arch):
     hf, model, _ = bridges(arch)
@@ -97,17 +112,7 @@ def test_the_direct_term_of_layer_0_is_the_model_with_and_without_rotation(bridg
     if arch == "gpt2":  # learned positions enter the residual stream, no head's logits of their own
         assert (ps.direct == 0).all()
         return
-    scores = {}
-    for name, ids in (("as is", None), ("unrotated", torch.zeros_like(tokens))):
-        grab = ("blocks.0.attn.hook_attn_scores", lambda s, hook, name=name: scores.__setitem__(name, s))
-        with torch.no_grad():
-            model.bridge.run_with_hooks(tokens, fwd_hooks=[grab], attention_mask=mask.long(), position_ids=ids)
-    s, d = scores["as is"].double(), scores["as is"].double() - scores["unrotated"].double()
-    ok = torch.isfinite(s) & (s > -1e30) & mask[:, None, :, None]
-    want = []
-    for h in range(SHAPE["n_heads"]):
-        sv, dv = s[:, h][ok[:, h]], d[:, h][ok[:, h]]
-        want.append(float(dv.var(unbiased=False) / sv.var(unbiased=False)))
+    want = _direct_reference(model, tokens, mask)
     np.testing.assert_allclose(ps.direct[0].numpy(), want, rtol=1e-3, atol=1e-6)
     assert min(want) > 1e-3
 
@@ -168,15 +173,7 @@ def test_grouped_key_value_heads_decompose_and_route_shares_say_why_not(tmp_path
         for head in range(SHAPE["n_heads"]):
             assert logit_terms(model, tokens, layer, head, pad_mask=mask, example=2).check() < 1e-4, (layer, head)
     ps = positional_scores(model, tokens, pad_mask=mask)
-    scores = {}
-    for name, ids in (("as is", None), ("unrotated", torch.zeros_like(tokens))):
-        grab = ("blocks.0.attn.hook_attn_scores", lambda s, hook, name=name: scores.__setitem__(name, s))
-        with torch.no_grad():
-            model.bridge.run_with_hooks(tokens, fwd_hooks=[grab], attention_mask=mask.long(), position_ids=ids)
-    s, d = scores["as is"].double(), scores["as is"].double() - scores["unrotated"].double()
-    ok = (s > -1e30) & mask[:, None, :, None]
-    want = [float(d[:, h][ok[:, h]].var(unbiased=False) / s[:, h][ok[:, h]].var(unbiased=False)) for h in range(4)]
-    np.testing.assert_allclose(ps.direct[0].numpy(), want, rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(ps.direct[0].numpy(), _direct_reference(model, tokens, mask), rtol=1e-3, atol=1e-6)
     with pytest.raises(ValueError, match="2 key/value heads for 4 query heads; route shares move each head's"):
         full = tokens[[0, 2, 5]]  # the rows without padding, and the same tokens reversed
         route_shares(model, full, full.flip(1), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.long))
