@@ -21,7 +21,7 @@ class BridgeEncoding:
     (:meth:`rotary_spans`, Hugging Face's ``rotate_half`` pairs, read from the bridge's own
     ``hook_cos``/``hook_sin``; moved at ``hook_q``/``hook_k``, before the bridge rotates: rotations
     of one pair commute, so the moved head is rotated to the new position exactly;
-    :meth:`rotate` rotates them as the bridge does) and GPT-2's learned positions (the residual
+    :meth:`rotate` rotates them as the bridge does), GPT-2's learned positions (the residual
     route, ``hook_pos_embed``) and BLOOM's ALiBi (a head's bias ``slope_h * j`` moved inside the
     attention scores, ``hook_attn_scores``: :meth:`move_bias`). The logit decomposition needs the
     bias as a term of its own, which BLOOM's bridge does not hook: it says so in one line."""
