@@ -12,7 +12,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 CHROMIUM := $(shell command -v chromium || command -v chromium-browser || command -v google-chrome || true)
 
-.PHONY: setup setup-browser test demo reproduce mid dynamics arch validate lint bench bench-parity gpu-wheels clean
+.PHONY: setup setup-browser test demo reproduce mid dynamics fade arch validate lint bench bench-parity gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,12 @@ mid: setup
 dynamics: setup
 	$(VENV)/bin/pe-interp sweep grids/deposit_dynamics.yaml --out runs/sweeps/deposit-dynamics
 	$(VENV)/bin/pe-interp study findings/deposit-dynamics --grid grids/deposit_dynamics.yaml --readme README.md
+
+# Why a layer-0 lead fades (grids/deposit_dynamics_fade.yaml: the textbook runs again without weight
+# decay, 6 seeds, compared seed for seed with the dynamics study's base condition): resumable.
+fade: setup
+	$(VENV)/bin/pe-interp sweep grids/deposit_dynamics_fade.yaml --out runs/sweeps/deposit-dynamics-fade
+	$(VENV)/bin/pe-interp study findings/deposit-dynamics-fade --grid grids/deposit_dynamics_fade.yaml --readme README.md
 
 # The deposit question on real architectures (grids/arch_mid.yaml: GPT-2, GPT-NeoX, Llama, BLOOM and our
 # own model at mid, 3 seeds each; resumable) and the README's table.
