@@ -93,10 +93,8 @@ class BridgeEncoding:
         def turn(t: Tensor) -> Tensor:
             out, n = t.clone(), t.shape[1]
             for s in spans:
-                half = s.dim // 2
                 c, sn = s.cos[:n, None, :].to(t.dtype), s.sin[:n, None, :].to(t.dtype)  # [pos, 1, half]
-                x0, x1 = t[..., s.start : s.start + half], t[..., s.start + half : s.start + s.dim]
-                out[..., s.start : s.start + s.dim] = torch.cat((x0 * c - x1 * sn, x0 * sn + x1 * c), dim=-1)
+                out[..., s.start : s.start + s.dim] = s.turn(t, c, sn)
             return out
 
         return turn(q), turn(k)

@@ -75,6 +75,18 @@ class RotarySpan:
     def rotates_head(self, head: int) -> bool:
         return self.heads is None or bool(self.heads[head])
 
+    def pairs(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The two coordinates of every pair of this span in ``x [..., d]``: ``[..., dim // 2]`` each."""
+        seg, half = x[..., self.start : self.start + self.dim], self.dim // 2
+        return (seg[..., :half], seg[..., half:]) if self.halves else (seg[..., 0::2], seg[..., 1::2])
+
+    def turn(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """This span of ``x [..., d]`` with every pair rotated by the angle whose cosine and sine
+        are ``cos``, ``sin`` (broadcast against ``[..., dim // 2]``): ``[..., dim]``."""
+        y0, y1 = self.pairs(x)
+        a, b = y0 * cos - y1 * sin, y0 * sin + y1 * cos
+        return torch.cat((a, b), dim=-1) if self.halves else torch.stack((a, b), dim=-1).flatten(-2)
+
 
 @dataclass(frozen=True)
 class HeadAxes:

@@ -90,15 +90,6 @@ class RopeTerms:
         return ss / ss.sum().clamp(min=1e-300)
 
 
-def _pair_parts(x: Tensor, halves: bool) -> tuple[Tensor, Tensor]:
-    """The two coordinates of every rotated pair of ``x [n, dim]``: adjacent ``(2i, 2i + 1)``, or
-    ``(i, i + dim/2)`` (``halves``, Hugging Face's ``rotate_half``)."""
-    if halves:
-        half = x.shape[1] // 2
-        return x[:, :half], x[:, half:]
-    return x[:, 0::2], x[:, 1::2]
-
-
 def rope_terms(rot_q: Tensor, rot_k: Tensor, spans: list[RopeSpan], scale: float) -> RopeTerms:
     """:class:`RopeTerms` of one head from its rotated ``rot_q [q, d]``, ``rot_k [k, d]``."""
     n_q, d = rot_q.shape
@@ -109,8 +100,8 @@ def rope_terms(rot_q: Tensor, rot_k: Tensor, spans: list[RopeSpan], scale: float
     pos_k = torch.arange(n_k, dtype=torch.float64, device=rot_q.device)
     for sp in spans:
         rotated[sp.start : sp.start + sp.dim] = True
-        q0, q1 = _pair_parts(rot_q[:, sp.start : sp.start + sp.dim].double(), sp.halves)  # [q, pairs] each
-        k0, k1 = _pair_parts(rot_k[:, sp.start : sp.start + sp.dim].double(), sp.halves)
+        q0, q1 = sp.pairs(rot_q.double())  # [q, pairs] each
+        k0, k1 = sp.pairs(rot_k.double())
         # exact per-pair contributions of the rotated vectors
         pair = (torch.einsum("qp,kp->pqk", q0, k0) + torch.einsum("qp,kp->pqk", q1, k1)) * scale
         # un-rotate with the model's own tables (exact inverse up to rounding)

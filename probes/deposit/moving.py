@@ -72,19 +72,11 @@ def rerotate(t: Tensor, spans, sigma: Tensor, heads: Tensor) -> Tensor:
     out = t.clone()
     n_pos = t.shape[1]
     for s in spans:
-        half = s.dim // 2
         cos_i, sin_i = s.cos[:n_pos].to(t.dtype), s.sin[:n_pos].to(t.dtype)  # [pos, half]
         cos_s, sin_s = s.cos[sigma].to(t.dtype), s.sin[sigma].to(t.dtype)  # [B, pos, half]
         c = (cos_s * cos_i + sin_s * sin_i)[:, :, None, :]  # angle sigma(i) - i
         sn = (sin_s * cos_i - cos_s * sin_i)[:, :, None, :]
-        seg = t[..., s.start : s.start + s.dim]
-        if s.halves:  # pairs (i, i + dim/2): Hugging Face's rotate_half
-            y0, y1 = seg[..., :half], seg[..., half:]
-            moved = torch.cat((y0 * c - y1 * sn, y0 * sn + y1 * c), dim=-1)
-        else:  # adjacent pairs (2i, 2i + 1)
-            pair = seg.reshape(*t.shape[:3], half, 2)
-            y0, y1 = pair[..., 0], pair[..., 1]
-            moved = torch.stack((y0 * c - y1 * sn, y0 * sn + y1 * c), dim=-1).reshape(*t.shape[:3], s.dim)
+        moved = s.turn(t, c, sn)
         mask = heads if s.heads is None else heads & s.heads.to(heads.device)[None]
         part = out[..., s.start : s.start + s.dim]
         out[..., s.start : s.start + s.dim] = torch.where(mask[:, None, :, None], moved, part)
