@@ -29,9 +29,10 @@ seeds: [0, 1]
 variants:
   - {{}}
   - {{lr: 0.01, seeds: [0]}}
-probes: [ablation, dynamics]
+probes: [ablation, dynamics, routes]
 probe_options:
   ablation: {{n: {n}, whole_layers: true}}
+  routes: {{n: 32}}
   dynamics: {{every: 4, n_probe: 32}}
 """
 
@@ -61,6 +62,12 @@ def test_each_finished_cell_has_a_finding_with_the_studys_keys(swept):
         assert f["test_acc"] == result["final"]["test_acc"]
         assert [r["step"] for r in f["dynamics"]] == [0, 4, 8, 12, 16]
         assert len(f["weights"]["sha256"]) == 64 and f["weights"]["step"] == 16
+        # the positional criterion with the checks behind it (5 significant digits)
+        routes = result["routes"]
+        for key in ("effect", "counterfactual_effect", "identity_gap"):
+            assert f["routes"][key] == pytest.approx(routes[key], rel=1e-4, abs=1e-12)
+        np.testing.assert_allclose(f["routes"]["shares"], routes["shares"], rtol=1e-4, atol=1e-12)
+        assert f["routes"]["effect_ci"] == pytest.approx(routes["effect_ci"], rel=1e-4, abs=1e-12)
     assert {f["condition"] for f in found} == {"base", "lr=0.01"}
 
 

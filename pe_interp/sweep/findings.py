@@ -105,7 +105,8 @@ def _routes(r: dict[str, Any] | None) -> dict[str, Any] | None:
     """The positional criterion of a cell (``routes`` probe): its verdict and the numbers behind it."""
     if not r:
         return None
-    keep = ("verdict", "why", "top", "effect", "shares", "ci_low", "ci_high", "embed", "n_examples")
+    keep = ("verdict", "why", "top", "effect", "effect_ci", "shares", "ci_low", "ci_high", "embed", "embed_ci",
+            "counterfactual_effect", "identity_gap", "n_examples")
     return _rounded({k: r.get(k) for k in keep})
 
 
