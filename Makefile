@@ -60,6 +60,7 @@ dynamics: setup
 fade: setup
 	$(VENV)/bin/pe-interp sweep grids/deposit_dynamics_fade.yaml --out runs/sweeps/deposit-dynamics-fade
 	$(VENV)/bin/pe-interp study findings/deposit-dynamics-fade --grid grids/deposit_dynamics_fade.yaml --readme README.md
+	$(VENV)/bin/pe-interp study findings/deposit-dynamics-fade --paired findings/deposit-dynamics --readme README.md
 
 # The deposit question on real architectures (grids/arch_mid.yaml: GPT-2, GPT-NeoX, Llama, BLOOM and our
 # own model at mid, 3 seeds each; resumable) and the README's table.

@@ -208,6 +208,7 @@ __all__ = [
     "paired_bootstrap",
     "resample_sources",
     "resolve_metric",
+    "sign_test",
 ]
 
 
@@ -230,3 +231,16 @@ def wilson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     low = 0.0 if k == 0 else max(0.0, float(centre - half))  # exact at the ends (no 1e-17 residue)
     high = 1.0 if k == n else min(1.0, float(centre + half))
     return low, high
+
+
+def sign_test(a: int, b: int) -> float:
+    """The exact two-sided sign test (McNemar's exact test on a paired yes/no outcome): the
+    probability, under "either way is equally likely", of a split of the ``a + b`` discordant
+    pairs at least as lopsided as ``a`` against ``b``. 1.0 when there is no discordant pair."""
+    import math
+
+    if not (isinstance(a, int) and isinstance(b, int) and a >= 0 and b >= 0):
+        raise ValueError(f"sign_test needs counts a, b >= 0, got a={a!r}, b={b!r}")
+    n = a + b
+    tail = sum(math.comb(n, i) for i in range(min(a, b) + 1)) / 2**n
+    return min(1.0, 2 * tail)

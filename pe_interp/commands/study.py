@@ -2,7 +2,9 @@
 per finished cell, written by a sweep whose grid names ``findings``): in ``FINDINGS_DIR/study/``,
 ``STUDY.md`` (the table by condition with rates and Wilson intervals, the verdict, the table by
 model), ``study.json`` and ``dynamics.png`` (layer 0 over training), and, with ``--readme``, the
-README's study table. It only reads the findings, so it can be rerun at any time, on any machine."""
+README's study table. With ``--paired REFERENCE_DIR``, a dynamics study is compared seed by seed
+with another over the same seeds (``PAIRED.md``, ``paired.json``, ``paired.png``; the README block
+``study:NAME-paired``). It only reads the findings, so it can be rerun at any time, on any machine."""
 
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--readme", default=None,
                    help="also replace the block between <!-- study:NAME begin/end --> markers in this file "
                         "(NAME: the findings directory's name)")
+    p.add_argument("--paired", metavar="REFERENCE_DIR[:CONDITION]", default=None,
+                   help="compare this dynamics study's base condition, seed by seed, with CONDITION (default: base) "
+                        "of the dynamics study in REFERENCE_DIR (the same seeds, one setting changed)")
     p.set_defaults(run=run)
 
 
@@ -49,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     from pe_interp.report.trajectories import has_snapshots
 
+    if args.paired:
+        return _paired(args, src, findings, out)
     if has_snapshots(findings):  # a study over training: every criterion at every snapshot
         return _trajectories(args, src, findings, order, out)
     models = model_rows(findings)
@@ -93,4 +100,33 @@ def _trajectories(args: argparse.Namespace, src: Path, findings: list, order: li
             raise ValueError(f"{args.readme}: no <!-- study:{src.name} begin --> / <!-- study:{src.name} end --> markers")
         print(f"updated {args.readme}")
     print(f"wrote {out / 'STUDY.md'}, {out / 'study.json'}" + (f" and {fig}" if fig else ""))
+    return 0
+
+
+def _paired(args: argparse.Namespace, src: Path, findings: list, out: Path) -> int:
+    import json
+
+    from pe_interp.io import atomic_write_text
+    from pe_interp.report.findings import update_readme
+    from pe_interp.report.paired import paired_figure, paired_markdown, paired_rows
+    from pe_interp.sweep.findings import load_findings
+
+    ref_dir, _, ref_condition = args.paired.partition(":")
+    reference = load_findings(ref_dir)
+    if not reference:
+        raise ValueError(f"{ref_dir}: no findings to compare with")
+    rows = paired_rows(findings, reference, ref_condition=ref_condition or "base")
+    table = paired_markdown(rows, str(src), ref_dir)
+    fig = paired_figure(rows, out / "paired.png")
+    atomic_write_text(out / "PAIRED.md", f"# {src.name} against {Path(ref_dir).name}, seed by seed\n\n{table}\n"
+                      + ("\n![layer 0 over training, paired by seed](paired.png)\n" if fig else ""))
+    keep = [{"seed": r["seed"], "test": r["test"], "reference": r["reference"]} for r in rows]
+    atomic_write_text(out / "paired.json", json.dumps({"pairs": keep}, indent=1, default=float))
+    print(table)
+    if args.readme:
+        name = f"{src.name}-paired"
+        if not update_readme(args.readme, name, table):
+            raise ValueError(f"{args.readme}: no <!-- study:{name} begin --> / <!-- study:{name} end --> markers")
+        print(f"updated {args.readme}")
+    print(f"wrote {out / 'PAIRED.md'}, {out / 'paired.json'}" + (f" and {fig}" if fig else ""))
     return 0

@@ -25,14 +25,18 @@ from probes.metrics import wilson
 CRITERIA = (("single_head", "single-head deposit"), ("layer0", "layer-0 concentration"),
             ("positional", "positional deposit"))
 
-__all__ = ["CRITERIA", "has_snapshots", "trajectory_figure", "trajectory_markdown", "trajectory_rows"]
+__all__ = ["CRITERIA", "has_snapshots", "seed_row", "trajectory_figure", "trajectory_markdown", "trajectory_rows"]
 
 
 def has_snapshots(findings: list[dict[str, Any]]) -> bool:
     return any(f.get("snapshots") for f in findings)
 
 
-def _seed_row(f: dict[str, Any]) -> dict[str, Any]:
+def seed_row(f: dict[str, Any]) -> dict[str, Any]:
+    """One run's criteria over its snapshots (``holds``, ``onset``, ``last``, ``lifetime``, ``at``
+    for each) and its layer-0 lead (``l0_peak``: the peak head, its drop and step, that head's
+    drop at the end (``final``), layer 0's top drop at the end (``lead_final``), and where the
+    work went after the peak)."""
     recs = sorted(f["snapshots"], key=lambda r: r["step"])
     steps = [r["step"] for r in recs]
     drops = [np.nan_to_num(np.asarray(r["drops"], dtype=float), nan=0.0) for r in recs]
@@ -59,14 +63,14 @@ def _seed_row(f: dict[str, Any]) -> dict[str, Any]:
         return float(np.clip(drops[i][1:], 0, None).sum())
 
     row["l0_peak"] = {"step": steps[peak], "head": f"L0H{head}", "drop": float(l0[peak][head]),
-                      "final": float(l0[end][head]), "to_l0_others": others(end) - others(peak),
+                      "final": float(l0[end][head]), "lead_final": float(l0[end].max()), "to_l0_others": others(end) - others(peak),
                       "to_later_layers": later(end) - later(peak)}
     return row
 
 
 def trajectory_rows(findings: list[dict[str, Any]], order: list[str] | None = None) -> list[dict[str, Any]]:
     """One row per condition: its seeds' rows (``seeds``) and the counts over them."""
-    seeds = [_seed_row(f) for f in findings if f.get("snapshots")]
+    seeds = [seed_row(f) for f in findings if f.get("snapshots")]
     names = list(dict.fromkeys([*(order or []), *(s["condition"] for s in seeds)]))
     rows = []
     for name in names:
