@@ -156,14 +156,17 @@ def test_the_positional_column_appears_where_a_model_was_measured():
     drops = np.full((6, 16), 0.02)
     plain = [_finding("base", 0, drops), _finding("base", 1, drops)]
     assert "positional deposit" not in markdown(condition_rows(model_rows(plain)), model_rows(plain))
-    measured = [dict(plain[0], routes={"verdict": "yes", "top": "L0H3"}), dict(plain[1], routes={"verdict": "no"}),
+    # the encoding carries 10 of 20 logits in one model (the causal mask the rest), 9 of 10 in the other
+    measured = [dict(plain[0], routes={"verdict": "yes", "top": "L0H3", "effect": 10.0, "counterfactual_effect": 20.0}),
+                dict(plain[1], routes={"verdict": "no", "effect": 9.0, "counterfactual_effect": 10.0}),
                 _finding("x=1", 0, drops)]  # fmt: skip
     models = model_rows(measured)
     conds = condition_rows(models)
     text = markdown(conds, models)
     head, rule, base, x = text.splitlines()[:4]
     assert "| positional deposit, k of n measured [95% CI] |" in head and rule.count("---") == head.count("|") - 1
-    assert "| 1 of 2 [9, 91]% |" in base and base.count("|") == head.count("|") and "| — |" in x
+    assert "| 1 of 2 [9, 91]% | 70 |" in base and base.count("|") == head.count("|") and "| — |" in x
+    assert "| median positional effect through the encoding, % of all |" in head and x.count("|") == head.count("|")
     assert ("Positional deposit (one route carries ≥ 50% of the positional effect, every other ≤ 5%) in 1 of the 2 "
             "models it was measured on (Wilson 95% 9–91%).") in verdict(conds, models)
 

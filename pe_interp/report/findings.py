@@ -64,6 +64,9 @@ class ModelRow:
     native_bf16: bool | None
     decided: str = ""  # the single-head deposit decided on its intervals: yes, no or undecided
     positional: str = ""  # the positional deposit (routes probe): yes, no or undecided; "" not measured
+    # the positional effect through the encoding's routes over the whole counterfactual effect (the
+    # rest comes in through the causal mask; None: not measured, or a finding from before it was kept)
+    encoding_part: float | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class ConditionRow:
     tops: tuple[str, ...]
     k_positional: int = 0
     n_positional: int = 0  # models whose positional criterion was measured
+    median_encoding_part: float | None = None
 
 
 def _top_of_layer(drops: np.ndarray) -> tuple[int, float, float]:
@@ -113,9 +117,17 @@ def model_rows(findings: list[dict[str, Any]]) -> list[ModelRow]:
             peak_l0_drop=peak[0], peak_step=peak[1],
             wall_s=sum((f.get("seconds") or {}).values()) or None, native_bf16=machine.get("cpu_bf16"),
             decided=decide_single(a).verdict if not np.isnan(a.ci_low).any() else "",
-            positional=(f.get("routes") or {}).get("verdict", ""),
+            positional=(f.get("routes") or {}).get("verdict", ""), encoding_part=_encoding_part(f.get("routes")),
         ))
     return rows
+
+
+def _encoding_part(routes: dict[str, Any] | None) -> float | None:
+    """``effect / counterfactual_effect`` of the routes probe: how much of what the position-only
+    counterfactual does to the logit difference the encoding's positions carry."""
+    if not routes or routes.get("counterfactual_effect") in (None, 0):
+        return None
+    return float(routes["effect"]) / float(routes["counterfactual_effect"])
 
 
 def _peak(dynamics: list[dict[str, Any]]) -> tuple[float | None, int | None]:
@@ -149,8 +161,14 @@ def condition_rows(models: list[ModelRow], order: list[str] | None = None) -> li
             median_share_of_layer=statistics.median(m.share_of_layer for m in ms),
             median_layer0_drop=statistics.median(l0) if l0 else None, tops=tuple(m.top for m in ms),
             k_positional=sum(m.positional == "yes" for m in ms), n_positional=sum(bool(m.positional) for m in ms),
+            median_encoding_part=_median([m.encoding_part for m in ms]),
         ))
     return out
+
+
+def _median(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
 def _pct(x: float | None, digits: int = 1) -> str:
@@ -201,13 +219,14 @@ def markdown(conds: list[ConditionRow], models: list[ModelRow]) -> str:
     positional = any(c.n_positional for c in conds)  # a column only where some model was measured
     head = TABLE_HEAD if not positional else TABLE_HEAD.replace(
         "k of n [95% CI] | median top-head", "k of n [95% CI] | positional deposit, k of n measured [95% CI] | median "
-        "top-head", 1).replace("|---|---|---|---|---|---|---|---|---|", "|---|---|---|---|---|---|---|---|---|---|")
+        "positional effect through the encoding, % of all | median top-head", 1).replace(
+        "|---|---|---|---|---|---|---|---|---|", "|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for c in conds:
         pos = "—" if not c.n_positional else _rate(c.k_positional, c.n_positional, wilson(c.k_positional, c.n_positional))
         lines.append(f"| {c.condition} | {c.n} | {_pct(c.acc_mean)} ± {_pct(c.acc_sd)} | "
                      f"{_rate(c.k_single, c.n, c.single_ci)} | {_rate(c.k_concentration, c.n, c.concentration_ci)} | "
-                     + (f"{pos} | " if positional else "")
+                     + (f"{pos} | {_pct(c.median_encoding_part, 0)} | " if positional else "")
                      + f"{_pct(c.median_top_drop)} | {_pct(c.median_share_of_model, 0)} / {_pct(c.median_share_of_layer, 0)} | "
                      f"{_pct(c.median_layer0_drop)} | {', '.join(c.tops)} |")
     lines += ["", verdict(conds, models), "", "Per model:", "",
