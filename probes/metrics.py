@@ -238,9 +238,11 @@ def sign_test(a: int, b: int) -> float:
     probability, under "either way is equally likely", of a split of the ``a + b`` discordant
     pairs at least as lopsided as ``a`` against ``b``. 1.0 when there is no discordant pair."""
     import math
+    import numbers
 
-    if not (isinstance(a, int) and isinstance(b, int) and a >= 0 and b >= 0):
+    if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 0 for x in (a, b)):
         raise ValueError(f"sign_test needs counts a, b >= 0, got a={a!r}, b={b!r}")
+    a, b = int(a), int(b)
     n = a + b
     tail = sum(math.comb(n, i) for i in range(min(a, b) + 1)) / 2**n
     return min(1.0, 2 * tail)

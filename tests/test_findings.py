@@ -167,6 +167,10 @@ def test_the_positional_column_appears_where_a_model_was_measured():
     assert "| positional deposit, k of n measured [95% CI] |" in head and rule.count("---") == head.count("|") - 1
     assert "| 1 of 2 [9, 91]% | 70 |" in base and base.count("|") == head.count("|") and "| — |" in x
     assert "| median positional effect through the encoding, % of all |" in head and x.count("|") == head.count("|")
+    # no positional effect to divide (under route shares' NO_EFFECT, or not kept): no share
+    tiny = model_rows([dict(plain[0], routes={"verdict": "no", "effect": 0.004, "counterfactual_effect": 0.002}),
+                       dict(plain[1], routes={"verdict": "no", "effect": None, "counterfactual_effect": 20.0})])
+    assert [m.encoding_part for m in tiny] == [None, None] and condition_rows(tiny)[0].median_encoding_part is None
     assert ("Positional deposit (one route carries ≥ 50% of the positional effect, every other ≤ 5%) in 1 of the 2 "
             "models it was measured on (Wilson 95% 9–91%).") in verdict(conds, models)
 

@@ -108,15 +108,17 @@ def _paired(args: argparse.Namespace, src: Path, findings: list, out: Path) -> i
 
     from pe_interp.io import atomic_write_text
     from pe_interp.report.findings import update_readme
-    from pe_interp.report.paired import paired_figure, paired_markdown, paired_rows
+    from pe_interp.report.paired import paired_figure, paired_markdown, paired_rows, unpaired
     from pe_interp.sweep.findings import load_findings
 
-    ref_dir, _, ref_condition = args.paired.partition(":")
+    ref_dir, _, ref_condition = args.paired.rpartition(":")
+    if Path(args.paired).is_dir() or not ref_dir:  # no condition given (a colon inside the path is the path's)
+        ref_dir, ref_condition = args.paired, ""
     reference = load_findings(ref_dir)
     if not reference:
         raise ValueError(f"{ref_dir}: no findings to compare with")
     rows = paired_rows(findings, reference, ref_condition=ref_condition or "base")
-    table = paired_markdown(rows, str(src), ref_dir)
+    table = paired_markdown(rows, str(src), ref_dir, unpaired(findings, reference, ref_condition=ref_condition or "base"))
     fig = paired_figure(rows, out / "paired.png")
     atomic_write_text(out / "PAIRED.md", f"# {src.name} against {Path(ref_dir).name}, seed by seed\n\n{table}\n"
                       + ("\n![layer 0 over training, paired by seed](paired.png)\n" if fig else ""))

@@ -30,6 +30,7 @@ import numpy as np
 from pe_interp.report.figures import new_figure, save_png
 from pe_interp.sweep.findings import ablation_of, layer_ablation_of
 from probes.deposit import LARGE_DROP, SMALL_DROP, decide_single, dominance, layer_stats
+from probes.deposit.routes import NO_EFFECT
 from probes.metrics import wilson
 
 __all__ = ["ConditionRow", "ModelRow", "condition_rows", "markdown", "model_rows", "study_dynamics_figure",
@@ -125,9 +126,10 @@ def model_rows(findings: list[dict[str, Any]]) -> list[ModelRow]:
 def _encoding_part(routes: dict[str, Any] | None) -> float | None:
     """``effect / counterfactual_effect`` of the routes probe: how much of what the position-only
     counterfactual does to the logit difference the encoding's positions carry."""
-    if not routes or routes.get("counterfactual_effect") in (None, 0):
+    effect, whole = (routes or {}).get("effect"), (routes or {}).get("counterfactual_effect")
+    if effect is None or whole is None or not abs(whole) >= NO_EFFECT:  # no effect to divide (or NaN)
         return None
-    return float(routes["effect"]) / float(routes["counterfactual_effect"])
+    return float(effect) / float(whole)
 
 
 def _peak(dynamics: list[dict[str, Any]]) -> tuple[float | None, int | None]:

@@ -4,8 +4,8 @@ the runs it repeats (``findings/deposit-dynamics``' ``base``). A seed fixes the 
 initialisation and the order of training, so a pair differs only in what the two grids set
 differently (named in the table's labels), and each seed is its own control.
 
-Per seed: the steps at which layer-0 concentration holds, the layer-0 lead's peak and its value at
-the end, in both runs (:func:`pe_interp.report.trajectories.seed_row`, the one reading of a
+Per seed: the steps at which layer-0 concentration holds, the layer-0 lead's peak (head, step) and
+layer 0's top drop at the end (and its head, which may be another), in both runs (:func:`pe_interp.report.trajectories.seed_row`, the one reading of a
 finding's snapshots). Over the seeds: each criterion's k of n on either side and the exact sign
 test on the discordant pairs (:func:`probes.metrics.sign_test`); the lead's paired differences.
 It only reads.
@@ -13,6 +13,7 @@ It only reads.
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,15 @@ from pe_interp.report.figures import new_figure, save_png
 from pe_interp.report.trajectories import CRITERIA, seed_row
 from probes.metrics import sign_test
 
-__all__ = ["paired_figure", "paired_labels", "paired_markdown", "paired_rows"]
+__all__ = ["paired_figure", "paired_labels", "paired_markdown", "paired_rows", "unpaired"]
 
 
 def _runs(findings: list[dict[str, Any]], condition: str, where: str) -> dict[int, dict[str, Any]]:
-    runs = {f["seed"]: f for f in findings if f.get("snapshots") and f["condition"] == condition}
+    found = [f for f in findings if f.get("snapshots") and f["condition"] == condition]
+    runs = {f["seed"]: f for f in found}
+    if len(runs) < len(found):
+        twice = sorted({f["seed"] for f in found if sum(g["seed"] == f["seed"] for g in found) > 1})
+        raise ValueError(f"{where}: seed(s) {twice} of condition {condition!r} found more than once")
     if not runs:
         names = sorted({f["condition"] for f in findings if f.get("snapshots")})
         raise ValueError(f"{where}: no run of condition {condition!r} with snapshots (conditions: {', '.join(names) or 'none'})")
@@ -37,13 +42,27 @@ def _runs(findings: list[dict[str, Any]], condition: str, where: str) -> dict[in
 def paired_rows(test: list[dict[str, Any]], reference: list[dict[str, Any]], condition: str = "base",
                 ref_condition: str = "base") -> list[dict[str, Any]]:
     """One row per seed run in both: ``seed``, ``test`` and ``reference`` (each a seed row), and the
-    findings themselves (``test_finding``, ``reference_finding``), by seed."""
+    findings themselves (``test_finding``, ``reference_finding``), by seed. The two runs of a seed
+    must have been probed at the same steps (else "at some snapshot" and "at the end" would not
+    compare)."""
     t, r = _runs(test, condition, "test"), _runs(reference, ref_condition, "reference")
     both = sorted(set(t) & set(r))
     if not both:
         raise ValueError(f"no seed was run in both (test: {sorted(t)}, reference: {sorted(r)})")
-    return [{"seed": s, "test": seed_row(t[s]), "reference": seed_row(r[s]), "test_finding": t[s],
+    rows = [{"seed": s, "test": seed_row(t[s]), "reference": seed_row(r[s]), "test_finding": t[s],
              "reference_finding": r[s]} for s in both]
+    for row in rows:
+        if row["test"]["steps"] != row["reference"]["steps"]:
+            raise ValueError(f"seed {row['seed']}: the two runs were probed at different steps "
+                             f"(up to {row['test']['steps'][-1]} and {row['reference']['steps'][-1]}), so they do not pair")
+    return rows
+
+
+def unpaired(test: list[dict[str, Any]], reference: list[dict[str, Any]], condition: str = "base",
+             ref_condition: str = "base") -> tuple[list[int], list[int]]:
+    """The seeds run on one side only (test's, reference's): left out of the comparison."""
+    t, r = _runs(test, condition, "test"), _runs(reference, ref_condition, "reference")
+    return sorted(set(t) - set(r)), sorted(set(r) - set(t))
 
 
 def paired_labels(rows: list[dict[str, Any]]) -> tuple[str, str]:
@@ -53,7 +72,7 @@ def paired_labels(rows: list[dict[str, Any]]) -> tuple[str, str]:
     for row in rows:
         a, b = row["test_finding"].get("params", {}), row["reference_finding"].get("params", {})
         keys = sorted(k for k in set(a) | set(b) if a.get(k, "default") != b.get(k, "default"))
-        diffs.add(tuple((k, a.get(k, "default"), b.get(k, "default")) for k in keys))
+        diffs.add(tuple((k, json.dumps(a.get(k, "default")), json.dumps(b.get(k, "default"))) for k in keys))
     if len(diffs) != 1:
         raise ValueError(f"the pairs differ in different ways ({sorted(diffs)}), so they are not one comparison")
     (diff,) = diffs
@@ -61,7 +80,7 @@ def paired_labels(rows: list[dict[str, Any]]) -> tuple[str, str]:
     def label(side: int) -> str:
         parts = []
         for key, *values in diff:
-            v = values[side]
+            v = json.loads(values[side])
             parts.append(f"{key} (default)" if v == "default" else f"{key}={v}")
         return ", ".join(parts) or "the same parameters"
 
@@ -75,14 +94,17 @@ def _held(x: dict[str, Any], n_snapshots: int) -> str:
 
 def _lead(row: dict[str, Any]) -> str:
     p = row["l0_peak"]
-    return f"{100 * p['drop']:.1f} ({p['head']}, step {p['step']}) → {100 * p['lead_final']:.1f}"
+    return (f"{100 * p['drop']:.1f} ({p['head']}, step {p['step']}) → {100 * p['lead_final']:.1f} "
+            f"({p['lead_final_head']})")
 
 
-def paired_markdown(rows: list[dict[str, Any]], test_source: str, reference_source: str) -> str:
-    """The README's per-seed table and what the seeds say together."""
+def paired_markdown(rows: list[dict[str, Any]], test_source: str, reference_source: str,
+                    left_out: tuple[list[int], list[int]] = ([], [])) -> str:
+    """The README's per-seed table and what the seeds say together (``left_out``: the seeds run on
+    one side only, test's and reference's, from :func:`unpaired`)."""
     test_label, ref_label = paired_labels(rows)
-    head = ["seed", f"{ref_label}: layer-0 concentration at", "layer-0 lead: peak (pts) → end",
-            f"{test_label}: layer-0 concentration at", "layer-0 lead: peak (pts) → end"]
+    head = ["seed", f"{ref_label}: layer-0 concentration at", "layer-0 lead: peak (pts) → at the end",
+            f"{test_label}: layer-0 concentration at", "layer-0 lead: peak (pts) → at the end"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         r, t = row["reference"], row["test"]
@@ -104,7 +126,10 @@ def paired_markdown(rows: list[dict[str, Any]], test_source: str, reference_sour
 
     peak, end = diffs("drop"), diffs("lead_final")
     lower = sum(d < 0 for d in end)
-    lines += ["", f"Paired by seed ({n} seeds; the same data, initialisation and order on both sides): "
+    only = "; ".join(f"seed(s) {', '.join(map(str, seeds))} run only with {label}"
+                     for seeds, label in zip(left_out, (test_label, ref_label)) if seeds)
+    lines += ["", f"Paired by seed ({n} seeds; the same data, initialisation and order on both sides"
+              + (f"; left out: {only}" if only else "") + "): "
               + "; ".join(notes) + f". The layer-0 lead, {test_label} minus {ref_label}: at its peak "
               f"{_spread(peak)} points, at the end {_spread(end)} (lower in {lower} of {n} seeds). From "
               f"`{test_source}` against `{reference_source}` (`pe-interp study {test_source} --paired "
@@ -130,12 +155,11 @@ def paired_figure(rows: list[dict[str, Any]], path: str | Path) -> Path | None:
     fig = new_figure(4.0 * cols, 2.8 * n_rows)
     axes = np.atleast_1d(fig.subplots(n_rows, cols, squeeze=False)).ravel()
     for ax, row in zip(axes, rows):
-        for side, label, color in (("reference_finding", ref_label, "C0"), ("test_finding", test_label, "C3")):
-            recs = sorted(row[side]["snapshots"], key=lambda r: r["step"])
-            steps = [r["step"] for r in recs]
-            lead = [100 * float(np.nanmax(np.asarray(r["drops"], dtype=float)[0])) for r in recs]
+        for side, label, color in (("reference", ref_label, "C0"), ("test", test_label, "C3")):
+            steps, lead = row[side]["steps"], [100 * x for x in row[side]["l0_lead"]]
             ax.plot(steps, lead, color=color, lw=1.2, label=label)
-            held = [(s, y) for s, y, r in zip(steps, lead, recs) if r["verdicts"]["layer0"]["verdict"] == "yes"]
+            at = set(row[side]["layer0"]["at"])
+            held = [(s, y) for s, y in zip(steps, lead) if s in at]
             if held:
                 ax.scatter(*zip(*held), marker="o", s=14, color=color, zorder=3)
         ax.axhline(20, color="grey", lw=0.6, ls="--")

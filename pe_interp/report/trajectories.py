@@ -35,8 +35,9 @@ def has_snapshots(findings: list[dict[str, Any]]) -> bool:
 def seed_row(f: dict[str, Any]) -> dict[str, Any]:
     """One run's criteria over its snapshots (``holds``, ``onset``, ``last``, ``lifetime``, ``at``
     for each) and its layer-0 lead (``l0_peak``: the peak head, its drop and step, that head's
-    drop at the end (``final``), layer 0's top drop at the end (``lead_final``), and where the
-    work went after the peak)."""
+    drop at the end (``final``), layer 0's top drop and head at the end (``lead_final``,
+    ``lead_final_head``), and where the work went after the peak) and ``l0_lead``, layer 0's top
+    drop at every step (NaN read as 0)."""
     recs = sorted(f["snapshots"], key=lambda r: r["step"])
     steps = [r["step"] for r in recs]
     drops = [np.nan_to_num(np.asarray(r["drops"], dtype=float), nan=0.0) for r in recs]
@@ -63,8 +64,10 @@ def seed_row(f: dict[str, Any]) -> dict[str, Any]:
         return float(np.clip(drops[i][1:], 0, None).sum())
 
     row["l0_peak"] = {"step": steps[peak], "head": f"L0H{head}", "drop": float(l0[peak][head]),
-                      "final": float(l0[end][head]), "lead_final": float(l0[end].max()), "to_l0_others": others(end) - others(peak),
+                      "final": float(l0[end][head]), "lead_final": float(l0[end].max()),
+                      "lead_final_head": f"L0H{int(np.argmax(l0[end]))}", "to_l0_others": others(end) - others(peak),
                       "to_later_layers": later(end) - later(peak)}
+    row["l0_lead"] = [float(x.max()) for x in l0]
     return row
 
 

@@ -16,7 +16,6 @@ from pe_interp.io import (
     register_result,
     write_result,
 )
-from pe_interp.kernels.rope import apply_rope
 from pe_interp.modes import eval_mode
 from probes.decomposition.reads import allowed, attention_scale, qk_hooks, rotated_qk, unrotated_qk
 from probes.decomposition.toeplitz import toeplitz_score
@@ -202,9 +201,13 @@ def _direct(model, cache, layer: int, n_pos: int, reads: bool = True) -> Tensor:
         if plain is None:  # undo the rotation with the encoding's own tables
             qu, ku = q.clone(), k.clone()
             for span in model.encoding.rotary_spans(layer) or ():
-                cos, sin = span.cos[:n_pos].double(), span.sin[:n_pos].double()
-                qu = apply_rope(qu, cos, -sin, span.start, span.heads)
-                ku = apply_rope(ku, cos, -sin, span.start, span.heads)
+                cos = span.cos[:n_pos, None, :].double().to(q.device)  # [pos, 1, half]
+                sin = span.sin[:n_pos, None, :].double().to(q.device)
+                rotated = torch.ones(q.shape[2], dtype=torch.bool, device=q.device) if span.heads is None \
+                    else span.heads.to(q.device)
+                part = slice(span.start, span.start + span.dim)
+                for t in (qu, ku):
+                    t[..., part] = torch.where(rotated[:, None], span.turn(t, cos, -sin), t[..., part])
         else:
             qu, ku = (t.double() for t in plain)
         scale = attention_scale(model, layer)
