@@ -7,11 +7,10 @@ from __future__ import annotations
 import itertools
 import json
 
+import numpy as np
 import pytest
 
 from pe_interp.cli import main
-import numpy as np
-
 from pe_interp.report.paired import paired_labels, paired_markdown, paired_rows, unpaired
 from probes.metrics import sign_test
 
