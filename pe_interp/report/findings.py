@@ -66,7 +66,7 @@ class ModelRow:
     decided: str = ""  # the single-head deposit decided on its intervals: yes, no or undecided
     positional: str = ""  # the positional deposit (routes probe): yes, no or undecided; "" not measured
     # the positional effect through the encoding's routes over the whole counterfactual effect (the
-    # rest comes in through the causal mask; None: not measured, or a finding from before it was kept)
+    # rest comes in through a causal model's order itself; None: not measured, or no effect to divide)
     encoding_part: float | None = None
 
 

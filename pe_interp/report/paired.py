@@ -4,11 +4,11 @@ the runs it repeats (``findings/deposit-dynamics``' ``base``). A seed fixes the 
 initialisation and the order of training, so a pair differs only in what the two grids set
 differently (named in the table's labels), and each seed is its own control.
 
-Per seed: the steps at which layer-0 concentration holds, the layer-0 lead's peak (head, step) and
-layer 0's top drop at the end (and its head, which may be another), in both runs (:func:`pe_interp.report.trajectories.seed_row`, the one reading of a
-finding's snapshots). Over the seeds: each criterion's k of n on either side and the exact sign
-test on the discordant pairs (:func:`probes.metrics.sign_test`); the lead's paired differences.
-It only reads.
+Per seed: the steps at which layer-0 concentration holds, the layer-0 lead's peak (head, step)
+and layer 0's top drop at the end (and its head, which may be another), in both runs
+(:func:`pe_interp.report.trajectories.seed_row`, the one reading of a finding's snapshots). Over
+the seeds: each criterion's k of n on either side and the exact sign test on the discordant pairs
+(:func:`probes.metrics.sign_test`); the lead's paired differences. It only reads.
 """
 
 from __future__ import annotations
