@@ -75,6 +75,9 @@ def test_pairs_by_seed_with_each_sides_lead_and_the_sign_test():
     assert ("layer-0 concentration at some snapshot in 1 of 2 seeds with weight_decay (default) and 1 of 2 with "
             "weight_decay=0.0 (1 only with the first, 1 only with the second; exact sign test p = 1)") in md
     assert "at its peak median -2.5 (from -10.0 to +5.0) points, at the end median +0.0 (from -25.0 to +25.0)" in md
+    # falls from peak to end: reference 5 and 20, test 20 and 0 (seed 1's lead peaks at the end)
+    assert ("the lead fell by a median of 12.5 points with weight_decay (default) and 10.0 with weight_decay=0.0 "
+            "(paired difference median -2.5 (from -20.0 to +15.0); further with weight_decay=0.0 in 1 of 2 seeds)") in md
 
 
 def test_what_does_not_pair_is_refused_in_one_line():

@@ -126,12 +126,20 @@ def paired_markdown(rows: list[dict[str, Any]], test_source: str, reference_sour
 
     peak, end = diffs("drop"), diffs("lead_final")
     lower = sum(d < 0 for d in end)
+
+    def fall(side: str) -> list[float]:  # how far the lead fell from its peak to the end
+        return [100 * (row[side]["l0_peak"]["drop"] - row[side]["l0_peak"]["lead_final"]) for row in rows]
+
+    fell = [t - r for t, r in zip(fall("test"), fall("reference"))]
     only = "; ".join(f"seed(s) {', '.join(map(str, seeds))} run only with {label}"
                      for seeds, label in zip(left_out, (test_label, ref_label)) if seeds)
     lines += ["", f"Paired by seed ({n} seeds; the same data, initialisation and order on both sides"
               + (f"; left out: {only}" if only else "") + "): "
               + "; ".join(notes) + f". The layer-0 lead, {test_label} minus {ref_label}: at its peak "
-              f"{_spread(peak)} points, at the end {_spread(end)} (lower in {lower} of {n} seeds). From "
+              f"{_spread(peak)} points, at the end {_spread(end)} (lower in {lower} of {n} seeds). From its peak "
+              f"to the end the lead fell by a median of {statistics.median(fall('reference')):.1f} points with "
+              f"{ref_label} and {statistics.median(fall('test')):.1f} with {test_label} (paired difference "
+              f"{_spread(fell)}; further with {test_label} in {sum(d > 0 for d in fell)} of {n} seeds). From "
               f"`{test_source}` against `{reference_source}` (`pe-interp study {test_source} --paired "
               f"{reference_source} --readme README.md` regenerates this table and `{test_source}/study/paired.png`)."]
     return "\n".join(lines)
