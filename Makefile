@@ -75,6 +75,7 @@ validate: setup
 
 lint: setup
 	$(VENV)/bin/ruff check pe_interp probes tests benchmarks
+	$(VENV)/bin/ruff format --check pe_interp probes tests benchmarks
 	$(VENV)/bin/lint-imports
 
 # Every speed ratio of the performance and circuits issues, each against a baseline measured in the

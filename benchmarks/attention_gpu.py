@@ -63,20 +63,29 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma list of: " + ",".join(SHAPES))
     ap.add_argument("--encodings", default=",".join(ENCODINGS))
-    ap.add_argument("--contenders", default=",".join(CONTENDERS),
-                    help="comma list of: triton, triton-rotload (backward rotates on load), "
-                         "eager, sdpa, flex")
+    ap.add_argument(
+        "--contenders",
+        default=",".join(CONTENDERS),
+        help="comma list of: triton, triton-rotload (backward rotates on load), eager, sdpa, flex",
+    )
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--bidirectional", action="store_true", help="non-causal (default: causal)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--err-batch", type=int, default=None,
-                    help="batch slice for the float64 error check (default: full batch; "
-                         "a smaller one saves memory but costs flex a recompile)")
+    ap.add_argument(
+        "--err-batch",
+        type=int,
+        default=None,
+        help="batch slice for the float64 error check (default: full batch; "
+        "a smaller one saves memory but costs flex a recompile)",
+    )
     ap.add_argument("--no-err", action="store_true", help="skip the float64 error checks")
     ap.add_argument("--json", default=str(Path(__file__).with_name("attention_gpu.json")))
-    ap.add_argument("--cpu-smoke", action="store_true",
-                    help="tiny shapes on CPU (Triton interpreter) to test this script")
+    ap.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="tiny shapes on CPU (Triton interpreter) to test this script",
+    )
     return ap.parse_args(argv)
 
 
@@ -100,10 +109,14 @@ def t5_buckets(S: int, device, num_buckets: int = 32, max_distance: int = 128) -
     n = rel.abs()
     max_exact = nb // 2
     is_small = n < max_exact
-    large = max_exact + (
-        torch.log(n.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
-        * (nb - max_exact)
-    ).long()
+    large = (
+        max_exact
+        + (
+            torch.log(n.float().clamp(min=1) / max_exact)
+            / math.log(max_distance / max_exact)
+            * (nb - max_exact)
+        ).long()
+    )
     large = large.clamp(max=nb - 1)
     return ret + torch.where(is_small, n, large)
 
@@ -123,7 +136,9 @@ def make_problem(shape, enc: str, causal: bool, device, dtype=torch.bfloat16, se
     if enc == "rope":
         kw["rope"] = RopeSpec(*rope_tables(S, D, device), start=0, dim=D)
     elif enc == "alibi":
-        kw["alibi_slopes"] = torch.tensor([2 ** (-8 * (h + 1) / H) for h in range(H)], device=device)
+        kw["alibi_slopes"] = torch.tensor(
+            [2 ** (-8 * (h + 1) / H) for h in range(H)], device=device
+        )
     elif enc == "t5":
         nb = 32
         table = (torch.randn(H, nb, generator=g) * 0.5).to(device).requires_grad_()
@@ -169,7 +184,9 @@ def make_triton(rotate_on_load: bool = False):
         old = flash.BWD_PREROTATE  # read at call time; the backward uses the captured value
         flash.BWD_PREROTATE = not rotate_on_load
         try:
-            return fused_attention(q, k, v, scale=prob["scale"], causal=prob["causal"], **prob["kw"])
+            return fused_attention(
+                q, k, v, scale=prob["scale"], causal=prob["causal"], **prob["kw"]
+            )
         finally:
             flash.BWD_PREROTATE = old
 
@@ -181,14 +198,18 @@ def make_eager():
 
     def run(prob):
         q, k, v = views(prob)
-        return reference_attention(q, k, v, scale=prob["scale"], causal=prob["causal"], **prob["kw"])
+        return reference_attention(
+            q, k, v, scale=prob["scale"], causal=prob["causal"], **prob["kw"]
+        )
 
     return run
 
 
 def _causal_bias(S, device, dtype):
     i = torch.arange(S, device=device)
-    return torch.zeros(S, S, device=device, dtype=dtype).masked_fill(i[None, :] > i[:, None], float("-inf"))
+    return torch.zeros(S, S, device=device, dtype=dtype).masked_fill(
+        i[None, :] > i[:, None], float("-inf")
+    )
 
 
 def make_sdpa():
@@ -232,8 +253,12 @@ def make_flex(compile_: bool = True):
 
     if compile_:
         cfg = torch._dynamo.config  # one compile per (shape, encoding): lift the recompile caps
-        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                     "accumulated_cache_size_limit"):
+        for name in (
+            "recompile_limit",
+            "cache_size_limit",
+            "accumulated_recompile_limit",
+            "accumulated_cache_size_limit",
+        ):
             if hasattr(cfg, name):
                 setattr(cfg, name, max(getattr(cfg, name), 256))
     flex = torch.compile(flex_attention, dynamic=False) if compile_ else flex_attention
@@ -245,8 +270,17 @@ def make_flex(compile_: bool = True):
     def mods(prob, device):
         """Block mask / score_mod built once per problem (stable objects avoid recompiles)."""
         kw, S = prob["kw"], prob["shape"][2]
-        key = (S, prob["causal"], *(id(t) for t in (kw.get("alibi_slopes"),
-               kw["rel_bias"].table if "rel_bias" in kw else None)))
+        key = (
+            S,
+            prob["causal"],
+            *(
+                id(t)
+                for t in (
+                    kw.get("alibi_slopes"),
+                    kw["rel_bias"].table if "rel_bias" in kw else None,
+                )
+            ),
+        )
         if key in cache:
             return cache[key]
         block_mask = None
@@ -297,7 +331,10 @@ class Timer:
         times = []
         for _ in range(reps):
             if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start, end = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
                 start.record()
                 fn()
                 end.record()
@@ -374,8 +411,10 @@ def main(argv=None) -> int:
     if smoke:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     elif not torch.cuda.is_available():
-        print("attention_gpu.py: no CUDA device found; this benchmark needs a GPU "
-              "(nothing was run; use --cpu-smoke to exercise the script on CPU).")
+        print(
+            "attention_gpu.py: no CUDA device found; this benchmark needs a GPU "
+            "(nothing was run; use --cpu-smoke to exercise the script on CPU)."
+        )
         return 0
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
     from pe_interp.kernels import triton_available
@@ -400,9 +439,16 @@ def main(argv=None) -> int:
             print(f"unknown contender {c!r}; choose from {sorted(factories)}")
             return 2
 
-    env = dict(torch=torch.__version__, cuda=torch.version.cuda, triton_available=triton_available(),
-               device=torch.cuda.get_device_name() if not smoke else "cpu (smoke)", causal=causal,
-               dtype="bfloat16", reps=reps, warmup=warmup)
+    env = dict(
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        triton_available=triton_available(),
+        device=torch.cuda.get_device_name() if not smoke else "cpu (smoke)",
+        causal=causal,
+        dtype="bfloat16",
+        reps=reps,
+        warmup=warmup,
+    )
     try:
         import triton
 
@@ -426,8 +472,17 @@ def main(argv=None) -> int:
             for cname in contenders:
                 fn = None
                 for mode in modes:
-                    row = dict(shape=shape_name, B=shape[0], H=shape[1], S=shape[2], D=shape[3],
-                               encoding=enc, contender=cname, mode=mode, causal=causal)
+                    row = dict(
+                        shape=shape_name,
+                        B=shape[0],
+                        H=shape[1],
+                        S=shape[2],
+                        D=shape[3],
+                        encoding=enc,
+                        contender=cname,
+                        mode=mode,
+                        causal=causal,
+                    )
                     try:
                         if fn is None:
                             fn = factories[cname]()
@@ -447,10 +502,15 @@ def main(argv=None) -> int:
                         row["ms"] = round(ms, 4)
                         row["tflops"] = round(flops(shape, causal, mode) / (ms * 1e-3) / 1e12, 2)
                         if not smoke:
-                            row["peak_mib"] = round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)
+                            row["peak_mib"] = round(
+                                (torch.cuda.max_memory_allocated() - base) / 2**20, 1
+                            )
                     except Exception as e:
                         row["error"] = f"{type(e).__name__}: {e}"[:500]
-                        print(f"[{shape_name}/{enc}/{cname}/{mode}] FAILED: {row['error']}", flush=True)
+                        print(
+                            f"[{shape_name}/{enc}/{cname}/{mode}] FAILED: {row['error']}",
+                            flush=True,
+                        )
                         if os.environ.get("BENCH_TRACEBACK"):
                             traceback.print_exc()
                     if not args.no_err:
@@ -459,8 +519,11 @@ def main(argv=None) -> int:
                             row["err"] = {k: float(f"{v:.3g}") for k, v in errs.items()}
                         except Exception as e:
                             row["err_error"] = f"{type(e).__name__}: {e}"[:300]
-                            print(f"[{shape_name}/{enc}/{cname}/{mode}] error check FAILED: "
-                                  f"{row['err_error']}", flush=True)
+                            print(
+                                f"[{shape_name}/{enc}/{cname}/{mode}] error check FAILED: "
+                                f"{row['err_error']}",
+                                flush=True,
+                            )
                     results.append(row)
                     print(format_row(row), flush=True)
                     if not smoke:
@@ -471,9 +534,16 @@ def main(argv=None) -> int:
     print(format_table(results))
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(env=env, flop_formula=
-        "fwd = 4*B*H*S^2*D, fwd+bwd = 14*B*H*S^2*D, times (S+1)/(2S) when causal",
-        results=results), indent=1))
+    out.write_text(
+        json.dumps(
+            dict(
+                env=env,
+                flop_formula="fwd = 4*B*H*S^2*D, fwd+bwd = 14*B*H*S^2*D, times (S+1)/(2S) when causal",
+                results=results,
+            ),
+            indent=1,
+        )
+    )
     print(f"wrote {out}")
     return 0
 
@@ -489,8 +559,10 @@ def format_row(r: dict) -> str:
 
 
 def format_table(results: list[dict]) -> str:
-    lines = [f"{'shape':>5} {'enc':>5} {'contender':>14} {'mode':>7} {'median':>13} {'TFLOP/s':>16}"
-             f"{'peak':>13}  max abs err vs float64"]
+    lines = [
+        f"{'shape':>5} {'enc':>5} {'contender':>14} {'mode':>7} {'median':>13} {'TFLOP/s':>16}"
+        f"{'peak':>13}  max abs err vs float64"
+    ]
     lines += [format_row(r) for r in results]
     return "\n".join(lines)
 

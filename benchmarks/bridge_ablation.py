@@ -46,14 +46,24 @@ def main() -> None:
     task = DistanceTask(**mid.task["distance"], seed=0)
     batch = task.sample(args.n, seed=1)
     d_task, n_classes = mid.task["distance"]["d_vocab"], task.n_classes
-    shape = dict(n_layers=mid.model["n_layers"], d_model=mid.model["d_model"], n_heads=mid.model["n_heads"],
-                 d_mlp=mid.model["d_mlp"], n_ctx=batch.tokens.shape[1], d_vocab=d_task + n_classes,
-                 pad_id=PAD_ID)  # fmt: skip
-    print(f"CPU: {torch.get_num_threads()} threads, avx512_bf16 {cpu_has_bf16()}; float32; {args.n} examples of task 1 "
-          f"(width {batch.tokens.shape[1]}), {shape['n_layers']} x {shape['n_heads']} heads")
+    shape = dict(
+        n_layers=mid.model["n_layers"],
+        d_model=mid.model["d_model"],
+        n_heads=mid.model["n_heads"],
+        d_mlp=mid.model["d_mlp"],
+        n_ctx=batch.tokens.shape[1],
+        d_vocab=d_task + n_classes,
+        pad_id=PAD_ID,
+    )
+    print(
+        f"CPU: {torch.get_num_threads()} threads, avx512_bf16 {cpu_has_bf16()}; float32; {args.n} examples of task 1 "
+        f"(width {batch.tokens.shape[1]}), {shape['n_layers']} x {shape['n_heads']} heads"
+    )
     for arch in args.arch:
         with tempfile.TemporaryDirectory() as tmp:
-            out = save_model_dir(build_hf_model(arch, seed=0, **shape), word_tokenizer(shape["d_vocab"], PAD_ID), tmp)
+            out = save_model_dir(
+                build_hf_model(arch, seed=0, **shape), word_tokenizer(shape["d_vocab"], PAD_ID), tmp
+            )
             model = BridgedModel(boot_bridge(out), answers=range(d_task, d_task + n_classes))
         kw = dict(pad_mask=batch.pad_mask, metric="logit", n_bootstrap=0, per_example=True)
         times: dict[str, list[float]] = {"batched": [], "naive": []}
@@ -64,9 +74,13 @@ def main() -> None:
                 results[name] = fn(model, batch.tokens, batch.labels, **kw)
                 times[name].append(time.perf_counter() - t0)
         fast, slow = statistics.median(times["batched"]), statistics.median(times["naive"])
-        diff = float(np.nanmax(np.abs(results["batched"].per_example - results["naive"].per_example)))
-        print(f"{arch:<9} batched {fast:7.2f} s   naive {slow:7.2f} s   ratio {slow / fast:5.2f}x (goal >= 3)   "
-              f"largest per-example logit difference {diff:.1e}")
+        diff = float(
+            np.nanmax(np.abs(results["batched"].per_example - results["naive"].per_example))
+        )
+        print(
+            f"{arch:<9} batched {fast:7.2f} s   naive {slow:7.2f} s   ratio {slow / fast:5.2f}x (goal >= 3)   "
+            f"largest per-example logit difference {diff:.1e}"
+        )
 
 
 if __name__ == "__main__":

@@ -22,13 +22,22 @@ import pe_interp
 from probes import ablate_heads
 
 ROOT = Path(pe_interp.__file__).resolve().parents[1]
-BELOW = ("pe_interp/model.py", "pe_interp/blocks.py", "pe_interp/attention.py", "pe_interp/attn_routes.py",
-         "pe_interp/encodings/", "pe_interp/kernels/", "pe_interp/modes.py")
+BELOW = (
+    "pe_interp/model.py",
+    "pe_interp/blocks.py",
+    "pe_interp/attention.py",
+    "pe_interp/attn_routes.py",
+    "pe_interp/encodings/",
+    "pe_interp/kernels/",
+    "pe_interp/modes.py",
+)
 
 
 # the path's stages: the entry, its one check, the engine rooms; what they call below them (the
 # replacements, the result, the probes' shared inputs and metrics, core) are tools
-ROOMS = tuple(f"probes/ablation{s}.py" for s in ("", "_inputs", "_exact", "_sampled", "_attribution"))
+ROOMS = tuple(
+    f"probes/ablation{s}.py" for s in ("", "_inputs", "_exact", "_sampled", "_attribution")
+)
 
 
 def _rel(frame) -> str | None:
@@ -43,7 +52,9 @@ def trace(engine: str) -> list[tuple[str, tuple[str, ...]]]:
     """Each call into a library file outside the model, with the library files on the stack
     below it (innermost first). Calls the model's own code makes (its input check, its config)
     belong to the layer below and are left out; hooks it calls back are the caller's own work."""
-    cfg = pe_interp.ModelConfig(n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=12, d_vocab=20, n_classes=5)
+    cfg = pe_interp.ModelConfig(
+        n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=12, d_vocab=20, n_classes=5
+    )
     model = pe_interp.HookedPETransformer(cfg).eval()
     tokens = torch.randint(1, 20, (16, 12), generator=torch.Generator().manual_seed(0))
     labels = torch.randint(0, 5, (16,), generator=torch.Generator().manual_seed(1))
@@ -104,8 +115,14 @@ def measure(calls: list[tuple[str, tuple[str, ...]]]) -> dict[str, object]:
                 tools += 1
         seen.add(rel)
     rooms = [f for i, f in enumerate(seq) if f.startswith(ROOMS) and (i == 0 or seq[i - 1] != f)]
-    return {"files": seq, "rooms": list(dict.fromkeys(rooms)), "strict": strict, "returns": returns,
-            "tool_calls": tools, "why": up}  # fmt: skip
+    return {
+        "files": seq,
+        "rooms": list(dict.fromkeys(rooms)),
+        "strict": strict,
+        "returns": returns,
+        "tool_calls": tools,
+        "why": up,
+    }
 
 
 def main() -> None:
@@ -117,9 +134,11 @@ def main() -> None:
     print(f"rooms, in order: {' -> '.join(m['rooms'])}")
     for w in m["why"]:
         print(f"  return: {w}")
-    print(f"engine={args.engine}: {len(set(m['files']))} files entered; {m['returns']} returns to a file it had left "
-          f"or that called it (goal <= 4); {m['tool_calls']} further calls down into shared tools; "
-          f"{m['strict']} re-entries counting every call")
+    print(
+        f"engine={args.engine}: {len(set(m['files']))} files entered; {m['returns']} returns to a file it had left "
+        f"or that called it (goal <= 4); {m['tool_calls']} further calls down into shared tools; "
+        f"{m['strict']} re-entries counting every call"
+    )
 
 
 if __name__ == "__main__":

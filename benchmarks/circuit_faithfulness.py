@@ -53,25 +53,53 @@ def evaluate(run_dir: str, args) -> dict:
     if args.method == "learned":  # one mask per granularity, learnt on --learn-n selection pairs
         pairs = task.counterfactuals(args.learn_n or args.n, kind=args.family, seed=0)
         for positional in grains:
-            learned[positional] = learn_ranking(model, pairs, spans=task if positional else None,
-                                                sparsity=args.sparsity, budget=args.budget, steps=args.steps,
-                                                progress=True)  # fmt: skip
+            learned[positional] = learn_ranking(
+                model,
+                pairs,
+                spans=task if positional else None,
+                sparsity=args.sparsity,
+                budget=args.budget,
+                steps=args.steps,
+                progress=True,
+            )
         meta = next(iter(learned.values())).meta["learned"]
         clean, corrupt = meta["full"], meta["empty"]
     else:
-        a = attribute(model, sel, method=args.method, granularity="edge", metric="margin", spans=task.spans(sel.clean),
-                      span_names=task.span_names)  # fmt: skip
+        a = attribute(
+            model,
+            sel,
+            method=args.method,
+            granularity="edge",
+            metric="margin",
+            spans=task.spans(sel.clean),
+            span_names=task.span_names,
+        )
         clean, corrupt = a.clean_metric, a.corrupt_metric
-    out = {"run": run_dir, "encoding": model.cfg.encoding_name, "task": task.name, "family": args.family,
-           "method": args.method, "n": args.n, "attribute_seconds": time.perf_counter() - t0,
-           "clean": clean, "corrupt": corrupt, "orders": {}}  # fmt: skip
-    if learned:  # and the circuit each optimisation ended on (theta > 0, connected), on the held-out pairs
+    out = {
+        "run": run_dir,
+        "encoding": model.cfg.encoding_name,
+        "task": task.name,
+        "family": args.family,
+        "method": args.method,
+        "n": args.n,
+        "attribute_seconds": time.perf_counter() - t0,
+        "clean": clean,
+        "corrupt": corrupt,
+        "orders": {},
+    }
+    if (
+        learned
+    ):  # and the circuit each optimisation ended on (theta > 0, connected), on the held-out pairs
         out["learned"] = {}
         for k, r in learned.items():
             end = r.circuit_of(prune(r.graph, np.nan_to_num(r.scores["learned"], nan=-1.0) > 0))
             held_f = faithfulness_curve(model, end, held, spans=task if k else None)["recovered"][0]
-            out["learned"]["spans" if k else "whole"] = {**r.meta["learned"], "total": r.total, "ended_size": len(end.edges),
-                                                         "ended_held_out": held_f}  # fmt: skip
+            out["learned"]["spans" if k else "whole"] = {
+                **r.meta["learned"],
+                "total": r.total,
+                "ended_size": len(end.edges),
+                "ended_held_out": held_f,
+            }
     rankings = {}
     for positional in grains:
         for select in args.select:
@@ -88,17 +116,30 @@ def evaluate(run_dir: str, args) -> dict:
             c = minimal_circuit(model, r, held, target=args.target, spans=task)
             f = c.faithfulness
             out["orders"][f"{'spans' if positional else 'whole'}-{select}"] = {
-                "total": r.total, "shares": [k / r.total for k in curve["kept"]], "recovered": curve["recovered"],
-                "area": curve["area"], "at_share": at_share, "min_size": f["size"], "min_share": f["size"] / r.total, "min_kept": f["kept"],
-                "min_area": f["area"], "seconds": time.perf_counter() - t0,
-                "circuit": {"edges": [list(e) for e in c.edges], "spans": None if c.spans is None else list(c.spans)},
-            }  # fmt: skip
+                "total": r.total,
+                "shares": [k / r.total for k in curve["kept"]],
+                "recovered": curve["recovered"],
+                "area": curve["area"],
+                "at_share": at_share,
+                "min_size": f["size"],
+                "min_share": f["size"] / r.total,
+                "min_kept": f["kept"],
+                "min_area": f["area"],
+                "seconds": time.perf_counter() - t0,
+                "circuit": {
+                    "edges": [list(e) for e in c.edges],
+                    "spans": None if c.spans is None else list(c.spans),
+                },
+            }
             rankings[positional, select, "min"] = c
     for select in args.select if len(grains) == 2 else ():
         w, s = out["orders"][f"whole-{select}"], out["orders"][f"spans-{select}"]
         # the same shares of the graph were asked of both (a circuit's kept units may fall short of a share)
-        above = [np.interp(x, s["shares"], s["recovered"]) >= np.interp(x, w["shares"], w["recovered"]) - 1e-12
-                 for x in sorted(set(w["shares"]) | set(s["shares"]))]  # fmt: skip
+        above = [
+            np.interp(x, s["shares"], s["recovered"])
+            >= np.interp(x, w["shares"], w["recovered"]) - 1e-12
+            for x in sorted(set(w["shares"]) | set(s["shares"]))
+        ]
         out["orders"][f"spans-{select}"]["above_whole_everywhere"] = bool(all(above))
         # at each size asked (a budget: each granularity's largest circuit of at most that share), no interpolation
         budget = [s["at_share"][x] >= w["at_share"][x] - 1e-12 for x in w["at_share"]]
@@ -110,49 +151,77 @@ def evaluate(run_dir: str, args) -> dict:
                 t0 = time.perf_counter()
                 ref = acdc(model, sel, tau=tau, spans=task if positional else None, progress=True)
                 seconds = time.perf_counter() - t0
-                held_f = faithfulness_curve(model, ref, held, spans=task if positional else None)["recovered"][0]
-                entry = {"size": len(ref.edges), "total": ref.total_edges, "share": len(ref.edges) / ref.total_edges,
-                         "faithfulness_selection_pairs": ref.faithfulness["kept"], "faithfulness_held_out": held_f,
-                         "forwards": ref.meta["acdc"]["forwards"], "seconds": seconds, "against": {}}  # fmt: skip
+                held_f = faithfulness_curve(model, ref, held, spans=task if positional else None)[
+                    "recovered"
+                ][0]
+                entry = {
+                    "size": len(ref.edges),
+                    "total": ref.total_edges,
+                    "share": len(ref.edges) / ref.total_edges,
+                    "faithfulness_selection_pairs": ref.faithfulness["kept"],
+                    "faithfulness_held_out": held_f,
+                    "forwards": ref.meta["acdc"]["forwards"],
+                    "seconds": seconds,
+                    "against": {},
+                }
                 for select in args.select:
                     r = rankings[positional, select]
                     same = r.circuit(len(ref.edges))
-                    entry["against"][select] = {"same_size": overlap(same, ref),
-                                                "smallest_faithful": overlap(rankings[positional, select, "min"], ref)}
+                    entry["against"][select] = {
+                        "same_size": overlap(same, ref),
+                        "smallest_faithful": overlap(rankings[positional, select, "min"], ref),
+                    }
                 out["acdc"][f"{'spans' if positional else 'whole'}-tau{tau:g}"] = entry
     return out
 
 
 def report(res: dict, target: float) -> None:
-    print(f"\n{res['encoding']} {res['task']} ({res['run']}), {res['family']} pairs, {res['method']}, n={res['n']}: "
-          f"clean margin {res['clean']:+.3f}, corrupt {res['corrupt']:+.3f} (scoring {res['attribute_seconds']:.0f} s)")
+    print(
+        f"\n{res['encoding']} {res['task']} ({res['run']}), {res['family']} pairs, {res['method']}, n={res['n']}: "
+        f"clean margin {res['clean']:+.3f}, corrupt {res['corrupt']:+.3f} (scoring {res['attribute_seconds']:.0f} s)"
+    )
     for name, L in res.get("learned", {}).items():
         how = f"budget {L['budget']:g}" if "budget" in L else f"sparsity {L['sparsity']:g}"
-        print(f"  learned {name}: {L['size']} of {L['total']} units with theta > 0, recovering {L['recovered_hard']:.3f} "
-              f"on the {L['n_pairs']} pairs it learnt on ({L['steps']} steps, {how}, {L['seconds']:.0f} s); "
-              f"connected {L['ended_size']} ({L['ended_size'] / L['total']:.1%}), {L['ended_held_out']:.3f} on held-out pairs")
+        print(
+            f"  learned {name}: {L['size']} of {L['total']} units with theta > 0, recovering {L['recovered_hard']:.3f} "
+            f"on the {L['n_pairs']} pairs it learnt on ({L['steps']} steps, {how}, {L['seconds']:.0f} s); "
+            f"connected {L['ended_size']} ({L['ended_size'] / L['total']:.1%}), {L['ended_held_out']:.3f} on held-out pairs"
+        )
     for name, o in res["orders"].items():
         pts = " ".join(f"{x:.0%}:{y:.2f}" for x, y in zip(o["shares"], o["recovered"]))
-        extra = "" if "above_whole_everywhere" not in o else (
-            f", above whole edges at every share: {o['above_whole_everywhere']} (interpolated), "
-            f"{o['above_whole_at_every_budget']} (at each size asked)")  # fmt: skip
-        print(f"  {name:13s} area {o['area']:.3f}; smallest >= {target:g}: {o['min_size']} of {o['total']} "
-              f"({o['min_share']:.1%}), faithfulness {o['min_kept']:.3f}{extra}\n      {pts}")
+        extra = (
+            ""
+            if "above_whole_everywhere" not in o
+            else (
+                f", above whole edges at every share: {o['above_whole_everywhere']} (interpolated), "
+                f"{o['above_whole_at_every_budget']} (at each size asked)"
+            )
+        )
+        print(
+            f"  {name:13s} area {o['area']:.3f}; smallest >= {target:g}: {o['min_size']} of {o['total']} "
+            f"({o['min_share']:.1%}), faithfulness {o['min_kept']:.3f}{extra}\n      {pts}"
+        )
     for select in [k.split("-", 1)[1] for k in res["orders"] if k.startswith("spans-")]:
         o = res["orders"][f"spans-{select}"]
-        print(f"  goals ({select}): smallest position-aware circuit >= {target:g} holds {o['min_share']:.1%} of the "
-              f"position-aware edges (<= 10%: {'met' if o['min_share'] <= 0.10 and o['min_kept'] >= target else 'NOT met'}); "
-              f"position-aware curve above the whole-edge one at every share: "
-              f"{ {True: 'met', False: 'NOT met', None: 'not compared (one granularity)'}[o.get('above_whole_everywhere')] } "
-              f"(interpolated), { {True: 'met', False: 'NOT met', None: '-'}[o.get('above_whole_at_every_budget')] } "
-              "(at each size asked)")  # fmt: skip
+        print(
+            f"  goals ({select}): smallest position-aware circuit >= {target:g} holds {o['min_share']:.1%} of the "
+            f"position-aware edges (<= 10%: {'met' if o['min_share'] <= 0.10 and o['min_kept'] >= target else 'NOT met'}); "
+            f"position-aware curve above the whole-edge one at every share: "
+            f"{ {True: 'met', False: 'NOT met', None: 'not compared (one granularity)'}[o.get('above_whole_everywhere')] } "
+            f"(interpolated), { {True: 'met', False: 'NOT met', None: '-'}[o.get('above_whole_at_every_budget')] } "
+            "(at each size asked)"
+        )
     for name, e in res.get("acdc", {}).items():
-        print(f"  ACDC {name}: {e['size']} of {e['total']} ({e['share']:.1%}), faithfulness {e['faithfulness_selection_pairs']:.3f}"
-              f" (held out {e['faithfulness_held_out']:.3f}), {e['forwards']} forwards, {e['seconds']:.0f} s")
+        print(
+            f"  ACDC {name}: {e['size']} of {e['total']} ({e['share']:.1%}), faithfulness {e['faithfulness_selection_pairs']:.3f}"
+            f" (held out {e['faithfulness_held_out']:.3f}), {e['forwards']} forwards, {e['seconds']:.0f} s"
+        )
         for select, o in e["against"].items():
             a, b = o["same_size"], o["smallest_faithful"]
-            print(f"    {select:6s} same size: precision {a['precision']:.2f} recall {a['recall']:.2f}; smallest faithful "
-                  f"({b['found']}): precision {b['precision']:.2f} recall {b['recall']:.2f}")
+            print(
+                f"    {select:6s} same size: precision {a['precision']:.2f} recall {a['recall']:.2f}; smallest faithful "
+                f"({b['found']}): precision {b['precision']:.2f} recall {b['recall']:.2f}"
+            )
     sys.stdout.flush()
 
 
@@ -160,20 +229,47 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("runs", nargs="+")
     p.add_argument("--family", default="position", choices=["position", "content", "both"])
-    p.add_argument("--method", default="eap-ig", choices=["eap-ig", "atp", "learned"],
-                   help="attribution scores, or masks learnt for faithfulness and sparsity (probes.circuits.learned)")
+    p.add_argument(
+        "--method",
+        default="eap-ig",
+        choices=["eap-ig", "atp", "learned"],
+        help="attribution scores, or masks learnt for faithfulness and sparsity (probes.circuits.learned)",
+    )
     p.add_argument("--n", type=int, default=128)
-    p.add_argument("--learn-n", type=int, default=None, help="selection pairs to learn the masks on (default --n)")
-    p.add_argument("--sparsity", type=float, default=0.5, help="learned: the weight of the mean mask")
-    p.add_argument("--budget", type=float, default=None,
-                   help="learned: the share of the units the circuit ends on, reached along a path (instead of --sparsity)")
+    p.add_argument(
+        "--learn-n",
+        type=int,
+        default=None,
+        help="selection pairs to learn the masks on (default --n)",
+    )
+    p.add_argument(
+        "--sparsity", type=float, default=0.5, help="learned: the weight of the mean mask"
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="learned: the share of the units the circuit ends on, reached along a path (instead of --sparsity)",
+    )
     p.add_argument("--steps", type=int, default=200, help="learned: Adam steps")
     p.add_argument("--target", type=float, default=0.9)
     p.add_argument("--select", nargs="+", default=["paths", "greedy", "top"])
-    p.add_argument("--shares", type=float, nargs="+", default=[0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7])
-    p.add_argument("--granularity", default="both", choices=["both", "whole", "spans"],
-                   help="whole edges, edges per span (position-aware), or both (the curve comparison needs both)")
-    p.add_argument("--acdc", type=float, nargs="*", default=[], help="ACDC thresholds (fractions of the metric gap)")
+    p.add_argument(
+        "--shares", type=float, nargs="+", default=[0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7]
+    )
+    p.add_argument(
+        "--granularity",
+        default="both",
+        choices=["both", "whole", "spans"],
+        help="whole edges, edges per span (position-aware), or both (the curve comparison needs both)",
+    )
+    p.add_argument(
+        "--acdc",
+        type=float,
+        nargs="*",
+        default=[],
+        help="ACDC thresholds (fractions of the metric gap)",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)

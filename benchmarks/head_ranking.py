@@ -47,7 +47,15 @@ from probes.ablation import AblationResult
 from probes.circuits.agreement import spearman
 from probes.circuits.heads import rank_heads
 
-DEFAULT = ["atp-logprob", "joint-accuracy-4", "joint-accuracy-8", "layer-accuracy-2", "sampled-0.1", "sampled-0.2", "sampled-0.25"]
+DEFAULT = [
+    "atp-logprob",
+    "joint-accuracy-4",
+    "joint-accuracy-8",
+    "layer-accuracy-2",
+    "sampled-0.1",
+    "sampled-0.2",
+    "sampled-0.25",
+]
 
 
 def exact_grid(run, n: int, per_example: bool = False) -> tuple[AblationResult, Batch, float]:
@@ -55,12 +63,22 @@ def exact_grid(run, n: int, per_example: bool = False) -> tuple[AblationResult, 
     path = Path(run.run_dir) / "ablation.json"
     if path.is_file() and not per_example:
         res = AblationResult.load(path)
-        if (res.method, res.metric, res.meta.get("eval_set", "test")) == ("zero", "accuracy", "test") and not np.isnan(res.drops).any():
+        if (res.method, res.metric, res.meta.get("eval_set", "test")) == (
+            "zero",
+            "accuracy",
+            "test",
+        ) and not np.isnan(res.drops).any():
             return res, run.test_set(res.n_examples), 0.0
     test = run.test_set(n)
     t0 = time.perf_counter()
-    res = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=0,
-                       per_example=per_example)  # fmt: skip
+    res = ablate_heads(
+        run.model,
+        test.tokens,
+        test.labels,
+        pad_mask=test.pad_mask,
+        n_bootstrap=0,
+        per_example=per_example,
+    )
     return res, test, time.perf_counter() - t0
 
 
@@ -84,27 +102,52 @@ def oracle(split_half: float) -> float:
 def estimate(model, test: Batch, name: str, verify_top: int) -> tuple[np.ndarray, np.ndarray]:
     """The estimate and what breaks its ties (the engine's order)."""
     if name.startswith("sampled-"):
-        r = ablate_heads(model, test.tokens, test.labels, pad_mask=test.pad_mask, engine="sampled",
-                         sample=float(name.split("-")[1]), verify_top=verify_top, n_bootstrap=0)  # fmt: skip
+        r = ablate_heads(
+            model,
+            test.tokens,
+            test.labels,
+            pad_mask=test.pad_mask,
+            engine="sampled",
+            sample=float(name.split("-")[1]),
+            verify_top=verify_top,
+            n_bootstrap=0,
+        )
         return r.drops, -np.arange(r.drops.size, dtype=float).reshape(r.drops.shape)
     if name == "atp-logprob":
         est = attribute(model, test, metric="logprob", direction="noise").head_scores()
         return est, est
     path, surrogate, k = name.split("-")
-    r = rank_heads(model, test.tokens, test.labels, test.pad_mask.to(test.tokens.device), surrogate=surrogate,
-                   steps=int(k), path=path)  # fmt: skip
+    r = rank_heads(
+        model,
+        test.tokens,
+        test.labels,
+        test.pad_mask.to(test.tokens.device),
+        surrogate=surrogate,
+        steps=int(k),
+        path=path,
+    )
     return r["estimate"], r["tiebreak"]
 
 
-def evaluate(run_dir: str, n: int, names: list[str], verify_top: int, ceiling: bool = False) -> dict:
+def evaluate(
+    run_dir: str, n: int, names: list[str], verify_top: int, ceiling: bool = False
+) -> dict:
     run = load_run(run_dir)
     model = run.model.eval()
     exact, test, t_exact = exact_grid(run, n, per_example=ceiling)
     ex = exact.drops
     top = np.unravel_index(np.nanargmax(ex), ex.shape)
-    out = {"run": run_dir, "encoding": model.cfg.encoding_name, "accuracy": exact.baseline, "n": exact.n_examples,
-           "exact_seconds": t_exact, "exact_top": [int(top[0]), int(top[1])], "exact_top_drop": float(ex[top]),
-           "estimators": {}, "split_half": split_half(exact) if ceiling else None}  # fmt: skip
+    out = {
+        "run": run_dir,
+        "encoding": model.cfg.encoding_name,
+        "accuracy": exact.baseline,
+        "n": exact.n_examples,
+        "exact_seconds": t_exact,
+        "exact_top": [int(top[0]), int(top[1])],
+        "exact_top_drop": float(ex[top]),
+        "estimators": {},
+        "split_half": split_half(exact) if ceiling else None,
+    }
     for name in names:
         t0 = time.perf_counter()
         est, tie = estimate(model, test, name, verify_top)
@@ -113,10 +156,16 @@ def evaluate(run_dir: str, n: int, names: list[str], verify_top: int, ceiling: b
         verified = order[:verify_top]
         found = np.unravel_index(verified[np.argmax(ex.ravel()[verified])], ex.shape)
         out["estimators"][name] = {
-            "spearman": spearman(est, ex), "top_same": bool(order[0] == np.ravel_multi_index(top, ex.shape)),
-            "rank_of_exact_top": int(np.flatnonzero(order == np.ravel_multi_index(top, ex.shape))[0]) + 1,
-            "engine_top_same": bool(found == top), "seconds": seconds, "estimate": est.tolist(),
-        }  # fmt: skip
+            "spearman": spearman(est, ex),
+            "top_same": bool(order[0] == np.ravel_multi_index(top, ex.shape)),
+            "rank_of_exact_top": int(
+                np.flatnonzero(order == np.ravel_multi_index(top, ex.shape))[0]
+            )
+            + 1,
+            "engine_top_same": bool(found == top),
+            "seconds": seconds,
+            "estimate": est.tolist(),
+        }
     out["exact"] = ex.tolist()
     return out
 
@@ -124,10 +173,16 @@ def evaluate(run_dir: str, n: int, names: list[str], verify_top: int, ceiling: b
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("runs", nargs="+")
-    p.add_argument("--n", type=int, default=1000, help="held-out examples (when the run has no ablation.json)")
+    p.add_argument(
+        "--n", type=int, default=1000, help="held-out examples (when the run has no ablation.json)"
+    )
     p.add_argument("--estimators", nargs="+", default=DEFAULT)
     p.add_argument("--verify-top", type=int, default=3)
-    p.add_argument("--ceiling", action="store_true", help="recompute the exact grid per example: its split-half rho")
+    p.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="recompute the exact grid per example: its split-half rho",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -137,33 +192,58 @@ def main(argv: list[str] | None = None) -> int:
             continue
         res = evaluate(r, args.n, args.estimators, args.verify_top, args.ceiling)
         results.append(res)
-        print(f"\n{res['encoding']} ({r}): accuracy {res['accuracy']:.3f} on {res['n']}, exact top L{res['exact_top'][0]}H"
-              f"{res['exact_top'][1]} drop {res['exact_top_drop']:.3f} ({res['exact_seconds']:.1f} s)"
-              + ("" if res["split_half"] is None else f"; the exact grid's split-half rho {res['split_half']:+.3f}, "
-                 f"bound for an estimate of the true drops ~{oracle(res['split_half']):.2f}"))
+        print(
+            f"\n{res['encoding']} ({r}): accuracy {res['accuracy']:.3f} on {res['n']}, exact top L{res['exact_top'][0]}H"
+            f"{res['exact_top'][1]} drop {res['exact_top_drop']:.3f} ({res['exact_seconds']:.1f} s)"
+            + (
+                ""
+                if res["split_half"] is None
+                else f"; the exact grid's split-half rho {res['split_half']:+.3f}, "
+                f"bound for an estimate of the true drops ~{oracle(res['split_half']):.2f}"
+            )
+        )
         for name, e in res["estimators"].items():
-            print(f"  {name:18s} rho {e['spearman']:+.3f}  top same {str(e['top_same']):5s}  exact top ranked "
-                  f"{e['rank_of_exact_top']:>2}  engine (verify {args.verify_top}) finds it {str(e['engine_top_same']):5s}"
-                  f"  {e['seconds']:.1f} s")  # fmt: skip
+            print(
+                f"  {name:18s} rho {e['spearman']:+.3f}  top same {str(e['top_same']):5s}  exact top ranked "
+                f"{e['rank_of_exact_top']:>2}  engine (verify {args.verify_top}) finds it {str(e['engine_top_same']):5s}"
+                f"  {e['seconds']:.1f} s"
+            )
         sys.stdout.flush()
         if args.out:
             atomic_write_json(args.out, results)
     if results:
         halves = [r["split_half"] for r in results if r["split_half"] is not None]
         if halves:
-            print(f"\nthe exact grid's own split-half rho: median {np.median(halves):+.3f}, >= 0.8 in "
-                  f"{sum(h >= 0.8 for h in halves)} of {len(halves)} runs ("
-                  + ", ".join(f"{r['encoding']} {r['split_half']:+.2f}" for r in results if r["split_half"] is not None) + ")")
-        print("\nsummary over runs: median rho, runs with rho >= 0.8, top same, engine finds the top")
+            print(
+                f"\nthe exact grid's own split-half rho: median {np.median(halves):+.3f}, >= 0.8 in "
+                f"{sum(h >= 0.8 for h in halves)} of {len(halves)} runs ("
+                + ", ".join(
+                    f"{r['encoding']} {r['split_half']:+.2f}"
+                    for r in results
+                    if r["split_half"] is not None
+                )
+                + ")"
+            )
+        print(
+            "\nsummary over runs: median rho, runs with rho >= 0.8, top same, engine finds the top"
+        )
         for name in args.estimators:
             es = [r["estimators"][name] for r in results]
             rho = [e["spearman"] for e in es]
-            print(f"  {name:18s} {np.median(rho):+.3f}  {sum(x >= 0.8 for x in rho)}/{len(es)}  "
-                  f"{sum(e['top_same'] for e in es)}/{len(es)}  {sum(e['engine_top_same'] for e in es)}/{len(es)}")
-            low = [f"{r['encoding']} {e['spearman']:+.2f}" for r, e in zip(results, es) if not e["spearman"] >= 0.8]
-            print(f"    goals: rho >= 0.8 in every run: {'met' if not low else 'NOT met (' + ', '.join(low) + ')'}; "
-                  f"same top head in {sum(e['top_same'] for e in es)} of {len(es)} (>= 6 of 7: "
-                  f"{'met' if sum(e['top_same'] for e in es) >= 6 / 7 * len(es) else 'NOT met'})")
+            print(
+                f"  {name:18s} {np.median(rho):+.3f}  {sum(x >= 0.8 for x in rho)}/{len(es)}  "
+                f"{sum(e['top_same'] for e in es)}/{len(es)}  {sum(e['engine_top_same'] for e in es)}/{len(es)}"
+            )
+            low = [
+                f"{r['encoding']} {e['spearman']:+.2f}"
+                for r, e in zip(results, es)
+                if not e["spearman"] >= 0.8
+            ]
+            print(
+                f"    goals: rho >= 0.8 in every run: {'met' if not low else 'NOT met (' + ', '.join(low) + ')'}; "
+                f"same top head in {sum(e['top_same'] for e in es)} of {len(es)} (>= 6 of 7: "
+                f"{'met' if sum(e['top_same'] for e in es) >= 6 / 7 * len(es) else 'NOT met'})"
+            )
     if args.out:
         print(f"wrote {args.out}")
     return 0

@@ -136,7 +136,10 @@ def train_flops(n_layers, d_model, d_mlp, n_ctx, batch, n_classes, **_) -> float
 
 def matmul_gflops(n: int = 1024, reps: int = 5, device: str = "cpu", dtype=torch.float32) -> float:
     """Median ``n x n @ n x n`` rate over ``reps`` products (after one warm-up)."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    a, b = (
+        torch.randn(n, n, device=device, dtype=dtype),
+        torch.randn(n, n, device=device, dtype=dtype),
+    )
     a @ b
     sync(device)
     times = []
@@ -180,15 +183,30 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=2, help="training steps per timed run")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per contender (median)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per contender first")
-    ap.add_argument("--size", choices=sorted(SIZES), default="paper", help="paper (default) or mid (the study's model)")
+    ap.add_argument(
+        "--size",
+        choices=sorted(SIZES),
+        default="paper",
+        help="paper (default) or mid (the study's model)",
+    )
     ap.add_argument("--batch", type=int, default=None, help="default: 64 at paper size, 128 at mid")
-    ap.add_argument("--seq", type=int, default=None, help="tokens per example (default: the size's n_ctx)")
-    ap.add_argument("--threads", default="0", help="comma list of torch thread counts (0: torch's default)")
+    ap.add_argument(
+        "--seq", type=int, default=None, help="tokens per example (default: the size's n_ctx)"
+    )
+    ap.add_argument(
+        "--threads", default="0", help="comma list of torch thread counts (0: torch's default)"
+    )
     ap.add_argument("--device", default="cpu", help="cpu | cuda")
-    ap.add_argument("--amp", action="store_true",
-                    help="bfloat16: on CUDA every contender autocasts; on a CPU bf16 contenders are added")
-    ap.add_argument("--contenders", default=None,
-                    help="comma list of baseline, baseline-bf16, eager, sdpa, sdpa-bf16, triton, auto")
+    ap.add_argument(
+        "--amp",
+        action="store_true",
+        help="bfloat16: on CUDA every contender autocasts; on a CPU bf16 contenders are added",
+    )
+    ap.add_argument(
+        "--contenders",
+        default=None,
+        help="comma list of baseline, baseline-bf16, eager, sdpa, sdpa-bf16, triton, auto",
+    )
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
     shape, batch = SIZES[args.size]
@@ -226,7 +244,11 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict:
     if args.contenders:
         names = args.contenders.split(",")
     else:
-        names = ["baseline", "eager", "sdpa"] + (["triton"] if cuda else []) + (["baseline-bf16", "sdpa-bf16"] if cpu_bf16 else [])
+        names = (
+            ["baseline", "eager", "sdpa"]
+            + (["triton"] if cuda else [])
+            + (["baseline-bf16", "sdpa-bf16"] if cpu_bf16 else [])
+        )
     models: dict[str, nn.Module] = {}
     amp_of: dict[str, bool] = {}
     for name in names:
@@ -236,14 +258,18 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict:
         if kind == "baseline":
             models[name] = PlainClassifier(**size)
         elif kind in ("eager", "sdpa", "triton", "auto"):
-            models[name] = HookedPETransformer(ModelConfig(**size, encoding="rope", attn_backend=kind))
+            models[name] = HookedPETransformer(
+                ModelConfig(**size, encoding="rope", attn_backend=kind)
+            )
         else:
             raise SystemExit(f"model_step.py: unknown contender {name!r}")
         amp_of[name] = amp_all or precision == "bf16"
     models = {name: m.to(device) for name, m in models.items()}
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
     flops = train_flops(batch=args.batch, **size)
-    where = torch.cuda.get_device_name(device) if cuda else (platform.processor() or platform.machine())
+    where = (
+        torch.cuda.get_device_name(device) if cuda else (platform.processor() or platform.machine())
+    )
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {where}"
         f"{', bf16 autocast' if amp_all else ''}"
@@ -280,7 +306,9 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict:
     for rep in range(args.repeats):
         for p in peaks:
             dtype = torch.bfloat16 if p == "bf16" else torch.float32
-            peaks[p].append(matmul_gflops(n=n_peak, reps=10 if cuda else 5, device=device, dtype=dtype))
+            peaks[p].append(
+                matmul_gflops(n=n_peak, reps=10 if cuda else 5, device=device, dtype=dtype)
+            )
         for name, step in steps.items():
             sync(device)
             t0 = time.perf_counter()
@@ -291,14 +319,22 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict:
         print(
             f"repeat {rep + 1}/{args.repeats}: "
             + ", ".join(f"{n} {t[-1] * 1e3:.1f} ms/step" for n, t in times.items())
-            + ", matmul " + ", ".join(f"{p} {v[-1]:.1f}" for p, v in peaks.items()) + " GFLOP/s",
+            + ", matmul "
+            + ", ".join(f"{p} {v[-1]:.1f}" for p, v in peaks.items())
+            + " GFLOP/s",
             flush=True,
         )
 
     peak = {p: statistics.median(v) for p, v in peaks.items()}
     refs = [r for r in ("baseline", "baseline-bf16") if r in times] or [next(iter(times))]
-    print("\nmatmul peak (median " + ", ".join(f"{p} {n_peak}^3 {v:.1f}" for p, v in peak.items()) + " GFLOP/s)")
-    header = f"{'contender':<14} {'ms/step':>9} {'examples/s':>10}" + "".join(f" {'vs ' + r:>18}" for r in refs)
+    print(
+        "\nmatmul peak (median "
+        + ", ".join(f"{p} {n_peak}^3 {v:.1f}" for p, v in peak.items())
+        + " GFLOP/s)"
+    )
+    header = f"{'contender':<14} {'ms/step':>9} {'examples/s':>10}" + "".join(
+        f" {'vs ' + r:>18}" for r in refs
+    )
     header += f" {'GFLOP/s':>8}" + "".join(f" {'of ' + p + ' peak':>13}" for p in peak)
     print(header)
     results = {}
@@ -319,10 +355,20 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict:
             "fraction_of_matmul_peak": {p: achieved / v for p, v in peak.items()},
             "first_steps_s": first_s[name],
         }
-        print(f"{name:<14} {med * 1e3:>9.1f} {args.batch / med:>10.1f}" + "".join(f" {vs[r]:>17.2f}x" for r in refs)
-              + f" {achieved:>8.1f}" + "".join(f" {achieved / v:>12.0%}" for v in peak.values()))
+        print(
+            f"{name:<14} {med * 1e3:>9.1f} {args.batch / med:>10.1f}"
+            + "".join(f" {vs[r]:>17.2f}x" for r in refs)
+            + f" {achieved:>8.1f}"
+            + "".join(f" {achieved / v:>12.0%}" for v in peak.values())
+        )
     return {
-        "config": {**size, "size": args.size, "batch": args.batch, "encoding": "rope", "optimizer": "AdamW"},
+        "config": {
+            **size,
+            "size": args.size,
+            "batch": args.batch,
+            "encoding": "rope",
+            "optimizer": "AdamW",
+        },
         "device": where,
         "amp_bf16": amp_all,
         "native_cpu_bf16": None if cuda else cpu_has_bf16(),

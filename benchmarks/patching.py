@@ -50,7 +50,9 @@ def make_pairs(n: int, seq: int, d_vocab: int, n_classes: int, seed: int):
     flip = (torch.rand(n, seq, generator=gen) < 0.1) & pad_mask
     corrupt[flip] = torch.randint(1, d_vocab, (int(flip.sum()),), generator=gen)
     clean_labels = torch.randint(0, n_classes, (n,), generator=gen)
-    corrupt_labels = (clean_labels + 1 + torch.randint(0, n_classes - 1, (n,), generator=gen)) % n_classes
+    corrupt_labels = (
+        clean_labels + 1 + torch.randint(0, n_classes - 1, (n,), generator=gen)
+    ) % n_classes
     return clean, corrupt, pad_mask, clean_labels, corrupt_labels
 
 
@@ -64,7 +66,9 @@ def timed(fn, repeats: int) -> tuple[float, list[float], object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--n-layers", type=int, default=6)
     p.add_argument("--n-heads", type=int, default=16)
     p.add_argument("--d-model", type=int, default=256)
@@ -74,9 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-classes", type=int, default=70)
     p.add_argument("--d-vocab", type=int, default=574)
     p.add_argument("--encoding", default="rope")
-    p.add_argument("--batch-size", type=int, default=None, help="rows per forward for probes.patch (default: 4 x n-pairs)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="rows per forward for probes.patch (default: 4 x n-pairs)",
+    )
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--tl-no-grad", action="store_true", help="also time TransformerLens under torch.no_grad()")
+    p.add_argument(
+        "--tl-no-grad", action="store_true", help="also time TransformerLens under torch.no_grad()"
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", default=None, help="also write the results to this file")
@@ -90,13 +101,27 @@ def main(argv: list[str] | None = None) -> int:
     from transformer_lens.patching import get_act_patch_attn_head_out_all_pos
 
     cfg = ModelConfig(
-        n_layers=args.n_layers, d_model=args.d_model, n_heads=args.n_heads, d_mlp=args.d_mlp,
-        n_ctx=max(128, args.seq), d_vocab=args.d_vocab, n_classes=args.n_classes,
-        encoding=args.encoding, init_std=0.05, seed=0, device=args.device,
+        n_layers=args.n_layers,
+        d_model=args.d_model,
+        n_heads=args.n_heads,
+        d_mlp=args.d_mlp,
+        n_ctx=max(128, args.seq),
+        d_vocab=args.d_vocab,
+        n_classes=args.n_classes,
+        encoding=args.encoding,
+        init_std=0.05,
+        seed=0,
+        device=args.device,
     )
     model = HookedPETransformer(cfg).eval()
-    clean, corrupt, pad_mask, cl, co = make_pairs(args.n_pairs, args.seq, args.d_vocab, args.n_classes, 0)
-    clean, corrupt, pad_mask = clean.to(args.device), corrupt.to(args.device), pad_mask.to(args.device)
+    clean, corrupt, pad_mask, cl, co = make_pairs(
+        args.n_pairs, args.seq, args.d_vocab, args.n_classes, 0
+    )
+    clean, corrupt, pad_mask = (
+        clean.to(args.device),
+        corrupt.to(args.device),
+        pad_mask.to(args.device),
+    )
     cl, co = cl.to(args.device), co.to(args.device)
     batch_size = args.batch_size or 4 * args.n_pairs
 
@@ -105,8 +130,16 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
 
     def ours():
-        r = patch(model, clean, corrupt, site="z", clean_labels=cl, corrupt_labels=co,
-                  batch_size=batch_size, n_bootstrap=0)
+        r = patch(
+            model,
+            clean,
+            corrupt,
+            site="z",
+            clean_labels=cl,
+            corrupt_labels=co,
+            batch_size=batch_size,
+            n_bootstrap=0,
+        )
         sync()
         return r.values
 
@@ -129,7 +162,19 @@ def main(argv: list[str] | None = None) -> int:
     t_tl, tl_times, v_tl = timed(lambda: tl(False), args.repeats)
     diff = float((v_ours.double() - v_tl.double()).abs().max())
     res = {
-        "config": {k: getattr(args, k) for k in ("n_layers", "n_heads", "d_model", "d_mlp", "seq", "n_pairs", "encoding", "device")},
+        "config": {
+            k: getattr(args, k)
+            for k in (
+                "n_layers",
+                "n_heads",
+                "d_model",
+                "d_mlp",
+                "seq",
+                "n_pairs",
+                "encoding",
+                "device",
+            )
+        },
         "batch_size": batch_size,
         "threads": torch.get_num_threads(),
         "ours_s_median": t_ours,
@@ -142,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.tl_no_grad:
         t_tlng, tlng_times, _ = timed(lambda: tl(True), args.repeats)
-        res.update(tl_no_grad_s_median=t_tlng, tl_no_grad_s=tlng_times, speedup_vs_tl_no_grad=t_tlng / t_ours)
+        res.update(
+            tl_no_grad_s_median=t_tlng,
+            tl_no_grad_s=tlng_times,
+            speedup_vs_tl_no_grad=t_tlng / t_ours,
+        )
     print(json.dumps(res, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2) + "\n")

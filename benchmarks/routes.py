@@ -56,7 +56,9 @@ def naive_shares(model, pairs, batch_size: int = 128) -> np.ndarray:
                 heads[:, u[0], u[1]] = True
             embed = torch.full((k,), u == "all" and bool(extra))
             with model.hooks(fwd_hooks=move_hooks(model, sigma[rows], heads, embed, 0)):
-                ld[i, rows] = logit_diff(model(clean[rows], mask[rows]), good[rows], bad[rows]).double()
+                ld[i, rows] = logit_diff(
+                    model(clean[rows], mask[rows]), good[rows], bad[rows]
+                ).double()
     base, every = ld[-1], ld[-2]
     shares = np.zeros(routes.shape)
     for i, u in enumerate(units[:-1]):
@@ -66,7 +68,9 @@ def naive_shares(model, pairs, batch_size: int = 128) -> np.ndarray:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", help="a run directory (RUN@STEP for a snapshot); default: a random mid model")
+    ap.add_argument(
+        "--run", help="a run directory (RUN@STEP for a snapshot); default: a random mid model"
+    )
     ap.add_argument("--n", type=int, default=128, help="pairs (and ablation examples)")
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
@@ -84,9 +88,17 @@ def main() -> None:
         seed = 0
     pairs = task.counterfactuals(args.n, kind="position", seed=seed + 7_717)
     test = task.sample(args.n, seed=seed + 1)
-    args_ = (model, pairs.clean.tokens, pairs.corrupt.tokens, pairs.clean.labels, pairs.corrupt.labels)
-    print(f"CPU native bf16: {cpu_has_bf16()} (float32 here), {torch.get_num_threads()} threads; "
-          f"{model.cfg.n_layers} layers x {model.cfg.n_heads} heads, {args.n} pairs / examples")
+    args_ = (
+        model,
+        pairs.clean.tokens,
+        pairs.corrupt.tokens,
+        pairs.clean.labels,
+        pairs.corrupt.labels,
+    )
+    print(
+        f"CPU native bf16: {cpu_has_bf16()} (float32 here), {torch.get_num_threads()} threads; "
+        f"{model.cfg.n_layers} layers x {model.cfg.n_heads} heads, {args.n} pairs / examples"
+    )
     times: dict[str, list[float]] = {"route_shares": [], "naive": [], "ablation": []}
     for _ in range(args.repeats):  # interleaved, so that load changes hit each alike
         t = time.perf_counter()
@@ -101,9 +113,11 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     err = float(np.abs(fast.shares - ref).max())
     print(f"max |share - naive share| = {err:.1e} (positional effect {fast.effect:.3g} logits)")
-    print(f"route_shares {med['route_shares']:.2f} s, naive per-route loop {med['naive']:.2f} s: "
-          f"{med['naive'] / med['route_shares']:.2f}x faster; the ablation grid {med['ablation']:.2f} s "
-          f"(route_shares / ablation = {med['route_shares'] / med['ablation']:.2f})")
+    print(
+        f"route_shares {med['route_shares']:.2f} s, naive per-route loop {med['naive']:.2f} s: "
+        f"{med['naive'] / med['route_shares']:.2f}x faster; the ablation grid {med['ablation']:.2f} s "
+        f"(route_shares / ablation = {med['route_shares'] / med['ablation']:.2f})"
+    )
 
 
 if __name__ == "__main__":

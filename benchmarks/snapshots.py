@@ -30,8 +30,18 @@ from pe_interp.hardware import cpu_has_bf16
 
 def train_seconds(out: Path, preset: str, epochs: int, snapshots: str, every: int) -> float:
     t0 = time.perf_counter()
-    pe_interp.train(task="distance", encoding="rope", preset=preset, seed=0, out=out, epochs=epochs, amp=False,
-                    snapshots=snapshots, snapshot_every=every, progress=False)
+    pe_interp.train(
+        task="distance",
+        encoding="rope",
+        preset=preset,
+        seed=0,
+        out=out,
+        epochs=epochs,
+        amp=False,
+        snapshots=snapshots,
+        snapshot_every=every,
+        progress=False,
+    )
     return time.perf_counter() - t0
 
 
@@ -49,9 +59,11 @@ def training_cost(args: argparse.Namespace) -> None:
                     n = len(pe_interp.snapshot_steps(out))
                 shutil.rmtree(out)
     base, snap = statistics.median(times["none"]), statistics.median(times["log"])
-    print(f"training ({args.preset}, {args.epochs} epochs): {base:.1f} s without snapshots, {snap:.1f} s with "
-          f"{n} snapshots (every {args.every} steps after the powers of two): {100 * (snap / base - 1):+.1f}% "
-          f"(goal <= +5%); {disk / 1e6:.1f} MB of snapshots ({disk / n / 1e6:.2f} MB each)")
+    print(
+        f"training ({args.preset}, {args.epochs} epochs): {base:.1f} s without snapshots, {snap:.1f} s with "
+        f"{n} snapshots (every {args.every} steps after the powers of two): {100 * (snap / base - 1):+.1f}% "
+        f"(goal <= +5%); {disk / 1e6:.1f} MB of snapshots ({disk / n / 1e6:.2f} MB each)"
+    )
 
 
 def training_seconds(seconds: list[float]) -> float:
@@ -88,9 +100,11 @@ def main() -> None:
         # confirming open verdicts adds (a confirmed record's time less a screen's median)
         screen = statistics.median(screen_only) if screen_only else float("nan")
         extra = sum(r["seconds"] for r in confirmed) - screen * len(confirmed)
-        print(f"{run}: {len(dyn['records'])} snapshots ({len(confirmed)} confirmed on 1,000 examples), probing "
-              f"{probe:.0f} s against training {trained:.0f} s: {100 * probe / trained:.0f}% (goal <= 50%); "
-              f"a screen takes {screen:.0f} s (median), the confirmations add {extra:.0f} s")
+        print(
+            f"{run}: {len(dyn['records'])} snapshots ({len(confirmed)} confirmed on 1,000 examples), probing "
+            f"{probe:.0f} s against training {trained:.0f} s: {100 * probe / trained:.0f}% (goal <= 50%); "
+            f"a screen takes {screen:.0f} s (median), the confirmations add {extra:.0f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,10 @@ def loop_distance(task: DistanceTask, n: int, seed: int) -> tuple[torch.Tensor, 
         left = rng.randint(1, task.max_side)
         right = rng.randint(1, task.max_side)
         words = (
-            [rng.choice(fillers) for _ in range(left)] + [t1]
-            + [rng.choice(fillers) for _ in range(between)] + [t2]
+            [rng.choice(fillers) for _ in range(left)]
+            + [t1]
+            + [rng.choice(fillers) for _ in range(between)]
+            + [t2]
             + [rng.choice(fillers) for _ in range(right)]
         )[: task.max_len]
         rows.append(words + [PAD_ID] * (task.max_len - len(words)))
@@ -76,12 +78,16 @@ def median_seconds(fn: Callable[[int], object], runs: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--threads", type=int, default=1,
+        "--threads",
+        type=int,
+        default=1,
         help="torch intra-op threads (default 1: a like-for-like single-core comparison with the "
         "loop, and immune to oversubscription on shared machines)",
     )
     torch.set_num_threads(parser.parse_args().threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); n = {N:,}, median of {RUNS} runs")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); n = {N:,}, median of {RUNS} runs"
+    )
     print(f"{'task':<10} {'loop samples/s':>16} {'vectorised samples/s':>22} {'speed-up':>10}")
     distance, count = DistanceTask(), CountTask()
     cases = [

@@ -48,7 +48,9 @@ def train(
         extra_config={
             "preset": preset,
             "authors_quirks": authors_quirks,
-            "command": train_command(task, encoding, preset, seed, authors_quirks, out, **overrides),
+            "command": train_command(
+                task, encoding, preset, seed, authors_quirks, out, **overrides
+            ),
         },
     )
     return trainer.fit(resume=resume)

@@ -43,7 +43,9 @@ def probe_model(model: Any, run_dir: str | Path, device: str = "cpu") -> Any:
     config_dir = Path(run_dir) / HF_DIR
     if not (config_dir / "config.json").is_file():
         save_hf(run_dir, model, weights=False)
-    return BridgedModel(bridged(model, config_dir, device), answers=model.answers.cpu(), pad_id=model.cfg.pad_id).eval()
+    return BridgedModel(
+        bridged(model, config_dir, device), answers=model.answers.cpu(), pad_id=model.cfg.pad_id
+    ).eval()
 
 
 __all__ = ["HF_DIR", "build_model", "probe_model", "save_hf"]

@@ -85,7 +85,11 @@ def affine(x: Tensor, W: Tensor, b: Tensor) -> Tensor:
 
 
 def _cpu_bf16_autocast(x: Tensor) -> bool:
-    return x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    return (
+        x.device.type == "cpu"
+        and torch.is_autocast_enabled("cpu")
+        and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    )
 
 
 def _cast_once(dtype: torch.dtype, *xs: Tensor) -> list[Tensor]:
@@ -100,7 +104,10 @@ def _cast_once(dtype: torch.dtype, *xs: Tensor) -> list[Tensor]:
 
 def _has_hooks(*points: HookPoint) -> bool:
     # TransformerLens' add_hook registers plain torch hooks too; look at those, so no hook is missed.
-    return any(p.fwd_hooks or p.bwd_hooks or p._forward_hooks or p._forward_pre_hooks or p._backward_hooks for p in points)
+    return any(
+        p.fwd_hooks or p.bwd_hooks or p._forward_hooks or p._forward_pre_hooks or p._backward_hooks
+        for p in points
+    )
 
 
 class Attention(nn.Module):
@@ -159,7 +166,12 @@ class Attention(nn.Module):
         pe_hooked = _has_hooks(self.hook_rot_q, self.hook_rot_k, self.hook_pos_bias)
         if self.cfg.attn_backend == "triton":
             return "sdpa" if pe_hooked else "triton"
-        if self.cfg.attn_backend == "auto" and self.W_Q.is_cuda and not dropout_on and not pe_hooked:
+        if (
+            self.cfg.attn_backend == "auto"
+            and self.W_Q.is_cuda
+            and not dropout_on
+            and not pe_hooked
+        ):
             from pe_interp.kernels import triton_available
 
             if triton_available() and ctx.encoding.fused(self.layer, 1) is not None:
@@ -201,7 +213,9 @@ class Attention(nn.Module):
             result = self.hook_result(torch.einsum("bphd,hdm->bphm", z, self.W_O))
             return result.sum(2) + self.b_O
         if torch.is_autocast_enabled(z.device.type):
-            return affine(z.reshape(*z.shape[:2], -1), self.W_O.reshape(-1, self.W_O.shape[-1]), self.b_O)
+            return affine(
+                z.reshape(*z.shape[:2], -1), self.W_O.reshape(-1, self.W_O.shape[-1]), self.b_O
+            )
         return torch.einsum("bphd,hdm->bpm", z, self.W_O) + self.b_O
 
     def _eager(self, q, k, v, bias, mask) -> Tensor:
@@ -234,21 +248,31 @@ class Attention(nn.Module):
     def _sdpa32(self, q, k, v, bias, mask) -> Tensor:
         """SDPA on fp32 copies of bf16 inputs (see :mod:`pe_interp.attn_routes`)."""
         with torch.autocast("cpu", enabled=False):
-            z = self._sdpa(q.float(), k.float(), v.float(), None if bias is None else bias.float(), mask)
+            z = self._sdpa(
+                q.float(), k.float(), v.float(), None if bias is None else bias.float(), mask
+            )
         return z.to(q.dtype)
 
     def _routed(self, q, k, v, bias, mask):
         """The fastest of the eager, SDPA and fp32-SDPA paths for this shape under CPU bf16
         autocast, chosen once per shape by :func:`pe_interp.attn_routes.choose`."""
         runs = {"math": self._eager, "sdpa": self._sdpa, "sdpa32": self._sdpa32}
-        shapes = [tuple(m.shape) for m in (None if bias is None else bias[None], mask) if m is not None]
+        shapes = [
+            tuple(m.shape) for m in (None if bias is None else bias[None], mask) if m is not None
+        ]
         key = attn_routes.RouteKey(
-            device=q.device.type, dtype=str(q.dtype).removeprefix("torch."), q_shape=tuple(q.shape),
-            v_shape=tuple(v.shape), mask_shape=tuple(torch.broadcast_shapes(*shapes)) if shapes else None,
+            device=q.device.type,
+            dtype=str(q.dtype).removeprefix("torch."),
+            q_shape=tuple(q.shape),
+            v_shape=tuple(v.shape),
+            mask_shape=tuple(torch.broadcast_shapes(*shapes)) if shapes else None,
             dropout=self.training and self.cfg.attn_dropout > 0,
             grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
         )
-        fixed = (None if bias is None else bias.detach(), mask)  # the measurement must not touch real grads
+        fixed = (
+            None if bias is None else bias.detach(),
+            mask,
+        )  # the measurement must not touch real grads
         route = attn_routes.choose(key, lambda r, q_, k_, v_: runs[r](q_, k_, v_, *fixed), q, k, v)
         return runs[route]
 

@@ -38,7 +38,17 @@ ROUTES = ("math", "sdpa", "sdpa32")
 OVERRIDE_ENV = "PE_INTERP_ATTN_ROUTE"
 REPEATS = 3  # timed calls per route (the minimum is kept), after one untimed warm-up call
 
-__all__ = ["OVERRIDE_ENV", "ROUTES", "RouteKey", "choose", "chosen", "force", "pin", "reset", "timings"]
+__all__ = [
+    "OVERRIDE_ENV",
+    "ROUTES",
+    "RouteKey",
+    "choose",
+    "chosen",
+    "force",
+    "pin",
+    "reset",
+    "timings",
+]
 
 
 @dataclass(frozen=True)
@@ -56,8 +66,10 @@ class RouteKey:
     @property
     def text(self) -> str:
         dims = lambda s: "x".join(map(str, s)) if s is not None else "none"  # noqa: E731
-        return (f"{self.device}/{self.dtype}/q{dims(self.q_shape)}/v{dims(self.v_shape)}/mask{dims(self.mask_shape)}"
-                f"/dropout{int(self.dropout)}/grad{int(self.grad)}")
+        return (
+            f"{self.device}/{self.dtype}/q{dims(self.q_shape)}/v{dims(self.v_shape)}/mask{dims(self.mask_shape)}"
+            f"/dropout{int(self.dropout)}/grad{int(self.grad)}"
+        )
 
 
 _chosen: dict[str, str] = {}
@@ -102,7 +114,9 @@ def pin(choices: dict[str, str]) -> None:
     """Adopt earlier choices (a resumed run's), so that they are not measured again."""
     for key, route in choices.items():
         if route not in ROUTES:
-            raise ValueError(f"attention route for {key} must be one of {', '.join(ROUTES)}, got {route!r}")
+            raise ValueError(
+                f"attention route for {key} must be one of {', '.join(ROUTES)}, got {route!r}"
+            )
     _chosen.update(choices)
 
 
@@ -112,7 +126,13 @@ def reset() -> None:
     _timings.clear()
 
 
-def choose(key: RouteKey, run: Callable[[str, Tensor, Tensor, Tensor], Tensor], q: Tensor, k: Tensor, v: Tensor) -> str:
+def choose(
+    key: RouteKey,
+    run: Callable[[str, Tensor, Tensor, Tensor], Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+) -> str:
     """The route for ``key``: the override, else the remembered choice, else the fastest of
     :data:`ROUTES` measured now with ``run(route, q, k, v)`` on random inputs shaped like
     ``q, k, v`` (the real inputs are not touched, and no RNG state changes)."""
@@ -135,7 +155,10 @@ def _measure(run, q: Tensor, k: Tensor, v: Tensor, grad: bool) -> dict[str, floa
 
     inputs = [fresh(x) for x in (q, k, v)]
     seconds: dict[str, float] = {}
-    with torch.random.fork_rng(devices=[q.device.index or 0] if q.is_cuda else []), torch.set_grad_enabled(grad):
+    with (
+        torch.random.fork_rng(devices=[q.device.index or 0] if q.is_cuda else []),
+        torch.set_grad_enabled(grad),
+    ):
         for route in ROUTES:
             best = float("inf")
             for i in range(REPEATS + 1):

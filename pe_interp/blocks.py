@@ -101,7 +101,11 @@ class TransformerBlock(nn.Module):
             return x, x, x
         q = self.ln1(attn.hook_q_input(per_head(resid)))
         if kv is None:
-            return q, self.ln1(attn.hook_k_input(per_head(resid))), self.ln1(attn.hook_v_input(per_head(resid)))
+            return (
+                q,
+                self.ln1(attn.hook_k_input(per_head(resid))),
+                self.ln1(attn.hook_v_input(per_head(resid))),
+            )
         return q, attn.hook_k_input(per_head(kv)), attn.hook_v_input(per_head(kv))
 
     def attend(self, resid: Tensor, ctx: AttnContext) -> Tensor:

@@ -76,7 +76,9 @@ class BridgeConfig:
     # that too; the residual add reads its own copy)
     embed_hook: str = "blocks.0.hook_resid_pre"
     mlp_in_hook: str = "ln2.hook_in"
-    flags: Any = field(default=None, repr=False, compare=False)  # the bridge's own cfg, for the fork flags
+    flags: Any = field(
+        default=None, repr=False, compare=False
+    )  # the bridge's own cfg, for the fork flags
 
     @property
     def use_split_qkv_input(self) -> bool:
@@ -91,8 +93,10 @@ class BridgeConfig:
         return bool(getattr(self.flags, "use_hook_mlp_in", False))
 
     def __getattr__(self, name: str) -> Any:  # only called for a field the bridge lacks
-        raise NotOnABridge(f"a TransformerLens bridge ({self.encoding_name}) has no {name!r} setting, which this probe "
-                           "reads of pe_interp's own model; ablation, patching, attribution, circuits and dynamics run on it")
+        raise NotOnABridge(
+            f"a TransformerLens bridge ({self.encoding_name}) has no {name!r} setting, which this probe "
+            "reads of pe_interp's own model; ablation, patching, attribution, circuits and dynamics run on it"
+        )
 
 
 class BridgedModel(nn.Module):
@@ -100,10 +104,22 @@ class BridgedModel(nn.Module):
 
     can_restart = False  # no start_at_layer seam: the exact sweep runs each copy from the embedding
 
-    def __init__(self, bridge: Any, *, answers: Sequence[int] | Tensor | None = None, pad_id: int | None = None) -> None:
+    def __init__(
+        self,
+        bridge: Any,
+        *,
+        answers: Sequence[int] | Tensor | None = None,
+        pad_id: int | None = None,
+    ) -> None:
         super().__init__()
-        if not (hasattr(bridge, "run_with_hooks") and hasattr(bridge, "original_model") and hasattr(bridge, "cfg")):
-            raise ValueError(f"BridgedModel takes a TransformerLens TransformerBridge, got {type(bridge).__name__}")
+        if not (
+            hasattr(bridge, "run_with_hooks")
+            and hasattr(bridge, "original_model")
+            and hasattr(bridge, "cfg")
+        ):
+            raise ValueError(
+                f"BridgedModel takes a TransformerLens TransformerBridge, got {type(bridge).__name__}"
+            )
         self.bridge = bridge
         c = bridge.cfg
         hf = bridge.original_model.config
@@ -116,24 +132,44 @@ class BridgedModel(nn.Module):
             answers = torch.as_tensor(answers)
             if answers.ndim != 1 or len(answers) < 2 or answers.is_floating_point():
                 raise ValueError(f"answers must be 2 or more token ids, got {answers.tolist()!r}")
-            if len(set(answers.tolist())) != len(answers) or bool((answers < 0).any() | (answers >= c.d_vocab).any()):
-                raise ValueError(f"answers must be distinct token ids in [0, {c.d_vocab}), got {answers.tolist()!r}")
+            if len(set(answers.tolist())) != len(answers) or bool(
+                (answers < 0).any() | (answers >= c.d_vocab).any()
+            ):
+                raise ValueError(
+                    f"answers must be distinct token ids in [0, {c.d_vocab}), got {answers.tolist()!r}"
+                )
             if pad_id in answers.tolist():
                 raise ValueError(f"answers include the pad id {pad_id}")
-        self.register_buffer("answers", None if answers is None else answers.long(), persistent=False)
+        self.register_buffer(
+            "answers", None if answers is None else answers.long(), persistent=False
+        )
         self._encoding: BridgeEncoding | None = None
         kind = getattr(hf, "model_type", "?")
         arch = ARCH_OF.get(kind, kind)
         name, how = ARCH_ENCODINGS.get(arch, ("unknown", "unknown"))
         if kind == "gpt_neox":
-            share = getattr(hf, "rotary_pct", None) or getattr(hf, "partial_rotary_factor", None) \
+            share = (
+                getattr(hf, "rotary_pct", None)
+                or getattr(hf, "partial_rotary_factor", None)
                 or (getattr(hf, "rope_parameters", None) or {}).get("partial_rotary_factor")
+            )
             name = f"partial rotary ({share:g} of each head)" if share else name
-        self.cfg = BridgeConfig(n_layers=c.n_layers, n_heads=c.n_heads, d_head=c.d_head, d_model=c.d_model,
-                                d_vocab=c.d_vocab, d_mlp=int(getattr(c, "d_mlp", 0) or 0), n_ctx=c.n_ctx, pad_id=pad_id,
-                                n_classes=c.d_vocab if answers is None else len(answers), model_type=kind,
-                                encoding_name=f"{arch}: {name}", encoding_kind=how,
-                                parallel_attn_mlp=bool(getattr(c, "parallel_attn_mlp", False)), flags=c)  # fmt: skip
+        self.cfg = BridgeConfig(
+            n_layers=c.n_layers,
+            n_heads=c.n_heads,
+            d_head=c.d_head,
+            d_model=c.d_model,
+            d_vocab=c.d_vocab,
+            d_mlp=int(getattr(c, "d_mlp", 0) or 0),
+            n_ctx=c.n_ctx,
+            pad_id=pad_id,
+            n_classes=c.d_vocab if answers is None else len(answers),
+            model_type=kind,
+            encoding_name=f"{arch}: {name}",
+            encoding_kind=how,
+            parallel_attn_mlp=bool(getattr(c, "parallel_attn_mlp", False)),
+            flags=c,
+        )
 
     # ------------------------------------------------------------------ what the probes read
     @property
@@ -172,18 +208,22 @@ class BridgedModel(nn.Module):
         mask, None without pads). There is no restart seam: ``start_at_layer`` and the rest are
         refused."""
         if restart:
-            raise ValueError(f"a bridge cannot restart its forward inside the model ({', '.join(restart)}); "
-                             "the probes run it from the embedding")
+            raise ValueError(
+                f"a bridge cannot restart its forward inside the model ({', '.join(restart)}); "
+                "the probes run it from the embedding"
+            )
         return self._read(self.bridge(tokens, **self._mask_kwargs(key_valid)), key_valid)
 
     # the per-head forks of the circuit probes (TransformerLens' flags, the bridge's own setters)
     def check_forks(self) -> None:
         """Raise, in one line, where the forks cannot carry an edge (:data:`FORKS_BEFORE_NORM`)."""
         if self.cfg.model_type not in FORKS_BEFORE_NORM:
-            raise ValueError(f"{self.cfg.encoding_name}: the bridge forks each head's q/k/v input after the layer norm "
-                             "(TransformerLens #1317), where a writer's residual term cannot be added to one head; edge "
-                             "attribution, path patching and circuits need that (node attribution, ablation and "
-                             "patching run)")  # fmt: skip
+            raise ValueError(
+                f"{self.cfg.encoding_name}: the bridge forks each head's q/k/v input after the layer norm "
+                "(TransformerLens #1317), where a writer's residual term cannot be added to one head; edge "
+                "attribution, path patching and circuits need that (node attribution, ablation and "
+                "patching run)"
+            )
 
     def set_use_split_qkv_input(self, on: bool) -> None:
         self.bridge.set_use_split_qkv_input(on)
@@ -194,15 +234,26 @@ class BridgedModel(nn.Module):
     def set_use_hook_mlp_in(self, on: bool) -> None:
         self.bridge.set_use_hook_mlp_in(on)
 
-    def run_with_hooks(self, tokens: Tensor, pad_mask: Tensor | None = None, *, fwd_hooks: Sequence = (),
-                       stop_at_layer: int | None = None, **kwargs: Any) -> Tensor:  # fmt: skip
+    def run_with_hooks(
+        self,
+        tokens: Tensor,
+        pad_mask: Tensor | None = None,
+        *,
+        fwd_hooks: Sequence = (),
+        stop_at_layer: int | None = None,
+        **kwargs: Any,
+    ) -> Tensor:
         """The bridge's forward with ``fwd_hooks``, read as class logits. ``stop_at_layer`` is
         accepted and ignored: the forward runs to the end (the hooks see the same values)."""
         tokens, mask = self.check_inputs(tokens, pad_mask)
-        logits = self.bridge.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **self._mask_kwargs(mask), **kwargs)
+        logits = self.bridge.run_with_hooks(
+            tokens, fwd_hooks=list(fwd_hooks), **self._mask_kwargs(mask), **kwargs
+        )
         return self._read(logits, mask)
 
-    def run_with_cache(self, tokens: Tensor, pad_mask: Tensor | None = None, **kwargs: Any) -> tuple[Tensor, Any]:
+    def run_with_cache(
+        self, tokens: Tensor, pad_mask: Tensor | None = None, **kwargs: Any
+    ) -> tuple[Tensor, Any]:
         """The bridge's ``run_with_cache`` (``names_filter`` and the rest pass through), its
         logits read as class logits; the cache is the bridge's ``ActivationCache``."""
         tokens, mask = self.check_inputs(tokens, pad_mask)
@@ -214,11 +265,15 @@ class BridgedModel(nn.Module):
         """Whether :meth:`resume` is exact for this architecture (:data:`RESUMES`)."""
         return self.cfg.model_type in RESUMES
 
-    def resume(self, layer: int, residual: Tensor, pad_mask: Tensor | None, fwd_hooks: Sequence = ()) -> Tensor:
+    def resume(
+        self, layer: int, residual: Tensor, pad_mask: Tensor | None, fwd_hooks: Sequence = ()
+    ) -> Tensor:
         """Class logits of the forward restarted at ``blocks.{layer}.hook_resid_pre`` = ``residual``
         (``pad_mask`` as checked by :meth:`check_inputs`), with ``fwd_hooks``."""
         if not self.can_resume:
-            raise ValueError(f"{self.cfg.encoding_name}: the bridge cannot restart at a layer exactly")
+            raise ValueError(
+                f"{self.cfg.encoding_name}: the bridge cannot restart at a layer exactly"
+            )
         with self.bridge.hooks(fwd_hooks=list(fwd_hooks)):
             logits = self.bridge(residual, start_at_layer=layer, **self._mask_kwargs(pad_mask))
         return self._read(logits, pad_mask)
@@ -235,4 +290,13 @@ class BridgedModel(nn.Module):
     def _read(self, logits: Tensor, mask: Tensor | None) -> Tensor:
         return read_answers(logits, mask, self.answers)
 
-__all__ = ["ARCH_OF", "BridgeEncoding", "FORKS_BEFORE_NORM", "RESUMES", "BridgeConfig", "BridgedModel", "NotOnABridge"]
+
+__all__ = [
+    "ARCH_OF",
+    "BridgeEncoding",
+    "FORKS_BEFORE_NORM",
+    "RESUMES",
+    "BridgeConfig",
+    "BridgedModel",
+    "NotOnABridge",
+]

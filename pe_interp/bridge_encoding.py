@@ -27,7 +27,10 @@ class BridgeEncoding:
     bias as a term of its own, which BLOOM's bridge does not hook: it says so in one line."""
 
     rotation_hooks = ("hook_q", "hook_k")
-    unrotated_hooks = ("hook_q", "hook_k")  # q/k before the rotation (the logit decomposition's direct term)
+    unrotated_hooks = (
+        "hook_q",
+        "hook_k",
+    )  # q/k before the rotation (the logit decomposition's direct term)
 
     def __init__(self, model: Any) -> None:  # a pe_interp.bridge.BridgedModel
         self.model = model
@@ -37,13 +40,17 @@ class BridgeEncoding:
         self.why_not = None  # why no probe can read this architecture's positions
         self.cannot_move = None  # why route shares cannot move one head's positions (the decomposition can read them)
         if c.model_type not in ("llama", "gpt_neox", "gpt2", "bloom"):
-            self.why_not = (f"{c.encoding_name}: the bridge has no hook that moves one head's positions, which route "
-                            "shares need; ablation, patching, attribution and circuits run on it")
+            self.why_not = (
+                f"{c.encoding_name}: the bridge has no hook that moves one head's positions, which route "
+                "shares need; ablation, patching, attribution and circuits run on it"
+            )
             self.cannot_move = self.why_not
         elif n_kv != c.n_heads:
-            self.cannot_move = (f"{c.encoding_name}: {n_kv} key/value heads for {c.n_heads} query heads; route shares "
-                                "move each head's queries and keys together (the logit decomposition, ablation, "
-                                "patching, attribution and circuits run on it)")  # fmt: skip
+            self.cannot_move = (
+                f"{c.encoding_name}: {n_kv} key/value heads for {c.n_heads} query heads; route shares "
+                "move each head's queries and keys together (the logit decomposition, ablation, "
+                "patching, attribution and circuits run on it)"
+            )
         self._spans: dict[int, tuple[RotarySpan, ...]] = {}
 
     @property
@@ -69,15 +76,27 @@ class BridgeEncoding:
             return None
         if layer not in self._spans:
             c, seen = self.model.cfg, {}
-            hooks = [(f"blocks.{layer}.attn.hook_{n}", lambda x, hook, n=n: seen.__setitem__(n, x.detach()[0]))
-                     for n in ("cos", "sin")]  # fmt: skip
+            hooks = [
+                (
+                    f"blocks.{layer}.attn.hook_{n}",
+                    lambda x, hook, n=n: seen.__setitem__(n, x.detach()[0]),
+                )
+                for n in ("cos", "sin")
+            ]
             with torch.no_grad():
-                self.model.bridge.run_with_hooks(torch.zeros(1, c.n_ctx, dtype=torch.long, device=self.model.W_E.device),
-                                                 fwd_hooks=hooks)  # fmt: skip
-            cos, sin = seen["cos"], seen["sin"]  # [n_ctx, rotary dim], each angle twice (rotate_half)
+                self.model.bridge.run_with_hooks(
+                    torch.zeros(1, c.n_ctx, dtype=torch.long, device=self.model.W_E.device),
+                    fwd_hooks=hooks,
+                )
+            cos, sin = (
+                seen["cos"],
+                seen["sin"],
+            )  # [n_ctx, rotary dim], each angle twice (rotate_half)
             half = cos.shape[-1] // 2
             theta = torch.atan2(sin[1, :half], cos[1, :half]).double()
-            self._spans[layer] = (RotarySpan(0, 2 * half, theta, cos[:, :half], sin[:, :half], halves=True),)
+            self._spans[layer] = (
+                RotarySpan(0, 2 * half, theta, cos[:, :half], sin[:, :half], halves=True),
+            )
         return self._spans[layer]
 
     @property
@@ -93,7 +112,10 @@ class BridgeEncoding:
         def turn(t: Tensor) -> Tensor:
             out, n = t.clone(), t.shape[1]
             for s in spans:
-                c, sn = s.cos[:n, None, :].to(t.dtype), s.sin[:n, None, :].to(t.dtype)  # [pos, 1, half]
+                c, sn = (
+                    s.cos[:n, None, :].to(t.dtype),
+                    s.sin[:n, None, :].to(t.dtype),
+                )  # [pos, 1, half]
                 out[..., s.start : s.start + s.dim] = s.turn(t, c, sn)
             return out
 
@@ -112,10 +134,15 @@ class BridgeEncoding:
         """A ``hook_attn_scores`` hook ``[B, head, q, k]`` that lets the heads ``heads [B, head]``
         see the positions ``sigma [B, pos]``: ``slope_h * (σ(j) - j)`` added at every entry the
         mask allows (the causal mask itself stays at the true positions, as in our models)."""
-        shift = (sigma - torch.arange(sigma.shape[1], device=sigma.device)[None]).to(torch.float32)  # [B, k]
+        shift = (sigma - torch.arange(sigma.shape[1], device=sigma.device)[None]).to(
+            torch.float32
+        )  # [B, k]
 
         def hook(scores: Tensor, hook: Any) -> Tensor:
-            add = self.slopes.to(scores.dtype)[None, :, None, None] * shift.to(scores.dtype)[:, None, None, :]
+            add = (
+                self.slopes.to(scores.dtype)[None, :, None, None]
+                * shift.to(scores.dtype)[:, None, None, :]
+            )
             keep = heads[:, :, None, None] & (scores > torch.finfo(scores.dtype).min / 2)
             return torch.where(keep, scores + add, scores)
 
@@ -133,7 +160,9 @@ class BridgeEncoding:
     def not_ours(self) -> str:
         """Why the logit decomposition cannot split this bridge's logits (one line)."""
         if self.why_not is None and self.has_bias:
-            return (f"{self.model.cfg.encoding_name}: the bridge adds the ALiBi bias inside the attention scores, with "
-                    "no hook of its own, so the logit decomposition cannot show it as a term (route shares, "
-                    "positional_scores' template and Toeplitz scores, ablation, patching and attribution run on it)")
+            return (
+                f"{self.model.cfg.encoding_name}: the bridge adds the ALiBi bias inside the attention scores, with "
+                "no hook of its own, so the logit decomposition cannot show it as a term (route shares, "
+                "positional_scores' template and Toeplitz scores, ablation, patching and attribution run on it)"
+            )
         return self.why_not or f"{self.model.cfg.encoding_name}: not decomposable"

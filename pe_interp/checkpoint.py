@@ -90,7 +90,9 @@ class CheckpointError(ValueError):
     """A run-directory file is missing, corrupt, or does not match its config."""
 
 
-def atomic_save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+def atomic_save_tensors(
+    path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     with io.atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
@@ -120,14 +122,20 @@ def load_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({msg})") from None
 
 
-def check_state_dict(path: Path, loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+def check_state_dict(
+    path: Path, loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]
+) -> None:
     """Raise a CheckpointError naming the first key or shape that does not match."""
     missing = sorted(set(expected) - set(loaded))
     unexpected = sorted(set(loaded) - set(expected))
     if missing:
-        raise CheckpointError(f"{path}: missing tensor {missing[0]!r} ({len(missing)} missing) for this config")
+        raise CheckpointError(
+            f"{path}: missing tensor {missing[0]!r} ({len(missing)} missing) for this config"
+        )
     if unexpected:
-        raise CheckpointError(f"{path}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} extra) for this config")
+        raise CheckpointError(
+            f"{path}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} extra) for this config"
+        )
     for key, ref in expected.items():
         if loaded[key].shape != ref.shape:
             raise CheckpointError(
@@ -176,7 +184,9 @@ class Run:
     def result_dir(self) -> Path:
         """Where probes of these weights write: the run directory, or ``steps/<S>/`` in it for a
         snapshot, so that a result of a past step never overwrites or stands in for the final one."""
-        return self.run_dir if self.at_step is None else self.run_dir / STEPS_DIR / str(self.at_step)
+        return (
+            self.run_dir if self.at_step is None else self.run_dir / STEPS_DIR / str(self.at_step)
+        )
 
     @property
     def name(self) -> str:
@@ -200,7 +210,9 @@ class Run:
             raise ValueError(f"on must be one of {', '.join(EVAL_SETS)}; got {on!r}")
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"n must be a positive integer or None, got {n!r}")
-        train, test = _splits(self.task, self.train_cfg.n_train, self.train_cfg.n_test, self.train_cfg.seed)
+        train, test = _splits(
+            self.task, self.train_cfg.n_train, self.train_cfg.n_test, self.train_cfg.seed
+        )
         batch = test if on == "test" else type(test).cat([train, test])
         ignore = self.train_cfg.ignore_index
         if ignore is not None:
@@ -225,7 +237,9 @@ def split_step(run: str | Path) -> tuple[Path, int | None]:
     if not sep or Path(text).exists():
         return Path(text), None
     if not tail.isdigit():
-        raise CheckpointError(f"{text}: a step after '@' must be a whole number (RUN@S, e.g. runs/r0@48), got {tail!r}")
+        raise CheckpointError(
+            f"{text}: a step after '@' must be a whole number (RUN@S, e.g. runs/r0@48), got {tail!r}"
+        )
     return Path(head), int(tail)
 
 
@@ -245,23 +259,36 @@ def load_run(run_dir: str | Path, device: str = "cpu", step: int | None = None) 
         raise CheckpointError(f"step must be a whole number >= 0, got {step!r}")
     check_device(device)
     if not run_dir.is_dir():
-        raise CheckpointError(f"{run_dir}: run directory not found" if not run_dir.exists()
-                              else f"{run_dir}: not a run directory (a file)")
+        raise CheckpointError(
+            f"{run_dir}: run directory not found"
+            if not run_dir.exists()
+            else f"{run_dir}: not a run directory (a file)"
+        )
     if not (run_dir / CONFIG).exists():
-        raise CheckpointError(f"{run_dir}: not a run directory (no {CONFIG}; `pe-interp train --out DIR` writes one)")
+        raise CheckpointError(
+            f"{run_dir}: not a run directory (no {CONFIG}; `pe-interp train --out DIR` writes one)"
+        )
     config = read_json(run_dir / CONFIG)
     if not isinstance(config, dict):
-        raise CheckpointError(f"{run_dir / CONFIG}: invalid config (a JSON object expected, got {type(config).__name__})")
+        raise CheckpointError(
+            f"{run_dir / CONFIG}: invalid config (a JSON object expected, got {type(config).__name__})"
+        )
     if "model_type" in config:
-        raise CheckpointError(f"{run_dir}: a saved Hugging Face model, not a pe-interp run: give the task to probe it on "
-                              "(pe-interp ablate DIR --task distance; pe_interp.model_dirs.load_model_dir)")
+        raise CheckpointError(
+            f"{run_dir}: a saved Hugging Face model, not a pe-interp run: give the task to probe it on "
+            "(pe-interp ablate DIR --task distance; pe_interp.model_dirs.load_model_dir)"
+        )
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
-        raise CheckpointError(f"{run_dir / CONFIG}: unknown top-level key(s) {', '.join(map(repr, unknown))}; "
-                              f"allowed: {', '.join(CONFIG_KEYS)}")
+        raise CheckpointError(
+            f"{run_dir / CONFIG}: unknown top-level key(s) {', '.join(map(repr, unknown))}; "
+            f"allowed: {', '.join(CONFIG_KEYS)}"
+        )
     missing = [k for k in ("model", "task", "train") if k not in config]
     if missing:
-        raise CheckpointError(f"{run_dir / CONFIG}: invalid config (no {', '.join(map(repr, missing))} section)")
+        raise CheckpointError(
+            f"{run_dir / CONFIG}: invalid config (no {', '.join(map(repr, missing))} section)"
+        )
     try:
         model_cfg = ModelConfig.from_dict(config["model"])
         task = task_from_dict(config["task"])
@@ -300,7 +327,9 @@ def _provenance(path: Path, data: bytes) -> dict[str, Any]:
         meta = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
         step = int(meta["step"]) if "step" in meta else None
     except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
-        raise CheckpointError(f"{path}: corrupt or truncated safetensors file (bad header)") from None
+        raise CheckpointError(
+            f"{path}: corrupt or truncated safetensors file (bad header)"
+        ) from None
     return {"sha256": hashlib.sha256(data).hexdigest(), "step": step}
 
 
@@ -321,8 +350,15 @@ def weights_provenance(run_dir: str | Path) -> dict[str, Any]:
     return dict(_PROVENANCE[key])
 
 
-def save_result(path: str | Path, result: Any, weights: dict[str, Any] | None, *, indent: int | None = 1,
-                kind: str | None = None, **to_dict: Any) -> Path:
+def save_result(
+    path: str | Path,
+    result: Any,
+    weights: dict[str, Any] | None,
+    *,
+    indent: int | None = 1,
+    kind: str | None = None,
+    **to_dict: Any,
+) -> Path:
     """Write a probe result (a dict, or an object with ``to_dict(**to_dict)``) with the weights
     it was computed from under :data:`WEIGHTS_KEY` (``Run.provenance``; None records none), and
     its kind tag (:func:`pe_interp.io.write_result`; for an object, its module's
@@ -355,15 +391,22 @@ def weights_status(run_dir: str | Path, result: Any, step: int | None = None) ->
         kept = {e["step"]: e["sha256"] for e in read_manifest(run_dir)}
         if rec["sha256"] == kept.get(step):
             return CURRENT, ""
-        return STALE, f"computed from other weights (sha256 {rec['sha256'][:12]}) than the snapshot of step {step}"
+        return (
+            STALE,
+            f"computed from other weights (sha256 {rec['sha256'][:12]}) than the snapshot of step {step}",
+        )
     now = weights_provenance(run_dir)
     if rec["sha256"] == now["sha256"]:
         return CURRENT, ""
-    return STALE, (f"computed from other weights (step {rec.get('step')}, sha256 {rec['sha256'][:12]}) than the "
-                   f"run's model.safetensors (step {now['step']}, sha256 {now['sha256'][:12]})")
+    return STALE, (
+        f"computed from other weights (step {rec.get('step')}, sha256 {rec['sha256'][:12]}) than the "
+        f"run's model.safetensors (step {now['step']}, sha256 {now['sha256'][:12]})"
+    )
 
 
-def config_differences(saved: dict[str, Any], mine: dict[str, Any], parts=("model", "task", "train")) -> list[str]:
+def config_differences(
+    saved: dict[str, Any], mine: dict[str, Any], parts=("model", "task", "train")
+) -> list[str]:
     """``part.field: saved -> mine`` for every field of the config parts that differs, the
     task's name and the encoding first and the model fields that follow the task last."""
     missing = object()
@@ -378,7 +421,13 @@ def config_differences(saved: dict[str, Any], mine: dict[str, Any], parts=("mode
             x, y = a.get(key, missing), b.get(key, missing)
             if x != y:
                 show = lambda v: "(absent)" if v is missing else json.dumps(v)[:40]  # noqa: E731
-                rank = 0 if key in ("name", "encoding") else 2 if part == "model" and key in _DERIVED else 1
+                rank = (
+                    0
+                    if key in ("name", "encoding")
+                    else 2
+                    if part == "model" and key in _DERIVED
+                    else 1
+                )
                 out.append((rank, f"{part}.{key}: {show(x)} -> {show(y)}"))
     return [text for _, text in sorted(out, key=lambda r: r[0])]
 

@@ -60,7 +60,8 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
-        prog="pe-interp", description="Train and probe transformers with pluggable positional encodings."
+        prog="pe-interp",
+        description="Train and probe transformers with pluggable positional encodings.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
@@ -83,29 +84,41 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        with interrupts.sigterm_raises():  # SIGTERM stops like Ctrl-C: locks released, nothing half-written
+        with (
+            interrupts.sigterm_raises()
+        ):  # SIGTERM stops like Ctrl-C: locks released, nothing half-written
             return int(args.run(args) or 0)
     except (ValueError, FileNotFoundError) as err:
         print(f"pe-interp {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:  # a file where a directory goes, a read-only disk, no permission: one line
+    except (
+        OSError
+    ) as err:  # a file where a directory goes, a read-only disk, no permission: one line
         where = f"{err.filename}: " if err.filename else ""
         print(f"pe-interp {args.command}: error: {where}{err.strerror or err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
         signum = getattr(err, "signum", signal.SIGINT)
         said = str(err) or f"interrupted by {interrupts.signal_name(signum)}"
-        hint = RESUME_HINT.get(args.command, "nothing half-written was kept (results are written whole); "
-                                             "rerun the command")
-        print(f"pe-interp {args.command}: {said}" + ("" if "rerun" in said or "resume" in said else f"; {hint}"),
-              file=sys.stderr)
+        hint = RESUME_HINT.get(
+            args.command,
+            "nothing half-written was kept (results are written whole); rerun the command",
+        )
+        print(
+            f"pe-interp {args.command}: {said}"
+            + ("" if "rerun" in said or "resume" in said else f"; {hint}"),
+            file=sys.stderr,
+        )
         return interrupts.exit_code(signum)
     except Exception as err:  # a bug, not a bad input: still one line, no traceback (status 1)
         if os.environ.get("PE_INTERP_TRACEBACK"):
             raise
         first = str(err).splitlines()[0] if str(err) else ""
-        print(f"pe-interp {args.command}: internal error: {type(err).__name__}: {first} (a bug, please report it; "
-              "PE_INTERP_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        print(
+            f"pe-interp {args.command}: internal error: {type(err).__name__}: {first} (a bug, please report it; "
+            "PE_INTERP_TRACEBACK=1 shows the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -12,8 +12,12 @@ import torch
 from pe_interp.checks import check_bool, check_choice, check_float, check_head_pairs, check_int
 from pe_interp.encodings import EncodingSpec, combined_kind, get_encoding_class, parse_encoding
 
-ARCH_ENCODINGS = {"gpt2": ("learned absolute", "additive"), "gpt-neox": ("partial rotary", "multiplicative"),
-                  "llama": ("rope", "multiplicative"), "bloom": ("alibi", "additive")}
+ARCH_ENCODINGS = {
+    "gpt2": ("learned absolute", "additive"),
+    "gpt-neox": ("partial rotary", "multiplicative"),
+    "llama": ("rope", "multiplicative"),
+    "bloom": ("alibi", "additive"),
+}
 ACT_FNS = ("relu", "gelu", "silu")
 NORMS = ("LN", "RMS", None)
 ATTENTION_DIRS = ("bidirectional", "causal")
@@ -55,11 +59,21 @@ def check_device(device: Any, owner: str = "device") -> str:
     kind, _, index = device.partition(":")
     if kind == "cuda":
         if not torch.cuda.is_available():
-            build = "a CPU-only build of torch" if torch.version.cuda is None else "no CUDA device visible"
-            raise ValueError(f"{owner} is {device!r} but CUDA is not available ({build}); use 'cpu'")
+            build = (
+                "a CPU-only build of torch"
+                if torch.version.cuda is None
+                else "no CUDA device visible"
+            )
+            raise ValueError(
+                f"{owner} is {device!r} but CUDA is not available ({build}); use 'cpu'"
+            )
         if index and int(index) >= torch.cuda.device_count():
-            raise ValueError(f"{owner} is {device!r} but only {torch.cuda.device_count()} CUDA device(s) are visible")
-    if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise ValueError(
+                f"{owner} is {device!r} but only {torch.cuda.device_count()} CUDA device(s) are visible"
+            )
+    if kind == "mps" and not (
+        getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()
+    ):
         raise ValueError(f"{owner} is 'mps' but MPS is not available on this machine; use 'cpu'")
     return device
 
@@ -71,7 +85,9 @@ def default_device() -> str:
 
 def _check_mapping(owner: str, data: Any) -> None:
     if not isinstance(data, dict):
-        raise ValueError(f"{owner}: expected a mapping of field names to values, got {type(data).__name__} {data!r:.60}")
+        raise ValueError(
+            f"{owner}: expected a mapping of field names to values, got {type(data).__name__} {data!r:.60}"
+        )
 
 
 @dataclass(frozen=True)
@@ -132,7 +148,9 @@ class ModelConfig:
     silent_heads: tuple[tuple[int, int], ...] = ()
     kv_source: str = "residual"
     pad_id: int = 0
-    arch: str | None = None  # a Hugging Face architecture in language-model form (pe_interp.hf_arch)
+    arch: str | None = (
+        None  # a Hugging Face architecture in language-model form (pe_interp.hf_arch)
+    )
     eps: float = 1e-5
     device: str = field(default="cpu", compare=False)
     use_attn_result: bool = field(default=False, compare=False)
@@ -166,7 +184,11 @@ class ModelConfig:
         for name in RUNTIME_FLAGS:
             check_bool(own, name, getattr(self, name))
         if self.use_attn_in and (self.use_split_qkv_input or self.kv_source == "embed"):
-            why = "use_split_qkv_input is on" if self.use_split_qkv_input else "kv_source='embed' gives k and v their own input"
+            why = (
+                "use_split_qkv_input is on"
+                if self.use_split_qkv_input
+                else "kv_source='embed' gives k and v their own input"
+            )
             raise ValueError(f"{own}.use_attn_in: q, k and v have no single shared input ({why})")
         check_bool(own, "final_norm", self.final_norm)
         check_bool(own, "mask_padding", self.mask_padding)
@@ -178,8 +200,11 @@ class ModelConfig:
         check_float(own, "eps", self.eps, 0.0, 1.0)
         check_int(own, "seed", self.seed, low=0)
         check_int(own, "pad_id", self.pad_id, low=0)
-        object.__setattr__(self, "silent_heads", check_head_pairs(own, "silent_heads", self.silent_heads, self.n_layers,
-                                                                   self.n_heads))
+        object.__setattr__(
+            self,
+            "silent_heads",
+            check_head_pairs(own, "silent_heads", self.silent_heads, self.n_layers, self.n_heads),
+        )
         if self.pad_id >= self.d_vocab:
             raise ValueError(f"{own}.pad_id must be < d_vocab={self.d_vocab}, got {self.pad_id}")
         if not _device_syntax_ok(self.device):
@@ -200,9 +225,15 @@ class ModelConfig:
             raise ValueError(f"{own}.encoding: {err}") from None
         if self.arch is not None:
             check_choice(own, "arch", self.arch, tuple(ARCH_ENCODINGS))
-            if self.silent_heads or [str(e) for e in self.encoding] != ["rope"] or self.d_head * self.n_heads != self.d_model:
-                raise ValueError(f"{own}.arch: {self.arch!r} brings its own position encoding and heads (d_head = d_model "
-                                 "/ n_heads); leave encoding, silent_heads and d_head at their defaults")  # fmt: skip
+            if (
+                self.silent_heads
+                or [str(e) for e in self.encoding] != ["rope"]
+                or self.d_head * self.n_heads != self.d_model
+            ):
+                raise ValueError(
+                    f"{own}.arch: {self.arch!r} brings its own position encoding and heads (d_head = d_model "
+                    "/ n_heads); leave encoding, silent_heads and d_head at their defaults"
+                )
         if self.attn_backend == "triton" and self.attn_dropout > 0:
             raise ValueError(
                 f"{own}.attn_dropout: the triton backend has no attention dropout; "
@@ -256,7 +287,9 @@ class ModelConfig:
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         skip = {"device", *RUNTIME_FLAGS}
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
+        out = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip
+        }
         out["encoding"] = [s.to_json() for s in self.encoding]
         out["silent_heads"] = [list(p) for p in self.silent_heads]
         return out
@@ -318,7 +351,9 @@ class TrainConfig:
     ignore_index: int | None = None  # a class left out of the loss and of accuracy
     lr_schedule: str = "warmup_cosine"
     stop_at_acc: float = 0.0  # stop once held-out accuracy reaches this; 0 = train to the end
-    snapshots: str = "none"  # "log": keep the weights at 0, 1, 2, 4, ..., every snapshot_every steps and the end
+    snapshots: str = (
+        "none"  # "log": keep the weights at 0, 1, 2, 4, ..., every snapshot_every steps and the end
+    )
     snapshot_every: int = 0  # steps between snapshots after the powers of two; 0 = once per epoch
 
     def __post_init__(self) -> None:
@@ -392,8 +427,17 @@ def check_run_configs(model_cfg: ModelConfig, train_cfg: TrainConfig) -> None:
     model's classes (a class that never occurs would silently count every class)."""
     ii = train_cfg.ignore_index
     if ii is not None and ii >= model_cfg.n_classes:
-        raise ValueError(f"TrainConfig.ignore_index must be a class of the task, in 0..{model_cfg.n_classes - 1}, "
-                         f"got {ii}")
+        raise ValueError(
+            f"TrainConfig.ignore_index must be a class of the task, in 0..{model_cfg.n_classes - 1}, "
+            f"got {ii}"
+        )
 
 
-__all__ = ["EncodingSpec", "ModelConfig", "TrainConfig", "check_device", "check_run_configs", "default_device"]
+__all__ = [
+    "EncodingSpec",
+    "ModelConfig",
+    "TrainConfig",
+    "check_device",
+    "check_run_configs",
+    "default_device",
+]

@@ -44,8 +44,10 @@ def evaluate(
         raise ValueError(f"evaluate: every label is the ignored class {ignore_index}")
     if not math.isfinite(loss_sum):  # finite weights, yet the logits overflowed
         fix = "evaluate without amp (float32)" if amp else "check the inputs and the weights' scale"
-        raise ValueError(f"evaluate: the loss is not finite ({loss_sum}) although the weights are: the logits "
-                         f"overflow; {fix}")
+        raise ValueError(
+            f"evaluate: the loss is not finite ({loss_sum}) although the weights are: the logits "
+            f"overflow; {fix}"
+        )
     return {"acc": correct / counted, "loss": loss_sum / counted}
 
 

@@ -52,8 +52,12 @@ def cpu_has_bf16() -> bool:
 def _warn_emulated() -> None:
     import warnings
 
-    warnings.warn(f"{ENV_OVERRIDE}=1 forces bf16 on a CPU without native bf16 ({', '.join(BF16_CPU_FLAGS)} missing): "
-                  "bf16 is emulated there and runs many times slower than fp32", RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        f"{ENV_OVERRIDE}=1 forces bf16 on a CPU without native bf16 ({', '.join(BF16_CPU_FLAGS)} missing): "
+        "bf16 is emulated there and runs many times slower than fp32",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -72,9 +76,14 @@ def cpu_model() -> str:
 
 def machine() -> dict[str, object]:
     """What a measurement ran on: CPU model, native bf16 or not, cores, torch threads and version."""
-    return {"cpu": cpu_model(), "cpu_bf16": cpu_has_bf16(), "cores": os.cpu_count(),
-            "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return {
+        "cpu": cpu_model(),
+        "cpu_bf16": cpu_has_bf16(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
 
 
 def bf16_autocast_pays(device: torch.device | str) -> bool:
@@ -96,5 +105,13 @@ def autocast(device: torch.device | str, amp: bool):
     return torch.autocast(device.type if device.type in ("cpu", "cuda") else "cpu", enabled=False)
 
 
-__all__ = ["BF16_CPU_FLAGS", "ENV_OVERRIDE", "autocast", "bf16_autocast_pays", "cpu_flags", "cpu_has_bf16", "cpu_model",
-           "machine"]
+__all__ = [
+    "BF16_CPU_FLAGS",
+    "ENV_OVERRIDE",
+    "autocast",
+    "bf16_autocast_pays",
+    "cpu_flags",
+    "cpu_has_bf16",
+    "cpu_model",
+    "machine",
+]

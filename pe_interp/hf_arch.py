@@ -20,8 +20,18 @@ ARCHS = tuple(ARCH_ENCODINGS)
 PAD, UNK = "[PAD]", "[UNK]"
 
 
-def hf_config(arch: str, *, n_layers: int, d_model: int, n_heads: int, d_mlp: int, n_ctx: int, d_vocab: int,
-              pad_id: int, rotary_pct: float = 0.25) -> Any:  # fmt: skip
+def hf_config(
+    arch: str,
+    *,
+    n_layers: int,
+    d_model: int,
+    n_heads: int,
+    d_mlp: int,
+    n_ctx: int,
+    d_vocab: int,
+    pad_id: int,
+    rotary_pct: float = 0.25,
+) -> Any:
     """The ``transformers`` config of ``arch`` at this shape (no dropout; no BOS/EOS token; untied embeddings)."""
     import transformers
 
@@ -31,21 +41,55 @@ def hf_config(arch: str, *, n_layers: int, d_model: int, n_heads: int, d_mlp: in
         raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
     # untied input and output embeddings in every architecture (GPT-2 and BLOOM tie them by default):
     # the run's weights are then plain tensors, and the answer tokens' readout is its own
-    common = {"vocab_size": d_vocab, "pad_token_id": pad_id, "bos_token_id": None, "eos_token_id": None,
-              "tie_word_embeddings": False}
+    common = {
+        "vocab_size": d_vocab,
+        "pad_token_id": pad_id,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "tie_word_embeddings": False,
+    }
     if arch == "gpt2":
-        return transformers.GPT2Config(n_positions=n_ctx, n_embd=d_model, n_layer=n_layers, n_head=n_heads,
-                                       n_inner=d_mlp, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)  # fmt: skip
+        return transformers.GPT2Config(
+            n_positions=n_ctx,
+            n_embd=d_model,
+            n_layer=n_layers,
+            n_head=n_heads,
+            n_inner=d_mlp,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
     if arch == "gpt-neox":
-        return transformers.GPTNeoXConfig(max_position_embeddings=n_ctx, hidden_size=d_model, num_hidden_layers=n_layers,
-                                          num_attention_heads=n_heads, intermediate_size=d_mlp, rotary_pct=rotary_pct,
-                                          attention_dropout=0.0, hidden_dropout=0.0, **common)  # fmt: skip
+        return transformers.GPTNeoXConfig(
+            max_position_embeddings=n_ctx,
+            hidden_size=d_model,
+            num_hidden_layers=n_layers,
+            num_attention_heads=n_heads,
+            intermediate_size=d_mlp,
+            rotary_pct=rotary_pct,
+            attention_dropout=0.0,
+            hidden_dropout=0.0,
+            **common,
+        )
     if arch == "llama":
-        return transformers.LlamaConfig(max_position_embeddings=n_ctx, hidden_size=d_model, num_hidden_layers=n_layers,
-                                        num_attention_heads=n_heads, num_key_value_heads=n_heads, intermediate_size=d_mlp,
-                                        **common)  # fmt: skip
-    return transformers.BloomConfig(hidden_size=d_model, n_layer=n_layers, n_head=n_heads, hidden_dropout=0.0,
-                                    attention_dropout=0.0, **common)  # fmt: skip
+        return transformers.LlamaConfig(
+            max_position_embeddings=n_ctx,
+            hidden_size=d_model,
+            num_hidden_layers=n_layers,
+            num_attention_heads=n_heads,
+            num_key_value_heads=n_heads,
+            intermediate_size=d_mlp,
+            **common,
+        )
+    return transformers.BloomConfig(
+        hidden_size=d_model,
+        n_layer=n_layers,
+        n_head=n_heads,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        **common,
+    )
 
 
 def build_hf_model(arch: str, *, seed: int = 0, **shape: Any) -> Any:
@@ -96,7 +140,9 @@ def boot_bridge(model_dir: str | Path, device: str = "cpu") -> Any:
     hf_logging.set_verbosity_error()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        bridge = TransformerBridge.boot_transformers(str(model_dir), tokenizer=tokenizer, device=device)
+        bridge = TransformerBridge.boot_transformers(
+            str(model_dir), tokenizer=tokenizer, device=device
+        )
     finally:
         hf_logging.set_verbosity(level)
         if bars:
@@ -123,10 +169,20 @@ class ArchClassifier(nn.Module):
         super().__init__()
         self.cfg = cfg
         d_mlp = 4 * cfg.d_model if cfg.d_mlp is None else cfg.d_mlp
-        self.hf = build_hf_model(cfg.arch, seed=cfg.seed, n_layers=cfg.n_layers, d_model=cfg.d_model,
-                                 n_heads=cfg.n_heads, d_mlp=d_mlp, n_ctx=cfg.n_ctx,
-                                 d_vocab=cfg.d_vocab + cfg.n_classes, pad_id=cfg.pad_id)  # fmt: skip
-        self.register_buffer("answers", torch.arange(cfg.d_vocab, cfg.d_vocab + cfg.n_classes), persistent=False)
+        self.hf = build_hf_model(
+            cfg.arch,
+            seed=cfg.seed,
+            n_layers=cfg.n_layers,
+            d_model=cfg.d_model,
+            n_heads=cfg.n_heads,
+            d_mlp=d_mlp,
+            n_ctx=cfg.n_ctx,
+            d_vocab=cfg.d_vocab + cfg.n_classes,
+            pad_id=cfg.pad_id,
+        )
+        self.register_buffer(
+            "answers", torch.arange(cfg.d_vocab, cfg.d_vocab + cfg.n_classes), persistent=False
+        )
 
     @property
     def W_E(self) -> Tensor:
@@ -167,11 +223,22 @@ def bridged(model: ArchClassifier, config_dir: str | Path, device: str = "cpu") 
     hf_logging.set_verbosity_error()
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(config_dir))
-        bridge = TransformerBridge.boot_transformers(str(config_dir), tokenizer=tokenizer, hf_model=model.hf, device=device)
+        bridge = TransformerBridge.boot_transformers(
+            str(config_dir), tokenizer=tokenizer, hf_model=model.hf, device=device
+        )
     finally:
         hf_logging.set_verbosity(level)
     return bridge.eval()
 
 
-__all__ = ["ARCHS", "ArchClassifier", "boot_bridge", "bridged", "build_hf_model", "hf_config", "read_answers",
-           "save_model_dir", "word_tokenizer"]
+__all__ = [
+    "ARCHS",
+    "ArchClassifier",
+    "boot_bridge",
+    "bridged",
+    "build_hf_model",
+    "hf_config",
+    "read_answers",
+    "save_model_dir",
+    "word_tokenizer",
+]

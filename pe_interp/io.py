@@ -76,11 +76,15 @@ def check_file_path(path: str | os.PathLike[str]) -> Path:
     file; a one-line ValueError otherwise (the OS would say "File exists" or "Is a directory")."""
     path = Path(path)
     if path.is_dir():
-        raise ValueError(f"{path} is a directory; give a file path inside it, such as {path / 'result.json'}")
+        raise ValueError(
+            f"{path} is a directory; give a file path inside it, such as {path / 'result.json'}"
+        )
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
-                raise ValueError(f"cannot write {path}: {parent} is a file, not a directory; choose another path")
+                raise ValueError(
+                    f"cannot write {path}: {parent} is a file, not a directory; choose another path"
+                )
             break
     return path
 
@@ -179,7 +183,9 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     except json.JSONDecodeError as err:
         raise CorruptFileError(f"{path}: invalid JSON ({err.msg} at line {err.lineno})") from None
     except UnicodeDecodeError as err:
-        raise CorruptFileError(f"{path}: not a JSON text file (byte {err.start} is not UTF-8)") from None
+        raise CorruptFileError(
+            f"{path}: not a JSON text file (byte {err.start} is not UTF-8)"
+        ) from None
 
 
 # ---- JSONL ---------------------------------------------------------------------------------
@@ -187,7 +193,9 @@ def _lines(records: Iterable[dict[str, Any]]) -> str:
     return "".join(json.dumps(to_json(r), allow_nan=False) + "\n" for r in records)
 
 
-def append_jsonl(path: str | os.PathLike[str], records: dict[str, Any] | Iterable[dict[str, Any]]) -> None:
+def append_jsonl(
+    path: str | os.PathLike[str], records: dict[str, Any] | Iterable[dict[str, Any]]
+) -> None:
     """Append one record (or several) to a JSONL file, one line each, in one write."""
     if isinstance(records, dict):
         records = [records]
@@ -215,7 +223,9 @@ def read_jsonl(path: str | os.PathLike[str], *, missing_ok: bool = False) -> lis
     try:
         lines = path.read_text().splitlines()
     except UnicodeDecodeError as err:
-        raise CorruptFileError(f"{path}: not a JSONL text file (byte {err.start} is not UTF-8)") from None
+        raise CorruptFileError(
+            f"{path}: not a JSONL text file (byte {err.start} is not UTF-8)"
+        ) from None
     out = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -246,7 +256,9 @@ def _a(kind: str) -> str:
     return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
 
 
-def write_result(path: str | os.PathLike[str], kind: str, data: dict[str, Any], **kwargs: Any) -> Path:
+def write_result(
+    path: str | os.PathLike[str], kind: str, data: dict[str, Any], **kwargs: Any
+) -> Path:
     """``data`` with ``"kind": kind`` first, as :func:`atomic_write_json` writes it."""
     return atomic_write_json(path, {"kind": kind, **data}, **kwargs)
 
@@ -260,25 +272,37 @@ def read_result(path: str | os.PathLike[str], kind: str) -> dict[str, Any]:
     try:
         data = read_json(path)
     except CorruptFileError as err:
-        raise CorruptFileError(f"{err}; the file is truncated or damaged, not a readable {kind} result: run the probe "
-                               "again") from None
+        raise CorruptFileError(
+            f"{err}; the file is truncated or damaged, not a readable {kind} result: run the probe "
+            "again"
+        ) from None
     if not isinstance(data, dict):
-        what = {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(type(data), "number")
+        what = {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+            type(data), "number"
+        )
         raise ValueError(f"{path} is a JSON {what}, not {_a(kind)} result")
     tag = data.get("kind")
     if isinstance(tag, str) and tag in RESULT_KINDS or tag == kind:
         if tag != kind:
-            raise ValueError(f"{path} is {_a(tag)} result, not {_a(kind)} result; load it with "
-                             f"{RESULT_KINDS[tag][0]}")
+            raise ValueError(
+                f"{path} is {_a(tag)} result, not {_a(kind)} result; load it with "
+                f"{RESULT_KINDS[tag][0]}"
+            )
         return {k: v for k, v in data.items() if k != "kind"}
     # a file from before the tag: known by its keys
     keys = RESULT_KINDS[kind][1] if kind in RESULT_KINDS else ()
     missing = [k for k in keys if k not in data]
     if missing:
-        others = [k for k, (_, ks) in RESULT_KINDS.items() if k != kind and ks and all(x in data for x in ks)]
+        others = [
+            k
+            for k, (_, ks) in RESULT_KINDS.items()
+            if k != kind and ks and all(x in data for x in ks)
+        ]
         if others:
-            raise ValueError(f"{path} is {_a(others[0])} result, not {_a(kind)} result; load it with "
-                             f"{RESULT_KINDS[others[0]][0]}")
+            raise ValueError(
+                f"{path} is {_a(others[0])} result, not {_a(kind)} result; load it with "
+                f"{RESULT_KINDS[others[0]][0]}"
+            )
         raise ValueError(f"{path} is not {_a(kind)} result (it has no {missing[0]!r} key)")
     return data
 
@@ -293,6 +317,8 @@ def load_result(path: str | os.PathLike[str], kind: str, from_dict: Any) -> Any:
     except (TypeError, ValueError, IndexError, AttributeError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(f"{path}: a damaged {kind} result ({first})") from None
+
+
 # ---- one writer per directory ----------------------------------------------------------------
 LOCK_FILE = ".pe-interp.lock"
 # atomic_path's temporary names: "." + the file's name + "." + mkstemp's 8 random characters + ".tmp"
@@ -333,8 +359,12 @@ def _program() -> str:
 
 
 @contextmanager
-def dir_lock(directory: str | os.PathLike[str], what: str = "directory", timeout: float = 0.0,
-             hint: str = "wait for it to end, or use another directory") -> Iterator[Path]:
+def dir_lock(
+    directory: str | os.PathLike[str],
+    what: str = "directory",
+    timeout: float = 0.0,
+    hint: str = "wait for it to end, or use another directory",
+) -> Iterator[Path]:
     """Hold ``directory``'s lock (creating the directory) while the block writes into it.
 
     Re-entrant within a process (a sweep cell holds its run's lock while ``train`` takes it
@@ -356,12 +386,21 @@ def dir_lock(directory: str | os.PathLike[str], what: str = "directory", timeout
     try:
         lock.acquire()
     except Timeout:
-        raise LockedError(f"{directory}: another process is writing this {what}{_holder(path)}; {hint}") from None
+        raise LockedError(
+            f"{directory}: another process is writing this {what}{_holder(path)}; {hint}"
+        ) from None
     _HELD[key] = [lock, 1]
     try:
         with open(path, "w") as f:  # in place: the lock is on this inode (flock, not replaced)
-            f.write(json.dumps({"pid": os.getpid(), "command": " ".join([_program(), *sys.argv[1:]]),
-                                "since": datetime.datetime.now().isoformat(timespec="seconds")}))
+            f.write(
+                json.dumps(
+                    {
+                        "pid": os.getpid(),
+                        "command": " ".join([_program(), *sys.argv[1:]]),
+                        "since": datetime.datetime.now().isoformat(timespec="seconds"),
+                    }
+                )
+            )
         remove_stray_temps(directory)
         yield directory
     finally:

@@ -68,8 +68,16 @@ class _ModDict(dict):
 
         hooks = [k for k, m in self.items() if isinstance(m, HookPoint)]
         near = difflib.get_close_matches(str(name), hooks, n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(near)}?" if near else f"hooks look like {hooks[0]!r}" if hooks else "no hooks"
-        raise HookNameError(f"no hook or module named {name!r} in this model; {hint} (model.hook_dict lists every hook)")
+        hint = (
+            f"did you mean {', '.join(near)}?"
+            if near
+            else f"hooks look like {hooks[0]!r}"
+            if hooks
+            else "no hooks"
+        )
+        raise HookNameError(
+            f"no hook or module named {name!r} in this model; {hint} (model.hook_dict lists every hook)"
+        )
 
 
 class HookedPETransformer(HookedRootModule):
@@ -89,7 +97,9 @@ class HookedPETransformer(HookedRootModule):
         self.hook_embed = HookPoint()
         self.hook_pos_embed = HookPoint()
         extra = self.encoding.extra_qk_dims()
-        self.blocks = nn.ModuleList(TransformerBlock(cfg, layer, extra) for layer in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(
+            TransformerBlock(cfg, layer, extra) for layer in range(cfg.n_layers)
+        )
         self.ln_final = Norm(cfg) if (cfg.normalization_type and cfg.final_norm) else nn.Identity()
         self.hook_pooled = HookPoint()  # [batch, d_model]
         self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.n_classes))
@@ -124,7 +134,11 @@ class HookedPETransformer(HookedRootModule):
                 if leaf in ("w", "b"):  # a norm's gain and bias
                     p.fill_(1.0 if leaf == "w" else 0.0)
                 elif not torch_mode:
-                    p.copy_(torch.randn(p.shape, generator=gen) * std if leaf.startswith("W_") else torch.zeros(p.shape))
+                    p.copy_(
+                        torch.randn(p.shape, generator=gen) * std
+                        if leaf.startswith("W_")
+                        else torch.zeros(p.shape)
+                    )
                 elif leaf == "W_E":
                     p.copy_(torch.randn(p.shape, generator=gen))
                 else:
@@ -166,7 +180,9 @@ class HookedPETransformer(HookedRootModule):
         pad_mask = check_pad_mask_tensor(tokens, pad_mask, cfg.pad_id)
         return tokens, (None if bool(pad_mask.all()) else pad_mask)
 
-    def embed_input(self, tokens: Tensor, fire_hooks: bool = True) -> Float[Tensor, "batch pos d_model"]:
+    def embed_input(
+        self, tokens: Tensor, fire_hooks: bool = True
+    ) -> Float[Tensor, "batch pos d_model"]:
         """Token embedding plus the encoding's residual term: the input of layer 0."""
         embed = F.embedding(tokens, self.W_E)
         pos = self.encoding.residual(tokens.shape[1])
@@ -177,7 +193,9 @@ class HookedPETransformer(HookedRootModule):
         pos = pos.expand(tokens.shape[0], -1, -1)
         return embed + (self.hook_pos_embed(pos) if fire_hooks else pos)
 
-    def context(self, tokens: Tensor, key_valid: Tensor | None, kv_input: Tensor | None) -> AttnContext:
+    def context(
+        self, tokens: Tensor, key_valid: Tensor | None, kv_input: Tensor | None
+    ) -> AttnContext:
         causal = self.cfg.attention_dir == "causal"
         mask = build_mask(key_valid, tokens.shape[1], causal, self.W_E.dtype, tokens.device)
         return AttnContext(self.encoding, mask, key_valid, causal, kv_input)
@@ -201,9 +219,13 @@ class HookedPETransformer(HookedRootModule):
         """
         tokens, key_valid = self.check_inputs(tokens, pad_mask)
         return self.forward_unchecked(
-            tokens, key_valid, start_at_layer=start_at_layer, stop_at_layer=stop_at_layer,
-            residual=residual, start_at=start_at,
-        )  # fmt: skip
+            tokens,
+            key_valid,
+            start_at_layer=start_at_layer,
+            stop_at_layer=stop_at_layer,
+            residual=residual,
+            start_at=start_at,
+        )
 
     def forward_unchecked(
         self,
@@ -230,11 +252,17 @@ class HookedPETransformer(HookedRootModule):
             kv_input = resid if self.cfg.kv_source == "embed" else None
         else:
             if residual is None:
-                raise ValueError(f"start_at_layer={start_at_layer}, start_at={start_at!r} needs residual= (that hook's value)")
+                raise ValueError(
+                    f"start_at_layer={start_at_layer}, start_at={start_at!r} needs residual= (that hook's value)"
+                )
             if mid and start_at_layer >= stop:
                 raise ValueError("start_at='resid_mid' needs start_at_layer < stop_at_layer")
             resid = residual
-            kv_input = self.embed_input(tokens, fire_hooks=False) if self.cfg.kv_source == "embed" else None
+            kv_input = (
+                self.embed_input(tokens, fire_hooks=False)
+                if self.cfg.kv_source == "embed"
+                else None
+            )
         ctx = self.context(tokens, key_valid, kv_input)
         first = start_at_layer
         if mid:
@@ -246,7 +274,9 @@ class HookedPETransformer(HookedRootModule):
             return resid
         return self.readout(resid, key_valid)
 
-    def pool(self, x: Float[Tensor, "batch pos d_model"], key_valid: Tensor | None) -> Float[Tensor, "batch d_model"]:
+    def pool(
+        self, x: Float[Tensor, "batch pos d_model"], key_valid: Tensor | None
+    ) -> Float[Tensor, "batch d_model"]:
         how = self.cfg.pooling
         if how == "first":
             return x[:, 0]
@@ -293,7 +323,9 @@ class HookedPETransformer(HookedRootModule):
         out, cache = super().run_with_cache(*args, **kwargs)
         if isinstance(cache, ActivationCache):
             return out, cache
-        return out, ActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+        return out, ActivationCache(
+            cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False)
+        )
 
     def extra_repr(self) -> str:
         c = self.cfg

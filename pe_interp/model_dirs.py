@@ -23,12 +23,17 @@ import torch
 from pe_interp.checkpoint import CheckpointError, Run
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-HUB_RUNS = Path("runs") / "hub"  # where a hub model's results go: runs/hub/<owner>__<name>/<revision>/
+HUB_RUNS = (
+    Path("runs") / "hub"
+)  # where a hub model's results go: runs/hub/<owner>__<name>/<revision>/
 
 
 def is_hub_name(text: str | Path) -> bool:
     """``owner/name`` that is no local path: a model on the Hugging Face hub."""
-    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", str(text))) and not Path(text).exists()
+    return (
+        bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", str(text)))
+        and not Path(text).exists()
+    )
 
 
 def is_model_dir(path: str | Path) -> bool:
@@ -45,32 +50,54 @@ def answer_ids(task: Any) -> range:
     return range(task.d_vocab, task.d_vocab + task.n_classes)
 
 
-def load_model_dir(path: str | Path, task: str | None, preset: str = "quick", seed: int = 0,
-                   device: str = "cpu", revision: str | None = None) -> Run:  # fmt: skip
+def load_model_dir(
+    path: str | Path,
+    task: str | None,
+    preset: str = "quick",
+    seed: int = 0,
+    device: str = "cpu",
+    revision: str | None = None,
+) -> Run:
     """The saved model at ``path`` as a run on ``task`` (the ``preset``'s task and splits, ``seed``);
     ``path`` may be a hub name (``owner/name``, at ``revision``) where the hub is reachable."""
     from pe_interp.hf_arch import boot_bridge
 
     hub = is_hub_name(path)
     if revision is not None and not hub:
-        raise CheckpointError(f"{path}: --revision is for a model on the Hugging Face hub (owner/name)")
+        raise CheckpointError(
+            f"{path}: --revision is for a model on the Hugging Face hub (owner/name)"
+        )
     if hub:
         if task is None:
-            raise CheckpointError(f"{path}: a model on the Hugging Face hub: say which task to probe it on with --task")
+            raise CheckpointError(
+                f"{path}: a model on the Hugging Face hub: say which task to probe it on with --task"
+            )
         return _load_hub(str(path), task, preset, seed, device, revision)
     path = Path(path)
     if not is_model_dir(path):
-        raise CheckpointError(f"{path}: not a saved Hugging Face model (no config.json with a model_type)")
+        raise CheckpointError(
+            f"{path}: not a saved Hugging Face model (no config.json with a model_type)"
+        )
     if task is None:
-        raise CheckpointError(f"{path}: a saved Hugging Face model, not a pe-interp run: say which task to "
-                              "probe it on with --task (and --preset for the task's size)")  # fmt: skip
+        raise CheckpointError(
+            f"{path}: a saved Hugging Face model, not a pe-interp run: say which task to "
+            "probe it on with --task (and --preset for the task's size)"
+        )
     if task is not None:
         _task_configs(path, task, preset, seed)  # a bad --task or --preset before the boot
     weights = next((path / f for f in WEIGHT_FILES if (path / f).is_file()), None)
     if weights is None:
         raise CheckpointError(f"{path}: no weights ({' or '.join(WEIGHT_FILES)})")
     provenance = {"sha256": hashlib.sha256(weights.read_bytes()).hexdigest(), "step": None}
-    return _as_run(path, boot_bridge(path, device=device), task, preset, seed, provenance, {"weights": weights.name})
+    return _as_run(
+        path,
+        boot_bridge(path, device=device),
+        task,
+        preset,
+        seed,
+        provenance,
+        {"weights": weights.name},
+    )
 
 
 def _task_configs(where: Any, task: str, preset: str, seed: int) -> tuple[Any, Any]:
@@ -83,8 +110,15 @@ def _task_configs(where: Any, task: str, preset: str, seed: int) -> tuple[Any, A
     return task_obj, train_cfg
 
 
-def _as_run(run_dir: Path, bridge: Any, task: str, preset: str, seed: int, provenance: dict[str, Any],
-            source: dict[str, Any]) -> Run:  # fmt: skip
+def _as_run(
+    run_dir: Path,
+    bridge: Any,
+    task: str,
+    preset: str,
+    seed: int,
+    provenance: dict[str, Any],
+    source: dict[str, Any],
+) -> Run:
     """A booted bridge as a run on ``task``: one line when its vocabulary or context is too small."""
     from pe_interp.bridge import BridgedModel
     from pe_interp.tasks.batch import PAD_ID
@@ -93,49 +127,76 @@ def _as_run(run_dir: Path, bridge: Any, task: str, preset: str, seed: int, prove
     c, where = bridge.cfg, source.get("hub", run_dir)
     need = task_obj.d_vocab + task_obj.n_classes
     if c.d_vocab < need:
-        raise CheckpointError(f"{where}: the model's vocabulary ({c.d_vocab}) is too small for task {task!r} at preset "
-                              f"{preset!r}: it needs {task_obj.d_vocab} input ids and {task_obj.n_classes} answer ids "
-                              f"({need})")  # fmt: skip
+        raise CheckpointError(
+            f"{where}: the model's vocabulary ({c.d_vocab}) is too small for task {task!r} at preset "
+            f"{preset!r}: it needs {task_obj.d_vocab} input ids and {task_obj.n_classes} answer ids "
+            f"({need})"
+        )
     if c.n_ctx < task_obj.max_len:
-        raise CheckpointError(f"{where}: the model's context ({c.n_ctx}) is shorter than task {task!r}'s longest "
-                              f"input at preset {preset!r} ({task_obj.max_len})")  # fmt: skip
+        raise CheckpointError(
+            f"{where}: the model's context ({c.n_ctx}) is shorter than task {task!r}'s longest "
+            f"input at preset {preset!r} ({task_obj.max_len})"
+        )
     model = BridgedModel(bridge, answers=answer_ids(task_obj), pad_id=PAD_ID)
-    config = {"model_dir": {"model_type": model.cfg.model_type, **source}, "task": task_obj.to_dict(),
-              "preset": preset, "seed": seed}  # fmt: skip
+    config = {
+        "model_dir": {"model_type": model.cfg.model_type, **source},
+        "task": task_obj.to_dict(),
+        "preset": preset,
+        "seed": seed,
+    }
     return Run(run_dir, model.eval(), task_obj, train_cfg, config, provenance)
 
 
-def _load_hub(name: str, task: str, preset: str, seed: int, device: str, revision: str | None) -> Run:
+def _load_hub(
+    name: str, task: str, preset: str, seed: int, device: str, revision: str | None
+) -> Run:
     """A hub model as a run: fetched at ``revision`` (Pythia's training checkpoints are revisions
     ``step1000``, ...), its results under :data:`HUB_RUNS`."""
     at = f"{name}@{revision or 'main'}"
     if os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise CheckpointError(f"{at}: no local directory of that name, and the Hugging Face hub is off (HF_HUB_OFFLINE=1): "
-                              "fetch and save_pretrained it where the hub is reachable, then pass its directory")  # fmt: skip
+        raise CheckpointError(
+            f"{at}: no local directory of that name, and the Hugging Face hub is off (HF_HUB_OFFLINE=1): "
+            "fetch and save_pretrained it where the hub is reachable, then pass its directory"
+        )
     import socket
 
     try:  # a quick look first: unreachable, the hub libraries would retry for a minute
         socket.create_connection(("huggingface.co", 443), timeout=5).close()
     except OSError as err:
-        raise CheckpointError(f"{at}: no local directory of that name, and the Hugging Face hub is not reachable from "
-                              f"here ({err.strerror or err}): fetch and save_pretrained it where it is, then pass its "
-                              "directory") from None  # fmt: skip
+        raise CheckpointError(
+            f"{at}: no local directory of that name, and the Hugging Face hub is not reachable from "
+            f"here ({err.strerror or err}): fetch and save_pretrained it where it is, then pass its "
+            "directory"
+        ) from None
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, revision=revision)
-        bridge = TransformerBridge.boot_transformers(name, tokenizer=tokenizer, revision=revision, device=device).eval()
+        bridge = TransformerBridge.boot_transformers(
+            name, tokenizer=tokenizer, revision=revision, device=device
+        ).eval()
     except Exception as err:  # no network, no such model or revision: one line either way
         first = (str(err).splitlines() or [type(err).__name__])[0]
-        raise CheckpointError(f"{at}: could not fetch it from the Hugging Face hub ({first[:200]})") from None
+        raise CheckpointError(
+            f"{at}: could not fetch it from the Hugging Face hub ({first[:200]})"
+        ) from None
     out = HUB_RUNS / name.replace("/", "__") / (revision or "main")
     out.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     for value in bridge.original_model.state_dict().values():
-        digest.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    return _as_run(out, bridge, task, preset, seed, {"sha256": digest.hexdigest(), "step": None},
-                   {"hub": name, "revision": revision})
+        digest.update(
+            value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        )
+    return _as_run(
+        out,
+        bridge,
+        task,
+        preset,
+        seed,
+        {"sha256": digest.hexdigest(), "step": None},
+        {"hub": name, "revision": revision},
+    )
 
 
 __all__ = ["HUB_RUNS", "answer_ids", "is_hub_name", "is_model_dir", "load_model_dir"]

@@ -44,9 +44,13 @@ PRESETS: dict[str, Preset] = {
         task={
             "distance": dict(d_vocab=128, max_between=30, max_side=8, max_len=48),
             "count": dict(d_vocab=128, n_triggers=10, max_count=30, length=48),
-            "retrieve": dict(d_vocab=128, offset=RETRIEVE_OFFSET, max_side=16, max_after=31, max_len=48),
+            "retrieve": dict(
+                d_vocab=128, offset=RETRIEVE_OFFSET, max_side=16, max_after=31, max_len=48
+            ),
         },
-        train=dict(n_train=12_288, n_test=2_000, epochs=6, batch_size=128, lr=3e-3, eval_batch_size=1000),
+        train=dict(
+            n_train=12_288, n_test=2_000, epochs=6, batch_size=128, lr=3e-3, eval_batch_size=1000
+        ),
     ),
     # The paper's topology (6 layers x 16 heads, 96 heads) cut in width to train on one CPU core
     # in about 15-20 minutes, on quick's task (distances 2-31). d_head 8 keeps RoPE 4 frequency
@@ -56,18 +60,26 @@ PRESETS: dict[str, Preset] = {
         task={
             "distance": dict(d_vocab=128, max_between=30, max_side=8, max_len=48),
             "count": dict(d_vocab=128, n_triggers=10, max_count=30, length=48),
-            "retrieve": dict(d_vocab=128, offset=RETRIEVE_OFFSET, max_side=16, max_after=31, max_len=48),
+            "retrieve": dict(
+                d_vocab=128, offset=RETRIEVE_OFFSET, max_side=16, max_after=31, max_len=48
+            ),
         },
-        train=dict(n_train=12_288, n_test=2_000, epochs=10, batch_size=128, lr=3e-3, eval_batch_size=1000),
+        train=dict(
+            n_train=12_288, n_test=2_000, epochs=10, batch_size=128, lr=3e-3, eval_batch_size=1000
+        ),
     ),
     "paper": Preset(
         model=dict(n_layers=6, d_model=256, n_heads=16, d_mlp=512, dropout=0.1),
         task={
             "distance": dict(d_vocab=512, max_between=70, max_side=25, max_len=120),
             "count": dict(d_vocab=512, n_triggers=30, max_count=100, length=120),
-            "retrieve": dict(d_vocab=512, offset=RETRIEVE_OFFSET, max_side=25, max_after=94, max_len=120),
+            "retrieve": dict(
+                d_vocab=512, offset=RETRIEVE_OFFSET, max_side=25, max_after=94, max_len=120
+            ),
         },
-        train=dict(n_train=70_000, n_test=30_000, epochs=100, batch_size=512, lr=1e-4, warmup_frac=0.06),
+        train=dict(
+            n_train=70_000, n_test=30_000, epochs=100, batch_size=512, lr=1e-4, warmup_frac=0.06
+        ),
     ),
 }
 
@@ -125,7 +137,11 @@ def authors_encoding(encoding: Any) -> tuple[EncodingSpec, ...]:
     value: ALiBi's slopes are ``exp(-h/H)``, and a sinusoid composed with RoPE (their "rope"
     model) uses the concat layout ``[sin(all), cos(all)]``. Parameters given explicitly are kept.
     """
-    if isinstance(encoding, str) and encoding in AUTHORS_ENCODINGS and encoding not in ("nope", "rope"):
+    if (
+        isinstance(encoding, str)
+        and encoding in AUTHORS_ENCODINGS
+        and encoding not in ("nope", "rope")
+    ):
         encoding = AUTHORS_ENCODINGS[encoding]
     specs = parse_encoding(encoding)
     explicit = given_parameters(encoding)
@@ -145,7 +161,9 @@ def close_matches(name: str, candidates: set[str] | list[str], n: int = 3) -> li
     """The ``n`` candidates most like ``name``, for "did you mean" hints."""
     import difflib
 
-    return sorted(candidates, key=lambda c: (-difflib.SequenceMatcher(None, name, c).ratio(), c))[:n]
+    return sorted(candidates, key=lambda c: (-difflib.SequenceMatcher(None, name, c).ratio(), c))[
+        :n
+    ]
 
 
 def run_settings(task: str | None = None) -> dict[str, str]:
@@ -159,8 +177,13 @@ def run_settings(task: str | None = None) -> dict[str, str]:
         if task is None or name == task:
             out.update({f.name: "task" for f in dataclasses.fields(cls) if f.name != "seed"})
     out.update({f.name: "train" for f in dataclasses.fields(TrainConfig) if f.name != "seed"})
-    out.update({f.name: "model" for f in dataclasses.fields(ModelConfig)
-                if f.name not in ("seed", "d_vocab", "n_ctx", "n_classes", "encoding")})
+    out.update(
+        {
+            f.name: "model"
+            for f in dataclasses.fields(ModelConfig)
+            if f.name not in ("seed", "d_vocab", "n_ctx", "n_classes", "encoding")
+        }
+    )
     out["device"] = "train"  # the model follows the training device
     return out
 
@@ -174,11 +197,17 @@ def _split_overrides(task: str, overrides: dict[str, Any]) -> tuple[dict, dict, 
         if key in ("n_ctx", "n_classes"):
             raise ValueError(f"{key} is derived from the task; change the task's size instead")
         if key not in where:
-            others = {name for name, place in run_settings().items() if place == "task"} - set(where)
+            others = {name for name, place in run_settings().items() if place == "task"} - set(
+                where
+            )
             if key in others:
                 own = sorted(n for n, place in where.items() if place == "task")
-                raise ValueError(f"{key} is a setting of another task, not of task {task!r} (its settings: {', '.join(own)})")
-            hint = ", ".join(close_matches(key, set(run_settings()) | {"encoding", "seed", "preset", "task"}))
+                raise ValueError(
+                    f"{key} is a setting of another task, not of task {task!r} (its settings: {', '.join(own)})"
+                )
+            hint = ", ".join(
+                close_matches(key, set(run_settings()) | {"encoding", "seed", "preset", "task"})
+            )
             raise ValueError(f"unknown setting {key!r}; did you mean {hint}?")
         {"model": m, "train": t, "task": k}[where[key]][key] = value
     return m, t, k
@@ -217,15 +246,30 @@ def encoding_text(encoding: Any) -> str:
 
 
 def train_command(
-    task: str, encoding: Any, preset: str, seed: int, authors_quirks: bool = False, out: str | None = None,
+    task: str,
+    encoding: Any,
+    preset: str,
+    seed: int,
+    authors_quirks: bool = False,
+    out: str | None = None,
     **overrides: Any,
 ) -> str:
     """The ``pe-interp train`` command line that builds the same configs as these arguments
     (recorded in a run's config.json as ``command``, and printed by ``pe-interp show``)."""
     import shlex
 
-    words = ["pe-interp", "train", "--task", task, "--encoding", encoding_text(encoding), "--preset", preset,
-             "--seed", str(seed)]
+    words = [
+        "pe-interp",
+        "train",
+        "--task",
+        task,
+        "--encoding",
+        encoding_text(encoding),
+        "--preset",
+        preset,
+        "--seed",
+        str(seed),
+    ]
     if authors_quirks:
         words.append("--authors-quirks")
     for name, value in overrides.items():

@@ -22,7 +22,16 @@ from pe_interp.sweep import Grid, SweepSummary, parse_grid, run_sweep
 
 SMOKE_ENCODINGS = ["nope", "sinusoidal", "rope"]
 DEFAULT_SEEDS = {"smoke": 1, "quick": 3, "paper": 3}
-PROBES = ("dynamics", "ablation", "patching", "positional", "attention", "decomposition", "generalization", "gradients")
+PROBES = (
+    "dynamics",
+    "ablation",
+    "patching",
+    "positional",
+    "attention",
+    "decomposition",
+    "generalization",
+    "gradients",
+)
 
 
 def reproduce_grid(
@@ -107,11 +116,17 @@ def committed_checkpoints(root: str | Path = CHECKPOINTS) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(p.parent for p in root.glob("*/config.json") if (p.parent / "model.safetensors").is_file())
+    return sorted(
+        p.parent for p in root.glob("*/config.json") if (p.parent / "model.safetensors").is_file()
+    )
 
 
-def checkpoint_cell(source: str | Path, sweep_dir: str | Path, probes: tuple[str, ...] = DEMO_PROBES,
-                    options: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def checkpoint_cell(
+    source: str | Path,
+    sweep_dir: str | Path,
+    probes: tuple[str, ...] = DEMO_PROBES,
+    options: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Copy a committed run directory into ``sweep_dir`` as a cell of its own (params name the
     checkpoint) and run ``probes`` on it; the report then shows it with the other cells.
     Idempotent: a rerun only runs probes the cell lacks, unless the checkpoint's weights changed."""
@@ -126,13 +141,20 @@ def checkpoint_cell(source: str | Path, sweep_dir: str | Path, probes: tuple[str
     source = Path(source)
     run = load_run(source)  # a one-line error if the committed files are broken
     config = run.config
-    params = {"task": run.task.name, "encoding": encoding_text(run.model.cfg.encoding),
-              "preset": config.get("preset"), "checkpoint": source.name}
+    params = {
+        "task": run.task.name,
+        "encoding": encoding_text(run.model.cfg.encoding),
+        "preset": config.get("preset"),
+        "checkpoint": source.name,
+    }
     cell = Cell(tuple(sorted(params.items())), int(run.train_cfg.seed))
     cell_dir = Path(sweep_dir) / "cells" / cell.id
     run_dir = cell_dir / "run"
     weights = (source / "model.safetensors").read_bytes()
-    stale = not (run_dir / "model.safetensors").is_file() or (run_dir / "model.safetensors").read_bytes() != weights
+    stale = (
+        not (run_dir / "model.safetensors").is_file()
+        or (run_dir / "model.safetensors").read_bytes() != weights
+    )
     if stale:
         shutil.rmtree(cell_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
@@ -145,10 +167,27 @@ def checkpoint_cell(source: str | Path, sweep_dir: str | Path, probes: tuple[str
         else:
             m = evaluate(run.model, run.test_set(), ignore_index=run.train_cfg.ignore_index)
             final = {"test_acc": m["acc"], "test_loss": m["loss"]}
-        atomic_write_json(cell_dir / CELL, {"id": cell.id, "params": params, "seed": cell.seed,
-                                            "source": str(source), "command": config.get("command")})
-        atomic_write_json(cell_dir / RESULT, {"id": cell.id, "params": params, "seed": cell.seed, "final": final,
-                                              "probes_run": [], WEIGHTS_KEY: run.provenance})
+        atomic_write_json(
+            cell_dir / CELL,
+            {
+                "id": cell.id,
+                "params": params,
+                "seed": cell.seed,
+                "source": str(source),
+                "command": config.get("command"),
+            },
+        )
+        atomic_write_json(
+            cell_dir / RESULT,
+            {
+                "id": cell.id,
+                "params": params,
+                "seed": cell.seed,
+                "final": final,
+                "probes_run": [],
+                WEIGHTS_KEY: run.provenance,
+            },
+        )
     run_cell(cell, sweep_dir, probes, options=DEMO_PROBE_OPTIONS if options is None else options)
     return read_json(cell_dir / RESULT)
 
@@ -169,7 +208,9 @@ def demo(
     # One process per cell, even above the core count: three cells on two cores then finish
     # together instead of the third running alone after the first two.
     workers = workers or len(grid.cells())
-    with dir_lock(out, "sweep directory"):  # the sweep, the checkpoint cells and the report: one writer
+    with dir_lock(
+        out, "sweep directory"
+    ):  # the sweep, the checkpoint cells and the report: one writer
         summary = run_sweep(grid, out, workers=workers, progress=progress)
         failed = dict(summary.failed)
         for source in committed_checkpoints(checkpoints) if checkpoints is not None else []:
@@ -177,10 +218,30 @@ def demo(
                 checkpoint_cell(source, out)
             except (ValueError, OSError) as err:  # reported, like a failed cell; the demo goes on
                 failed[f"checkpoint {source}"] = f"{type(err).__name__}: {err}"
-        report = write_report(out, preset=preset, title=f"pe-interp demo: RoPE and controls on task 1 (preset {preset})")
-    return SweepSummary(done=summary.done, skipped=summary.skipped, failed=failed,
-                        recomputed=summary.recomputed), report
+        report = write_report(
+            out,
+            preset=preset,
+            title=f"pe-interp demo: RoPE and controls on task 1 (preset {preset})",
+        )
+    return SweepSummary(
+        done=summary.done, skipped=summary.skipped, failed=failed, recomputed=summary.recomputed
+    ), report
 
 
-__all__ = ["CHECKPOINTS", "DEFAULT_SEEDS", "DEMO_ENCODINGS", "DEMO_OVERRIDES", "DEMO_PROBES", "checkpoint_cell", "committed_checkpoints",
-           "demo", "demo_grid", "ENCODINGS", "PROBES", "SMOKE_ENCODINGS", "encoding_label", "reproduce", "reproduce_grid"]
+__all__ = [
+    "CHECKPOINTS",
+    "DEFAULT_SEEDS",
+    "DEMO_ENCODINGS",
+    "DEMO_OVERRIDES",
+    "DEMO_PROBES",
+    "checkpoint_cell",
+    "committed_checkpoints",
+    "demo",
+    "demo_grid",
+    "ENCODINGS",
+    "PROBES",
+    "SMOKE_ENCODINGS",
+    "encoding_label",
+    "reproduce",
+    "reproduce_grid",
+]

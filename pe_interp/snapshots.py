@@ -28,8 +28,19 @@ MANIFEST = "manifest.json"
 SNAPSHOT_MODES = ("none", "log")
 FORMAT = 1
 
-__all__ = ["MANIFEST", "SNAPSHOT_DIR", "SNAPSHOT_MODES", "SnapshotError", "SnapshotWriter", "load_snapshot", "read_manifest",
-           "snapshot_path", "snapshot_schedule", "snapshot_steps", "weights_bytes"]
+__all__ = [
+    "MANIFEST",
+    "SNAPSHOT_DIR",
+    "SNAPSHOT_MODES",
+    "SnapshotError",
+    "SnapshotWriter",
+    "load_snapshot",
+    "read_manifest",
+    "snapshot_path",
+    "snapshot_schedule",
+    "snapshot_steps",
+    "weights_bytes",
+]
 
 
 class SnapshotError(ValueError):
@@ -42,7 +53,9 @@ def snapshot_schedule(total_steps: int, every: int, mode: str = "log") -> list[i
     if mode == "none":
         return []
     if mode not in SNAPSHOT_MODES:
-        raise ValueError(f"snapshots must be one of {', '.join(map(repr, SNAPSHOT_MODES))}; got {mode!r}")
+        raise ValueError(
+            f"snapshots must be one of {', '.join(map(repr, SNAPSHOT_MODES))}; got {mode!r}"
+        )
     if every < 1:
         raise ValueError(f"snapshot_every must be >= 1, got {every}")
     steps = {0, total_steps} | set(range(every, total_steps + 1, every))
@@ -73,9 +86,13 @@ def read_manifest(run_dir: str | Path) -> list[dict[str, Any]]:
     except (CorruptFileError, FileNotFoundError) as err:
         raise SnapshotError(str(err)) from None
     entries = data.get("snapshots") if isinstance(data, dict) else None
-    if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("step"), int)
-                                                 and isinstance(e.get("sha256"), str) for e in entries):
-        raise SnapshotError(f"{path}: not a snapshot manifest (a 'snapshots' list of {{step, file, sha256}} expected)")
+    if not isinstance(entries, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("step"), int) and isinstance(e.get("sha256"), str)
+        for e in entries
+    ):
+        raise SnapshotError(
+            f"{path}: not a snapshot manifest (a 'snapshots' list of {{step, file, sha256}} expected)"
+        )
     return sorted(entries, key=lambda e: e["step"])
 
 
@@ -91,17 +108,30 @@ def load_snapshot(run_dir: str | Path, step: int) -> tuple[bytes, dict[str, Any]
     if step not in entries:
         kept = sorted(entries)
         shown = ", ".join(map(str, kept[:12])) + (f", ... {kept[-1]}" if len(kept) > 12 else "")
-        raise SnapshotError(f"{run_dir}: no snapshot at step {step}; "
-                            + (f"the run kept steps {shown}" if kept else
-                               "the run kept none (train it with --snapshots log)"))
-    path = Path(run_dir) / SNAPSHOT_DIR / str(entries[step].get("file", snapshot_path(run_dir, step).name))
+        raise SnapshotError(
+            f"{run_dir}: no snapshot at step {step}; "
+            + (
+                f"the run kept steps {shown}"
+                if kept
+                else "the run kept none (train it with --snapshots log)"
+            )
+        )
+    path = (
+        Path(run_dir)
+        / SNAPSHOT_DIR
+        / str(entries[step].get("file", snapshot_path(run_dir, step).name))
+    )
     if not path.is_file():
-        raise SnapshotError(f"{path}: the snapshot of step {step} is listed in the manifest but missing")
+        raise SnapshotError(
+            f"{path}: the snapshot of step {step} is listed in the manifest but missing"
+        )
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != entries[step]["sha256"]:
-        raise SnapshotError(f"{path}: sha256 {digest[:12]} differs from the manifest's {entries[step]['sha256'][:12]}: "
-                            "the file is damaged")
+        raise SnapshotError(
+            f"{path}: sha256 {digest[:12]} differs from the manifest's {entries[step]['sha256'][:12]}: "
+            "the file is damaged"
+        )
     return data, {"sha256": digest, "step": step}
 
 
@@ -130,12 +160,20 @@ class SnapshotWriter:
         path = snapshot_path(self.run_dir, step)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, data)
-        entry = {"step": step, "file": path.name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        entry = {
+            "step": step,
+            "file": path.name,
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "bytes": len(data),
+        }
         self.entries = [e for e in self.entries if e["step"] != step] + [entry]
         self._write_manifest()
 
     def _write_manifest(self) -> None:
         path = self.run_dir / SNAPSHOT_DIR / MANIFEST
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {"format": FORMAT, "snapshots": sorted(self.entries, key=lambda e: e["step"])},
-                          indent=1)
+        atomic_write_json(
+            path,
+            {"format": FORMAT, "snapshots": sorted(self.entries, key=lambda e: e["step"])},
+            indent=1,
+        )

@@ -60,26 +60,38 @@ class TrainResult:
     model: Any = None  # the trained HookedPETransformer
 
 
-def _check_optimizer_state(path: Path, state: dict[int, dict[str, torch.Tensor]], params: dict[str, torch.Tensor],
-                           step: int) -> None:
+def _check_optimizer_state(
+    path: Path,
+    state: dict[int, dict[str, torch.Tensor]],
+    params: dict[str, torch.Tensor],
+    step: int,
+) -> None:
     """A CheckpointError naming the first optimizer tensor that is missing or misshapen: the
     optimizer would load the rest and fail at its next step (or restart its moments silently)."""
     names = list(params)
     damaged = "the file is damaged: restore it from a copy, or train again into a new --out"
     if step > 0 and not state:
-        raise CheckpointError(f"{path}: no optimizer tensors (optim.*) although the run is at step {step}; {damaged}")
+        raise CheckpointError(
+            f"{path}: no optimizer tensors (optim.*) although the run is at step {step}; {damaged}"
+        )
     keys = sorted({k for entry in state.values() for k in entry})
     for idx in sorted(state):
         if not 0 <= idx < len(names):
-            raise CheckpointError(f"{path}: optimizer tensors for parameter {idx}, but the model has {len(names)}; {damaged}")
+            raise CheckpointError(
+                f"{path}: optimizer tensors for parameter {idx}, but the model has {len(names)}; {damaged}"
+            )
         missing = [k for k in keys if k not in state[idx]]
         if missing:
-            raise CheckpointError(f"{path}: optimizer tensor 'optim.{idx}.{missing[0]}' (of {names[idx]}) is missing; {damaged}")
+            raise CheckpointError(
+                f"{path}: optimizer tensor 'optim.{idx}.{missing[0]}' (of {names[idx]}) is missing; {damaged}"
+            )
         shape = tuple(params[names[idx]].shape)
         for k, v in state[idx].items():
             if v.ndim > 0 and tuple(v.shape) != shape:
-                raise CheckpointError(f"{path}: optimizer tensor 'optim.{idx}.{k}' has shape {tuple(v.shape)}, its "
-                                      f"parameter {names[idx]} {shape}; {damaged}")
+                raise CheckpointError(
+                    f"{path}: optimizer tensor 'optim.{idx}.{k}' has shape {tuple(v.shape)}, its "
+                    f"parameter {names[idx]} {shape}; {damaged}"
+                )
 
 
 class Trainer:
@@ -100,28 +112,44 @@ class Trainer:
         self.callbacks = list(callbacks)
         self.progress = progress
         self.extra_config = extra_config or {}
-        bad = sorted(set(self.extra_config) - set(CONFIG_KEYS) | set(self.extra_config) & {"model", "task", "train", "version"})
+        bad = sorted(
+            set(self.extra_config) - set(CONFIG_KEYS)
+            | set(self.extra_config) & {"model", "task", "train", "version"}
+        )
         if bad:
-            raise ValueError(f"Trainer: extra_config key(s) {', '.join(map(repr, bad))} are not config.json keys; allowed: "
-                             + ", ".join(k for k in CONFIG_KEYS if k not in ("model", "task", "train", "version")))
+            raise ValueError(
+                f"Trainer: extra_config key(s) {', '.join(map(repr, bad))} are not config.json keys; allowed: "
+                + ", ".join(
+                    k for k in CONFIG_KEYS if k not in ("model", "task", "train", "version")
+                )
+            )
         check_run_configs(model_cfg, train_cfg)
         self.device = torch.device(check_device(train_cfg.device, "TrainConfig.device"))
         self.model = build_model(model_cfg).to(self.device)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=train_cfg.lr, betas=train_cfg.betas, weight_decay=train_cfg.weight_decay
+            self.model.parameters(),
+            lr=train_cfg.lr,
+            betas=train_cfg.betas,
+            weight_decay=train_cfg.weight_decay,
         )
         self.step = 0
         self.stopped = False  # reached TrainConfig.stop_at_acc (the run is finished before its cap)
         # Training loss and accuracy summed since the last evaluation; saved with checkpoints so
         # that the record after a resume covers the steps before the crash too.
         self.running = {"loss": 0.0, "correct": 0, "seen": 0}
-        self.train, self.test = task.splits(train_cfg.n_train, train_cfg.n_test, seed=train_cfg.seed)
+        self.train, self.test = task.splits(
+            train_cfg.n_train, train_cfg.n_test, seed=train_cfg.seed
+        )
         self.snapshots = None  # a SnapshotWriter when TrainConfig.snapshots keeps weights
         if train_cfg.snapshots != "none":
             if self.run_dir is None:
-                raise ValueError(f"TrainConfig.snapshots={train_cfg.snapshots!r} needs a run directory to keep them in "
-                                 "(run_dir=..., --out)")
-            steps = snapshot_schedule(train_cfg.total_steps, train_cfg.snapshot_interval, train_cfg.snapshots)
+                raise ValueError(
+                    f"TrainConfig.snapshots={train_cfg.snapshots!r} needs a run directory to keep them in "
+                    "(run_dir=..., --out)"
+                )
+            steps = snapshot_schedule(
+                train_cfg.total_steps, train_cfg.snapshot_interval, train_cfg.snapshots
+            )
             self.snapshots = SnapshotWriter(self.run_dir, steps)
 
     # ---- run directory -----------------------------------------------------------------------
@@ -180,7 +208,9 @@ class Trainer:
             step = int(meta["step"])
             groups = json.loads(meta["param_groups"])
         except (KeyError, ValueError):
-            raise CheckpointError(f"{path}: missing or invalid step/param_groups metadata") from None
+            raise CheckpointError(
+                f"{path}: missing or invalid step/param_groups metadata"
+            ) from None
         weights = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
         check_state_dict(path, weights, self.model.state_dict())
         self.model.load_state_dict(weights)
@@ -193,7 +223,9 @@ class Trainer:
         try:
             self.optimizer.load_state_dict({"state": state, "param_groups": groups})
         except (ValueError, KeyError) as err:
-            raise CheckpointError(f"{path}: optimizer state does not fit this model ({err})") from None
+            raise CheckpointError(
+                f"{path}: optimizer state does not fit this model ({err})"
+            ) from None
         torch.set_rng_state(tensors["rng.cpu"])
         if torch.cuda.is_available():
             cuda = [tensors[k] for k in sorted(tensors) if k.startswith("rng.cuda.")]
@@ -221,12 +253,22 @@ class Trainer:
                 torch.manual_seed(self.train_cfg.seed)
                 return self._fit()
             if self.run_dir.exists() and not self.run_dir.is_dir():
-                raise CheckpointError(f"{self.run_dir}: exists and is not a directory; choose a new run directory")
+                raise CheckpointError(
+                    f"{self.run_dir}: exists and is not a directory; choose a new run directory"
+                )
             if resume and not (self.run_dir / CONFIG).is_file():
-                what = "does not exist" if not self.run_dir.exists() else f"holds no run ({CONFIG} missing)"
-                raise CheckpointError(f"{self.run_dir}: nothing to resume, the directory {what}; "
-                                      "start the run without resume (--resume)")
-            with dir_lock(self.run_dir, "run directory", hint="wait for it to end, or use another --out"):
+                what = (
+                    "does not exist"
+                    if not self.run_dir.exists()
+                    else f"holds no run ({CONFIG} missing)"
+                )
+                raise CheckpointError(
+                    f"{self.run_dir}: nothing to resume, the directory {what}; "
+                    "start the run without resume (--resume)"
+                )
+            with dir_lock(
+                self.run_dir, "run directory", hint="wait for it to end, or use another --out"
+            ):
                 self._open_run_dir(resume)
                 return self._fit()
 
@@ -234,21 +276,28 @@ class Trainer:
         """Start, continue or refuse (under the run directory's lock); then write config.json."""
         assert self.run_dir is not None
         if (self.run_dir / "grid.json").exists():
-            raise CheckpointError(f"{self.run_dir}: a sweep directory (grid.json), not a run directory; choose another one")
+            raise CheckpointError(
+                f"{self.run_dir}: a sweep directory (grid.json), not a run directory; choose another one"
+            )
         held = [name for name in RUN_FILES if (self.run_dir / name).exists()]
         if not resume and held:
-            raise CheckpointError(f"{self.run_dir}: already holds a run ({', '.join(held)}); pass resume=True "
-                                  "(--resume) to continue it with the same settings, or choose a new directory")
+            raise CheckpointError(
+                f"{self.run_dir}: already holds a run ({', '.join(held)}); pass resume=True "
+                "(--resume) to continue it with the same settings, or choose a new directory"
+            )
         if resume:
             self.check_same_config()
         if resume and (self.run_dir / TRAIN_STATE).exists():
             self.load_checkpoint()
             truncate_jsonl(self.run_dir / METRICS, self.step)
-        elif resume and (self.run_dir / WEIGHTS).exists():  # finished or checkpointed, its state lost
+        elif (
+            resume and (self.run_dir / WEIGHTS).exists()
+        ):  # finished or checkpointed, its state lost
             step = weights_provenance(self.run_dir)["step"]
             raise CheckpointError(
                 f"{self.run_dir}: {TRAIN_STATE} is missing, so the run cannot be continued, and starting again "
-                f"would replace its {WEIGHTS} (step {step}); restore {TRAIN_STATE} or choose a new directory")
+                f"would replace its {WEIGHTS} (step {step}); restore {TRAIN_STATE} or choose a new directory"
+            )
         else:
             torch.manual_seed(self.train_cfg.seed)  # dropout stream of a fresh run
             if resume:  # started, but killed before its first checkpoint: start again
@@ -289,8 +338,14 @@ class Trainer:
                 else:
                     loss = F.cross_entropy(logits.float(), part.labels, ignore_index=ignore)
                 if not torch.isfinite(loss):
-                    where = f"; the last good checkpoint (step {last_good}) is in {self.run_dir}" if self.run_dir else ""
-                    raise NonFiniteLossError(f"non-finite loss ({loss.item()}) at step {self.step + 1}{where}")
+                    where = (
+                        f"; the last good checkpoint (step {last_good}) is in {self.run_dir}"
+                        if self.run_dir
+                        else ""
+                    )
+                    raise NonFiniteLossError(
+                        f"non-finite loss ({loss.item()}) at step {self.step + 1}{where}"
+                    )
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.grad_clip > 0:
@@ -306,7 +361,9 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
                 if self.step % eval_every == 0 or self.step == total:
-                    test = evaluate(model, self.test, cfg.eval_batch_size, cfg.amp, cfg.ignore_index)
+                    test = evaluate(
+                        model, self.test, cfg.eval_batch_size, cfg.amp, cfg.ignore_index
+                    )
                     record = {
                         "step": self.step,
                         "epoch": self.step / cfg.steps_per_epoch,
@@ -325,8 +382,12 @@ class Trainer:
                     for cb in self.callbacks:
                         cb.on_eval(self, self.step, record)
                     if bar is not None:
-                        bar.set_postfix(loss=f"{record['train_loss']:.3f}", test_acc=f"{record['test_acc']:.3f}")
-                if self.snapshots is not None:  # before the checkpoint: a resume never skips a snapshot
+                        bar.set_postfix(
+                            loss=f"{record['train_loss']:.3f}", test_acc=f"{record['test_acc']:.3f}"
+                        )
+                if (
+                    self.snapshots is not None
+                ):  # before the checkpoint: a resume never skips a snapshot
                     self.snapshots.maybe_save(self.step, model, last=self.stopped)
                 if self.step % ckpt_every == 0 or self.step == total or self.stopped:
                     self.save_checkpoint()
@@ -337,21 +398,40 @@ class Trainer:
             if bar is not None:
                 bar.close()
         if self.run_dir is not None:
-            save_hf(self.run_dir, model)  # an architecture's run: also a saved Hugging Face model (RUN/hf/)
+            save_hf(
+                self.run_dir, model
+            )  # an architecture's run: also a saved Hugging Face model (RUN/hf/)
         for cb in self.callbacks:
             cb.on_train_end(self)
-        final = history[-1] if history else {"step": self.step, **_prefixed(evaluate(model, self.test, cfg.eval_batch_size, cfg.amp, cfg.ignore_index))}
+        final = (
+            history[-1]
+            if history
+            else {
+                "step": self.step,
+                **_prefixed(
+                    evaluate(model, self.test, cfg.eval_batch_size, cfg.amp, cfg.ignore_index)
+                ),
+            }
+        )
         return TrainResult(final=final, history=history, run_dir=self.run_dir, model=self.model)
-
 
     def _interrupt(self, signum: int, last_good: int) -> None:
         """Save a checkpoint at this step (a step boundary: a resume replays exactly) and stop."""
         if self.run_dir is not None and last_good != self.step:
             self.save_checkpoint()
-        where = (f"the run is saved in {self.run_dir} at step {self.step}: continue it with resume=True "
-                 "(the same command with --resume)") if self.run_dir is not None else "no run directory, nothing saved"
-        raise interrupts.Interrupted(f"stopped by {interrupts.signal_name(signum)} at step {self.step} of "
-                                     f"{self.train_cfg.total_steps}; {where}", signum)
+        where = (
+            (
+                f"the run is saved in {self.run_dir} at step {self.step}: continue it with resume=True "
+                "(the same command with --resume)"
+            )
+            if self.run_dir is not None
+            else "no run directory, nothing saved"
+        )
+        raise interrupts.Interrupted(
+            f"stopped by {interrupts.signal_name(signum)} at step {self.step} of "
+            f"{self.train_cfg.total_steps}; {where}",
+            signum,
+        )
 
 
 def _normalised(record: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -379,7 +459,9 @@ def _progress(total: int, initial: int, enabled: bool):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True, leave=False)
+    return tqdm(
+        total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True, leave=False
+    )
 
 
 __all__ = ["NonFiniteLossError", "TrainConfig", "TrainResult", "Trainer", "evaluate"]

@@ -34,35 +34,78 @@ from pe_interp.checkpoint import (
     read_json,
 )
 
-FAMILY_ORDER = ("one_route", "two_routes", "deep_route", "no_route", "single_yes", "single_no", "single_yes_30ep",
-                "single_no_30ep")
+FAMILY_ORDER = (
+    "one_route",
+    "two_routes",
+    "deep_route",
+    "no_route",
+    "single_yes",
+    "single_no",
+    "single_yes_30ep",
+    "single_no_30ep",
+)
 LONG = "_30ep"  # the single-head families trained 30 epochs instead of the preset's 6
 # The verdict each construction implies ("yes"/"no"); absent: the construction implies none.
 EXPECTED: dict[str, dict[str, str]] = {
-    "positional deposit": {"one_route": "yes", "two_routes": "no", "deep_route": "yes", "no_route": "no",
-                           "single_yes": "yes", "single_no": "no"},
-    "single-head deposit (paper)": {"one_route": "yes", "two_routes": "no", "deep_route": "yes", "no_route": "no",
-                                    "single_no": "no"},  # single_yes: see expected()
-    "layer-0 concentration": {"one_route": "yes", "deep_route": "no", "no_route": "no", "single_yes": "yes"},
+    "positional deposit": {
+        "one_route": "yes",
+        "two_routes": "no",
+        "deep_route": "yes",
+        "no_route": "no",
+        "single_yes": "yes",
+        "single_no": "no",
+    },
+    "single-head deposit (paper)": {
+        "one_route": "yes",
+        "two_routes": "no",
+        "deep_route": "yes",
+        "no_route": "no",
+        "single_no": "no",
+    },  # single_yes: see expected()
+    "layer-0 concentration": {
+        "one_route": "yes",
+        "deep_route": "no",
+        "no_route": "no",
+        "single_yes": "yes",
+    },
 }
-RANKINGS = ("exact ablation: top head", "attribution ranking: top head", "head patching, position pairs: top head",
-            "head patching, content pairs: top head", "head patching, both changed: top head",
-            "decomposition: most positional head", "decomposition: where position enters",
-            "positional routes: top route")
+RANKINGS = (
+    "exact ablation: top head",
+    "attribution ranking: top head",
+    "head patching, position pairs: top head",
+    "head patching, content pairs: top head",
+    "head patching, both changed: top head",
+    "decomposition: most positional head",
+    "decomposition: where position enters",
+    "positional routes: top route",
+)
 
 CIRCUIT = "circuit --faithful 0.9: holds every route"
 ALIGNED = "σ-aligned circuit (--method atp --aligned) --faithful 0.9: holds every route"
 ALIGNED_CLEAN = "σ-aligned circuit: no other head of a route's layer or below"
 
-__all__ = ["ALIGNED", "ALIGNED_CLEAN", "CIRCUIT", "EXPECTED", "FAMILY_ORDER", "RANKINGS", "expected", "family_of", "mirror_head", "score_cell",
-           "validation_markdown",
-           "validation_table"]
+__all__ = [
+    "ALIGNED",
+    "ALIGNED_CLEAN",
+    "CIRCUIT",
+    "EXPECTED",
+    "FAMILY_ORDER",
+    "RANKINGS",
+    "expected",
+    "family_of",
+    "mirror_head",
+    "score_cell",
+    "validation_markdown",
+    "validation_table",
+]
 
 
 def family_of(params: dict[str, Any], routes: np.ndarray) -> str:
     """A planted cell's family from its settings and its route map ``[n_layers, n_heads]``."""
     if params.get("silent_heads"):
-        return ("single_no" if routes.sum() == 2 else "single_yes") + (LONG if params.get("epochs") == 30 else "")
+        return ("single_no" if routes.sum() == 2 else "single_yes") + (
+            LONG if params.get("epochs") == 30 else ""
+        )
     n = int(routes.sum())
     if n == 0:
         return "no_route"
@@ -71,7 +114,9 @@ def family_of(params: dict[str, Any], routes: np.ndarray) -> str:
     return "one_route" if routes[0].any() else "deep_route"
 
 
-def mirror_head(run_dir: str | Path, out: str | Path, src: tuple[int, int], dst: tuple[int, int]) -> Path:
+def mirror_head(
+    run_dir: str | Path, out: str | Path, src: tuple[int, int], dst: tuple[int, int]
+) -> Path:
     """Write to ``out`` the run ``run_dir`` with head ``src`` copied into the silent head ``dst``
     (same W_Q, W_K, W_V and biases; RoPE on both) and ``W_O`` halved in both: the same function
     (checked on the held-out set), with two identical heads."""
@@ -79,7 +124,9 @@ def mirror_head(run_dir: str | Path, out: str | Path, src: tuple[int, int], dst:
     cfg = run.model.cfg
     (layer, a), (layer_b, b) = src, dst
     if layer != layer_b or dst not in cfg.silent_heads or src in cfg.silent_heads:
-        raise ValueError(f"mirror_head: {src} must be a working head and {dst} a silent head of the same layer")
+        raise ValueError(
+            f"mirror_head: {src} must be a working head and {dst} a silent head of the same layer"
+        )
     spec = cfg.encoding[0].kwargs
     heads = tuple(sorted({*spec.get("heads", ()), b}))
     encoding = [{"name": cfg.encoding[0].name, **{**spec, "heads": list(heads)}}]
@@ -94,7 +141,9 @@ def mirror_head(run_dir: str | Path, out: str | Path, src: tuple[int, int], dst:
     out.mkdir(parents=True, exist_ok=True)
     config = dict(read_json(Path(run_dir) / CONFIG))
     config["model"] = {**config["model"], "encoding": encoding, "silent_heads": silent}
-    config["command"] = f"pe-interp validate: {run_dir} with L{layer}H{a} mirrored into L{layer}H{b}"
+    config["command"] = (
+        f"pe-interp validate: {run_dir} with L{layer}H{a} mirrored into L{layer}H{b}"
+    )
     atomic_write_json(out / CONFIG, config)
     atomic_save_tensors(out / WEIGHTS, state, {"step": str(run.provenance["step"])})
     test = run.test_set(500)
@@ -102,7 +151,9 @@ def mirror_head(run_dir: str | Path, out: str | Path, src: tuple[int, int], dst:
         before = run.model(test.tokens, test.pad_mask)
         after = load_run(out).model(test.tokens, test.pad_mask)
     if not torch.allclose(before, after, atol=1e-4, rtol=1e-4):
-        raise RuntimeError(f"mirror_head: the mirrored model differs from {run_dir} (max {float((before - after).abs().max()):.2g})")
+        raise RuntimeError(
+            f"mirror_head: the mirrored model differs from {run_dir} (max {float((before - after).abs().max()):.2g})"
+        )
     return out
 
 
@@ -139,12 +190,16 @@ def score_cell(record: dict[str, Any]) -> dict[str, Any]:
         out[probe] = {"named": f"L{layer}H{head}", "hit": bool(routes[layer, head])}
     circuit = record.get("circuit")
     if circuit is not None:
-        out[CIRCUIT] = {"named": f"{100 * circuit['edges'] / circuit['total_edges']:.1f}% of the units",
-                        "hit": circuit["recall"] == 1.0}
+        out[CIRCUIT] = {
+            "named": f"{100 * circuit['edges'] / circuit['total_edges']:.1f}% of the units",
+            "hit": circuit["recall"] == 1.0,
+        }
     aligned = record.get("aligned_circuit")
     if aligned is not None:
-        out[ALIGNED] = {"named": f"{100 * aligned['edges'] / aligned['total_edges']:.1f}% of the units",
-                        "hit": aligned["recall"] == 1.0}
+        out[ALIGNED] = {
+            "named": f"{100 * aligned['edges'] / aligned['total_edges']:.1f}% of the units",
+            "hit": aligned["recall"] == 1.0,
+        }
         beside = beside_routes(aligned["heads"], routes)
         out[ALIGNED_CLEAN] = {"named": ", ".join(beside) or "none", "hit": not beside}
     for probe in EXPECTED:
@@ -175,7 +230,9 @@ def validation_table(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for r in records:
         for probe, s in score_cell(r).items():
-            cell = table.setdefault(probe, {}).setdefault(r["family"], {"hits": 0, "n": 0, "named": []})
+            cell = table.setdefault(probe, {}).setdefault(
+                r["family"], {"hits": 0, "n": 0, "named": []}
+            )
             cell["hits"] += int(s["hit"])
             cell["n"] += 1
             cell["named"].append(s["named"])
@@ -190,10 +247,14 @@ def validation_markdown(records: list[dict[str, Any]], tasks: str = "") -> str:
     parts = []
     for task in sorted({r["task"] for r in records}):
         parts.append(f"Task `{task}`:\n\n" + _task_table([r for r in records if r["task"] == task]))
-    lines = ["\n\n".join(parts), "", f"Hits k of n models (Wilson 95% intervals). A ranking probe hits when its top "
-             "head is a planted route; a verdict hits when it is the one the construction implies (— where it implies "
-             f"none). From `findings/planted-quick/validation.json` ({len(records)} models), written by "
-             "`pe-interp validate`."]
+    lines = [
+        "\n\n".join(parts),
+        "",
+        f"Hits k of n models (Wilson 95% intervals). A ranking probe hits when its top "
+        "head is a planted route; a verdict hits when it is the one the construction implies (— where it implies "
+        f"none). From `findings/planted-quick/validation.json` ({len(records)} models), written by "
+        "`pe-interp validate`.",
+    ]
     return "\n".join(lines)
 
 
@@ -207,22 +268,51 @@ def _task_table(records: list[dict[str, Any]]) -> str:
         row = []
         for f in fams:
             c = table[probe].get(f)
-            row.append("—" if c is None else f"{c['hits']}/{c['n']} [{100 * c['low']:.0f}–{100 * c['high']:.0f}%]")
+            row.append(
+                "—"
+                if c is None
+                else f"{c['hits']}/{c['n']} [{100 * c['low']:.0f}–{100 * c['high']:.0f}%]"
+            )
         lines.append(f"| {probe} | " + " | ".join(row) + " |")
     accs = {f: [r["test_acc"] for r in records if r["family"] == f] for f in fams}
-    lines.append("| held-out accuracy, mean (min–max) % | " + " | ".join(
-        f"{100 * np.mean(a):.1f} ({100 * min(a):.1f}–{100 * max(a):.1f})" for a in accs.values()) + " |")
-    sizes = {f: [100 * r["circuit"]["edges"] / r["circuit"]["total_edges"] for r in records
-                 if r["family"] == f and r.get("circuit")] for f in fams}
-    lines.append("| faithful circuit's size, median % of the position-aware units | " + " | ".join(
-        f"{np.median(v):.1f}" if v else "—" for v in sizes.values()) + " |")
-    sizes = {f: [100 * r["aligned_circuit"]["edges"] / r["aligned_circuit"]["total_edges"] for r in records
-                 if r["family"] == f and r.get("aligned_circuit")] for f in fams}
+    lines.append(
+        "| held-out accuracy, mean (min–max) % | "
+        + " | ".join(
+            f"{100 * np.mean(a):.1f} ({100 * min(a):.1f}–{100 * max(a):.1f})" for a in accs.values()
+        )
+        + " |"
+    )
+    sizes = {
+        f: [
+            100 * r["circuit"]["edges"] / r["circuit"]["total_edges"]
+            for r in records
+            if r["family"] == f and r.get("circuit")
+        ]
+        for f in fams
+    }
+    lines.append(
+        "| faithful circuit's size, median % of the position-aware units | "
+        + " | ".join(f"{np.median(v):.1f}" if v else "—" for v in sizes.values())
+        + " |"
+    )
+    sizes = {
+        f: [
+            100 * r["aligned_circuit"]["edges"] / r["aligned_circuit"]["total_edges"]
+            for r in records
+            if r["family"] == f and r.get("aligned_circuit")
+        ]
+        for f in fams
+    }
     if any(sizes.values()):
-        lines.append("| σ-aligned circuit's size, median % of the position-aware units | " + " | ".join(
-            f"{np.median(v):.1f}" if v else "—" for v in sizes.values()) + " |")
+        lines.append(
+            "| σ-aligned circuit's size, median % of the position-aware units | "
+            + " | ".join(f"{np.median(v):.1f}" if v else "—" for v in sizes.values())
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def dumps(records: list[dict[str, Any]]) -> str:
-    return json.dumps({"records": records, "table": validation_table(records)}, indent=1, sort_keys=True)
+    return json.dumps(
+        {"records": records, "table": validation_table(records)}, indent=1, sort_keys=True
+    )

@@ -106,15 +106,36 @@ def ablate_heads(
         An :class:`AblationResult`; its ``drops`` are positive when an ablation hurt.
     """
     req = check_request(
-        model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric, layers=layers, heads=heads,
-        head_sets=head_sets, reference=reference, per_example=per_example, n_bootstrap=n_bootstrap, ci=ci, seed=seed,
-        batch_size=batch_size, progress=progress, higher_is_better=higher_is_better, amp=amp, engine=engine,
-        verify_top=verify_top, sample=sample, steps=steps, path=path,
-    )  # fmt: skip
+        model,
+        tokens,
+        labels,
+        pad_mask=pad_mask,
+        method=method,
+        metric=metric,
+        layers=layers,
+        heads=heads,
+        head_sets=head_sets,
+        reference=reference,
+        per_example=per_example,
+        n_bootstrap=n_bootstrap,
+        ci=ci,
+        seed=seed,
+        batch_size=batch_size,
+        progress=progress,
+        higher_is_better=higher_is_better,
+        amp=amp,
+        engine=engine,
+        verify_top=verify_top,
+        sample=sample,
+        steps=steps,
+        path=path,
+    )
     if engine == "sampled":
         return sampled_engine(req, sample=sample, verify_top=verify_top)
     if engine == "attribution":
-        return attribution_engine(dataclasses.replace(req, amp=False), verify_top=verify_top, steps=steps, path=path)
+        return attribution_engine(
+            dataclasses.replace(req, amp=False), verify_top=verify_top, steps=steps, path=path
+        )
     return exact_engine(req)
 
 
@@ -143,10 +164,26 @@ def ablate_heads_naive(
     forward from the embedding, at the full padded width, per ablation and batch of examples,
     with a hook that overwrites the head's slice of ``hook_z``. For tests and benchmarks."""
     req = check_request(
-        model, tokens, labels, pad_mask=pad_mask, method=method, metric=metric, layers=layers, heads=heads,
-        head_sets=head_sets, reference=reference, per_example=per_example, n_bootstrap=n_bootstrap, ci=ci, seed=seed,
-        batch_size=batch_size, progress=progress, higher_is_better=higher_is_better, amp=amp, who="ablate_heads_naive",
-    )  # fmt: skip
+        model,
+        tokens,
+        labels,
+        pad_mask=pad_mask,
+        method=method,
+        metric=metric,
+        layers=layers,
+        heads=heads,
+        head_sets=head_sets,
+        reference=reference,
+        per_example=per_example,
+        n_bootstrap=n_bootstrap,
+        ci=ci,
+        seed=seed,
+        batch_size=batch_size,
+        progress=progress,
+        higher_is_better=higher_is_better,
+        amp=amp,
+        who="ablate_heads_naive",
+    )
     return exact_engine(req, naive=True)
 
 

@@ -18,7 +18,9 @@ from probes.ablation_inputs import AblationRequest
 from probes.ablation_result import AblationResult, verification_summary
 
 
-def attribution_engine(req: AblationRequest, *, verify_top: int, steps: int, path: str) -> AblationResult:
+def attribution_engine(
+    req: AblationRequest, *, verify_top: int, steps: int, path: str
+) -> AblationResult:
     """The grid with the verified heads' exact values and NaN elsewhere; ``meta`` holds the
     estimates (``"attribution"``), the stand-in metric, the verified heads and ``"verification"``."""
     from probes.circuits.heads import rank_heads
@@ -29,8 +31,19 @@ def attribution_engine(req: AblationRequest, *, verify_top: int, steps: int, pat
     else:  # a callable: integrate it itself (higher is better unless told otherwise)
         sign = 1.0 if m.higher_is_better else -1.0
         stand_in = lambda logits, lab: sign * m.fn(logits, lab)  # noqa: E731
-    est = rank_heads(req.model, req.tokens, req.labels, req.pad_mask, method=req.method, reference=req.reference,
-                     seed=req.seed, surrogate=stand_in, steps=steps, path=path, batch_size=req.batch_size)  # fmt: skip
+    est = rank_heads(
+        req.model,
+        req.tokens,
+        req.labels,
+        req.pad_mask,
+        method=req.method,
+        reference=req.reference,
+        seed=req.seed,
+        surrogate=stand_in,
+        steps=steps,
+        path=path,
+        batch_size=req.batch_size,
+    )
     grid, tie = est["estimate"], est["tiebreak"]
     order = [u[0] for u in sorted(req.units, key=lambda u: (-grid[u[0]], -tie[u[0]]))[:verify_top]]
     exact = exact_engine(dataclasses.replace(req, units=[(h,) for h in order], grid=False))
@@ -44,14 +57,30 @@ def attribution_engine(req: AblationRequest, *, verify_top: int, steps: int, pat
             out[layer, h] = x[i]
         return out
 
-    verification = verification_summary(order, [float(grid[h]) for h in order], [float(v) for v in exact.drops])
-    meta = {**exact.meta, "engine": "attribution", "stand_in": m.name if isinstance(stand_in, str) else f"{m.name} (itself)",
-            "steps": steps, "path": path, "attribution": grid.tolist(), "tiebreak": tie.tolist(), "verified": verification["heads"],
-            "verification": verification}  # fmt: skip
+    verification = verification_summary(
+        order, [float(grid[h]) for h in order], [float(v) for v in exact.drops]
+    )
+    meta = {
+        **exact.meta,
+        "engine": "attribution",
+        "stand_in": m.name if isinstance(stand_in, str) else f"{m.name} (itself)",
+        "steps": steps,
+        "path": path,
+        "attribution": grid.tolist(),
+        "tiebreak": tie.tolist(),
+        "verified": verification["heads"],
+        "verification": verification,
+    }
     return dataclasses.replace(
-        exact, values=place(exact.values), drops=place(exact.drops), ci_low=place(exact.ci_low),
-        ci_high=place(exact.ci_high), per_example=place(exact.per_example), head_sets=None, meta=meta,
-    )  # fmt: skip
+        exact,
+        values=place(exact.values),
+        drops=place(exact.drops),
+        ci_low=place(exact.ci_low),
+        ci_high=place(exact.ci_high),
+        per_example=place(exact.per_example),
+        head_sets=None,
+        meta=meta,
+    )
 
 
 __all__ = ["attribution_engine"]

@@ -71,7 +71,13 @@ def exact_engine(req: AblationRequest, *, naive: bool = False) -> AblationResult
     """Every unit of ``req`` ablated on every example (``naive``: by the slow reference loop)."""
     watch = FiniteWatch()  # the logits of every forward, checked once at the end
     with eval_mode(req.model), torch.no_grad(), autocast(req.tokens.device, req.amp):
-        sweep = sweep_naive if naive else sweep_batched if getattr(req.model, "can_restart", True) else sweep_stacked
+        sweep = (
+            sweep_naive
+            if naive
+            else sweep_batched
+            if getattr(req.model, "can_restart", True)
+            else sweep_stacked
+        )
         base, vals = sweep(req, watch, Replacement(req))
     watch.check(req.who, req.amp)
     return summarise(req, base.numpy(), vals.numpy())
@@ -81,8 +87,14 @@ def summarise(req: AblationRequest, base_np: np.ndarray, vals_np: np.ndarray) ->
     """The result of a sweep's per-example values: means, drops and paired bootstrap intervals."""
     m, units = req.metric, req.units
     baseline = float(base_np.mean())
-    low, high = paired_bootstrap(base_np, vals_np, higher_is_better=m.higher_is_better, n_bootstrap=req.n_bootstrap,
-                                 ci=req.ci, seed=req.seed)  # fmt: skip
+    low, high = paired_bootstrap(
+        base_np,
+        vals_np,
+        higher_is_better=m.higher_is_better,
+        n_bootstrap=req.n_bootstrap,
+        ci=req.ci,
+        seed=req.seed,
+    )
     cfg = req.model.cfg
     L, H, N = cfg.n_layers, cfg.n_heads, base_np.shape[0]
 
@@ -95,17 +107,34 @@ def summarise(req: AblationRequest, base_np: np.ndarray, vals_np: np.ndarray) ->
         return out
 
     values = place(vals_np.mean(axis=1))
-    meta = {"encoding": cfg.encoding_name, "encoding_kind": cfg.encoding_kind, "mask_padding": cfg.mask_padding,
-            "kv_source": cfg.kv_source, "attention_dir": cfg.attention_dir,
-            "reference": "given" if req.reference_given else "evaluated"}  # fmt: skip
+    meta = {
+        "encoding": cfg.encoding_name,
+        "encoding_kind": cfg.encoding_kind,
+        "mask_padding": cfg.mask_padding,
+        "kv_source": cfg.kv_source,
+        "attention_dir": cfg.attention_dir,
+        "reference": "given" if req.reference_given else "evaluated",
+    }
     return AblationResult(
-        baseline=baseline, values=values, drops=harm(baseline, values, m.higher_is_better), ci_low=place(low),
-        ci_high=place(high), method=req.method, metric=m.name, higher_is_better=m.higher_is_better, n_examples=N,
-        n_layers=L, n_heads=H, head_sets=None if req.grid else tuple(units),
+        baseline=baseline,
+        values=values,
+        drops=harm(baseline, values, m.higher_is_better),
+        ci_low=place(low),
+        ci_high=place(high),
+        method=req.method,
+        metric=m.name,
+        higher_is_better=m.higher_is_better,
+        n_examples=N,
+        n_layers=L,
+        n_heads=H,
+        head_sets=None if req.grid else tuple(units),
         per_example=place(vals_np, (N,)) if req.per_example else None,
         baseline_per_example=base_np.copy() if req.per_example else None,
-        n_bootstrap=req.n_bootstrap, ci=req.ci, seed=req.seed, meta=meta,
-    )  # fmt: skip
+        n_bootstrap=req.n_bootstrap,
+        ci=req.ci,
+        seed=req.seed,
+        meta=meta,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -116,18 +145,32 @@ def unit_masks(part: list[tuple], n_heads: int, device) -> dict[int, Tensor]:
     masks: dict[int, Tensor] = {}
     for j, unit in enumerate(part):
         for layer, h in unit:
-            masks.setdefault(layer, torch.zeros(len(part), n_heads, dtype=torch.bool, device=device))[j, h] = True
+            masks.setdefault(
+                layer, torch.zeros(len(part), n_heads, dtype=torch.bool, device=device)
+            )[j, h] = True
     return masks
 
 
-def sweep_batched(req: AblationRequest, watch: FiniteWatch, repl: Replacement) -> tuple[Tensor, Tensor]:
+def sweep_batched(
+    req: AblationRequest, watch: FiniteWatch, repl: Replacement
+) -> tuple[Tensor, Tensor]:
     """The fast sweep (module docstring): ``(baseline [N], values [units, N])`` per example."""
-    model, tokens, labels, pad_mask, units = req.model, req.tokens, req.labels, req.pad_mask, req.units
+    model, tokens, labels, pad_mask, units = (
+        req.model,
+        req.tokens,
+        req.labels,
+        req.pad_mask,
+        req.units,
+    )
     batch_size, progress, metric = req.batch_size, req.progress, req.metric
     N, W = tokens.shape
     H = model.cfg.n_heads
     need = needed_width(model, pad_mask)
-    order = torch.argsort(need, stable=True) if model.cfg.mask_padding else torch.arange(N, device=tokens.device)
+    order = (
+        torch.argsort(need, stable=True)
+        if model.cfg.mask_padding
+        else torch.arange(N, device=tokens.device)
+    )
     groups: dict[int, list[int]] = {}
     for u, unit in enumerate(units):
         groups.setdefault(min(layer for layer, _ in unit), []).append(u)
@@ -157,7 +200,9 @@ def sweep_batched(req: AblationRequest, watch: FiniteWatch, repl: Replacement) -
             return None
 
         names = ("hook_resid_mid", "attn.hook_z")
-        logits = model.run_with_hooks(toks, pm, fwd_hooks=[(f"blocks.{s}.{n}", save) for s in starts for n in names])
+        logits = model.run_with_hooks(
+            toks, pm, fwd_hooks=[(f"blocks.{s}.{n}", save) for s in starts for n in names]
+        )
         base[idx_cpu] = metric(watch.see(logits), lab).cpu()
         replacement = repl.for_chunk(idx, w)
         for s in starts:
@@ -184,29 +229,45 @@ def sweep_batched(req: AblationRequest, watch: FiniteWatch, repl: Replacement) -
                     contrib = torch.einsum("bphd,hdm->hbpm", diff[:, :, hp], W_O[hp])
                     delta = torch.einsum("kh,hbpm->kbpm", sel[:, hp], contrib)
                 else:  # many heads per copy (e.g. keep-only sets): mask, then one product
-                    delta = torch.einsum("kbphd,hdm->kbpm", diff[None] * sel[:, None, None, :, None], W_O)
+                    delta = torch.einsum(
+                        "kbphd,hdm->kbpm", diff[None] * sel[:, None, None, :, None], W_O
+                    )
                 mid = (cache[("mid", s)][None] + delta).reshape(kk * B, w, -1)
                 kv = None if key_valid is None else key_valid.repeat(kk, 1)
                 with model.hooks(fwd_hooks=hooks):
-                    out = model.forward_unchecked(toks.repeat(kk, 1), kv, start_at_layer=s, residual=mid, start_at="resid_mid")
+                    out = model.forward_unchecked(
+                        toks.repeat(kk, 1), kv, start_at_layer=s, residual=mid, start_at="resid_mid"
+                    )
                 m = metric(watch.see(out), lab.repeat(kk)).view(kk, B).cpu()
                 vals[torch.tensor(part)[:, None], idx_cpu[None, :]] = m
     return base, vals
 
 
-def sweep_stacked(req: AblationRequest, watch: FiniteWatch, repl: Replacement) -> tuple[Tensor, Tensor]:
+def sweep_stacked(
+    req: AblationRequest, watch: FiniteWatch, repl: Replacement
+) -> tuple[Tensor, Tensor]:
     """Many ablations per forward (step 3 of the module docstring) without the seam inside a layer:
     each of ``k`` stacked copies of a chunk has its own heads replaced on ``hook_z``, from the
     input of the ablations' first layer where the model resumes there exactly
     (``model.can_resume``: step 2 without its last part), else from the embedding. For models
     without :meth:`~pe_interp.HookedPETransformer.forward_unchecked` (``model.can_restart``
     False, e.g. :class:`pe_interp.bridge.BridgedModel`); the padding cut of step 4 applies."""
-    model, tokens, labels, pad_mask, units = req.model, req.tokens, req.labels, req.pad_mask, req.units
+    model, tokens, labels, pad_mask, units = (
+        req.model,
+        req.tokens,
+        req.labels,
+        req.pad_mask,
+        req.units,
+    )
     batch_size, metric, H = req.batch_size, req.metric, model.cfg.n_heads
     resumes = getattr(model, "can_resume", False)
     N = tokens.shape[0]
     need = needed_width(model, pad_mask)
-    order = torch.argsort(need, stable=True) if model.cfg.mask_padding else torch.arange(N, device=tokens.device)
+    order = (
+        torch.argsort(need, stable=True)
+        if model.cfg.mask_padding
+        else torch.arange(N, device=tokens.device)
+    )
     groups: dict[int, list[int]] = {}
     for u, unit in enumerate(units):
         groups.setdefault(min(layer for layer, _ in unit) if resumes else 0, []).append(u)
@@ -227,8 +288,14 @@ def sweep_stacked(req: AblationRequest, watch: FiniteWatch, repl: Replacement) -
         def save(x, hook, layer, resid=resid):
             resid[layer] = x
 
-        hooks = [(f"blocks.{s}.hook_resid_pre", partial(save, layer=s)) for s in groups if resumes and s > 0]
-        base[idx_cpu] = metric(watch.see(model.run_with_hooks(toks, pm, fwd_hooks=hooks)), lab).cpu()
+        hooks = [
+            (f"blocks.{s}.hook_resid_pre", partial(save, layer=s))
+            for s in groups
+            if resumes and s > 0
+        ]
+        base[idx_cpu] = metric(
+            watch.see(model.run_with_hooks(toks, pm, fwd_hooks=hooks)), lab
+        ).cpu()
         key_valid = model.check_inputs(toks, pm)[1]
         replacement = repl.for_chunk(idx, w)
         for s, uids in groups.items():
@@ -237,20 +304,34 @@ def sweep_stacked(req: AblationRequest, watch: FiniteWatch, repl: Replacement) -
                 part = uids[j0 : j0 + k]
                 kk = len(part)
                 masks = unit_masks([units[u] for u in part], H, tokens.device)
-                hooks = [(f"blocks.{layer}.attn.hook_z", replace_hook(m, replacement[layer], kk, B))
-                         for layer, m in masks.items()]  # fmt: skip
+                hooks = [
+                    (f"blocks.{layer}.attn.hook_z", replace_hook(m, replacement[layer], kk, B))
+                    for layer, m in masks.items()
+                ]
                 if s in resid:
                     kv = None if key_valid is None else key_valid.repeat(kk, 1)
                     out = model.resume(s, resid[s].repeat(kk, 1, 1), kv, fwd_hooks=hooks)
                 else:
-                    out = model.run_with_hooks(toks.repeat(kk, 1), pm.repeat(kk, 1), fwd_hooks=hooks)
-                vals[torch.tensor(part)[:, None], idx_cpu[None, :]] = metric(watch.see(out), lab.repeat(kk)).view(kk, B).cpu()
+                    out = model.run_with_hooks(
+                        toks.repeat(kk, 1), pm.repeat(kk, 1), fwd_hooks=hooks
+                    )
+                vals[torch.tensor(part)[:, None], idx_cpu[None, :]] = (
+                    metric(watch.see(out), lab.repeat(kk)).view(kk, B).cpu()
+                )
     return base, vals
 
 
-def sweep_naive(req: AblationRequest, watch: FiniteWatch, repl: Replacement) -> tuple[Tensor, Tensor]:
+def sweep_naive(
+    req: AblationRequest, watch: FiniteWatch, repl: Replacement
+) -> tuple[Tensor, Tensor]:
     """One full forward (all layers, full padded width) per ablation and batch of examples."""
-    model, tokens, labels, pad_mask, units = req.model, req.tokens, req.labels, req.pad_mask, req.units
+    model, tokens, labels, pad_mask, units = (
+        req.model,
+        req.tokens,
+        req.labels,
+        req.pad_mask,
+        req.units,
+    )
     batch_size, progress, metric = req.batch_size, req.progress, req.metric
     N, W = tokens.shape
     base = torch.empty(N, dtype=torch.float64)
@@ -270,8 +351,13 @@ def sweep_naive(req: AblationRequest, watch: FiniteWatch, repl: Replacement) -> 
             for layer, h in unit:
                 by_layer.setdefault(layer, []).append(h)
 
-            hooks = [(f"blocks.{layer}.attn.hook_z", overwrite_hook(hs, replacement[layer])) for layer, hs in by_layer.items()]
-            vals[u, idx.cpu()] = metric(watch.see(model.run_with_hooks(toks, pm, fwd_hooks=hooks)), lab).cpu()
+            hooks = [
+                (f"blocks.{layer}.attn.hook_z", overwrite_hook(hs, replacement[layer]))
+                for layer, hs in by_layer.items()
+            ]
+            vals[u, idx.cpu()] = metric(
+                watch.see(model.run_with_hooks(toks, pm, fwd_hooks=hooks)), lab
+            ).cpu()
     return base, vals
 
 

@@ -59,7 +59,9 @@ def keep_only(model_or_n_heads: Any, layer: int, head: int) -> frozenset[Head]:
 
     Ablating it measures how much of the layer's contribution ``head`` carries alone.
     ``model_or_n_heads`` is a model (its ``cfg.n_heads`` is used) or the number of heads."""
-    n_heads = model_or_n_heads if isinstance(model_or_n_heads, int) else model_or_n_heads.cfg.n_heads
+    n_heads = (
+        model_or_n_heads if isinstance(model_or_n_heads, int) else model_or_n_heads.cfg.n_heads
+    )
     check_head(n_heads, head, "keep_only")
     if not isinstance(model_or_n_heads, int):
         check_layer(model_or_n_heads, layer, "keep_only")
@@ -86,12 +88,21 @@ def as_inputs(ref: Any) -> tuple[Tensor, Tensor | None]:
 def check_reference(model, reference: Any, who: str) -> tuple[Tensor, Tensor]:
     """A reference set's ``(tokens, pad_mask)``, checked like the evaluated examples."""
     tokens, pad_mask = as_inputs(reference)
-    tokens, _, pad_mask = check_examples(model, tokens, None, pad_mask, who=who, what="reference",
-                                         mask_name="the reference's pad_mask")  # fmt: skip
+    tokens, _, pad_mask = check_examples(
+        model,
+        tokens,
+        None,
+        pad_mask,
+        who=who,
+        what="reference",
+        mask_name="the reference's pad_mask",
+    )
     return tokens, pad_mask
 
 
-def units_of(model, layers, heads, head_sets, who: str = "ablate_heads") -> tuple[list[tuple[Head, ...]], bool]:
+def units_of(
+    model, layers, heads, head_sets, who: str = "ablate_heads"
+) -> tuple[list[tuple[Head, ...]], bool]:
     """The ablations of a sweep: one per head of the layers x heads grid, or one per head set."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
 
@@ -117,17 +128,25 @@ def units_of(model, layers, heads, head_sets, who: str = "ablate_heads") -> tupl
     return [((layer, h),) for layer in sorted(set(ls)) for h in sorted(set(hs))], True
 
 
-def check_engine_args(engine: Any, head_sets: Any, verify_top: Any, sample: Any, steps: Any, path: Any) -> None:
+def check_engine_args(
+    engine: Any, head_sets: Any, verify_top: Any, sample: Any, steps: Any, path: Any
+) -> None:
     """The arguments only the cheaper engines read, checked for the engine asked for."""
     if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(map(repr, ENGINES))}")
+        raise ValueError(
+            f"unknown engine {engine!r}; expected one of {', '.join(map(repr, ENGINES))}"
+        )
     if engine == "exact":
         return
     if head_sets is not None:
-        raise ValueError(f"engine={engine!r} ranks single heads; it takes layers/heads, not head_sets")
+        raise ValueError(
+            f"engine={engine!r} ranks single heads; it takes layers/heads, not head_sets"
+        )
     if not isinstance(verify_top, int) or isinstance(verify_top, bool) or verify_top < 1:
         raise ValueError(f"verify_top must be a positive integer, got {verify_top!r}")
-    if engine == "sampled" and (isinstance(sample, bool) or not isinstance(sample, int | float) or not 0 < sample <= 1):
+    if engine == "sampled" and (
+        isinstance(sample, bool) or not isinstance(sample, int | float) or not 0 < sample <= 1
+    ):
         raise ValueError(f"sample must be a share of the examples in (0, 1], got {sample!r}")
     if engine == "attribution":
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
@@ -136,16 +155,40 @@ def check_engine_args(engine: Any, head_sets: Any, verify_top: Any, sample: Any,
             raise ValueError(f"ablate_heads: path must be one of {', '.join(PATHS)}; got {path!r}")
 
 
-def check_request(model, tokens, labels, *, pad_mask=None, method="zero", metric="accuracy", layers=None, heads=None,
-                  head_sets: Iterable[Iterable[Head]] | None = None, reference=None, per_example=False,
-                  n_bootstrap=1000, ci=0.95, seed=0, batch_size=None, progress=False, higher_is_better=None,
-                  amp=False, who="ablate_heads", engine="exact", verify_top=3, sample=0.2, steps=4,
-                  path="joint") -> AblationRequest:  # fmt: skip
+def check_request(
+    model,
+    tokens,
+    labels,
+    *,
+    pad_mask=None,
+    method="zero",
+    metric="accuracy",
+    layers=None,
+    heads=None,
+    head_sets: Iterable[Iterable[Head]] | None = None,
+    reference=None,
+    per_example=False,
+    n_bootstrap=1000,
+    ci=0.95,
+    seed=0,
+    batch_size=None,
+    progress=False,
+    higher_is_better=None,
+    amp=False,
+    who="ablate_heads",
+    engine="exact",
+    verify_top=3,
+    sample=0.2,
+    steps=4,
+    path="joint",
+) -> AblationRequest:
     """Every check of a sweep, in one place: a one-line ``ValueError`` for the first bad argument."""
     check_model(model, who)
     check_engine_args(engine, head_sets, verify_top, sample, steps, path)
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(map(repr, METHODS))}")
+        raise ValueError(
+            f"unknown method {method!r}; expected one of {', '.join(map(repr, METHODS))}"
+        )
     batch_size = default_batch_size(model) if batch_size is None else batch_size
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -160,10 +203,38 @@ def check_request(model, tokens, labels, *, pad_mask=None, method="zero", metric
         raise ValueError(f"{who}: no examples to evaluate")
     ref = None if reference is None else check_reference(model, reference, who)
     if method == "resample" and ref is not None and ref[0].shape[1] != tokens.shape[1]:
-        raise ValueError("resample ablation: the reference must have the padded length of the evaluated "
-                         f"tokens ({tokens.shape[1]}), got {ref[0].shape[1]}")  # fmt: skip
-    return AblationRequest(model, tokens, labels, pad_mask, units, grid, method, m, ref, bool(per_example), n_bootstrap,
-                           float(ci), int(seed), batch_size, bool(progress), bool(amp), who, reference is not None)  # fmt: skip
+        raise ValueError(
+            "resample ablation: the reference must have the padded length of the evaluated "
+            f"tokens ({tokens.shape[1]}), got {ref[0].shape[1]}"
+        )
+    return AblationRequest(
+        model,
+        tokens,
+        labels,
+        pad_mask,
+        units,
+        grid,
+        method,
+        m,
+        ref,
+        bool(per_example),
+        n_bootstrap,
+        float(ci),
+        int(seed),
+        batch_size,
+        bool(progress),
+        bool(amp),
+        who,
+        reference is not None,
+    )
 
 
-__all__ = ["ENGINES", "AblationRequest", "as_inputs", "check_request", "default_batch_size", "keep_only", "units_of"]
+__all__ = [
+    "ENGINES",
+    "AblationRequest",
+    "as_inputs",
+    "check_request",
+    "default_batch_size",
+    "keep_only",
+    "units_of",
+]

@@ -43,19 +43,38 @@ def head_means(
     a token, as the model sees it.
     """
     tokens, _, pad_mask = check_examples(model, tokens, None, pad_mask)
-    layers = sorted(set(range(model.cfg.n_layers) if layers is None else check_layers(model, layers, "head_means")))
+    layers = sorted(
+        set(
+            range(model.cfg.n_layers)
+            if layers is None
+            else check_layers(model, layers, "head_means")
+        )
+    )
     if not layers:
         raise ValueError("head_means: layers is empty; pass None for every layer")
-    return _means(model, tokens, pad_mask, layers, width, default_batch_size(model) if batch_size is None else batch_size)
+    return _means(
+        model,
+        tokens,
+        pad_mask,
+        layers,
+        width,
+        default_batch_size(model) if batch_size is None else batch_size,
+    )
 
 
-def _means(model, tokens: Tensor, pad_mask: Tensor, layers: list[int], width: int | None, batch_size: int) -> dict[int, Tensor]:
+def _means(
+    model, tokens: Tensor, pad_mask: Tensor, layers: list[int], width: int | None, batch_size: int
+) -> dict[int, Tensor]:
     N, W = tokens.shape
     width = W if width is None else width
     H, D = model.cfg.n_heads, model.cfg.d_head
-    sums = {layer: torch.zeros(W, H, D, dtype=torch.float64, device=tokens.device) for layer in layers}
+    sums = {
+        layer: torch.zeros(W, H, D, dtype=torch.float64, device=tokens.device) for layer in layers
+    }
     counts = torch.zeros(W, dtype=torch.float64, device=tokens.device)
-    weights = pad_mask if model.cfg.mask_padding else torch.ones_like(pad_mask)  # the tokens the model sees
+    weights = (
+        pad_mask if model.cfg.mask_padding else torch.ones_like(pad_mask)
+    )  # the tokens the model sees
     need = needed_width(model, pad_mask)
     with eval_mode(model), torch.no_grad():
         for c0 in range(0, N, batch_size):
@@ -70,7 +89,9 @@ def _means(model, tokens: Tensor, pad_mask: Tensor, layers: list[int], width: in
     total = counts.sum().clamp_min(1.0)
     for layer in layers:
         overall = sums[layer].sum(0) / total
-        mean = torch.where(counts[:, None, None] > 0, sums[layer] / counts.clamp_min(1.0)[:, None, None], overall)
+        mean = torch.where(
+            counts[:, None, None] > 0, sums[layer] / counts.clamp_min(1.0)[:, None, None], overall
+        )
         if width > W:
             mean = torch.cat([mean, overall.expand(width - W, H, D)])
         out[layer] = mean[:width].to(model.W_E.dtype)
@@ -102,7 +123,9 @@ class Replacement:
             rt, rp = (tokens, pad_mask) if req.reference is None else req.reference
             self.means = _means(model, rt, rp, self.layers, tokens.shape[1], req.batch_size)
         elif req.method == "resample":
-            self.ref_tokens, self.ref_pm = (tokens, pad_mask) if req.reference is None else req.reference
+            self.ref_tokens, self.ref_pm = (
+                (tokens, pad_mask) if req.reference is None else req.reference
+            )
             n_ref = None if req.reference is None else self.ref_tokens.shape[0]
             self.src = resample_sources(tokens.shape[0], n_ref, req.seed).to(tokens.device)
             self.ref_need = needed_width(model, self.ref_pm)
@@ -154,4 +177,11 @@ def overwrite_hook(hs: list[int], repl: Tensor | None) -> Callable:
     return fn
 
 
-__all__ = ["Replacement", "capture_z", "head_means", "needed_width", "overwrite_hook", "replace_hook"]
+__all__ = [
+    "Replacement",
+    "capture_z",
+    "head_means",
+    "needed_width",
+    "overwrite_hook",
+    "replace_hook",
+]

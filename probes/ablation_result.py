@@ -27,7 +27,11 @@ METHODS = ("zero", "mean", "resample")
 # ------------------------------------------------------------------------------------------------
 # Result
 # ------------------------------------------------------------------------------------------------
-RESULT_KIND = register_result("ablation", "AblationResult.load", ("baseline", "values", "drops", "method", "metric", "n_layers", "n_heads"))
+RESULT_KIND = register_result(
+    "ablation",
+    "AblationResult.load",
+    ("baseline", "values", "drops", "method", "metric", "n_layers", "n_heads"),
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,7 +111,9 @@ class AblationResult:
             "n_examples": self.n_examples,
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
-            "head_sets": None if self.head_sets is None else [[list(h) for h in s] for s in self.head_sets],
+            "head_sets": None
+            if self.head_sets is None
+            else [[list(h) for h in s] for s in self.head_sets],
             "per_example": to_json(self.per_example) if per_example else None,
             "baseline_per_example": to_json(self.baseline_per_example) if per_example else None,
             "n_bootstrap": self.n_bootstrap,
@@ -131,7 +137,9 @@ class AblationResult:
             n_examples=int(d["n_examples"]),
             n_layers=int(d["n_layers"]),
             n_heads=int(d["n_heads"]),
-            head_sets=None if sets is None else tuple(tuple((int(a), int(b)) for a, b in s) for s in sets),
+            head_sets=None
+            if sets is None
+            else tuple(tuple((int(a), int(b)) for a, b in s) for s in sets),
             per_example=nan_array(d.get("per_example")),
             baseline_per_example=nan_array(d.get("baseline_per_example")),
             n_bootstrap=int(d.get("n_bootstrap", 0)),
@@ -141,13 +149,13 @@ class AblationResult:
         )
 
     def save(self, path: str | Path, per_example: bool = False) -> Path:
-        return write_result(path, RESULT_KIND, self.to_dict(per_example=per_example), indent=1, sort_keys=False)
+        return write_result(
+            path, RESULT_KIND, self.to_dict(per_example=per_example), indent=1, sort_keys=False
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> AblationResult:
         return load_result(path, RESULT_KIND, cls.from_dict)
-
-
 
 
 def verification_summary(heads: list, estimate: list[float], exact: list[float]) -> dict[str, Any]:
@@ -155,10 +163,14 @@ def verification_summary(heads: list, estimate: list[float], exact: list[float])
     exact drops (largest error, whether the estimated top is the exact top, Spearman's rho from 3)."""
     from probes.circuits.agreement import spearman
 
-    return {"heads": [list(h) for h in heads], "estimate": estimate, "exact": exact,
-            "max_abs_error": max(abs(a - b) for a, b in zip(estimate, exact)),
-            "top_agrees": int(np.argmax(estimate)) == int(np.argmax(exact)),
-            "spearman": spearman(estimate, exact) if len(heads) >= 3 else float("nan")}  # fmt: skip
+    return {
+        "heads": [list(h) for h in heads],
+        "estimate": estimate,
+        "exact": exact,
+        "max_abs_error": max(abs(a - b) for a, b in zip(estimate, exact)),
+        "top_agrees": int(np.argmax(estimate)) == int(np.argmax(exact)),
+        "spearman": spearman(estimate, exact) if len(heads) >= 3 else float("nan"),
+    }
 
 
 __all__ = ["METHODS", "AblationResult", "Head", "verification_summary"]

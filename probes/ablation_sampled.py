@@ -35,8 +35,20 @@ def sampled_engine(req: AblationRequest, *, sample: float, verify_top: int) -> A
     on = idx.to(req.tokens.device)
     # mean and resample take their values from the evaluated set, not from the sample (resample:
     # each sampled example draws its source from it uniformly, see probes.ablation_replace)
-    ref = (req.tokens, req.pad_mask) if req.reference is None and req.method != "zero" else req.reference
-    screen = exact_engine(dataclasses.replace(req, tokens=req.tokens[on], labels=req.labels[on], pad_mask=req.pad_mask[on], reference=ref))
+    ref = (
+        (req.tokens, req.pad_mask)
+        if req.reference is None and req.method != "zero"
+        else req.reference
+    )
+    screen = exact_engine(
+        dataclasses.replace(
+            req,
+            tokens=req.tokens[on],
+            labels=req.labels[on],
+            pad_mask=req.pad_mask[on],
+            reference=ref,
+        )
+    )
     heads = [u[0] for u in req.units]
     order = sorted(heads, key=lambda h: -screen.drops[h])[: min(verify_top, len(heads))]
     exact = exact_engine(dataclasses.replace(req, units=[(h,) for h in order], grid=False))
@@ -51,11 +63,28 @@ def sampled_engine(req: AblationRequest, *, sample: float, verify_top: int) -> A
         pe[..., idx.numpy()] = screen.per_example
         for i, h in enumerate(order):
             pe[h] = exact.per_example[i]
-    verification = verification_summary(order, [float(screen.drops[h]) for h in order], [float(d) for d in exact.drops])
-    meta = {**exact.meta, "engine": "sampled", "sample": float(sample), "n_sample": k,
-            "sample_indices": idx.tolist(), "verified": verification["heads"], "verification": verification}  # fmt: skip
-    return dataclasses.replace(exact, values=values, drops=drops, ci_low=low, ci_high=high, per_example=pe,
-                               head_sets=None, meta=meta)  # fmt: skip
+    verification = verification_summary(
+        order, [float(screen.drops[h]) for h in order], [float(d) for d in exact.drops]
+    )
+    meta = {
+        **exact.meta,
+        "engine": "sampled",
+        "sample": float(sample),
+        "n_sample": k,
+        "sample_indices": idx.tolist(),
+        "verified": verification["heads"],
+        "verification": verification,
+    }
+    return dataclasses.replace(
+        exact,
+        values=values,
+        drops=drops,
+        ci_low=low,
+        ci_high=high,
+        per_example=pe,
+        head_sets=None,
+        meta=meta,
+    )
 
 
 __all__ = ["sampled_engine"]

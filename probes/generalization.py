@@ -38,8 +38,11 @@ from pe_interp.tasks import Batch, SyntheticTask, row_hashes, task_from_dict
 from probes.metrics import wilson
 
 TRAINED = "trained"
-RESULT_KIND = register_result("length generalisation", "GeneralizationResult.load",
-                              ("task", "encoding", "n_ctx", "conditions"))
+RESULT_KIND = register_result(
+    "length generalisation",
+    "GeneralizationResult.load",
+    ("task", "encoding", "n_ctx", "conditions"),
+)
 # Extra lengths as fractions of the training length (up to 2x the training length).
 DEFAULT_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
@@ -73,16 +76,34 @@ class Condition:
 
     def to_dict(self) -> dict[str, Any]:
         lo, hi = self.interval()
-        return {"family": self.family, "extra": self.extra, "max_len": self.max_len, "n": self.n,
-                "correct": self.correct, "accuracy": self.accuracy, "wilson95": [lo, hi], "chance": self.chance,
-                "length_only": self.length_only, "dropped": self.dropped, "note": self.note}
+        return {
+            "family": self.family,
+            "extra": self.extra,
+            "max_len": self.max_len,
+            "n": self.n,
+            "correct": self.correct,
+            "accuracy": self.accuracy,
+            "wilson95": [lo, hi],
+            "chance": self.chance,
+            "length_only": self.length_only,
+            "dropped": self.dropped,
+            "note": self.note,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Condition:
         correct = d.get("correct")
-        return cls(str(d["family"]), int(d["extra"]), int(d["max_len"]), int(d["n"]),
-                   None if correct is None else int(correct), float(d["chance"]), float(d["length_only"]),
-                   int(d.get("dropped", 0)), str(d.get("note", "")))
+        return cls(
+            str(d["family"]),
+            int(d["extra"]),
+            int(d["max_len"]),
+            int(d["n"]),
+            None if correct is None else int(correct),
+            float(d["chance"]),
+            float(d["length_only"]),
+            int(d.get("dropped", 0)),
+            str(d.get("note", "")),
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,7 +116,9 @@ class GeneralizationResult:
     n_ctx: int  # the model's trained context
     conditions: tuple[Condition, ...]
     seed: int = 0
-    unrepresentable: str = ""  # why the conditions beyond n_ctx were not evaluated ("" if they were)
+    unrepresentable: str = (
+        ""  # why the conditions beyond n_ctx were not evaluated ("" if they were)
+    )
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -114,33 +137,53 @@ class GeneralizationResult:
 
     def family_mean(self, family: str) -> float:
         """Mean accuracy over the family's conditions with ``extra > 0`` (NaN if none evaluated)."""
-        accs = [c.accuracy for c in self.conditions if c.family == family and c.extra > 0 and c.evaluated]
+        accs = [
+            c.accuracy
+            for c in self.conditions
+            if c.family == family and c.extra > 0 and c.evaluated
+        ]
         return sum(accs) / len(accs) if accs else math.nan
 
     def summary(self) -> str:
-        lines = [f"{self.encoding} on {self.task.get('name')} (trained n_ctx {self.n_ctx}), seed {self.seed}"]
+        lines = [
+            f"{self.encoding} on {self.task.get('name')} (trained n_ctx {self.n_ctx}), seed {self.seed}"
+        ]
         for c in self.conditions:
             head = f"  {c.family:8s} +{c.extra:<4d} (≤ {c.max_len:3d} tokens)"
             if not c.evaluated:
                 lines.append(f"{head}: not evaluated")
                 continue
             lo, hi = c.interval()
-            lines.append(f"{head}: {100 * c.accuracy:5.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] of {c.n}"
-                         f"  (chance {100 * c.chance:.1f}%, length-only {100 * c.length_only:.1f}%)")
+            lines.append(
+                f"{head}: {100 * c.accuracy:5.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] of {c.n}"
+                f"  (chance {100 * c.chance:.1f}%, length-only {100 * c.length_only:.1f}%)"
+            )
         if self.unrepresentable:
             lines.append(f"  not evaluated beyond n_ctx: {self.unrepresentable}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"task": self.task, "encoding": self.encoding, "n_ctx": self.n_ctx, "seed": self.seed,
-                "unrepresentable": self.unrepresentable, "meta": self.meta,
-                "conditions": [c.to_dict() for c in self.conditions]}
+        return {
+            "task": self.task,
+            "encoding": self.encoding,
+            "n_ctx": self.n_ctx,
+            "seed": self.seed,
+            "unrepresentable": self.unrepresentable,
+            "meta": self.meta,
+            "conditions": [c.to_dict() for c in self.conditions],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GeneralizationResult:
-        return cls(dict(d["task"]), str(d["encoding"]), int(d["n_ctx"]),
-                   tuple(Condition.from_dict(c) for c in d["conditions"]), int(d.get("seed", 0)),
-                   str(d.get("unrepresentable", "")), dict(d.get("meta", {})))
+        return cls(
+            dict(d["task"]),
+            str(d["encoding"]),
+            int(d["n_ctx"]),
+            tuple(Condition.from_dict(c) for c in d["conditions"]),
+            int(d.get("seed", 0)),
+            str(d.get("unrepresentable", "")),
+            dict(d.get("meta", {})),
+        )
 
     def save(self, path: str | Path) -> Path:
         return write_result(path, RESULT_KIND, self.to_dict())
@@ -164,10 +207,16 @@ def widened(model: Any, n_ctx: int) -> tuple[Any | None, str]:
 
     wide = HookedPETransformer(cfg.replace(n_ctx=n_ctx, device="cpu"))
     state, target = model.state_dict(), wide.state_dict()
-    grown = [f"{k} {tuple(v.shape)}" for k, v in state.items() if k in target and target[k].shape != v.shape]
+    grown = [
+        f"{k} {tuple(v.shape)}"
+        for k, v in state.items()
+        if k in target and target[k].shape != v.shape
+    ]
     if grown:
-        return None, (f"{cfg.encoding_name}: trained parameter {', '.join(grown)} has one entry per position of "
-                      f"n_ctx={cfg.n_ctx}; positions beyond it have no trained value")
+        return None, (
+            f"{cfg.encoding_name}: trained parameter {', '.join(grown)} has one entry per position of "
+            f"n_ctx={cfg.n_ctx}; positions beyond it have no trained value"
+        )
     wide.load_state_dict(state)
     return wide.to(model.W_E.device).eval(), ""
 
@@ -177,7 +226,7 @@ def _score(model: Any, batch: Batch, batch_size: int) -> int:
     correct = 0
     with eval_mode(model), torch.no_grad():
         for start in range(0, len(batch), batch_size):
-            rows = batch[start:start + batch_size].to(device)
+            rows = batch[start : start + batch_size].to(device)
             logits = model(rows.tokens, rows.pad_mask)
             correct += int((logits.argmax(-1) == rows.labels).sum())
     return correct
@@ -223,15 +272,21 @@ def length_generalization(
         extras = sorted({max(1, round(f * task.max_len)) for f in DEFAULT_FRACTIONS})
     extras = [int(e) for e in extras]
     if not extras or any(isinstance(e, bool) or e < 1 for e in extras):
-        raise ValueError(f"length_generalization: extras must be positive integers, got {list(extras)!r}")
+        raise ValueError(
+            f"length_generalization: extras must be positive integers, got {list(extras)!r}"
+        )
     families = list(task.extensions if families is None else families)
     if not families:
-        raise ValueError(f"length_generalization: task {task.name!r} has no way to lengthen its inputs")
+        raise ValueError(
+            f"length_generalization: task {task.name!r} has no way to lengthen its inputs"
+        )
     for f in families:
         task.extended(f, 0)  # a one-line error for a family the task lacks
     if model.cfg.n_ctx < task.max_len:
-        raise ValueError(f"length_generalization: the model's n_ctx={model.cfg.n_ctx} is below the task's "
-                         f"max_len={task.max_len}; was it trained on this task?")
+        raise ValueError(
+            f"length_generalization: the model's n_ctx={model.cfg.n_ctx} is below the task's "
+            f"max_len={task.max_len}; was it trained on this task?"
+        )
     wide, why = widened(model, task.max_len + max(extras))
     exclude_keys = None
     if exclude is not None:
@@ -241,7 +296,7 @@ def length_generalization(
             if w < exclude.max_len:
                 continue
             padded = torch.zeros(len(exclude), w, dtype=torch.long)
-            padded[:, :exclude.max_len] = exclude.tokens.cpu()
+            padded[:, : exclude.max_len] = exclude.tokens.cpu()
             exclude_keys[w] = row_hashes(padded)
     plan = [(TRAINED, 0)] + [(f, e) for f in families for e in extras]
     bar = None
@@ -255,24 +310,56 @@ def length_generalization(
         chance, length_only = t.chance_accuracy(), t.length_only_accuracy()
         scorer = model if t.max_len <= model.cfg.n_ctx else wide
         if scorer is None:
-            conditions.append(Condition(family, extra, t.max_len, 0, None, chance, length_only, note=why))
+            conditions.append(
+                Condition(family, extra, t.max_len, 0, None, chance, length_only, note=why)
+            )
         else:
             batch = t.sample(n, seed=seed)
             if ignore_index is not None:
                 batch = batch[batch.labels != ignore_index]
-            batch, dropped = _without(batch, exclude_keys, exclude.max_len if exclude is not None else 0)
-            conditions.append(Condition(family, extra, t.max_len, len(batch), _score(scorer, batch, batch_size),
-                                        chance, length_only, dropped))
+            batch, dropped = _without(
+                batch, exclude_keys, exclude.max_len if exclude is not None else 0
+            )
+            conditions.append(
+                Condition(
+                    family,
+                    extra,
+                    t.max_len,
+                    len(batch),
+                    _score(scorer, batch, batch_size),
+                    chance,
+                    length_only,
+                    dropped,
+                )
+            )
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
     return GeneralizationResult(
-        task=task.to_dict(), encoding=model.cfg.encoding_name, n_ctx=model.cfg.n_ctx, conditions=tuple(conditions),
-        seed=seed, unrepresentable=why,
-        meta={"extras": extras, "families": families, "n": n, "ignore_index": ignore_index,
-              "padded_to": "condition max_len" if not model.cfg.mask_padding else "masked (width has no effect)"},
+        task=task.to_dict(),
+        encoding=model.cfg.encoding_name,
+        n_ctx=model.cfg.n_ctx,
+        conditions=tuple(conditions),
+        seed=seed,
+        unrepresentable=why,
+        meta={
+            "extras": extras,
+            "families": families,
+            "n": n,
+            "ignore_index": ignore_index,
+            "padded_to": "condition max_len"
+            if not model.cfg.mask_padding
+            else "masked (width has no effect)",
+        },
     )
 
 
-__all__ = ["DEFAULT_FRACTIONS", "TRAINED", "Condition", "GeneralizationResult", "length_generalization", "widened"]
+__all__ = [
+    "DEFAULT_FRACTIONS",
+    "TRAINED",
+    "Condition",
+    "GeneralizationResult",
+    "length_generalization",
+    "widened",
+]

@@ -54,7 +54,11 @@ from probes.inputs import check_labels
 # ---------------------------------------------------------------------------------------------
 # public API
 # ---------------------------------------------------------------------------------------------
-RESULT_KIND = register_result("gradient coherence", "CoherenceResult.load", ("encoding", "seeds", "values", "norm_of_mean", "mean_norm"))
+RESULT_KIND = register_result(
+    "gradient coherence",
+    "CoherenceResult.load",
+    ("encoding", "seeds", "values", "norm_of_mean", "mean_norm"),
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,8 +116,10 @@ class CoherenceResult:
         """Invert :meth:`to_dict` (``mean``, ``std`` and ``random_baseline`` are recomputed)."""
 
         def tensor(x: Any) -> Tensor:
-            return torch.tensor([[[math.nan if v is None else v for v in row] for row in seed] for seed in x],
-                                dtype=torch.float32)
+            return torch.tensor(
+                [[[math.nan if v is None else v for v in row] for row in seed] for seed in x],
+                dtype=torch.float32,
+            )
 
         return cls(
             values=tensor(d["values"]),
@@ -176,7 +182,12 @@ def gradient_coherence(
             elif cfg.device != "cpu":
                 model = model.to(cfg.device)
         c, a, b = head_gradient_stats(
-            model, tokens, labels.long(), pad_mask, chunk_size=chunk_size, method=method,
+            model,
+            tokens,
+            labels.long(),
+            pad_mask,
+            chunk_size=chunk_size,
+            method=method,
             params=params,
         )
         vals.append(c)
@@ -206,8 +217,11 @@ def save_coherence(path: str | Path, results: dict[str, CoherenceResult], key: A
 
 def load_coherence(path: str | Path) -> tuple[dict[str, CoherenceResult], Any]:
     """Invert :func:`save_coherence`: ``(results, key)``."""
+
     def from_dict(stored: dict[str, Any]) -> tuple[dict[str, CoherenceResult], Any]:
-        return {k: CoherenceResult.from_dict(d) for k, d in stored["results"].items()}, stored.get("key")
+        return {k: CoherenceResult.from_dict(d) for k, d in stored["results"].items()}, stored.get(
+            "key"
+        )
 
     return load_result(path, SET_KIND, from_dict)
 
@@ -226,7 +240,9 @@ def coherence_report(
     out = {}
     for enc in encodings:
         cfg = base_cfg.replace(encoding=enc)
-        r = gradient_coherence(cfg, batch, init_seeds=init_seeds, chunk_size=chunk_size, params=params)
+        r = gradient_coherence(
+            cfg, batch, init_seeds=init_seeds, chunk_size=chunk_size, params=params
+        )
         out[r.encoding] = r
     return out
 

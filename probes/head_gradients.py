@@ -52,7 +52,9 @@ class HeadSlice:
         lead = g.ndim - self.param_ndim
         shape = g.shape[lead:]
         sq = g.double().pow(2)
-        keep = {lead + self.head_axis} | ({lead + self.layer_axis} if self.layer_axis is not None else set())
+        keep = {lead + self.head_axis} | (
+            {lead + self.layer_axis} if self.layer_axis is not None else set()
+        )
         summed = tuple(d for d in range(lead, g.ndim) if d not in keep)
         if summed:  # (torch sums every dim for an empty tuple)
             sq = sq.sum(dim=summed)  # [..., (L,) H] in axis order
@@ -60,7 +62,9 @@ class HeadSlice:
             if self.layer_axis > self.head_axis:
                 sq = sq.transpose(-1, -2)
             return sq
-        out = torch.zeros(*g.shape[:lead], n_layers, shape[self.head_axis], dtype=sq.dtype, device=sq.device)
+        out = torch.zeros(
+            *g.shape[:lead], n_layers, shape[self.head_axis], dtype=sq.dtype, device=sq.device
+        )
         out[..., self.layer, :] = sq
         return out
 
@@ -82,7 +86,9 @@ def head_slices(model, params: Sequence[str] = ALL_PARAMS) -> list[HeadSlice]:
     if "encoding" in params:  # what the encoding says holds one slice per head
         for name, axes in model.encoding.head_parameters().items():
             full = f"encoding.{name}"
-            out.append(HeadSlice(full, named[full].ndim, head_axis=axes.head, layer_axis=axes.layer))
+            out.append(
+                HeadSlice(full, named[full].ndim, head_axis=axes.head, layer_axis=axes.layer)
+            )
     return out
 
 
@@ -108,7 +114,9 @@ def _batch_parts(batch: Any, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
         tokens, labels = batch[0], batch[1]
         pad_mask = batch[2] if len(batch) == 3 else tokens != pad_id
         return tokens, labels, pad_mask
-    raise ValueError("batch must be a Batch (tokens, labels, pad_mask) or a (tokens, labels[, pad_mask]) tuple")
+    raise ValueError(
+        "batch must be a Batch (tokens, labels, pad_mask) or a (tokens, labels[, pad_mask]) tuple"
+    )
 
 
 def per_example_grads(
@@ -139,7 +147,9 @@ def per_example_grads(
     wrapper = _Unchecked(model)
     frozen = {f"model.{k}": v.detach() for k, v in params.items() if k not in names}
     sub = {k: params[k].detach() for k in names}
-    mask_padding = model.cfg.mask_padding  # the padding mask is always passed (all-True rows give the same result)
+    mask_padding = (
+        model.cfg.mask_padding
+    )  # the padding mask is always passed (all-True rows give the same result)
 
     def loss_fn(sub_params, tok, pm, y):
         p = dict(frozen)
@@ -181,7 +191,12 @@ def head_gradient_stats(
         for start in range(0, n, chunk_size):
             rows = slice(start, min(n, start + chunk_size))
             grads = per_example_grads(
-                model, tokens[rows].to(device), labels[rows].to(device), pad_mask[rows].to(device), names, method=method
+                model,
+                tokens[rows].to(device),
+                labels[rows].to(device),
+                pad_mask[rows].to(device),
+                names,
+                method=method,
             )
             sq = torch.zeros(rows.stop - rows.start, L, H, dtype=torch.float64, device=device)
             for s in slices:
@@ -194,9 +209,20 @@ def head_gradient_stats(
         mean_sq += s.sq_norms(grad_sum[s.name] / n, L)
     norm_of_mean = mean_sq.sqrt()
     mean_norm = norm_sum / n
-    coh = torch.where(mean_norm > 0, norm_of_mean / mean_norm.clamp(min=1e-300), torch.full_like(mean_norm, math.nan))
+    coh = torch.where(
+        mean_norm > 0,
+        norm_of_mean / mean_norm.clamp(min=1e-300),
+        torch.full_like(mean_norm, math.nan),
+    )
     return coh.cpu(), norm_of_mean.cpu(), mean_norm.cpu()
 
 
-__all__ = ["ALL_PARAMS", "QK_PARAMS", "HeadSlice", "coherence", "head_gradient_stats", "head_slices",
-           "per_example_grads"]
+__all__ = [
+    "ALL_PARAMS",
+    "QK_PARAMS",
+    "HeadSlice",
+    "coherence",
+    "head_gradient_stats",
+    "head_slices",
+    "per_example_grads",
+]

@@ -60,12 +60,20 @@ def check_model(model, who: str = "") -> None:
     :class:`~pe_interp.HookedPETransformer`, or a TransformerLens bridge as
     :class:`pe_interp.bridge.BridgedModel`: ``cfg`` with its shape and pad id, hooks)."""
     cfg = getattr(model, "cfg", None)
-    if not (hasattr(model, "run_with_hooks") and hasattr(model, "W_E")
-            and all(hasattr(cfg, a) for a in ("n_layers", "n_heads", "pad_id", "n_classes"))):
+    if not (
+        hasattr(model, "run_with_hooks")
+        and hasattr(model, "W_E")
+        and all(hasattr(cfg, a) for a in ("n_layers", "n_heads", "pad_id", "n_classes"))
+    ):
         kind = type(model).__name__
-        hint = ("; wrap a bridge as pe_interp.bridge.BridgedModel(bridge, answers=...)" if kind == "TransformerBridge"
-                else "")
-        raise ValueError(f"{_p(who)}model must be a pe_interp HookedPETransformer or a BridgedModel, got {kind}{hint}")
+        hint = (
+            "; wrap a bridge as pe_interp.bridge.BridgedModel(bridge, answers=...)"
+            if kind == "TransformerBridge"
+            else ""
+        )
+        raise ValueError(
+            f"{_p(who)}model must be a pe_interp HookedPETransformer or a BridgedModel, got {kind}{hint}"
+        )
 
 
 def check_decomposable(model, who: str = "") -> None:
@@ -83,7 +91,9 @@ def check_finite_model(model, who: str = "") -> None:
     check_finite_weights(model, who)
 
 
-def check_pad_mask(model, tokens: Tensor, pad_mask: Tensor, who: str = "", what: str = "pad_mask") -> None:
+def check_pad_mask(
+    model, tokens: Tensor, pad_mask: Tensor, who: str = "", what: str = "pad_mask"
+) -> None:
     """``pad_mask`` (already shaped and typed like ``tokens``) must mark exactly the positions
     that hold a real token (pads hold ``cfg.pad_id``, which no real token uses): a mask of
     another batch of the same shape would otherwise be used silently."""
@@ -91,10 +101,15 @@ def check_pad_mask(model, tokens: Tensor, pad_mask: Tensor, who: str = "", what:
     wrong = pad_mask == (tokens == pad_id)
     if bool(wrong.any()):
         row, pos = (int(i) for i in wrong.nonzero()[0])
-        said = ("real, but it holds the pad id " + str(pad_id) if bool(pad_mask[row, pos])
-                else f"padding, but it holds token {int(tokens[row, pos])}")
-        raise ValueError(f"{_p(who)}{what} does not fit the tokens: row {row}, position {pos} is marked {said} "
-                         f"(a pad mask of another batch?); pass the batch's own pad_mask, or None to derive it")
+        said = (
+            "real, but it holds the pad id " + str(pad_id)
+            if bool(pad_mask[row, pos])
+            else f"padding, but it holds token {int(tokens[row, pos])}"
+        )
+        raise ValueError(
+            f"{_p(who)}{what} does not fit the tokens: row {row}, position {pos} is marked {said} "
+            f"(a pad mask of another batch?); pass the batch's own pad_mask, or None to derive it"
+        )
 
 
 def check_examples(
@@ -120,17 +135,24 @@ def check_examples(
         elif isinstance(pad_mask, Tensor):
             pad_mask = pad_mask.to(device)
         checked, _ = model.check_inputs(tokens, pad_mask)
-        if not model.cfg.mask_padding and (not isinstance(pad_mask, Tensor) or pad_mask.shape != tokens.shape
-                                           or pad_mask.dtype != torch.bool):
-            raise ValueError(f"pad_mask must be a bool tensor shaped like {what} {tuple(tokens.shape)}, "
-                             f"got {getattr(pad_mask, 'dtype', type_name(pad_mask))} "
-                             f"{tuple(getattr(pad_mask, 'shape', ()))}")
+        if not model.cfg.mask_padding and (
+            not isinstance(pad_mask, Tensor)
+            or pad_mask.shape != tokens.shape
+            or pad_mask.dtype != torch.bool
+        ):
+            raise ValueError(
+                f"pad_mask must be a bool tensor shaped like {what} {tuple(tokens.shape)}, "
+                f"got {getattr(pad_mask, 'dtype', type_name(pad_mask))} "
+                f"{tuple(getattr(pad_mask, 'shape', ()))}"
+            )
     except ValueError as err:
         raise ValueError(f"{_p(who)}{err}") from None
     check_pad_mask(model, checked, pad_mask, who, mask_name)
     if labels is not None:
         try:
-            labels = check_labels(labels, model.cfg.n_classes, checked.shape[0], what=label_name, device=device)
+            labels = check_labels(
+                labels, model.cfg.n_classes, checked.shape[0], what=label_name, device=device
+            )
         except ValueError as err:
             raise ValueError(f"{_p(who)}{err}") from None
     return checked, labels, pad_mask
@@ -161,7 +183,11 @@ def check_threshold(value: Any, name: str, who: str = "") -> float:
 
 
 def _index(value: Any, size: int, name: str, who: str, has: str) -> int:
-    if isinstance(value, Tensor) and value.ndim == 0 and not (value.is_floating_point() or value.dtype == torch.bool):
+    if (
+        isinstance(value, Tensor)
+        and value.ndim == 0
+        and not (value.is_floating_point() or value.dtype == torch.bool)
+    ):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= value < size:
         raise ValueError(f"{_p(who)}{name} {value!r} is out of range: {has} (0..{size - 1})")
@@ -182,7 +208,9 @@ def check_head(model_or_n_heads: Any, head: Any, who: str = "", name: str = "hea
     return _index(head, n, name, who, f"each layer has {n} heads")
 
 
-def check_layers(model_or_n_layers: Any, layers: Iterable[Any] | None, who: str = "") -> list[int] | None:
+def check_layers(
+    model_or_n_layers: Any, layers: Iterable[Any] | None, who: str = ""
+) -> list[int] | None:
     """Layer indices in ``0..n_layers - 1`` (None passes: every layer); a one-line error naming
     the first one out of range."""
     if layers is None:
@@ -230,9 +258,13 @@ class FiniteWatch:
 
     def check(self, who: str = "", amp: bool = False) -> None:
         if self.ok is not None and not bool(self.ok):
-            fix = "run it without amp (float32)" if amp else "check the inputs and the weights' scale"
-            raise ValueError(f"{_p(who)}the model's logits are not finite (NaN or inf) on these inputs although "
-                             f"its weights are: an overflow; {fix}")
+            fix = (
+                "run it without amp (float32)" if amp else "check the inputs and the weights' scale"
+            )
+            raise ValueError(
+                f"{_p(who)}the model's logits are not finite (NaN or inf) on these inputs although "
+                f"its weights are: an overflow; {fix}"
+            )
 
 
 def position_permutation(clean: Tensor, corrupt: Tensor) -> Tensor:
@@ -240,15 +272,19 @@ def position_permutation(clean: Tensor, corrupt: Tensor) -> Tensor:
     its counterfactual row (equal tokens matched in order). A one-line error where a row of
     ``corrupt`` is not a permutation of its clean row."""
     if clean.shape != corrupt.shape:
-        raise ValueError(f"clean and counterfactual tokens must have one shape, got {tuple(clean.shape)} and "
-                         f"{tuple(corrupt.shape)}")
+        raise ValueError(
+            f"clean and counterfactual tokens must have one shape, got {tuple(clean.shape)} and "
+            f"{tuple(corrupt.shape)}"
+        )
     order_clean = torch.sort(clean, dim=1, stable=True)
     order_corrupt = torch.sort(corrupt, dim=1, stable=True)
     bad = (order_clean.values != order_corrupt.values).any(dim=1)
     if bad.any():
         row = int(bad.nonzero()[0])
-        raise ValueError(f"row {row}: the counterfactual is not the same tokens moved (a position-only "
-                         "counterfactual, task.counterfactuals(n, kind='position'), is needed)")
+        raise ValueError(
+            f"row {row}: the counterfactual is not the same tokens moved (a position-only "
+            "counterfactual, task.counterfactuals(n, kind='position'), is needed)"
+        )
     sigma = torch.empty_like(clean)
     sigma.scatter_(1, order_clean.indices, order_corrupt.indices)
     return sigma

@@ -74,7 +74,9 @@ def resolve_metric(metric: str | MetricFn | Metric, higher_is_better: bool | Non
         m = metric
     elif isinstance(metric, str):
         if metric not in METRICS:
-            raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(map(repr, METRICS))} or a callable")
+            raise ValueError(
+                f"unknown metric {metric!r}; expected one of {', '.join(map(repr, METRICS))} or a callable"
+            )
         m = METRICS[metric]
     elif callable(metric):
         name = getattr(metric, "__name__", type(metric).__name__)
@@ -138,7 +140,9 @@ def bootstrap_ci(
     for start in range(0, n_bootstrap, per_chunk):
         r = min(per_chunk, n_bootstrap - start)
         idx = torch.randint(n, (r, n), generator=gen)
-        counts = torch.zeros(r, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones(r, n, dtype=torch.float64))
+        counts = torch.zeros(r, n, dtype=torch.float64).scatter_add_(
+            1, idx, torch.ones(r, n, dtype=torch.float64)
+        )
         sums = rows @ counts.T  # [U, r]: resampled sums
         reps.append(sums / n if den is None else sums / (counts @ den)[None, :])
     boot = torch.cat(reps, dim=1).numpy()
@@ -240,7 +244,9 @@ def sign_test(a: int, b: int) -> float:
     import math
     import numbers
 
-    if not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 0 for x in (a, b)):
+    if not all(
+        isinstance(x, numbers.Integral) and not isinstance(x, bool) and x >= 0 for x in (a, b)
+    ):
         raise ValueError(f"sign_test needs counts a, b >= 0, got a={a!r}, b={b!r}")
     a, b = int(a), int(b)
     n = a + b

@@ -42,13 +42,21 @@ def cell_layout(
     if site in HEAD_VECTOR_SITES:  # activation [batch, pos, head, d_head]
         if by_position:
             eye = torch.eye(n_pos * n_heads, dtype=torch.bool)
-            return eye.view(n_pos * n_heads, 1, n_pos, n_heads, 1), (n_pos, n_heads), ("layer", "pos", "head")
+            return (
+                eye.view(n_pos * n_heads, 1, n_pos, n_heads, 1),
+                (n_pos, n_heads),
+                ("layer", "pos", "head"),
+            )
         eye = torch.eye(n_heads, dtype=torch.bool)
         return eye.view(n_heads, 1, 1, n_heads, 1), (n_heads,), ("layer", "head")
     if site == "pattern":  # activation [batch, head, dest, src]
         if by_position:
             eye = torch.eye(n_heads * n_pos, dtype=torch.bool)
-            return eye.view(n_heads * n_pos, 1, n_heads, n_pos, 1), (n_heads, n_pos), ("layer", "head", "dest_pos")
+            return (
+                eye.view(n_heads * n_pos, 1, n_heads, n_pos, 1),
+                (n_heads, n_pos),
+                ("layer", "head", "dest_pos"),
+            )
         eye = torch.eye(n_heads, dtype=torch.bool)
         return eye.view(n_heads, 1, n_heads, 1, 1), (n_heads,), ("layer", "head")
     if site in BLOCK_SITES:  # activation [batch, pos, d_model]
@@ -78,7 +86,9 @@ def _mix(mask: Tensor, src: Tensor, recv: Tensor) -> Tensor:
 class _Patcher:
     """Patched forwards of one example chunk: caches both runs once, then runs cell groups."""
 
-    def __init__(self, model, site: str, layers: Sequence[int], src_tokens, recv_tokens, src_mask, recv_mask):
+    def __init__(
+        self, model, site: str, layers: Sequence[int], src_tokens, recv_tokens, src_mask, recv_mask
+    ):
         self.model, self.site = model, site
         self.recv_tokens, self.key_valid = model.check_inputs(recv_tokens, recv_mask)
         self.recv_mask = recv_mask
@@ -93,8 +103,12 @@ class _Patcher:
                 recv_names.add(hook_name(site, layer))
                 if site == "mlp_out":
                     recv_names.add(f"blocks.{layer}.hook_resid_mid")
-        self.src_logits, src_cache = model.run_with_cache(src_tokens, src_mask, names_filter=sorted(src_names))
-        self.recv_logits, recv_cache = model.run_with_cache(recv_tokens, recv_mask, names_filter=sorted(recv_names))
+        self.src_logits, src_cache = model.run_with_cache(
+            src_tokens, src_mask, names_filter=sorted(src_names)
+        )
+        self.recv_logits, recv_cache = model.run_with_cache(
+            recv_tokens, recv_mask, names_filter=sorted(recv_names)
+        )
         self.src = {k: src_cache[k] for k in src_names}
         self.recv = {k: recv_cache[k] for k in recv_names}
 
@@ -112,10 +126,14 @@ class _Patcher:
             return out.reshape(act.shape)
 
         if not getattr(model, "can_restart", True):  # e.g. a bridge: every copy from the embedding
-            return model.run_with_hooks(tokens, _repeat(self.recv_mask, g), fwd_hooks=[(name, hook)])
+            return model.run_with_hooks(
+                tokens, _repeat(self.recv_mask, g), fwd_hooks=[(name, hook)]
+            )
 
         def resume(at: int, residual: Tensor, start_at: str = "resid_pre") -> Tensor:
-            return model.forward_unchecked(tokens, key_valid, start_at_layer=at, residual=residual, start_at=start_at)
+            return model.forward_unchecked(
+                tokens, key_valid, start_at_layer=at, residual=residual, start_at=start_at
+            )
 
         if site == "mlp_out":  # resid_post = resid_mid + mlp_out: the next layer's input
             mid = _repeat(self.recv[f"blocks.{layer}.hook_resid_mid"], g)

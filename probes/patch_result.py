@@ -19,7 +19,9 @@ __all__ = ["RESULT_KIND", "PatchResult"]
 # ---------------------------------------------------------------------------------------------
 # result
 # ---------------------------------------------------------------------------------------------
-RESULT_KIND = register_result("patching", "PatchResult.load", ("site", "by_position", "direction", "values", "axis_names"))
+RESULT_KIND = register_result(
+    "patching", "PatchResult.load", ("site", "by_position", "direction", "values", "axis_names")
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,7 +106,11 @@ class PatchResult:
             "ci_low": lst(self.ci_low),
             "ci_high": lst(self.ci_high),
             "top": [{"cell": c, "value": v} for c, v in self.top(10)],
-            **{k: v for k, v in self.extra.items() if v is None or isinstance(v, int | float | str | bool)},
+            **{
+                k: v
+                for k, v in self.extra.items()
+                if v is None or isinstance(v, int | float | str | bool)
+            },
         }
         if per_example:
             out["per_example"] = lst(self.per_example)
@@ -147,7 +153,22 @@ class PatchResult:
 
 # the keys PatchResult.to_dict writes for its own fields (the rest of a saved dict is ``extra``)
 _SAVED_FIELDS = {
-    "site", "by_position", "direction", "layers", "axis_names", "shape", "metric", "clean_value",
-    "corrupt_value", "n_examples", "n_bootstrap", "ci_level", "values", "ci_low", "ci_high", "top",
-    "per_example", "kind",
+    "site",
+    "by_position",
+    "direction",
+    "layers",
+    "axis_names",
+    "shape",
+    "metric",
+    "clean_value",
+    "corrupt_value",
+    "n_examples",
+    "n_bootstrap",
+    "ci_level",
+    "values",
+    "ci_low",
+    "ci_high",
+    "top",
+    "per_example",
+    "kind",
 }

@@ -91,8 +91,10 @@ def bootstrap_ratio_ci(
     resamples of the examples.
     """
     lo, hi = bootstrap_ci(numer, denom, n_bootstrap=n_bootstrap, ci=level, seed=seed)
-    return (torch.as_tensor(lo, device=numer.device).to(numer.dtype),
-            torch.as_tensor(hi, device=numer.device).to(numer.dtype))
+    return (
+        torch.as_tensor(lo, device=numer.device).to(numer.dtype),
+        torch.as_tensor(hi, device=numer.device).to(numer.dtype),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,7 +102,9 @@ def bootstrap_ratio_ci(
 # ---------------------------------------------------------------------------------------------
 def logit_diff(logits: Tensor, good: Tensor, bad: Tensor) -> Tensor:
     """``logits[..., i, good_i] - logits[..., i, bad_i]`` per example (any leading dims)."""
-    return logits.gather(-1, good[..., None]).squeeze(-1) - logits.gather(-1, bad[..., None]).squeeze(-1)
+    return logits.gather(-1, good[..., None]).squeeze(-1) - logits.gather(
+        -1, bad[..., None]
+    ).squeeze(-1)
 
 
 def normalized_logit_diff_metric(
@@ -111,7 +115,9 @@ def normalized_logit_diff_metric(
     ld_corrupt = logit_diff(corrupt_logits, clean_labels, corrupt_labels).mean()
 
     def metric(logits: Tensor) -> Tensor:
-        return (logit_diff(logits, clean_labels, corrupt_labels).mean() - ld_corrupt) / (ld_clean - ld_corrupt)
+        return (logit_diff(logits, clean_labels, corrupt_labels).mean() - ld_corrupt) / (
+            ld_clean - ld_corrupt
+        )
 
     return metric
 
@@ -122,7 +128,9 @@ def _check_tokens(name: str, t: Tensor) -> Tensor:
     except ValueError as err:
         raise ValueError(f"patch: {err}") from None
     if t.ndim != 2:
-        raise ValueError(f"patch: {name} must be a [batch, pos] integer tensor, got shape {tuple(t.shape)}")
+        raise ValueError(
+            f"patch: {name} must be a [batch, pos] integer tensor, got shape {tuple(t.shape)}"
+        )
     return t
 
 
@@ -184,8 +192,12 @@ def patch(
     n, n_pos = clean_tokens.shape
     if n == 0:
         raise ValueError("patch: no examples")
-    if pad_mask is not None and (pad_mask.shape != clean_tokens.shape or pad_mask.dtype != torch.bool):
-        raise ValueError(f"patch: pad_mask must be a bool tensor shaped {tuple(clean_tokens.shape)}")
+    if pad_mask is not None and (
+        pad_mask.shape != clean_tokens.shape or pad_mask.dtype != torch.bool
+    ):
+        raise ValueError(
+            f"patch: pad_mask must be a bool tensor shaped {tuple(clean_tokens.shape)}"
+        )
     check_count(batch_size, "batch_size", 1, "patch")
     check_count(n_bootstrap, "n_bootstrap", 0, "patch")
     cfg = model.cfg
@@ -193,7 +205,9 @@ def patch(
         layers = tuple(range(cfg.n_layers))
     layers = tuple(check_layers(model, layers, "patch"))
     if not layers:
-        raise ValueError(f"patch: layers must be a non-empty subset of 0..{cfg.n_layers - 1}, got {layers}")
+        raise ValueError(
+            f"patch: layers must be a non-empty subset of 0..{cfg.n_layers - 1}, got {layers}"
+        )
     if site == "mlp_out" and not cfg.d_mlp:
         raise ValueError("patch: site 'mlp_out' needs a model with MLPs (d_mlp > 0)")
     if by_position is None:
@@ -201,12 +215,28 @@ def patch(
     default_metric = metric is None
     device = model.W_E.device
     if default_metric and (clean_labels is None or corrupt_labels is None):
-        raise ValueError("patch: the default metric needs clean_labels and corrupt_labels (or pass metric=)")
+        raise ValueError(
+            "patch: the default metric needs clean_labels and corrupt_labels (or pass metric=)"
+        )
     # both runs share pad_mask (pairs are aligned): it must fit the clean and the corrupt tokens
-    clean_tokens, clean_labels, mask = check_examples(model, clean_tokens, clean_labels, pad_mask, who="patch",
-                                                      what="clean_tokens", label_name="clean_labels")
-    corrupt_tokens, corrupt_labels, _ = check_examples(model, corrupt_tokens, corrupt_labels, pad_mask, who="patch",
-                                                       what="corrupt_tokens", label_name="corrupt_labels")
+    clean_tokens, clean_labels, mask = check_examples(
+        model,
+        clean_tokens,
+        clean_labels,
+        pad_mask,
+        who="patch",
+        what="clean_tokens",
+        label_name="clean_labels",
+    )
+    corrupt_tokens, corrupt_labels, _ = check_examples(
+        model,
+        corrupt_tokens,
+        corrupt_labels,
+        pad_mask,
+        who="patch",
+        what="corrupt_tokens",
+        label_name="corrupt_labels",
+    )
     pad_mask = None if pad_mask is None else mask
     if direction == "clean_to_corrupt":
         src_tokens, recv_tokens = clean_tokens, corrupt_tokens
@@ -247,7 +277,9 @@ def patch(
         src_logits = watch.see(torch.cat(src_logits_all))
         recv_logits = watch.see(torch.cat(recv_logits_all))
     watch.check("patch", amp)
-    clean_logits, corrupt_logits = (src_logits, recv_logits) if direction == "clean_to_corrupt" else (recv_logits, src_logits)
+    clean_logits, corrupt_logits = (
+        (src_logits, recv_logits) if direction == "clean_to_corrupt" else (recv_logits, src_logits)
+    )
 
     grid = (len(layers), *cell_shape)
     ci_low = ci_high = None
@@ -264,7 +296,9 @@ def patch(
         per_example = (numer / denom).reshape(*grid, n)
         values = per_example.mean(-1)
         if n_bootstrap > 0:
-            ci_low, ci_high = bootstrap_ratio_ci(numer, ld_clean - ld_corrupt, n_bootstrap, seed, ci_level)
+            ci_low, ci_high = bootstrap_ratio_ci(
+                numer, ld_clean - ld_corrupt, n_bootstrap, seed, ci_level
+            )
             ci_low, ci_high = ci_low.reshape(grid), ci_high.reshape(grid)
         clean_value, corrupt_value = 1.0, 0.0
         metric_name = DEFAULT_METRIC_NAME
@@ -292,7 +326,9 @@ def patch(
             if n_bootstrap > 0:
                 ci_low, ci_high = bootstrap_ratio_ci(per_example, None, n_bootstrap, seed, ci_level)
         else:
-            raise ValueError(f"patch: metric must return a scalar or a [{n}] tensor, got shapes {sorted(shapes)}")
+            raise ValueError(
+                f"patch: metric must return a scalar or a [{n}] tensor, got shapes {sorted(shapes)}"
+            )
         clean_value = float(torch.as_tensor(metric(clean_logits)).double().mean())
         corrupt_value = float(torch.as_tensor(metric(corrupt_logits)).double().mean())
         metric_name = getattr(metric, "__name__", "custom")

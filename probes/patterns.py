@@ -29,7 +29,9 @@ __all__ = ["AttentionPatterns", "attention_patterns", "token_labels"]
 PAD_LABEL = "·"
 
 
-def token_labels(tokens: Tensor, pad_mask: Tensor | None = None, task: Any = None, pad_id: int = 0) -> list[str]:
+def token_labels(
+    tokens: Tensor, pad_mask: Tensor | None = None, task: Any = None, pad_id: int = 0
+) -> list[str]:
     """Readable labels for one row of token ids: ``"<id>"``, triggers of ``task`` (an object with a
     ``triggers`` tuple) as ``"T<k>:<id>"``, pads as ``"·"``. Labels are made unique with a
     position suffix because circuitsvis keys tokens by text."""
@@ -48,7 +50,9 @@ def token_labels(tokens: Tensor, pad_mask: Tensor | None = None, task: Any = Non
     return out
 
 
-RESULT_KIND = register_result("attention patterns", "AttentionPatterns.load", ("heads", "pattern", "tokens"))
+RESULT_KIND = register_result(
+    "attention patterns", "AttentionPatterns.load", ("heads", "pattern", "tokens")
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,8 +77,13 @@ class AttentionPatterns:
         return self.pattern[self.heads.index((layer, head))]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"heads": [list(h) for h in self.heads], "pattern": to_json(self.pattern),
-                "tokens": list(self.tokens), "example": self.example, "label": self.label}
+        return {
+            "heads": [list(h) for h in self.heads],
+            "pattern": to_json(self.pattern),
+            "tokens": list(self.tokens),
+            "example": self.example,
+            "label": self.label,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AttentionPatterns:
@@ -119,7 +128,9 @@ def attention_patterns(
     check_finite_model(model, who)
     if isinstance(tokens, Tensor) and tokens.ndim == 1:
         tokens = tokens[None]
-        pad_mask = pad_mask[None] if isinstance(pad_mask, Tensor) and pad_mask.ndim == 1 else pad_mask
+        pad_mask = (
+            pad_mask[None] if isinstance(pad_mask, Tensor) and pad_mask.ndim == 1 else pad_mask
+        )
     tokens, labels, full_pm = check_examples(model, tokens, labels, pad_mask, who=who)
     example = check_example(example, tokens.shape[0], who)
     row = tokens[example : example + 1]
@@ -127,7 +138,9 @@ def attention_patterns(
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in sorted({layer for layer, _ in heads})]
     with eval_mode(model), torch.no_grad():
         _, cache = model.run_with_cache(row, pm, names_filter=names)
-    pattern = torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"][0, h] for layer, h in heads])  # [H, q, k]
+    pattern = torch.stack(
+        [cache[f"blocks.{layer}.attn.hook_pattern"][0, h] for layer, h in heads]
+    )  # [H, q, k]
     n = row.shape[1]
     if crop_padding:
         real = (row[0] != model.cfg.pad_id) if pm is None else pm[0]

@@ -72,11 +72,22 @@ def plot_drop_heatmap(
             for h in range(H):
                 v = drops[layer, h]
                 if np.isfinite(v):
-                    ax.text(h, layer, fmt.format(v), ha="center", va="center", fontsize=7,
-                            color="white" if abs(v) > 0.6 * vmax else "black")  # fmt: skip
+                    ax.text(
+                        h,
+                        layer,
+                        fmt.format(v),
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if abs(v) > 0.6 * vmax else "black",
+                    )
     for layer, h in deposits:
-        ax.add_patch(Rectangle((h - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
-    ax.set_title(title or f"{_title(result, 'head ablation')}; baseline {result.baseline:.3f}", fontsize=9)
+        ax.add_patch(
+            Rectangle((h - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2)
+        )
+    ax.set_title(
+        title or f"{_title(result, 'head ablation')}; baseline {result.baseline:.3f}", fontsize=9
+    )
     return _save(fig, path)
 
 
@@ -138,8 +149,14 @@ def plot_dynamics(
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
     for h in range(drops.shape[1]):
         top = h == final_top
-        ax1.plot(steps, drops[:, h], color="C3" if top else "0.6", linewidth=2.0 if top else 0.8,
-                 label=f"head {h} (final top)" if top else None, zorder=3 if top else 2)  # fmt: skip
+        ax1.plot(
+            steps,
+            drops[:, h],
+            color="C3" if top else "0.6",
+            linewidth=2.0 if top else 0.8,
+            label=f"head {h} (final top)" if top else None,
+            zorder=3 if top else 2,
+        )
     ax1.axhline(0.0, color="black", linewidth=0.5)
     metric = records[0].get("metric", "metric") if records else "metric"
     ax1.set_ylabel(f"drop in {metric}")
@@ -171,9 +188,17 @@ def plot_snapshot_dynamics(result: Any, path: str | os.PathLike[str] | None = No
     flat = drops.reshape(len(steps), -1)
     fig = _figure((11, 6.5))
     heat, lines = fig.subplots(2, 1, height_ratios=[3, 2], sharex=True)
-    im = heat.imshow(100 * flat.T, aspect="auto", cmap="magma", vmin=0, vmax=max(1.0, 100 * np.nanmax(flat)),
-                     interpolation="nearest")
-    heat.set_yticks([layer * n_heads for layer in range(n_layers)], [f"L{layer}H0" for layer in range(n_layers)])
+    im = heat.imshow(
+        100 * flat.T,
+        aspect="auto",
+        cmap="magma",
+        vmin=0,
+        vmax=max(1.0, 100 * np.nanmax(flat)),
+        interpolation="nearest",
+    )
+    heat.set_yticks(
+        [layer * n_heads for layer in range(n_layers)], [f"L{layer}H0" for layer in range(n_layers)]
+    )
     heat.set_ylabel("head")
     fig.colorbar(im, ax=heat, label="drop when zero-ablated (points)")
     x = np.arange(len(steps))
@@ -181,14 +206,31 @@ def plot_snapshot_dynamics(result: Any, path: str | os.PathLike[str] | None = No
     lines.plot(x, 100 * order[:, -1], color="C3", lw=2, label="top head")
     lines.plot(x, 100 * order[:, -2], color="C3", ls="--", label="runner-up")
     for layer in range(n_layers):
-        lines.plot(x, 100 * np.clip(drops[:, layer], 0, None).sum(1), lw=0.8, alpha=0.7, label=f"layer {layer} (sum)")
+        lines.plot(
+            x,
+            100 * np.clip(drops[:, layer], 0, None).sum(1),
+            lw=0.8,
+            alpha=0.7,
+            label=f"layer {layer} (sum)",
+        )
     lines.axhline(50, color="grey", lw=0.6, ls=":")
-    marks = {"single_head": ("single-head deposit", "C3", 1.0), "layer0": ("layer-0 concentration", "C0", 0.9),
-             "positional": ("positional deposit", "C2", 0.8)}
+    marks = {
+        "single_head": ("single-head deposit", "C3", 1.0),
+        "layer0": ("layer-0 concentration", "C0", 0.9),
+        "positional": ("positional deposit", "C2", 0.8),
+    }
     for name, (label, color, y) in marks.items():
-        held = [i for i, r in enumerate(records) if r["verdicts"].get(name, {}).get("verdict") == "yes"]
+        held = [
+            i for i, r in enumerate(records) if r["verdicts"].get(name, {}).get("verdict") == "yes"
+        ]
         if held:
-            lines.scatter(held, [lines.get_ylim()[1] * y] * len(held), marker="v", color=color, label=f"{label} holds")
+            lines.scatter(
+                held,
+                [lines.get_ylim()[1] * y] * len(held),
+                marker="v",
+                color=color,
+                label=f"{label} holds",
+            )
     lines.set_xticks(x, [str(s) for s in steps], rotation=90, fontsize=7)
     lines.set_xlabel("training step (snapshot)")
     lines.set_ylabel("drop (points)")

@@ -28,7 +28,9 @@ def offline_html(rendered: Any) -> str:
         return rendered
     src = getattr(rendered, "local_src", None)
     if src is None:
-        raise TypeError(f"offline_html: expected a circuitsvis RenderedHTML, got {type(rendered).__name__}")
+        raise TypeError(
+            f"offline_html: expected a circuitsvis RenderedHTML, got {type(rendered).__name__}"
+        )
     return src
 
 
@@ -37,17 +39,24 @@ def save_html(rendered: Any, path: str | Path, title: str | None = None) -> Path
     body = offline_html(rendered)
     if title:
         body = f"<h3 style='font-family:sans-serif'>{title}</h3>\n{body}"
-    return atomic_write_text(path, f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'></head><body>\n{body}\n</body></html>\n")
+    return atomic_write_text(
+        path,
+        f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'></head><body>\n{body}\n</body></html>\n",
+    )
 
 
-def colored_tokens_html(labels: Sequence[str], values: Tensor | Sequence[float], **kwargs: Any) -> str:
+def colored_tokens_html(
+    labels: Sequence[str], values: Tensor | Sequence[float], **kwargs: Any
+) -> str:
     """circuitsvis ``colored_tokens`` of per-token values, as offline HTML."""
     import circuitsvis.tokens
 
     vals = torch.as_tensor(values, dtype=torch.float32).flatten().tolist()
     if len(vals) != len(labels):
         raise ValueError(f"colored_tokens_html: {len(labels)} labels but {len(vals)} values")
-    return offline_html(circuitsvis.tokens.colored_tokens(tokens=list(labels), values=vals, **kwargs))
+    return offline_html(
+        circuitsvis.tokens.colored_tokens(tokens=list(labels), values=vals, **kwargs)
+    )
 
 
 def patching_tokens_html(
@@ -82,23 +91,32 @@ def patching_tokens_html(
             continue
         v = vals[li]
         if axes == ("layer", "pos", "head"):
-            series += [(f"L{layer}H{h}", v[:, h]) for h in (range(v.shape[1]) if head is None else [head])]
+            series += [
+                (f"L{layer}H{h}", v[:, h]) for h in (range(v.shape[1]) if head is None else [head])
+            ]
         elif axes == ("layer", "head", "dest_pos"):
-            series += [(f"L{layer}H{h} dest", v[h]) for h in (range(v.shape[0]) if head is None else [head])]
+            series += [
+                (f"L{layer}H{h} dest", v[h])
+                for h in (range(v.shape[0]) if head is None else [head])
+            ]
         else:
             series.append((f"L{layer}", v))
     if not series:
         raise ValueError("patching_tokens_html: nothing selected")
     for name, row in series:
         if row.shape[0] != len(labels):
-            raise ValueError(f"patching_tokens_html: {len(labels)} labels but {row.shape[0]} positions ({name})")
+            raise ValueError(
+                f"patching_tokens_html: {len(labels)} labels but {row.shape[0]} positions ({name})"
+            )
     if len(series) == 1:
         vmax = float(series[0][1].abs().max()) or 1.0
         return colored_tokens_html(labels, series[0][1], min_value=-vmax, max_value=vmax)
     import circuitsvis.tokens
 
     values = torch.stack([row for _, row in series], dim=1)  # [pos, series]
-    return offline_html(circuitsvis.tokens.colored_tokens_multi(list(labels), values, [n for n, _ in series]))
+    return offline_html(
+        circuitsvis.tokens.colored_tokens_multi(list(labels), values, [n for n, _ in series])
+    )
 
 
 def attention_html(
@@ -114,12 +132,22 @@ def attention_html(
 ) -> str:
     """circuitsvis ``attention_heads`` of the chosen ``(layer, head)`` pairs on one example, as
     offline HTML. Padding is cropped (pads attend nowhere useful) unless ``crop_padding=False``."""
-    patterns = attention_patterns(model, tokens, heads, example=example, pad_mask=pad_mask, task=task,
-                                  token_names=labels, crop_padding=crop_padding)
+    patterns = attention_patterns(
+        model,
+        tokens,
+        heads,
+        example=example,
+        pad_mask=pad_mask,
+        task=task,
+        token_names=labels,
+        crop_padding=crop_padding,
+    )
     return patterns_html(patterns)
 
 
-def patterns_html(patterns: AttentionPatterns, heads: Sequence[tuple[int, int]] | None = None) -> str:
+def patterns_html(
+    patterns: AttentionPatterns, heads: Sequence[tuple[int, int]] | None = None
+) -> str:
     """circuitsvis ``attention_heads`` of stored :class:`~probes.patterns.AttentionPatterns` (all
     its heads, or ``heads`` in that order), as offline HTML."""
     import circuitsvis.attention
@@ -127,7 +155,9 @@ def patterns_html(patterns: AttentionPatterns, heads: Sequence[tuple[int, int]] 
     heads = list(patterns.heads if heads is None else heads)
     pattern = torch.from_numpy(np.stack([patterns.head(*h) for h in heads])).float()
     rendered = circuitsvis.attention.attention_heads(
-        attention=pattern, tokens=list(patterns.tokens), attention_head_names=[f"L{layer}H{h}" for layer, h in heads]
+        attention=pattern,
+        tokens=list(patterns.tokens),
+        attention_head_names=[f"L{layer}H{h}" for layer, h in heads],
     )
     return offline_html(rendered)
 
@@ -158,7 +188,9 @@ def plot_patching(result: Any, path: str | Path, *, title: str | None = None) ->
         vals = vals[:, None]
         axes = (*axes, "")
     if vals.ndim == 2:
-        fig, ax = plt.subplots(figsize=(max(4, 0.35 * vals.shape[1] + 2), max(2.5, 0.4 * vals.shape[0] + 1.5)))
+        fig, ax = plt.subplots(
+            figsize=(max(4, 0.35 * vals.shape[1] + 2), max(2.5, 0.4 * vals.shape[0] + 1.5))
+        )
         im = ax.imshow(vals.numpy(), cmap="RdBu", vmin=-vmax, vmax=vmax, aspect="auto")
         ax.set_xlabel(axes[1])
         ax.set_ylabel("layer")
@@ -167,7 +199,9 @@ def plot_patching(result: Any, path: str | Path, *, title: str | None = None) ->
         ax.set_title(title, fontsize=9)
     else:
         n = vals.shape[0]
-        fig, axs = plt.subplots(n, 1, figsize=(max(5, 0.08 * vals.shape[1] + 3), 2.0 * n + 1), squeeze=False)
+        fig, axs = plt.subplots(
+            n, 1, figsize=(max(5, 0.08 * vals.shape[1] + 3), 2.0 * n + 1), squeeze=False
+        )
         for li in range(n):
             ax = axs[li, 0]
             grid = vals[li] if axes[1] == "head" else vals[li].T  # rows: heads
@@ -175,7 +209,14 @@ def plot_patching(result: Any, path: str | Path, *, title: str | None = None) ->
                 xlab = axes[2]
             else:
                 xlab = axes[1]
-            im = ax.imshow(grid.numpy(), cmap="RdBu", vmin=-vmax, vmax=vmax, aspect="auto", interpolation="nearest")
+            im = ax.imshow(
+                grid.numpy(),
+                cmap="RdBu",
+                vmin=-vmax,
+                vmax=vmax,
+                aspect="auto",
+                interpolation="nearest",
+            )
             ax.set_ylabel(f"L{result.layers[li]} head")
             ax.set_xlabel(xlab)
             fig.colorbar(im, ax=ax)
@@ -203,7 +244,10 @@ def plot_logit_terms(terms: Any, path: str | Path, *, grouped: bool = False) -> 
     extent = _real_extent(terms)
     mats = {k: v[:extent, :extent] for k, v in mats.items()}
     region = region[:extent, :extent]
-    vmax = max(float(m.detach().abs()[region].max()) if region.any() else 1.0 for m in mats.values()) or 1.0
+    vmax = (
+        max(float(m.detach().abs()[region].max()) if region.any() else 1.0 for m in mats.values())
+        or 1.0
+    )
     n = len(mats)
     cols = min(4, n)
     rows = (n + cols - 1) // cols
@@ -219,7 +263,10 @@ def plot_logit_terms(terms: Any, path: str | Path, *, grouped: bool = False) -> 
         ax.set_ylabel("query", fontsize=7)
         ax.tick_params(labelsize=6)
     fig.colorbar(im, ax=axs.ravel().tolist(), shrink=0.6)
-    fig.suptitle(f"L{terms.layer}H{terms.head} logit terms ({terms.encoding}), max err {terms.check():.1e}", fontsize=9)
+    fig.suptitle(
+        f"L{terms.layer}H{terms.head} logit terms ({terms.encoding}), max err {terms.check():.1e}",
+        fontsize=9,
+    )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -247,8 +294,16 @@ def plot_rope_terms(terms: Any, path: str | Path) -> Path:
     for k in range(rope.n_pairs):
         ax = axs.flat[k]
         ax.axis("on")
-        ax.imshow(pl[k].masked_fill(~region, float("nan")).numpy(), cmap="RdBu", vmin=-vmax, vmax=vmax, interpolation="nearest")
-        ax.set_title(f"pair {k}: θ={float(rope.theta[k]):.3g}, {100 * float(share[k]):.0f}%", fontsize=7)
+        ax.imshow(
+            pl[k].masked_fill(~region, float("nan")).numpy(),
+            cmap="RdBu",
+            vmin=-vmax,
+            vmax=vmax,
+            interpolation="nearest",
+        )
+        ax.set_title(
+            f"pair {k}: θ={float(rope.theta[k]):.3g}, {100 * float(share[k]):.0f}%", fontsize=7
+        )
         ax.tick_params(labelsize=5)
     ax = axs.flat[rope.n_pairs]
     ax.axis("on")

@@ -30,17 +30,27 @@ NO_BOOT = dict(n_bootstrap=0)
 
 # the messages several cases share (the world's model has 6 classes, 2 layers of 4 heads)
 OOR = r"labels must be integers in 0\.\.5 \(the model's classes\), got 31 at index 4$"
-NAN_WQ = (r"the model has non-finite weights \(NaN in blocks\.0\.attn\.W_Q\); its training diverged or the weights "
-          r"were edited: reload the run \(load_run\) or retrain it$")
-OVERFLOW = (r"the model's logits are not finite \(NaN or inf\) on these inputs although its weights are: an overflow; "
-            r"check the inputs and the weights' scale$")
-OTHER_MASK = (r"pad_mask does not fit the tokens: row \d+, position \d+ is marked (real, but it holds the pad id 0|"
-              r"padding, but it holds token \d+) \(a pad mask of another batch\?\); pass the batch's own pad_mask, "
-              r"or None to derive it$")
-NUMPY = (r"tokens must be a torch tensor of token ids \[batch, pos\], got a numpy array \(int64\); convert it with "
-         r"torch\.from_numpy\(\)$")
-FLOAT_LABELS = (r"labels must be integer class indices in 0\.\.5, got torch\.float32 \(a float label would be "
-                r"truncated\); pass labels\.long\(\) if they are whole numbers$")
+NAN_WQ = (
+    r"the model has non-finite weights \(NaN in blocks\.0\.attn\.W_Q\); its training diverged or the weights "
+    r"were edited: reload the run \(load_run\) or retrain it$"
+)
+OVERFLOW = (
+    r"the model's logits are not finite \(NaN or inf\) on these inputs although its weights are: an overflow; "
+    r"check the inputs and the weights' scale$"
+)
+OTHER_MASK = (
+    r"pad_mask does not fit the tokens: row \d+, position \d+ is marked (real, but it holds the pad id 0|"
+    r"padding, but it holds token \d+) \(a pad mask of another batch\?\); pass the batch's own pad_mask, "
+    r"or None to derive it$"
+)
+NUMPY = (
+    r"tokens must be a torch tensor of token ids \[batch, pos\], got a numpy array \(int64\); convert it with "
+    r"torch\.from_numpy\(\)$"
+)
+FLOAT_LABELS = (
+    r"labels must be integer class indices in 0\.\.5, got torch\.float32 \(a float label would be "
+    r"truncated\); pass labels\.long\(\) if they are whole numbers$"
+)
 
 
 def not_kind(kind: str, other: str, loader: str) -> str:
@@ -87,18 +97,31 @@ def build_world(root: Path) -> World:
     results = {
         "ablation": abl,
         "deposit": find_deposits(abl),
-        "patching": patch(model, pairs.clean.tokens, pairs.corrupt.tokens, clean_labels=pairs.clean.labels,
-                          corrupt_labels=pairs.corrupt.labels, pad_mask=pairs.clean.pad_mask, **NO_BOOT),
+        "patching": patch(
+            model,
+            pairs.clean.tokens,
+            pairs.corrupt.tokens,
+            clean_labels=pairs.clean.labels,
+            corrupt_labels=pairs.corrupt.labels,
+            pad_mask=pairs.clean.pad_mask,
+            **NO_BOOT,
+        ),
         "attribution": attr,
         "path patching": path_patch(model, pairs, senders=["embed"], receivers=["logits"]),
-        "attention patterns": attention_patterns(model, batch.tokens, [(0, 0)], pad_mask=batch.pad_mask),
+        "attention patterns": attention_patterns(
+            model, batch.tokens, [(0, 0)], pad_mask=batch.pad_mask
+        ),
         "positional scores": positional_scores(model, batch.tokens, pad_mask=batch.pad_mask),
         "circuit": circuit(attr, top_n=3),
         "head route": HeadRoute("L1H0", "logit_diff", 12, {"position": {"q": {"embed": 0.1}}}),
-        "gradient coherence": CoherenceResult(torch.zeros(1, 2, 4), torch.zeros(1, 2, 4), torch.ones(1, 2, 4),
-                                              (0,), "rope", 8),
+        "gradient coherence": CoherenceResult(
+            torch.zeros(1, 2, 4), torch.zeros(1, 2, 4), torch.ones(1, 2, 4), (0,), "rope", 8
+        ),
     }
-    files = {kind: r.save(root / "files" / f"{kind.replace(' ', '_')}.json") for kind, r in results.items()}
+    files = {
+        kind: r.save(root / "files" / f"{kind.replace(' ', '_')}.json")
+        for kind, r in results.items()
+    }
     return World(root / "run", model, task, batch, other, pairs, files)
 
 

@@ -12,8 +12,15 @@ from pe_interp.bridge import BridgedModel
 from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir, word_tokenizer
 
 
-def sharp_bridge(arch: str, shape: dict, seed: int, sharpen: float, out: Path, answers: list[int],
-                 bias_noise: float = 0.0) -> tuple[object, BridgedModel, Path]:
+def sharp_bridge(
+    arch: str,
+    shape: dict,
+    seed: int,
+    sharpen: float,
+    out: Path,
+    answers: list[int],
+    bias_noise: float = 0.0,
+) -> tuple[object, BridgedModel, Path]:
     """``(hf, BridgedModel, saved directory)``: the query/key (and learned position) weights times
     ``sharpen``; every bias plus ``bias_noise`` times a normal draw (0: as initialised)."""
     hf = build_hf_model(arch, seed=seed, **shape)

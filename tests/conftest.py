@@ -22,7 +22,9 @@ if ROOT not in sys.path:  # so the tests run from any directory without installi
 # (transformers -> torch._dynamo -> triton).
 KERNEL_TEST_DEVICE = os.environ.get("PE_INTERP_TEST_DEVICE", "auto").strip().lower() or "auto"
 if KERNEL_TEST_DEVICE not in ("auto", "cpu", "cuda"):
-    raise pytest.UsageError(f"PE_INTERP_TEST_DEVICE must be auto, cpu or cuda, got {KERNEL_TEST_DEVICE!r}")
+    raise pytest.UsageError(
+        f"PE_INTERP_TEST_DEVICE must be auto, cpu or cuda, got {KERNEL_TEST_DEVICE!r}"
+    )
 if KERNEL_TEST_DEVICE == "cuda" and not torch.cuda.is_available():
     raise pytest.UsageError("PE_INTERP_TEST_DEVICE=cuda, but torch sees no CUDA device")
 if KERNEL_TEST_DEVICE == "auto":
@@ -94,8 +96,9 @@ def smoke_trainer(crash_at: int | None = None, **overrides):
     from pe_interp.presets import build_run_configs
     from pe_interp.training import Trainer
 
-    model_cfg, task, train_cfg = build_run_configs("distance", "rope", "smoke", 0, epochs=2, checkpoint_every=3,
-                                                   **overrides)
+    model_cfg, task, train_cfg = build_run_configs(
+        "distance", "rope", "smoke", 0, epochs=2, checkpoint_every=3, **overrides
+    )
 
     class Crash(Callback):
         def on_step(self, trainer, step, loss):
@@ -103,7 +106,14 @@ def smoke_trainer(crash_at: int | None = None, **overrides):
                 raise KeyboardInterrupt
 
     def run(out, resume: bool = False, crash: bool = False) -> dict[str, torch.Tensor]:
-        t = Trainer(model_cfg, task, train_cfg, run_dir=out, callbacks=[Crash()] if crash else [], progress=False)
+        t = Trainer(
+            model_cfg,
+            task,
+            train_cfg,
+            run_dir=out,
+            callbacks=[Crash()] if crash else [],
+            progress=False,
+        )
         t.fit(resume=resume)
         return {k: v.clone() for k, v in t.model.state_dict().items()}
 
@@ -141,12 +151,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     skipped = terminalreporter.stats.get("skipped", [])
     browser = [r for r in skipped if "chromium" in str(getattr(r, "longrepr", "")).lower()]
     if browser:
-        terminalreporter.write_sep("!", f"{len(browser)} BROWSER TEST(S) SKIPPED: Chromium is not installed",
-                                   red=True, bold=True)
+        terminalreporter.write_sep(
+            "!",
+            f"{len(browser)} BROWSER TEST(S) SKIPPED: Chromium is not installed",
+            red=True,
+            bold=True,
+        )
         for r in browser:
             terminalreporter.write_line(f"  skipped: {r.nodeid}")
         terminalreporter.write_line(
             "  The report's headless-Chromium checks (report.html renders, no errors, widgets drawn) did not run.\n"
             "  Install Chromium with `make setup-browser` (Debian/Ubuntu: apt-get install -y chromium; macOS: brew "
             "install --cask chromium), then run `make test` again. CI (.ci/run) installs it and fails instead of skipping.",
-            red=True)
+            red=True,
+        )

@@ -41,14 +41,24 @@ CONFIGS = {
 
 def make_model(**kw) -> HookedPETransformer:
     base = dict(
-        n_layers=2, d_model=16, n_heads=4, d_mlp=32, n_ctx=12, d_vocab=16, n_classes=4,
-        init_std=0.4, attn_backend="sdpa", seed=1,
-    )  # fmt: skip
+        n_layers=2,
+        d_model=16,
+        n_heads=4,
+        d_mlp=32,
+        n_ctx=12,
+        d_vocab=16,
+        n_classes=4,
+        init_std=0.4,
+        attn_backend="sdpa",
+        seed=1,
+    )
     base.update(kw)
     return HookedPETransformer(ModelConfig(**base))
 
 
-def make_data(n: int = N_EX, width: int = WIDTH, d_vocab: int = 16, n_classes: int = 4, seed: int = 0):
+def make_data(
+    n: int = N_EX, width: int = WIDTH, d_vocab: int = 16, n_classes: int = 4, seed: int = 0
+):
     """Right-padded random sequences of varied length (pad id 0)."""
     g = torch.Generator().manual_seed(seed)
     toks = torch.randint(1, d_vocab, (n, width), generator=g)
@@ -100,8 +110,12 @@ def test_batched_equals_naive_each_encoding(encoding):
     """Cutting each chunk to its longest real sequence is exact for every encoding."""
     model = make_model(encoding=encoding, n_layers=3)
     toks, labels, pm = make_data(n=12)
-    fast = ablate_heads(model, toks, labels, pad_mask=pm, metric="loss", per_example=True, n_bootstrap=0)
-    slow = ablate_heads_naive(model, toks, labels, pad_mask=pm, metric="loss", per_example=True, n_bootstrap=0)
+    fast = ablate_heads(
+        model, toks, labels, pad_mask=pm, metric="loss", per_example=True, n_bootstrap=0
+    )
+    slow = ablate_heads_naive(
+        model, toks, labels, pad_mask=pm, metric="loss", per_example=True, n_bootstrap=0
+    )
     np.testing.assert_allclose(fast.per_example, slow.per_example, atol=1e-5, rtol=1e-5)
 
 
@@ -111,7 +125,14 @@ def test_head_sets_batched_equals_naive(config):
     toks, labels, pm = make_data()
     sets = [keep_only(model, 0, 2), {(0, 1), (2, 3)}, {(1, 0)}, {(1, 0), (1, 3), (2, 2)}, {(2, 1)}]
     for method in ("zero", "mean", "resample"):
-        kw = dict(pad_mask=pm, method=method, metric="loss", head_sets=sets, per_example=True, n_bootstrap=0)
+        kw = dict(
+            pad_mask=pm,
+            method=method,
+            metric="loss",
+            head_sets=sets,
+            per_example=True,
+            n_bootstrap=0,
+        )
         fast = ablate_heads(model, toks, labels, batch_size=16, **kw)
         slow = ablate_heads_naive(model, toks, labels, **kw)
         assert fast.values.shape == (5,) and not fast.is_grid
@@ -121,8 +142,17 @@ def test_head_sets_batched_equals_naive(config):
 def test_zero_equals_handwritten_loop_and_partial_grid():
     model = make_model(n_layers=3)
     toks, labels, pm = make_data()
-    res = ablate_heads(model, toks, labels, pad_mask=pm, metric="loss", layers=[1, 2], heads=[0, 3],
-                       per_example=True, n_bootstrap=0)  # fmt: skip
+    res = ablate_heads(
+        model,
+        toks,
+        labels,
+        pad_mask=pm,
+        metric="loss",
+        layers=[1, 2],
+        heads=[0, 3],
+        per_example=True,
+        n_bootstrap=0,
+    )
     assert np.isnan(res.values[0]).all() and np.isnan(res.values[:, [1, 2]]).all()
     for layer in (1, 2):
         for h in (0, 3):
@@ -148,7 +178,9 @@ def test_zero_ablation_equals_zeroing_value_weights(config):
             for b in (block.attn.b_Q, block.attn.b_K, block.attn.b_V, block.attn.b_O):
                 b.normal_(0, 0.3, generator=gen)
     toks, labels, pm = make_data()
-    res = ablate_heads(model, toks, labels, pad_mask=pm, metric="logit", per_example=True, n_bootstrap=0)
+    res = ablate_heads(
+        model, toks, labels, pad_mask=pm, metric="logit", per_example=True, n_bootstrap=0
+    )
     for layer in range(2):
         for h in range(4):
             edited = copy.deepcopy(model).eval()
@@ -164,15 +196,26 @@ def test_mean_ablation_matches_manual_mean():
     model = make_model()
     toks, labels, pm = make_data()
     ref_toks, _, ref_pm = make_data(n=30, seed=9)
-    res = ablate_heads(model, toks, labels, pad_mask=pm, method="mean", metric="loss", reference=(ref_toks, ref_pm),
-                       per_example=True, n_bootstrap=0)  # fmt: skip
+    res = ablate_heads(
+        model,
+        toks,
+        labels,
+        pad_mask=pm,
+        method="mean",
+        metric="loss",
+        reference=(ref_toks, ref_pm),
+        per_example=True,
+        n_bootstrap=0,
+    )
     with torch.no_grad():
         _, cache = model.run_with_cache(ref_toks, ref_pm)
     for layer in range(2):
         z = cache[f"blocks.{layer}.attn.hook_z"]  # [n, pos, H, D]
         w = ref_pm.double()
         mean = torch.einsum("np,nphd->phd", w, z.double()) / w.sum(0)[:, None, None]
-        np.testing.assert_allclose(head_means(model, ref_toks, ref_pm)[layer].numpy(), mean.float().numpy(), atol=1e-6)
+        np.testing.assert_allclose(
+            head_means(model, ref_toks, ref_pm)[layer].numpy(), mean.float().numpy(), atol=1e-6
+        )
         for h in range(4):
 
             def put_mean(z, hook, h=h, mean=mean):
@@ -205,8 +248,17 @@ def test_resample_matches_cached_clean_sources():
     src = resample_sources(N_EX, None, seed=4)
     assert sorted(src.tolist()) == list(range(N_EX)) and (src != torch.arange(N_EX)).all()
     assert torch.equal(src, resample_sources(N_EX, None, seed=4))
-    res = ablate_heads(model, toks, labels, pad_mask=pm, method="resample", metric="logit", seed=4,
-                       per_example=True, n_bootstrap=0)  # fmt: skip
+    res = ablate_heads(
+        model,
+        toks,
+        labels,
+        pad_mask=pm,
+        method="resample",
+        metric="logit",
+        seed=4,
+        per_example=True,
+        n_bootstrap=0,
+    )
     with torch.no_grad():
         _, cache = model.run_with_cache(toks, pm)
     for layer in range(2):
@@ -226,8 +278,28 @@ def test_resample_with_reference_and_width_check():
     model = make_model()
     toks, labels, pm = make_data()
     ref = make_data(n=7, seed=2)
-    fast = ablate_heads(model, toks, labels, pad_mask=pm, method="resample", reference=SimpleNamespace(tokens=ref[0], pad_mask=ref[2]), n_bootstrap=0, per_example=True, metric="loss")  # fmt: skip
-    slow = ablate_heads_naive(model, toks, labels, pad_mask=pm, method="resample", reference=(ref[0], ref[2]), n_bootstrap=0, per_example=True, metric="loss")  # fmt: skip
+    fast = ablate_heads(
+        model,
+        toks,
+        labels,
+        pad_mask=pm,
+        method="resample",
+        reference=SimpleNamespace(tokens=ref[0], pad_mask=ref[2]),
+        n_bootstrap=0,
+        per_example=True,
+        metric="loss",
+    )
+    slow = ablate_heads_naive(
+        model,
+        toks,
+        labels,
+        pad_mask=pm,
+        method="resample",
+        reference=(ref[0], ref[2]),
+        n_bootstrap=0,
+        per_example=True,
+        metric="loss",
+    )
     np.testing.assert_allclose(fast.per_example, slow.per_example, atol=1e-5)
     with pytest.raises(ValueError, match="padded length"):
         ablate_heads(model, toks, labels, method="resample", reference=ref[0][:, :6], n_bootstrap=0)
@@ -244,7 +316,9 @@ def test_callable_metric_and_direction():
     b = ablate_heads(model, toks, labels, pad_mask=pm, metric="loss", n_bootstrap=0)
     assert a.metric == "neg_loss" and a.higher_is_better and not b.higher_is_better
     np.testing.assert_allclose(a.drops, b.drops, atol=1e-6)  # positive = hurt, either way
-    c = ablate_heads(model, toks, labels, pad_mask=pm, metric=neg_loss, higher_is_better=False, n_bootstrap=0)
+    c = ablate_heads(
+        model, toks, labels, pad_mask=pm, metric=neg_loss, higher_is_better=False, n_bootstrap=0
+    )
     np.testing.assert_allclose(c.drops, -a.drops, atol=1e-9)
     with pytest.raises(ValueError, match="one value per example"):
         ablate_heads(model, toks, labels, metric=lambda lg, lb: lg, n_bootstrap=0)
@@ -334,14 +408,18 @@ def test_sweep_ci_contains_estimate_and_is_deterministic():
 def test_result_json_round_trip(tmp_path):
     model = make_model()
     toks, labels, pm = make_data()
-    res = ablate_heads(model, toks, labels, pad_mask=pm, layers=[1], per_example=True, n_bootstrap=20)
+    res = ablate_heads(
+        model, toks, labels, pad_mask=pm, layers=[1], per_example=True, n_bootstrap=20
+    )
     d = json.loads(json.dumps(res.to_dict(), allow_nan=False))
     back = AblationResult.from_dict(d)
     for name in ("values", "drops", "ci_low", "ci_high", "per_example", "baseline_per_example"):
         np.testing.assert_array_equal(getattr(back, name), getattr(res, name))
     assert back.baseline == res.baseline and back.method == "zero" and back.metric == "accuracy"
     assert back.meta["encoding"] == model.cfg.encoding_name
-    sets = ablate_heads(model, toks, labels, pad_mask=pm, head_sets=[keep_only(model, 0, 1)], n_bootstrap=0)
+    sets = ablate_heads(
+        model, toks, labels, pad_mask=pm, head_sets=[keep_only(model, 0, 1)], n_bootstrap=0
+    )
     path = sets.save(tmp_path / "a.json")
     again = AblationResult.load(path)
     assert again.head_sets == sets.head_sets and again.per_example is None
@@ -362,7 +440,11 @@ def test_cli_ablate_writes_outputs(tmp_path, monkeypatch, capsys):
     class FakeRun:
         def __init__(self):
             self.model, self.run_dir, self.provenance = model, tmp_path, None
-            self.result_dir, self.at_step, self.name = tmp_path, None, str(tmp_path)  # a Run's final weights
+            self.result_dir, self.at_step, self.name = (
+                tmp_path,
+                None,
+                str(tmp_path),
+            )  # a Run's final weights
 
         def examples(self, on="test", n=None):
             assert on == "test"
@@ -370,11 +452,26 @@ def test_cli_ablate_writes_outputs(tmp_path, monkeypatch, capsys):
             return SimpleNamespace(tokens=toks[:n], labels=labels[:n], pad_mask=pm[:n])
 
     calls = []
-    monkeypatch.setattr(pe_interp.checkpoint, "load_run", lambda d, device="cpu": calls.append(d) or FakeRun())
+    monkeypatch.setattr(
+        pe_interp.checkpoint, "load_run", lambda d, device="cpu": calls.append(d) or FakeRun()
+    )
     parser = argparse.ArgumentParser()
     cmd.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["ablate", str(tmp_path), "--n", "25", "--metric", "loss", "--n-bootstrap", "50",
-                              "--device", "cpu", "--no-progress"])  # fmt: skip
+    args = parser.parse_args(
+        [
+            "ablate",
+            str(tmp_path),
+            "--n",
+            "25",
+            "--metric",
+            "loss",
+            "--n-bootstrap",
+            "50",
+            "--device",
+            "cpu",
+            "--no-progress",
+        ]
+    )
     assert args.run is cmd.run
     assert cmd.run(args) == 0
     res = AblationResult.load(tmp_path / "ablation.json")
@@ -384,5 +481,7 @@ def test_cli_ablate_writes_outputs(tmp_path, monkeypatch, capsys):
     for name in ("ablation_heatmap.png", "ablation_layers.png"):
         assert (tmp_path / "figures" / name).read_bytes()[:4] == b"\x89PNG"
     out = capsys.readouterr().out
-    assert "layer concentration:" in out and "layer" in out  # metric "loss": no single-head deposit verdict (accuracy only)
+    assert (
+        "layer concentration:" in out and "layer" in out
+    )  # metric "loss": no single-head deposit verdict (accuracy only)
     assert "single-head deposit" not in out

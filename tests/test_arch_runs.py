@@ -23,7 +23,15 @@ from probes import AblationResult, ablate_heads
 @pytest.fixture(scope="module")
 def neox(tmp_path_factory):
     out = tmp_path_factory.mktemp("arch") / "neox"
-    pe_interp.train(preset="smoke", arch="gpt-neox", seed=1, out=out, snapshots="log", snapshot_every=8, progress=False)
+    pe_interp.train(
+        preset="smoke",
+        arch="gpt-neox",
+        seed=1,
+        out=out,
+        snapshots="log",
+        snapshot_every=8,
+        progress=False,
+    )
     return out
 
 
@@ -34,19 +42,41 @@ def test_train_arch_then_ablate_reads_the_run(neox, capsys):
     run = load_run(neox)
     assert isinstance(run.model, BridgedModel) and run.model.cfg.n_classes == run.task.n_classes
     test = run.examples("test")
-    again = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=20)
+    again = ablate_heads(
+        run.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=20
+    )
     np.testing.assert_allclose(saved.values, again.values, atol=1e-9)
 
 
 def test_the_run_is_also_a_saved_hugging_face_model(neox):
     run = load_run(neox)
     test = run.examples("test", 32)
-    hf_dir = BridgedModel(boot_bridge(neox / HF_DIR), answers=range(run.task.d_vocab, run.task.d_vocab + run.task.n_classes),
-                          pad_id=0)  # fmt: skip
+    hf_dir = BridgedModel(
+        boot_bridge(neox / HF_DIR),
+        answers=range(run.task.d_vocab, run.task.d_vocab + run.task.n_classes),
+        pad_id=0,
+    )
     with torch.no_grad():
-        assert torch.allclose(hf_dir(test.tokens, test.pad_mask), run.model(test.tokens, test.pad_mask), atol=1e-6)
-    assert main(["ablate", str(neox / HF_DIR), "--task", "distance", "--preset", "smoke", "--n-bootstrap", "0",
-                 "--no-figures", "--no-progress"]) == 0  # fmt: skip
+        assert torch.allclose(
+            hf_dir(test.tokens, test.pad_mask), run.model(test.tokens, test.pad_mask), atol=1e-6
+        )
+    assert (
+        main(
+            [
+                "ablate",
+                str(neox / HF_DIR),
+                "--task",
+                "distance",
+                "--preset",
+                "smoke",
+                "--n-bootstrap",
+                "0",
+                "--no-figures",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
 
 
 def test_a_snapshot_of_an_architecture_is_probed_at_its_step(neox):
@@ -61,7 +91,21 @@ def test_a_snapshot_of_an_architecture_is_probed_at_its_step(neox):
 def test_dynamics_of_an_architecture_walks_its_snapshots_with_routes(neox, capsys):
     import json
 
-    assert main(["dynamics", str(neox), "--n", "16", "--n-confirm", "16", "--no-figures", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "dynamics",
+                str(neox),
+                "--n",
+                "16",
+                "--n-confirm",
+                "16",
+                "--no-figures",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "single-head deposit: yes at" in out and "positional deposit: yes at" in out
     records = json.loads((neox / "dynamics.json").read_text())["records"]
@@ -80,13 +124,18 @@ def test_architecture_training_is_deterministic_and_resumes_bit_for_bit(tmp_path
     assert whole.keys() == resumed.keys()
     for k in whole:
         assert torch.equal(whole[k], resumed[k]), k
-    digest = [hashlib.sha256((tmp_path / d / "model.safetensors").read_bytes()).hexdigest() for d in ("a", "b")]
+    digest = [
+        hashlib.sha256((tmp_path / d / "model.safetensors").read_bytes()).hexdigest()
+        for d in ("a", "b")
+    ]
     assert digest[0] == digest[1]
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "bloom"])
 def test_each_architecture_learns_past_chance_on_smoke(arch, tmp_path):
-    result = pe_interp.train(preset="smoke", arch=arch, seed=0, out=tmp_path / arch, progress=False, epochs=10)
+    result = pe_interp.train(
+        preset="smoke", arch=arch, seed=0, out=tmp_path / arch, progress=False, epochs=10
+    )
     run = load_run(tmp_path / arch)
     assert run.model.cfg.model_type == arch
     assert result.final["test_acc"] > 1.5 / run.task.n_classes  # chance is 1 / n_classes
@@ -120,4 +169,8 @@ def test_decompose_reads_an_architecture_run(neox, tmp_path, capsys):
     assert main(["decompose", str(run), "--layer", "0", "--head", "1", "--no-figures"]) == 0
     assert "terms sum to the logits within" in capsys.readouterr().out
     saved = json.loads((run / "decompose_L0H1.json").read_text())
-    assert saved["max_error"] < 1e-4 and saved["rope"] is not None and "content-content" in saved["terms"]
+    assert (
+        saved["max_error"] < 1e-4
+        and saved["rope"] is not None
+        and "content-content" in saved["terms"]
+    )

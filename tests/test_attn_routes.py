@@ -40,14 +40,18 @@ def _logits_and_grads(model, tokens, labels, amp: bool):
     with hardware.autocast("cpu", amp=amp):
         logits = model(tokens)
     F.cross_entropy(logits.float(), labels).backward()
-    return logits.float().detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logits.float().detach(), {
+        n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
 
 
 @pytest.mark.parametrize("encoding", ["rope", "t5", "alibi", "decoupled_rope", "sinusoidal+rope"])
 @pytest.mark.parametrize("route", attn_routes.ROUTES)
 def test_every_route_computes_the_hooked_paths_function(encoding, route):
     """Forced route in bf16 against the eager (hooked) path in fp32: logits and every gradient."""
-    cfg = ModelConfig(**TINY, encoding=ENCODINGS.get(encoding, encoding), init_std=0.2, attn_backend="sdpa")
+    cfg = ModelConfig(
+        **TINY, encoding=ENCODINGS.get(encoding, encoding), init_std=0.2, attn_backend="sdpa"
+    )
     model = HookedPETransformer(cfg).train()
     reference = HookedPETransformer(cfg.replace(attn_backend="eager")).train()
     reference.load_state_dict(model.state_dict())
@@ -71,7 +75,11 @@ def test_the_route_is_measured_once_per_shape_and_is_the_fastest(monkeypatch):
 
     def fake_measure(run, q, k, v, grad):
         calls.append(tuple(q.shape))
-        return {"math": 3.0, "sdpa": 2.0, "sdpa32": 1.0} if q.shape[0] == 5 else {"math": 1.0, "sdpa": 2.0, "sdpa32": 3.0}
+        return (
+            {"math": 3.0, "sdpa": 2.0, "sdpa32": 1.0}
+            if q.shape[0] == 5
+            else {"math": 1.0, "sdpa": 2.0, "sdpa32": 3.0}
+        )
 
     monkeypatch.setattr(attn_routes, "_measure", fake_measure)
     model = HookedPETransformer(ModelConfig(**TINY, encoding="rope", attn_backend="sdpa"))
@@ -97,7 +105,7 @@ def test_real_measurement_times_every_route_without_touching_state():
         model(tokens)
     assert torch.equal(rng, torch.get_rng_state())
     assert all(p.grad is None for p in model.parameters())  # the T5 table's bias was detached
-    (key, seconds), = attn_routes.timings().items()
+    ((key, seconds),) = attn_routes.timings().items()
     assert set(seconds) == set(attn_routes.ROUTES) and all(s > 0 for s in seconds.values())
     assert attn_routes.chosen()[key] == min(seconds, key=seconds.get)
 
@@ -105,17 +113,29 @@ def test_real_measurement_times_every_route_without_touching_state():
 def test_override_and_bad_override(monkeypatch):
     model = HookedPETransformer(ModelConfig(**TINY, encoding="rope", attn_backend="sdpa"))
     tokens, labels = _batch()
-    monkeypatch.setattr(attn_routes, "_measure", lambda *a: pytest.fail("an override must not measure"))
+    monkeypatch.setattr(
+        attn_routes, "_measure", lambda *a: pytest.fail("an override must not measure")
+    )
     monkeypatch.setenv(attn_routes.OVERRIDE_ENV, "math")
     seen = []
-    monkeypatch.setattr(type(model.blocks[0].attn), "_eager", lambda self, *a: seen.append(1) or
-                        torch.zeros(a[0].shape[:3] + a[2].shape[-1:], dtype=a[2].dtype))
+    monkeypatch.setattr(
+        type(model.blocks[0].attn),
+        "_eager",
+        lambda self, *a: (
+            seen.append(1) or torch.zeros(a[0].shape[:3] + a[2].shape[-1:], dtype=a[2].dtype)
+        ),
+    )
     with torch.no_grad(), hardware.autocast("cpu", amp=True):
         model(tokens)
     assert len(seen) == TINY["n_layers"]
     monkeypatch.setenv(attn_routes.OVERRIDE_ENV, "flash")
-    with (pytest.raises(ValueError, match="PE_INTERP_ATTN_ROUTE must be one of math, sdpa, sdpa32, got 'flash'"),
-          torch.no_grad(), hardware.autocast("cpu", amp=True)):
+    with (
+        pytest.raises(
+            ValueError, match="PE_INTERP_ATTN_ROUTE must be one of math, sdpa, sdpa32, got 'flash'"
+        ),
+        torch.no_grad(),
+        hardware.autocast("cpu", amp=True),
+    ):
         model(tokens)
     with pytest.raises(ValueError, match="route must be one of"), attn_routes.force("fast"):
         pass
@@ -149,7 +169,9 @@ def test_resumed_bf16_run_uses_the_routes_of_its_checkpoint(tmp_path, monkeypatc
     assert set(recorded.values()) == {"math"}
     # "a new process", whose measurement would now prefer another route
     attn_routes.reset()
-    monkeypatch.setattr(attn_routes, "_measure", lambda *a: {"math": 3.0, "sdpa": 2.0, "sdpa32": 1.0})
+    monkeypatch.setattr(
+        attn_routes, "_measure", lambda *a: {"math": 3.0, "sdpa": 2.0, "sdpa32": 1.0}
+    )
     resumed = run(tmp_path / "killed", resume=True)
     assert all(recorded[k] == v for k, v in attn_routes.chosen().items() if k in recorded)
     assert all(torch.equal(ref[k], resumed[k]) for k in ref)

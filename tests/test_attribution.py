@@ -41,9 +41,14 @@ def test_node_and_edge_scores_equal_transformer_lens(encoding):
     got = [ours.by_position[ours.writers.index(ours_name(n)), n.position] for n in tl.node_scores]
     np.testing.assert_allclose(got, list(tl.node_scores.values()), rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(ours.scores, ours.by_position.sum(-1), rtol=1e-12)
-    tle = ap.attribution_patch(model, clean, corrupt, metric, ap.EdgeAttributionConfig(granularity="edge"))
+    tle = ap.attribution_patch(
+        model, clean, corrupt, metric, ap.EdgeAttributionConfig(granularity="edge")
+    )
     oe = attribute(model, clean, corrupt, metric=FN, granularity="edge", by_position=True)
-    got = [oe.by_position[oe.readers.index(ours_name(r)), oe.writers.index(ours_name(w)), w.position] for w, r in tle.edge_scores]
+    got = [
+        oe.by_position[oe.readers.index(ours_name(r)), oe.writers.index(ours_name(w)), w.position]
+        for w, r in tle.edge_scores
+    ]
     np.testing.assert_allclose(got, list(tle.edge_scores.values()), rtol=1e-9, atol=1e-12)
     assert int((~np.isnan(oe.by_position)).sum()) == len(tle.edge_scores)  # the same edges, no more
     # a writer's edges add up to its node score (the readout reads everything)
@@ -60,13 +65,25 @@ def test_embed_kv_edges_are_restricted_and_match_autograd():
         row = oe.scores[oe.readers.index(reader)]
         assert not np.isnan(row[0]) and np.isnan(row[1:]).all()  # only the embedding feeds k/v
     with forks(model):
-        grads = autograd_at(model, corrupt, class_metric(1, 0), ["blocks.2.attn.hook_v_input", "blocks.1.attn.hook_q_input"])
+        grads = autograd_at(
+            model,
+            corrupt,
+            class_metric(1, 0),
+            ["blocks.2.attn.hook_v_input", "blocks.1.attn.hook_q_input"],
+        )
     delta = cache_of(model, clean)["hook_embed"] - cache_of(model, corrupt)["hook_embed"]
     want = float((delta * grads["blocks.2.attn.hook_v_input"][:, :, 1]).sum() / 3)
     assert oe.edge("embed", "L2H1.v") == pytest.approx(want, rel=1e-9, abs=1e-12)
     acts = {k: v for k, v in cache_of(model, clean).items() if k in writer_hooks(graph)}
-    cont = contributions(model, graph, acts) - contributions(model, graph, {k: cache_of(model, corrupt)[k] for k in acts})
-    want = float((cont[:, :, graph.writer_index("L0H1")] * grads["blocks.1.attn.hook_q_input"][:, :, 0]).sum() / 3)
+    cont = contributions(model, graph, acts) - contributions(
+        model, graph, {k: cache_of(model, corrupt)[k] for k in acts}
+    )
+    want = float(
+        (
+            cont[:, :, graph.writer_index("L0H1")] * grads["blocks.1.attn.hook_q_input"][:, :, 0]
+        ).sum()
+        / 3
+    )
     assert oe.edge("L0H1", "L1H0.q") == pytest.approx(want, rel=1e-9, abs=1e-12)
 
 
@@ -84,19 +101,31 @@ def test_estimates_are_exact_where_first_order_is(encoding):
     exact = {c: path_patch(model, clean, corrupt, None, last, c, metric=FN) for c in "qkv"}
     exact["logits"] = path_patch(model, clean, corrupt, None, ["logits"], metric=FN)
     for method in ("atp", "atp*", "eap-ig"):
-        est = attribute(model, clean, corrupt, metric=FN, granularity="edge", method=method, steps=3)
+        est = attribute(
+            model, clean, corrupt, metric=FN, granularity="edge", method=method, steps=3
+        )
         for site, pp in exact.items():
             e = np.array([[est.edge(s, r) for r in pp.receivers] for s in pp.senders])
             ok = ~np.isnan(pp.values)
-            exact_here = (site == "logits") or (site == "v" and method != "eap-ig") or (method == "atp*")
+            exact_here = (
+                (site == "logits") or (site == "v" and method != "eap-ig") or (method == "atp*")
+            )
             if exact_here:
-                np.testing.assert_allclose(e[ok], pp.effects[ok], rtol=1e-9, atol=1e-12, err_msg=f"{method} {site}")
-            elif site in "qk" or method == "eap-ig":  # the softmax (or the path average) is not linear
+                np.testing.assert_allclose(
+                    e[ok], pp.effects[ok], rtol=1e-9, atol=1e-12, err_msg=f"{method} {site}"
+                )
+            elif (
+                site in "qk" or method == "eap-ig"
+            ):  # the softmax (or the path average) is not linear
                 assert np.abs(e[ok] - pp.effects[ok]).max() > 1e-3, (method, site)
     # noising (gradient at the clean run): minus the effect of patching corrupt into clean
-    noised = est_noise = attribute(model, clean, corrupt, metric=FN, granularity="edge", method="atp*", direction="noise")
+    noised = est_noise = attribute(
+        model, clean, corrupt, metric=FN, granularity="edge", method="atp*", direction="noise"
+    )
     for c in "qk":
-        swapped = path_patch(model, corrupt, clean, None, last, c, metric=FN)  # runs clean, adds corrupt - clean
+        swapped = path_patch(
+            model, corrupt, clean, None, last, c, metric=FN
+        )  # runs clean, adds corrupt - clean
         e = np.array([[noised.edge(s, r) for r in swapped.receivers] for s in swapped.senders])
         ok = ~np.isnan(swapped.values)
         np.testing.assert_allclose(e[ok], -swapped.effects[ok], rtol=1e-9, atol=1e-12)
@@ -110,7 +139,9 @@ def test_ablation_estimate_is_the_exact_drop_of_a_last_layer_head(ablation):
     labels = torch.tensor([1, 3, 0])
     batch = Batch(clean, labels, clean != 0)
     est = attribute(model, batch, metric="logit", ablation=ablation, direction="noise")
-    exact = ablate_heads(model, clean, labels, pad_mask=clean != 0, method=ablation, metric="logit", n_bootstrap=0)
+    exact = ablate_heads(
+        model, clean, labels, pad_mask=clean != 0, method=ablation, metric="logit", n_bootstrap=0
+    )
     np.testing.assert_allclose(est.head_scores()[2], exact.drops[2], rtol=1e-9, atol=1e-12)
     assert np.abs(est.head_scores()[0] - exact.drops[0]).max() > 1e-4  # earlier heads: not linear
 
@@ -120,7 +151,11 @@ def naive_ig_edges(model, clean, corrupt, steps: int) -> dict[tuple[str, str], f
     reader forks, gradients averaged, dotted with each writer's clean-minus-corrupt term."""
     graph = build_graph(model.cfg)
     e_c, e_k = cache_of(model, clean)["hook_embed"], cache_of(model, corrupt)["hook_embed"]
-    readers = {"blocks.2.attn.hook_q_input": "q", "blocks.1.hook_mlp_in": "mlp", "blocks.2.hook_resid_post": "logits"}
+    readers = {
+        "blocks.2.attn.hook_q_input": "q",
+        "blocks.1.hook_mlp_in": "mlp",
+        "blocks.2.hook_resid_post": "logits",
+    }
     total = {n: 0.0 for n in readers}
     for k in range(1, steps + 1):
         x = e_k + k / steps * (e_c - e_k)
@@ -137,8 +172,12 @@ def naive_ig_edges(model, clean, corrupt, steps: int) -> dict[tuple[str, str], f
                 return t + zero[hook.name]
 
             with torch.enable_grad():
-                logits = model.run_with_hooks(corrupt, fwd_hooks=[("hook_embed", set_embed)] + [(n, add_zero) for n in names])
-                g = torch.autograd.grad((logits[:, 1] - logits[:, 0]).sum(), [zero[n] for n in names])
+                logits = model.run_with_hooks(
+                    corrupt, fwd_hooks=[("hook_embed", set_embed)] + [(n, add_zero) for n in names]
+                )
+                g = torch.autograd.grad(
+                    (logits[:, 1] - logits[:, 0]).sum(), [zero[n] for n in names]
+                )
         for n, gi in zip(names, g):
             total[n] = total[n] + gi / steps
     a_c = {n: cache_of(model, clean)[n] for n in writer_hooks(graph)}
@@ -158,8 +197,20 @@ def naive_ig_edges(model, clean, corrupt, steps: int) -> dict[tuple[str, str], f
 def test_eap_ig_equals_integrated_gradients_step_by_step():
     model = random_model("rope")
     clean, corrupt = random_pairs()
-    for steps, batch_size in ((3, 256), (5, 4)):  # 4 rows: one step per forward, and part of a chunk
-        est = attribute(model, clean, corrupt, metric=FN, granularity="edge", method="eap-ig", steps=steps, batch_size=batch_size)
+    for steps, batch_size in (
+        (3, 256),
+        (5, 4),
+    ):  # 4 rows: one step per forward, and part of a chunk
+        est = attribute(
+            model,
+            clean,
+            corrupt,
+            metric=FN,
+            granularity="edge",
+            method="eap-ig",
+            steps=steps,
+            batch_size=batch_size,
+        )
         for (w, r), want in naive_ig_edges(model, clean, corrupt, steps).items():
             assert est.edge(w, r) == pytest.approx(want, rel=1e-8, abs=1e-12), (steps, w, r)
 
@@ -197,12 +248,17 @@ def naive_atp_star(model, clean, corrupt) -> tuple[dict, dict]:
 
             out = [(name, add_zero)]
             if drop is not None:
-                out += [(f"blocks.{drop}.{h}", lambda t, hook: t.detach()) for h in ("hook_attn_out", "hook_mlp_out")]
+                out += [
+                    (f"blocks.{drop}.{h}", lambda t, hook: t.detach())
+                    for h in ("hook_attn_out", "hook_mlp_out")
+                ]
             return out
 
         with torch.enable_grad():
             logits = model.run_with_hooks(corrupt, fwd_hooks=hooks())
-            return torch.autograd.grad((logits[:, 1] - logits[:, 0]).sum(), [zero["A"]], allow_unused=True)[0]
+            return torch.autograd.grad(
+                (logits[:, 1] - logits[:, 0]).sum(), [zero["A"]], allow_unused=True
+            )[0]
 
     base = cache_of(model, corrupt)[name]
     grads = [grad_at_pattern(None)] + [grad_at_pattern(drop) for drop in range(3)]
@@ -218,8 +274,13 @@ def naive_atp_star(model, clean, corrupt) -> tuple[dict, dict]:
                 return t
 
             with forks(model), torch.no_grad():
-                model.run_with_hooks(corrupt, fwd_hooks=[("blocks.2.attn.hook_q_input", add),
-                                                         (name, lambda t, hook, seen=seen: seen.setdefault("A", t))])  # fmt: skip
+                model.run_with_hooks(
+                    corrupt,
+                    fwd_hooks=[
+                        ("blocks.2.attn.hook_q_input", add),
+                        (name, lambda t, hook, seen=seen: seen.setdefault("A", t)),
+                    ],
+                )
             dA = (seen["A"] - base)[:, h]
             per = [float((dA * g[:, h]).sum() / 3) for g in grads]
             signed[w, f"L2H{h}.q"] = per[0]
@@ -230,7 +291,9 @@ def naive_atp_star(model, clean, corrupt) -> tuple[dict, dict]:
 def test_atp_star_equals_softmax_recomputed_head_by_head_and_graddrop():
     model = random_model("alibi")
     clean, corrupt = random_pairs()
-    est = attribute(model, clean, corrupt, metric=FN, granularity="edge", method="atp*", batch_size=8)
+    est = attribute(
+        model, clean, corrupt, metric=FN, granularity="edge", method="atp*", batch_size=8
+    )
     signed, magnitude = naive_atp_star(model, clean, corrupt)
     for (w, r), want in signed.items():
         assert est.edge(w, r) == pytest.approx(want, rel=1e-8, abs=1e-12), (w, r)

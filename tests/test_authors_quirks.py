@@ -22,7 +22,9 @@ from pe_interp.training import evaluate
 
 # ---- the whole mode ---------------------------------------------------------------------------
 def test_authors_mode_sets_every_switch_and_each_can_be_undone_alone():
-    model, task, tr = build_run_configs("distance", "sinusoidal+rope", "smoke", 0, authors_quirks=True)
+    model, task, tr = build_run_configs(
+        "distance", "sinusoidal+rope", "smoke", 0, authors_quirks=True
+    )
     for name, value in AUTHORS_QUIRKS["model"].items():
         assert getattr(model, name) == value, name
     for name, value in AUTHORS_QUIRKS["train"].items():
@@ -31,7 +33,9 @@ def test_authors_mode_sets_every_switch_and_each_can_be_undone_alone():
     assert tr.n_test == round(tr.n_train * 3 / 7)  # their 70/30 split
     assert model.encoding_name == "sinusoidal(layout=concat)+rope"
     # One switch back to the textbook value, everything else still the authors'.
-    undone, _, _ = build_run_configs("distance", "rope", "smoke", 0, authors_quirks=True, init_mode="normal")
+    undone, _, _ = build_run_configs(
+        "distance", "rope", "smoke", 0, authors_quirks=True, init_mode="normal"
+    )
     assert undone.init_mode == "normal" and undone.kv_source == "embed" and not undone.final_norm
     textbook, task_tb, tr_tb = build_run_configs("distance", "rope", "smoke", 0)
     assert textbook.init_mode == "normal" and textbook.mask_padding and tr_tb.grad_clip == 1.0
@@ -61,7 +65,9 @@ def test_authors_encoding_names(given, expected):
 
 
 # ---- data -------------------------------------------------------------------------------------
-def _segments(task: DistanceTask, row: torch.Tensor, length: int) -> tuple[list[int], list[int], list[int]]:
+def _segments(
+    task: DistanceTask, row: torch.Tensor, length: int
+) -> tuple[list[int], list[int], list[int]]:
     t1, t2 = task.triggers
     first = next(i for i, t in enumerate(row.tolist()) if t == t1)  # fillers never hold t1 here
     second = next(i for i in range(first + 1, length) if row[i] == t2)
@@ -70,7 +76,9 @@ def _segments(task: DistanceTask, row: torch.Tensor, length: int) -> tuple[list[
 
 
 def test_distinct_fillers_never_repeat_inside_a_segment():
-    task = DistanceTask(d_vocab=40, max_between=20, max_side=6, max_len=34, distinct_fillers=True, seed=3)
+    task = DistanceTask(
+        d_vocab=40, max_between=20, max_side=6, max_len=34, distinct_fillers=True, seed=3
+    )
     batch = task.sample(400, seed=1)
     repeats = 0
     for row, pad, label in zip(batch.tokens, batch.pad_mask, batch.labels):
@@ -82,7 +90,9 @@ def test_distinct_fillers_never_repeat_inside_a_segment():
         repeats += len(left + middle + right) - len(set(left + middle + right))
     assert repeats > 0  # segments are drawn independently, so ids do repeat across them
     # With replacement (the default), a 20-token middle from 37 ids repeats almost always.
-    plain = DistanceTask(d_vocab=40, max_between=20, max_side=6, max_len=34, seed=3).sample(400, seed=1)
+    plain = DistanceTask(d_vocab=40, max_between=20, max_side=6, max_len=34, seed=3).sample(
+        400, seed=1
+    )
     assert any(
         len(set(m)) < len(m)
         for m in (_segments(task, r, int(p.sum()))[1] for r, p in zip(plain.tokens, plain.pad_mask))
@@ -90,7 +100,9 @@ def test_distinct_fillers_never_repeat_inside_a_segment():
 
 
 def test_distinct_fillers_are_uniform_over_the_pool():
-    task = DistanceTask(d_vocab=12, max_between=6, max_side=3, max_len=14, distinct_fillers=True, seed=0)
+    task = DistanceTask(
+        d_vocab=12, max_between=6, max_side=3, max_len=14, distinct_fillers=True, seed=0
+    )
     batch = task.sample(20_000, seed=2)
     t1, t2 = task.triggers
     fillers = batch.tokens[batch.pad_mask & (batch.tokens != t1) & (batch.tokens != t2)]
@@ -108,11 +120,18 @@ def test_distinct_fillers_need_a_large_enough_vocabulary():
         DistanceTask(d_vocab=10, max_between=12, max_side=3, max_len=30, distinct_fillers=True)
 
 
-@pytest.mark.parametrize("cls, kwargs, n", [
-    # 4^3 + 4^4 = 320 possible sequences; 64 for the count task.
-    (DistanceTask, dict(d_vocab=5, max_between=2, max_side=1, max_len=6, fillers_include_triggers=True), 150),
-    (CountTask, dict(d_vocab=5, n_triggers=2, max_count=3, length=3), 40),
-])
+@pytest.mark.parametrize(
+    "cls, kwargs, n",
+    [
+        # 4^3 + 4^4 = 320 possible sequences; 64 for the count task.
+        (
+            DistanceTask,
+            dict(d_vocab=5, max_between=2, max_side=1, max_len=6, fillers_include_triggers=True),
+            150,
+        ),
+        (CountTask, dict(d_vocab=5, n_triggers=2, max_count=3, length=3), 40),
+    ],
+)
 def test_dedup_removes_repeated_training_rows_and_keeps_the_size(cls, kwargs, n):
     plain_train, _ = cls(**kwargs).splits(n, 10, seed=0)
     keys = row_hashes(plain_train.tokens)
@@ -132,14 +151,18 @@ def test_dedup_removes_repeated_training_rows_and_keeps_the_size(cls, kwargs, n)
 def test_dedup_without_duplicates_is_the_plain_split():
     task = DistanceTask(d_vocab=128, max_between=30, max_side=8, max_len=48, seed=1)
     a, _ = task.splits(2000, 100, seed=4)
-    b, _ = DistanceTask(d_vocab=128, max_between=30, max_side=8, max_len=48, dedup=True, seed=1).splits(2000, 100, seed=4)
+    b, _ = DistanceTask(
+        d_vocab=128, max_between=30, max_side=8, max_len=48, dedup=True, seed=1
+    ).splits(2000, 100, seed=4)
     assert torch.equal(a.tokens, b.tokens)
 
 
 # ---- optimiser ----------------------------------------------------------------------------------
 def test_authors_lr_schedule_matches_their_lambda_lr():
     """Their get_cosine_schedule_with_warmup, stepped once per batch after optimizer.step()."""
-    cfg = TrainConfig(n_train=1000, batch_size=10, epochs=3, lr=1e-4, warmup_frac=0.06, lr_schedule="authors")
+    cfg = TrainConfig(
+        n_train=1000, batch_size=10, epochs=3, lr=1e-4, warmup_frac=0.06, lr_schedule="authors"
+    )
     total, warm = cfg.total_steps, int(0.06 * cfg.total_steps)
 
     def lr_lambda(step):  # restated from dis_gen/trans.py
@@ -157,12 +180,23 @@ def test_authors_lr_schedule_matches_their_lambda_lr():
         sched.step()
     ours = [cfg.lr_at(s) for s in range(total)]
     assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-18)
-    assert ours[0] == 0.0 and ours != [TrainConfig(**{**cfg.to_dict(), "lr_schedule": "warmup_cosine"}).lr_at(s) for s in range(total)]
+    assert ours[0] == 0.0 and ours != [
+        TrainConfig(**{**cfg.to_dict(), "lr_schedule": "warmup_cosine"}).lr_at(s)
+        for s in range(total)
+    ]
 
 
 def test_ignore_index_drops_the_class_from_loss_and_accuracy(tmp_path):
-    result = train(task="count", encoding="nope", preset="smoke", seed=0, out=tmp_path / "r", progress=False,
-                   ignore_index=0, epochs=1)  # fmt: skip
+    result = train(
+        task="count",
+        encoding="nope",
+        preset="smoke",
+        seed=0,
+        out=tmp_path / "r",
+        progress=False,
+        ignore_index=0,
+        epochs=1,
+    )
     run = load_run(tmp_path / "r")
     test = run.examples("test")
     assert len(test) and (test.labels != 0).all()
@@ -182,7 +216,15 @@ def test_ignore_index_drops_the_class_from_loss_and_accuracy(tmp_path):
 
 
 def test_eval_on_all_is_train_plus_test(tmp_path):
-    train(task="distance", encoding="rope", preset="smoke", seed=0, out=tmp_path / "r", progress=False, epochs=1)
+    train(
+        task="distance",
+        encoding="rope",
+        preset="smoke",
+        seed=0,
+        out=tmp_path / "r",
+        progress=False,
+        epochs=1,
+    )
     run = load_run(tmp_path / "r")
     tr, te = run.task.splits(run.train_cfg.n_train, run.train_cfg.n_test, seed=run.train_cfg.seed)
     every = run.examples("all")
@@ -196,7 +238,9 @@ def test_eval_on_all_is_train_plus_test(tmp_path):
 # ---- initialisation ---------------------------------------------------------------------------
 def test_normal_init_is_unchanged():
     """The default scheme, restated: W_* ~ N(0, 0.02) in parameter order from one generator."""
-    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=12, d_vocab=20, n_classes=5, seed=7)
+    cfg = ModelConfig(
+        n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=12, d_vocab=20, n_classes=5, seed=7
+    )
     model = HookedPETransformer(cfg)
     gen = torch.Generator().manual_seed(7)
     for name, p in model.named_parameters():
@@ -208,10 +252,30 @@ def test_normal_init_is_unchanged():
 
 
 def test_torch_init_bounds_follow_fan_in():
-    cfg = ModelConfig(n_layers=1, d_model=64, n_heads=4, d_head=8, d_mlp=200, n_ctx=12, d_vocab=300, n_classes=5,
-                      init_mode="torch", encoding="learned")  # fmt: skip
+    cfg = ModelConfig(
+        n_layers=1,
+        d_model=64,
+        n_heads=4,
+        d_head=8,
+        d_mlp=200,
+        n_ctx=12,
+        d_vocab=300,
+        n_classes=5,
+        init_mode="torch",
+        encoding="learned",
+    )
     model = HookedPETransformer(cfg)
-    fan = {"W_Q": 64, "b_Q": 64, "W_O": 32, "b_O": 32, "W_in": 64, "b_in": 64, "W_out": 200, "b_out": 200, "W_U": 64}
+    fan = {
+        "W_Q": 64,
+        "b_Q": 64,
+        "W_O": 32,
+        "b_O": 32,
+        "W_in": 64,
+        "b_in": 64,
+        "W_out": 200,
+        "b_out": 200,
+        "W_U": 64,
+    }
     params = dict(model.named_parameters())
     for name, p in params.items():
         leaf = name.rsplit(".", 1)[-1]

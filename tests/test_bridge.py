@@ -14,7 +14,15 @@ from probes import ablate_heads, ablate_heads_naive
 
 V, PAD = 30, 0
 ANSWERS = [26, 27, 28, 29]  # class c is token ANSWERS[c]
-SHAPE = {"n_layers": 2, "d_model": 24, "n_heads": 3, "d_mlp": 40, "n_ctx": 16, "d_vocab": V, "pad_id": PAD}
+SHAPE = {
+    "n_layers": 2,
+    "d_model": 24,
+    "n_heads": 3,
+    "d_mlp": 40,
+    "n_ctx": 16,
+    "d_vocab": V,
+    "pad_id": PAD,
+}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -50,7 +58,9 @@ def test_the_bridge_reads_the_hugging_face_model(bridged):
         ref = hf(tokens, attention_mask=mask.long()).logits
     want = ref[torch.arange(len(tokens)), mask.sum(1) - 1][:, ANSWERS]
     assert torch.allclose(ours, want, atol=1e-5), (ours - want).abs().max()
-    assert model.cfg.encoding_kind == ("multiplicative" if arch in ("gpt-neox", "llama") else "additive")
+    assert model.cfg.encoding_kind == (
+        "multiplicative" if arch in ("gpt-neox", "llama") else "additive"
+    )
 
 
 def test_resume_at_a_layer_is_exact_where_the_bridge_claims_it(bridged):
@@ -59,7 +69,9 @@ def test_resume_at_a_layer_is_exact_where_the_bridge_claims_it(bridged):
     tokens, mask, _ = _examples()
     with torch.no_grad():
         full, cache = bridge.run_with_cache(tokens, attention_mask=mask.long())
-        again = bridge(cache["blocks.1.hook_resid_pre"], start_at_layer=1, attention_mask=mask.long())
+        again = bridge(
+            cache["blocks.1.hook_resid_pre"], start_at_layer=1, attention_mask=mask.long()
+        )
     gap = float((full - again).abs()[mask].max())
     assert model.can_resume == (arch != "bloom")
     if model.can_resume:
@@ -78,19 +90,37 @@ def test_exact_ablation_on_a_bridge_equals_a_naive_hook_z_loop(bridged, metric):
     arch, _, bridge = bridged
     tokens, mask, labels = _examples()
     model = BridgedModel(bridge, answers=ANSWERS)
-    got = ablate_heads(model, tokens, labels, pad_mask=mask, metric=metric, n_bootstrap=0, batch_size=40, per_example=True)
+    got = ablate_heads(
+        model,
+        tokens,
+        labels,
+        pad_mask=mask,
+        metric=metric,
+        n_bootstrap=0,
+        batch_size=40,
+        per_example=True,
+    )
     for layer in range(2):
         for h in range(3):
+
             def zero(z, hook, h=h):
                 z = z.clone()
                 z[:, :, h] = 0.0
                 return z
 
             logits = _answer_logits(bridge, tokens, mask, [(f"blocks.{layer}.attn.hook_z", zero)])
-            want = (logits.argmax(1) == labels).double() if metric == "accuracy" else logits.gather(1, labels[:, None])[:, 0].double()
+            want = (
+                (logits.argmax(1) == labels).double()
+                if metric == "accuracy"
+                else logits.gather(1, labels[:, None])[:, 0].double()
+            )
             np.testing.assert_allclose(got.per_example[layer, h], want.numpy(), atol=1e-6)
     base = _answer_logits(bridge, tokens, mask)
-    want = (base.argmax(1) == labels).double().mean() if metric == "accuracy" else base.gather(1, labels[:, None]).double().mean()
+    want = (
+        (base.argmax(1) == labels).double().mean()
+        if metric == "accuracy"
+        else base.gather(1, labels[:, None]).double().mean()
+    )
     assert abs(got.baseline - float(want)) <= 1e-6
 
 
@@ -99,8 +129,19 @@ def test_mean_and_resample_on_a_bridge_equal_the_slow_reference(bridged, method)
     _, _, bridge = bridged
     tokens, mask, labels = _examples(seed=1)
     model = BridgedModel(bridge, answers=ANSWERS)
-    fast = ablate_heads(model, tokens, labels, pad_mask=mask, method=method, metric="logit", n_bootstrap=0, batch_size=32)
-    slow = ablate_heads_naive(model, tokens, labels, pad_mask=mask, method=method, metric="logit", n_bootstrap=0)
+    fast = ablate_heads(
+        model,
+        tokens,
+        labels,
+        pad_mask=mask,
+        method=method,
+        metric="logit",
+        n_bootstrap=0,
+        batch_size=32,
+    )
+    slow = ablate_heads_naive(
+        model, tokens, labels, pad_mask=mask, method=method, metric="logit", n_bootstrap=0
+    )
     np.testing.assert_allclose(fast.values, slow.values, atol=1e-6)
     assert fast.meta["encoding"] == model.cfg.encoding_name
 
@@ -113,10 +154,22 @@ def test_head_patching_on_a_bridge_equals_transformer_lens_own_patching(bridged)
     _, _, bridge = bridged
     model = BridgedModel(bridge, answers=ANSWERS)
     g = torch.Generator().manual_seed(5)
-    clean, corrupt = torch.randint(1, 26, (10, 9), generator=g), torch.randint(1, 26, (10, 9), generator=g)
+    clean, corrupt = (
+        torch.randint(1, 26, (10, 9), generator=g),
+        torch.randint(1, 26, (10, 9), generator=g),
+    )
     good = torch.randint(0, 4, (10,), generator=g)
     bad = (good + 1) % 4
-    ours = patch(model, clean, corrupt, clean_labels=good, corrupt_labels=bad, site="z", by_position=False, n_bootstrap=0)
+    ours = patch(
+        model,
+        clean,
+        corrupt,
+        clean_labels=good,
+        corrupt_labels=bad,
+        site="z",
+        by_position=False,
+        n_bootstrap=0,
+    )
     with torch.no_grad():
         clean_logits, cache = bridge.run_with_cache(clean)
         corrupt_logits = bridge(corrupt)
@@ -125,9 +178,13 @@ def test_head_patching_on_a_bridge_equals_transformer_lens_own_patching(bridged)
         return logits[:, -1][:, ANSWERS]
 
     metric = normalized_logit_diff_metric(last(clean_logits), last(corrupt_logits), good, bad)
-    theirs = patching.get_act_patch_attn_head_out_all_pos(bridge, corrupt, cache, lambda lg: metric(last(lg)))
+    theirs = patching.get_act_patch_attn_head_out_all_pos(
+        bridge, corrupt, cache, lambda lg: metric(last(lg))
+    )
     assert ours.values.shape == theirs.shape == (2, 3)
-    assert torch.allclose(ours.values, theirs.to(ours.values.dtype), atol=1e-5), (ours.values - theirs).abs().max()
+    assert torch.allclose(ours.values, theirs.to(ours.values.dtype), atol=1e-5), (
+        (ours.values - theirs).abs().max()
+    )
 
 
 def test_a_bridge_refuses_what_it_cannot_read(bridged):
@@ -145,9 +202,14 @@ def test_a_bridge_refuses_what_it_cannot_read(bridged):
         ablate_heads(model, tokens, labels + len(ANSWERS), pad_mask=mask)
     with pytest.raises(ValueError, match="answers must be distinct token ids"):
         BridgedModel(bridge, answers=[1, 1])
-    with pytest.raises(ValueError, match="ablate_heads: model must be a pe_interp HookedPETransformer or a BridgedModel, got Linear"):
+    with pytest.raises(
+        ValueError,
+        match="ablate_heads: model must be a pe_interp HookedPETransformer or a BridgedModel, got Linear",
+    ):
         ablate_heads(torch.nn.Linear(2, 2), tokens, labels)
-    with pytest.raises(ValueError, match="got TransformerBridge; wrap a bridge as pe_interp.bridge.BridgedModel"):
+    with pytest.raises(
+        ValueError, match="got TransformerBridge; wrap a bridge as pe_interp.bridge.BridgedModel"
+    ):
         ablate_heads(bridge, tokens, labels, pad_mask=mask)
 
 
@@ -157,7 +219,15 @@ def test_a_bridge_refuses_what_it_cannot_read(bridged):
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     # smoke's task 1: 32 input ids, 6 classes -> answers 32..37; inputs up to 16 tokens
-    shape = {"n_layers": 2, "d_model": 16, "n_heads": 2, "d_mlp": 32, "n_ctx": 16, "d_vocab": 38, "pad_id": 0}
+    shape = {
+        "n_layers": 2,
+        "d_model": 16,
+        "n_heads": 2,
+        "d_mlp": 32,
+        "n_ctx": 16,
+        "d_vocab": 38,
+        "pad_id": 0,
+    }
     hf = build_hf_model("gpt-neox", seed=1, **shape)
     return save_model_dir(hf, word_tokenizer(38, 0), tmp_path_factory.mktemp("neox") / "model")
 
@@ -171,15 +241,29 @@ def test_ablate_reads_a_saved_model_directory_with_task(model_dir, tmp_path, cap
 
     run = tmp_path / "m"
     shutil.copytree(model_dir, run)
-    argv = ["ablate", str(run), "--task", "distance", "--preset", "smoke", "--n", "24", "--n-bootstrap", "20",
-            "--no-figures", "--no-progress"]  # fmt: skip
+    argv = [
+        "ablate",
+        str(run),
+        "--task",
+        "distance",
+        "--preset",
+        "smoke",
+        "--n",
+        "24",
+        "--n-bootstrap",
+        "20",
+        "--no-figures",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "gpt-neox: partial rotary" in out
     saved = AblationResult.load(run / "ablation.json")
     loaded = load_model_dir(run, "distance", "smoke")
     test = loaded.examples("test", 24)
-    again = ablate_heads(loaded.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=20)
+    again = ablate_heads(
+        loaded.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=20
+    )
     np.testing.assert_allclose(saved.values, again.values, atol=1e-9)
     assert saved.n_examples == 24 and saved.values.shape == (2, 2)
 
@@ -194,7 +278,20 @@ def test_routes_reads_a_saved_model_directory_with_task(model_dir, tmp_path, cap
 
     run = tmp_path / "m"
     shutil.copytree(model_dir, run)
-    code = main(["routes", str(run), "--task", "distance", "--preset", "smoke", "--n", "32", "--n-bootstrap", "50"])
+    code = main(
+        [
+            "routes",
+            str(run),
+            "--task",
+            "distance",
+            "--preset",
+            "smoke",
+            "--n",
+            "32",
+            "--n-bootstrap",
+            "50",
+        ]
+    )
     assert code in (0, 3)  # 3: the intervals cannot decide
     r = RouteShares.load(run / "routes.json")
     assert r.routes.all() and r.embed is None and r.n_examples == 32
@@ -211,14 +308,27 @@ def test_circuit_reads_a_saved_model_directory_with_task(model_dir, tmp_path, ca
 
     run = tmp_path / "m"
     shutil.copytree(model_dir, run)
-    argv = ["circuit", str(run), "--task", "distance", "--preset", "smoke", "--n", "12", "--faithful", "0.8"]
+    argv = [
+        "circuit",
+        str(run),
+        "--task",
+        "distance",
+        "--preset",
+        "smoke",
+        "--n",
+        "12",
+        "--faithful",
+        "0.8",
+    ]
     assert main(argv) == 0
     assert "the smallest circuit with faithfulness >= 0.8" in capsys.readouterr().out
     c = Circuit.load(run / "circuit.json")
     assert c.faithfulness["kept"] >= 0.8 and 0 < len(c.edges) <= c.total_edges
     route = c.meta["route"]
     assert set(route["exact"]) == {"position", "content"}
-    if route["head"].startswith("L0"):  # layer-0 logit terms, through the bridge (tests/test_bridge_decomposition.py)
+    if route["head"].startswith(
+        "L0"
+    ):  # layer-0 logit terms, through the bridge (tests/test_bridge_decomposition.py)
         assert "content-content" in route["layer0"]["variance_share"]
     else:
         assert route["layer0"] is None
@@ -242,7 +352,9 @@ def test_circuit_reads_a_saved_model_directory_with_task(model_dir, tmp_path, ca
      r"owner-x/no-such-model@step1000: no local directory of that name"),
     (["show", "{d}"], r"a saved Hugging Face model, not a pe-interp run"),
 ])  # fmt: skip
-def test_a_model_directory_that_cannot_be_read_says_why_in_one_line(model_dir, argv, pattern, capsys):
+def test_a_model_directory_that_cannot_be_read_says_why_in_one_line(
+    model_dir, argv, pattern, capsys
+):
     from bad_input_env import expect_cli_refusal
 
     expect_cli_refusal([a.format(d=model_dir) for a in argv], pattern, capsys)
@@ -254,14 +366,27 @@ def test_a_model_directory_that_cannot_be_read_says_why_in_one_line(model_dir, a
 def test_exact_ablation_equals_the_naive_loop_at_drawn_sizes(arch, draw, tmp_path):
     """Shapes this file does not otherwise build: drawn per architecture and draw (seeded)."""
     g = torch.Generator().manual_seed(1000 * draw + ARCHS.index(arch))
-    n_layers, n_heads, d_head = (int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 4), (2, 6), (2, 7)))
+    n_layers, n_heads, d_head = (
+        int(torch.randint(lo, hi, (1,), generator=g)) for lo, hi in ((1, 4), (2, 6), (2, 7))
+    )
     d_head *= 2  # rotary halves need an even head size
-    shape = {"n_layers": n_layers, "d_model": n_heads * d_head, "n_heads": n_heads, "d_mlp": 24, "n_ctx": 16,
-             "d_vocab": V, "pad_id": PAD}  # fmt: skip
-    out = save_model_dir(build_hf_model(arch, seed=draw, **shape), word_tokenizer(V, PAD), tmp_path / "m")
+    shape = {
+        "n_layers": n_layers,
+        "d_model": n_heads * d_head,
+        "n_heads": n_heads,
+        "d_mlp": 24,
+        "n_ctx": 16,
+        "d_vocab": V,
+        "pad_id": PAD,
+    }
+    out = save_model_dir(
+        build_hf_model(arch, seed=draw, **shape), word_tokenizer(V, PAD), tmp_path / "m"
+    )
     model = BridgedModel(boot_bridge(out), answers=ANSWERS)
     tokens, mask, labels = _examples(seed=draw)
-    got = ablate_heads(model, tokens, labels, pad_mask=mask, metric="logit", n_bootstrap=0, batch_size=64)
+    got = ablate_heads(
+        model, tokens, labels, pad_mask=mask, metric="logit", n_bootstrap=0, batch_size=64
+    )
     naive = ablate_heads_naive(model, tokens, labels, pad_mask=mask, metric="logit", n_bootstrap=0)
     assert got.values.shape == (n_layers, n_heads)
     np.testing.assert_allclose(got.values, naive.values, atol=1e-6)

@@ -18,11 +18,22 @@ from probes.circuits.graph import build_graph
 
 V, PAD = 30, 0
 ANSWERS = [26, 27, 28, 29]
-SHAPE = {"n_layers": 2, "d_model": 24, "n_heads": 3, "d_mlp": 40, "n_ctx": 16, "d_vocab": V, "pad_id": PAD}
+SHAPE = {
+    "n_layers": 2,
+    "d_model": 24,
+    "n_heads": 3,
+    "d_mlp": 40,
+    "n_ctx": 16,
+    "d_vocab": V,
+    "pad_id": PAD,
+}
 # the Hugging Face modules that normalise a block's attention input and its MLP input
-NORMS = {"gpt2": ("transformer.h", "ln_1", "ln_2"), "gpt-neox": ("gpt_neox.layers", "input_layernorm", "post_attention_layernorm"),
-         "llama": ("model.layers", "input_layernorm", "post_attention_layernorm"),
-         "bloom": ("transformer.h", "input_layernorm", "post_attention_layernorm")}  # fmt: skip
+NORMS = {
+    "gpt2": ("transformer.h", "ln_1", "ln_2"),
+    "gpt-neox": ("gpt_neox.layers", "input_layernorm", "post_attention_layernorm"),
+    "llama": ("model.layers", "input_layernorm", "post_attention_layernorm"),
+    "bloom": ("transformer.h", "input_layernorm", "post_attention_layernorm"),
+}
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -38,7 +49,10 @@ def _pairs(n: int = 12, seed: int = 0) -> CounterfactualPairs:
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(5, 11, (n,), generator=g)
     mask = torch.arange(10)[None] < lengths[:, None]
-    clean, corrupt = torch.randint(1, 26, (n, 10), generator=g), torch.randint(1, 26, (n, 10), generator=g)
+    clean, corrupt = (
+        torch.randint(1, 26, (n, 10), generator=g),
+        torch.randint(1, 26, (n, 10), generator=g),
+    )
     clean[~mask], corrupt[~mask] = PAD, PAD
     good = torch.randint(0, 4, (n,), generator=g)
     return CounterfactualPairs(Batch(clean, good, mask), Batch(corrupt, (good + 1) % 4, mask))
@@ -64,17 +78,26 @@ def test_the_reader_hooks_add_to_the_input_the_hugging_face_block_normalises(bri
     pairs = _pairs()
     tokens, mask = pairs.clean.tokens, pairs.clean.pad_mask
     d = torch.randn(*tokens.shape, SHAPE["d_model"], generator=torch.Generator().manual_seed(1))
-    after_norm = arch == "bloom" and which == 0  # TransformerLens #1317: BLOOM's forks follow the norm
+    after_norm = (
+        arch == "bloom" and which == 0
+    )  # TransformerLens #1317: BLOOM's forks follow the norm
     norm = _hf_module(bridge, arch, 1, which)
-    handle = (norm.register_forward_hook(lambda m, args, out: out + d) if after_norm
-              else norm.register_forward_pre_hook(lambda m, args: (args[0] + d,)))  # fmt: skip
+    handle = (
+        norm.register_forward_hook(lambda m, args, out: out + d)
+        if after_norm
+        else norm.register_forward_pre_hook(lambda m, args: (args[0] + d,))
+    )
     try:
         with torch.no_grad():
             want = _last(bridge.original_model(tokens, attention_mask=mask.long()).logits, mask)
     finally:
         handle.remove()
     graph = build_graph(model.cfg)
-    names = [f"blocks.1.attn.hook_{c}_input" for c in "qkv"] if which == 0 else [f"blocks.1.{graph.mlp_in_hook}"]
+    names = (
+        [f"blocks.1.attn.hook_{c}_input" for c in "qkv"]
+        if which == 0
+        else [f"blocks.1.{graph.mlp_in_hook}"]
+    )
     add = (lambda x, hook: x + d[:, :, None]) if which == 0 else (lambda x, hook: x + d)
     if after_norm:
         pattern = r"bloom: alibi: the bridge forks each head's q/k/v input after the layer norm"
@@ -82,7 +105,11 @@ def test_the_reader_hooks_add_to_the_input_the_hugging_face_block_normalises(bri
             pass
         model.set_use_split_qkv_input(True)
     try:
-        with forks(model, on=which == 0 and not after_norm), torch.no_grad(), model.hooks(fwd_hooks=[(n, add) for n in names]):
+        with (
+            forks(model, on=which == 0 and not after_norm),
+            torch.no_grad(),
+            model.hooks(fwd_hooks=[(n, add) for n in names]),
+        ):
             got = model.forward_unchecked(tokens, mask)
     finally:
         model.set_use_split_qkv_input(False)
@@ -108,18 +135,32 @@ def _naive_head_atp(bridge, pairs):
         held[layer] = torch.zeros_like(z, requires_grad=True)
         return z + held[layer]
 
-    hooks = [(f"blocks.{layer}.attn.hook_z", lambda z, hook, layer=layer: keep(z, hook, layer)) for layer in range(2)]
-    logits = bridge.run_with_hooks(pairs.corrupt.tokens, fwd_hooks=hooks, attention_mask=mask.long())
+    hooks = [
+        (f"blocks.{layer}.attn.hook_z", lambda z, hook, layer=layer: keep(z, hook, layer))
+        for layer in range(2)
+    ]
+    logits = bridge.run_with_hooks(
+        pairs.corrupt.tokens, fwd_hooks=hooks, attention_mask=mask.long()
+    )
     m = _last(logits, mask).log_softmax(-1).gather(1, pairs.clean.labels[:, None]).sum()
     grads = torch.autograd.grad(m, [held[0], held[1]])
-    return np.array([((zc[i] - zk[i]) * grads[i]).sum((0, 1, 3)).numpy() / len(mask) for i in range(2)])
+    return np.array(
+        [((zc[i] - zk[i]) * grads[i]).sum((0, 1, 3)).numpy() / len(mask) for i in range(2)]
+    )
 
 
-def test_node_attribution_on_a_bridge_equals_a_naive_autograd_loop_and_the_sum_of_its_edges(bridged):
+def test_node_attribution_on_a_bridge_equals_a_naive_autograd_loop_and_the_sum_of_its_edges(
+    bridged,
+):
     _, bridge, model = bridged
     pairs = _pairs()
     nodes = attribute(model, pairs)
-    heads = np.array([[nodes.scores[nodes.writers.index(f"L{layer}H{h}")] for h in range(3)] for layer in range(2)])
+    heads = np.array(
+        [
+            [nodes.scores[nodes.writers.index(f"L{layer}H{h}")] for h in range(3)]
+            for layer in range(2)
+        ]
+    )
     np.testing.assert_allclose(heads, _naive_head_atp(bridge, pairs), atol=1e-5)
     if _refuses_edges(model, lambda: attribute(model, pairs, granularity="edge")):
         return
@@ -134,7 +175,10 @@ def _refuses_edges(model, call) -> bool:
     """On BLOOM (forks after the norm) every edge probe refuses in one line."""
     if model.cfg.model_type != "bloom":
         return False
-    with pytest.raises(ValueError, match="after the layer norm .* edge attribution, path patching and circuits need"):
+    with pytest.raises(
+        ValueError,
+        match="after the layer norm .* edge attribution, path patching and circuits need",
+    ):
         call()
     return True
 
@@ -145,8 +189,14 @@ def test_path_patching_on_a_bridge_equals_a_naive_loop_over_edges(bridged):
     if _refuses_edges(model, lambda: path_patch(model, pairs)):
         return
     mask = pairs.clean.pad_mask
-    edges = [("L0H1", "L1H2", "q"), ("L0H0", "L1H0", "k"), ("embed", "L1H1", "v"), ("L0H2", "MLP0", None),
-             ("L1H0", "logits", None), ("MLP0", "L1H2", "q")]  # fmt: skip
+    edges = [
+        ("L0H1", "L1H2", "q"),
+        ("L0H0", "L1H0", "k"),
+        ("embed", "L1H1", "v"),
+        ("L0H2", "MLP0", None),
+        ("L1H0", "logits", None),
+        ("MLP0", "L1H2", "q"),
+    ]
     graph = build_graph(model.cfg)
     with torch.no_grad():
         _, c_cache = bridge.run_with_cache(pairs.clean.tokens, attention_mask=mask.long())
@@ -182,9 +232,19 @@ def test_path_patching_on_a_bridge_equals_a_naive_loop_over_edges(bridged):
 
         with forks(model), torch.no_grad(), model.hooks(fwd_hooks=[(hook, add)]):
             logits = model.forward_unchecked(pairs.corrupt.tokens, mask)
-        want = (logits.gather(1, pairs.clean.labels[:, None]) - logits.gather(1, pairs.corrupt.labels[:, None])).mean()
-        got = path_patch(model, pairs, senders=[sender], receivers=[receiver], component=comp or "q")
-        assert abs(got.values[0, 0] - float(want)) <= 1e-5, (sender, receiver, got.values, float(want))
+        want = (
+            logits.gather(1, pairs.clean.labels[:, None])
+            - logits.gather(1, pairs.corrupt.labels[:, None])
+        ).mean()
+        got = path_patch(
+            model, pairs, senders=[sender], receivers=[receiver], component=comp or "q"
+        )
+        assert abs(got.values[0, 0] - float(want)) <= 1e-5, (
+            sender,
+            receiver,
+            got.values,
+            float(want),
+        )
 
 
 def test_atp_star_and_the_circuit_rule_run_on_a_bridge(bridged):
@@ -197,14 +257,23 @@ def test_atp_star_and_the_circuit_rule_run_on_a_bridge(bridged):
     star = attribute(model, pairs, method="atp*", granularity="edge", metric="logit_diff")
     plain = attribute(model, pairs, method="atp", granularity="edge", metric="logit_diff")
     graph = build_graph(model.cfg)
-    v = [i for i, r in enumerate(graph.readers) if r.endswith(".v") or r in ("logits",) or r.startswith("MLP")]
+    v = [
+        i
+        for i, r in enumerate(graph.readers)
+        if r.endswith(".v") or r in ("logits",) or r.startswith("MLP")
+    ]
     # edges into values, MLPs and the readout are linearised the same way by both methods
     np.testing.assert_allclose(star.scores[v], plain.scores[v], atol=1e-6, equal_nan=True)
     assert np.isfinite(star.magnitude[graph.valid]).all()
     c, k = as_pair(model, pairs, None)
     with forks(model), torch.no_grad():
         repl = contributions(model, graph, capture(model, k, writer_hooks(graph))[0])
-        keep = torch.stack([torch.ones_like(torch.as_tensor(graph.valid)), torch.zeros_like(torch.as_tensor(graph.valid))])
+        keep = torch.stack(
+            [
+                torch.ones_like(torch.as_tensor(graph.valid)),
+                torch.zeros_like(torch.as_tensor(graph.valid)),
+            ]
+        )
         fn = lambda lg, g, b: lg.gather(1, g[:, None])[:, 0] - lg.gather(1, b[:, None])[:, 0]  # noqa: E731
         m = ablated_metric(model, graph, c, repl, keep, fn, c.labels, k.labels).mean(1)
     assert abs(float(m[0]) - star.clean_metric) <= 1e-5

@@ -20,7 +20,15 @@ from probes import logit_terms, positional_scores
 
 V, PAD = 30, 0
 ANSWERS = [26, 27, 28, 29]
-SHAPE = {"n_layers": 2, "d_model": 40, "n_heads": 4, "d_mlp": 24, "n_ctx": 14, "d_vocab": V, "pad_id": PAD}
+SHAPE = {
+    "n_layers": 2,
+    "d_model": 40,
+    "n_heads": 4,
+    "d_mlp": 24,
+    "n_ctx": 14,
+    "d_vocab": V,
+    "pad_id": PAD,
+}
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +74,14 @@ def test_the_terms_sum_to_the_bridges_own_scores(bridges, arch, layer):
             assert t.rope is None
             continue
         d_head = SHAPE["d_model"] // SHAPE["n_heads"]
-        share = (getattr(model.bridge.original_model.config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
+        share = (getattr(model.bridge.original_model.config, "rope_parameters", None) or {}).get(
+            "partial_rotary_factor", 1.0
+        )
         rotary = int(d_head * share) // 2 * 2
         assert t.rope.n_pairs == rotary // 2
-        torch.testing.assert_close(t.rope.hadamard().to(t.rope.pair_logits.dtype), t.rope.pair_logits, rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            t.rope.hadamard().to(t.rope.pair_logits.dtype), t.rope.pair_logits, rtol=0, atol=1e-5
+        )
         assert bool((t.rope.unrotated != 0).any()) == (rotary < d_head)
 
 
@@ -91,13 +103,20 @@ def _direct_reference(model, tokens, mask) -> list[float]:
     times), variance over the allowed entries as a share of the scores' variance."""
     scores = {}
     for name, ids in (("as is", None), ("unrotated", torch.zeros_like(tokens))):
-        grab = ("blocks.0.attn.hook_attn_scores", lambda s, hook, name=name: scores.__setitem__(name, s))
+        grab = (
+            "blocks.0.attn.hook_attn_scores",
+            lambda s, hook, name=name: scores.__setitem__(name, s),
+        )
         with torch.no_grad():
-            model.bridge.run_with_hooks(tokens, fwd_hooks=[grab], attention_mask=mask.long(), position_ids=ids)
+            model.bridge.run_with_hooks(
+                tokens, fwd_hooks=[grab], attention_mask=mask.long(), position_ids=ids
+            )
     s, d = scores["as is"].double(), scores["as is"].double() - scores["unrotated"].double()
     ok = (s > -1e30) & mask[:, None, :, None]
-    return [float(d[:, h][ok[:, h]].var(unbiased=False) / s[:, h][ok[:, h]].var(unbiased=False))
-            for h in range(s.shape[1])]
+    return [
+        float(d[:, h][ok[:, h]].var(unbiased=False) / s[:, h][ok[:, h]].var(unbiased=False))
+        for h in range(s.shape[1])
+    ]
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt-neox", "gpt2", "bloom"])
@@ -120,7 +139,10 @@ def test_the_direct_term_of_layer_0_is_the_model_with_and_without_rotation(bridg
 def test_bloom_says_in_one_line_why_its_terms_cannot_be_split(bridges):
     _, model, _ = bridges("bloom")
     tokens, mask = _tokens()
-    with pytest.raises(ValueError, match="logit_terms: bloom: alibi: the bridge adds the ALiBi bias inside the attention scores"):
+    with pytest.raises(
+        ValueError,
+        match="logit_terms: bloom: alibi: the bridge adds the ALiBi bias inside the attention scores",
+    ):
         logit_terms(model, tokens, 0, 0, pad_mask=mask)
 
 
@@ -133,8 +155,19 @@ def test_decompose_reads_a_saved_model_directory_with_task(arch, tmp_path, capsy
     # smoke's task 1 needs 38 token ids (32 inputs, 6 answers) and 16 positions
     hf = build_hf_model(arch, seed=2, **{**SHAPE, "d_vocab": 38, "n_ctx": 16})
     run = save_model_dir(hf, word_tokenizer(38, PAD), tmp_path / "m")
-    argv = ["decompose", str(run), "--task", "distance", "--preset", "smoke", "--layer", "1", "--head", "2",
-            "--no-figures"]  # fmt: skip
+    argv = [
+        "decompose",
+        str(run),
+        "--task",
+        "distance",
+        "--preset",
+        "smoke",
+        "--layer",
+        "1",
+        "--head",
+        "2",
+        "--no-figures",
+    ]
     if arch == "bloom":
         from bad_input_env import expect_cli_refusal
 
@@ -143,7 +176,11 @@ def test_decompose_reads_a_saved_model_directory_with_task(arch, tmp_path, capsy
         return
     assert main(argv) == 0
     saved = json.loads((run / "decompose_L1H2.json").read_text())
-    assert saved["max_error"] < 1e-4 and saved["model_encoding"].startswith("llama") and saved["rope"] is not None
+    assert (
+        saved["max_error"] < 1e-4
+        and saved["model_encoding"].startswith("llama")
+        and saved["rope"] is not None
+    )
     assert "where position enters" in capsys.readouterr().out
 
 
@@ -167,15 +204,27 @@ def test_grouped_key_value_heads_decompose_and_route_shares_say_why_not(tmp_path
         for name, p in hf.named_parameters():
             if name.endswith(("q_proj.weight", "k_proj.weight")):
                 p.mul_(8.0)
-    model = BridgedModel(boot_bridge(save_model_dir(hf, word_tokenizer(V, PAD), tmp_path / "m")), answers=ANSWERS)
+    model = BridgedModel(
+        boot_bridge(save_model_dir(hf, word_tokenizer(V, PAD), tmp_path / "m")), answers=ANSWERS
+    )
     tokens, mask = _tokens()
     for layer in (0, 1):
         for head in range(SHAPE["n_heads"]):
-            assert logit_terms(model, tokens, layer, head, pad_mask=mask, example=2).check() < 1e-4, (layer, head)
+            assert (
+                logit_terms(model, tokens, layer, head, pad_mask=mask, example=2).check() < 1e-4
+            ), (layer, head)
     ps = positional_scores(model, tokens, pad_mask=mask)
     want = _direct_reference(model, tokens, mask)
     np.testing.assert_allclose(ps.direct[0].numpy(), want, rtol=1e-3, atol=1e-6)
     assert min(want) > 1e-3  # every head's direct term is there to be matched
-    with pytest.raises(ValueError, match="2 key/value heads for 4 query heads; route shares move each head's"):
+    with pytest.raises(
+        ValueError, match="2 key/value heads for 4 query heads; route shares move each head's"
+    ):
         full = tokens[[0, 2, 5]]  # the rows without padding, and the same tokens reversed
-        route_shares(model, full, full.flip(1), torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.long))
+        route_shares(
+            model,
+            full,
+            full.flip(1),
+            torch.zeros(3, dtype=torch.long),
+            torch.ones(3, dtype=torch.long),
+        )

@@ -19,13 +19,23 @@ from probes.inputs import position_permutation
 
 V, PAD, N, P = 30, 0, 16, 9
 ANSWERS = [26, 27, 28, 29]
-SHAPE = {"n_layers": 2, "d_model": 32, "n_heads": 2, "d_mlp": 40, "n_ctx": 16, "d_vocab": V, "pad_id": PAD}
+SHAPE = {
+    "n_layers": 2,
+    "d_model": 32,
+    "n_heads": 2,
+    "d_mlp": 40,
+    "n_ctx": 16,
+    "d_vocab": V,
+    "pad_id": PAD,
+}
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt-neox", "gpt2", "bloom"])
 def built(request, tmp_path_factory):
     arch = request.param  # sharper attention than the initialisation's, so that positions matter
-    hf, model, _ = sharp_bridge(arch, SHAPE, 3, 12.0, tmp_path_factory.mktemp(arch) / "model", ANSWERS)
+    hf, model, _ = sharp_bridge(
+        arch, SHAPE, 3, 12.0, tmp_path_factory.mktemp(arch) / "model", ANSWERS
+    )
     return arch, hf, model
 
 
@@ -50,7 +60,9 @@ def _rotate_one_head(hf, model, sigma, layer, head):
     rope = getattr(c, "rope_parameters", None) or {}
     r = int(d * rope.get("partial_rotary_factor", 1.0)) // 2 * 2
     inv = 1.0 / rope.get("rope_theta", 10000.0) ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
-    ang = sigma.double()[..., None] * inv - torch.arange(P, dtype=torch.float64)[None, :, None] * inv  # [n, P, r/2]
+    ang = (
+        sigma.double()[..., None] * inv - torch.arange(P, dtype=torch.float64)[None, :, None] * inv
+    )  # [n, P, r/2]
     cos, sin = ang.cos().float(), ang.sin().float()
 
     def turn(x, hook):
@@ -87,6 +99,7 @@ def _alibi_at(sigma):
     """A stand-in for BLOOM's ``build_alibi_tensor`` that builds its ALiBi tensor at the positions
     ``sigma`` (Hugging Face's layout, ``[batch * heads, 1, keys]``; the causal mask stays at the
     true positions)."""
+
     def alibi(attention_mask, num_heads, dtype):
         a = _alibi_slopes(num_heads)[None, :, None] * sigma[:, None, :].to(torch.float32)
         return a.reshape(-1, 1, sigma.shape[1]).to(dtype)
@@ -104,7 +117,11 @@ def test_route_shares_on_a_bridge_equal_the_hugging_face_model_and_a_naive_loop(
         if arch == "bloom":  # ALiBi from the attention mask, not position_ids: build it at sigma
             hf.transformer.build_alibi_tensor = _alibi_at(sigma)
             try:  # (with a mask: without one, BLOOM builds its ALiBi without calling the method)
-                ld_all = _ld(hf(clean, attention_mask=torch.ones_like(clean)).logits[:, -1][:, ANSWERS], good, bad)
+                ld_all = _ld(
+                    hf(clean, attention_mask=torch.ones_like(clean)).logits[:, -1][:, ANSWERS],
+                    good,
+                    bad,
+                )
             finally:
                 del hf.transformer.build_alibi_tensor  # the class's own method again
         else:
@@ -113,13 +130,18 @@ def test_route_shares_on_a_bridge_equal_the_hugging_face_model_and_a_naive_loop(
     assert abs(effect) > 1e-3 and r.effect == pytest.approx(effect, rel=1e-4, abs=1e-6)
     if arch == "gpt2":  # learned positions enter the residual stream once: one route, the embedding
         assert not r.routes.any() and r.embed == pytest.approx(1.0)
-        assert positional_dominance(r).verdict == "no"  # a deposit is a head; here position enters none
+        assert (
+            positional_dominance(r).verdict == "no"
+        )  # a deposit is a head; here position enters none
         return
     assert r.routes.all()
     for layer in range(2):
         for head in range(2):
-            hooks = (_move_one_bias(sigma, layer, head) if arch == "bloom"
-                     else _rotate_one_head(hf, model, sigma, layer, head))
+            hooks = (
+                _move_one_bias(sigma, layer, head)
+                if arch == "bloom"
+                else _rotate_one_head(hf, model, sigma, layer, head)
+            )
             with torch.no_grad():
                 logits = model.run_with_hooks(clean, fwd_hooks=hooks)
             share = float((ld_clean - _ld(logits, good, bad)).mean()) / effect
@@ -151,7 +173,9 @@ def test_a_bridge_with_one_planted_positional_head_gets_a_yes_that_names_it(arch
                 continue
             for h in range(4):
                 rows[h] = rows[h] * 20.0 if (layer, h) == planted else 0.0
-    model = BridgedModel(boot_bridge(save_model_dir(hf, word_tokenizer(V, PAD), tmp_path / "m")), answers=ANSWERS)
+    model = BridgedModel(
+        boot_bridge(save_model_dir(hf, word_tokenizer(V, PAD), tmp_path / "m")), answers=ANSWERS
+    )
     clean, corrupt, good, bad = _pairs()
     r = route_shares(model, clean, corrupt, good, bad, n_bootstrap=200)
     assert abs(r.effect) > 0.1

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location("call_path", Path(__file__).parents[1] / "benchmarks" / "call_path.py")
+SPEC = importlib.util.spec_from_file_location(
+    "call_path", Path(__file__).parents[1] / "benchmarks" / "call_path.py"
+)
 call_path = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(call_path)
 
@@ -16,18 +18,27 @@ SPEC.loader.exec_module(call_path)
 def test_the_ablation_path_never_comes_back(engine, most):
     m = call_path.measure(call_path.trace(engine))
     assert m["returns"] <= most, m["why"]
-    assert m["rooms"][:2] == ["probes/ablation.py", "probes/ablation_inputs.py"]  # one entry, then the one check
+    assert m["rooms"][:2] == [
+        "probes/ablation.py",
+        "probes/ablation_inputs.py",
+    ]  # one entry, then the one check
     assert f"probes/ablation_{engine}.py" in m["rooms"]
 
 
 def test_measure_counts_a_callback_and_a_reentry():
     # a stage re-entered after it had returned, and a tool calling back up into its caller
-    calls = [("probes/ablation.py", ()), ("probes/ablation_inputs.py", ("probes/ablation.py",)),
-             ("probes/ablation_exact.py", ("probes/ablation.py",)),
-             ("probes/ablation_inputs.py", ("probes/ablation.py",)),
-             ("probes/metrics.py", ("probes/ablation_exact.py", "probes/ablation.py")),
-             ("probes/ablation_exact.py", ("probes/metrics.py", "probes/ablation_exact.py", "probes/ablation.py")),
-             ("probes/metrics.py", ("probes/ablation_exact.py", "probes/ablation.py"))]  # fmt: skip
+    calls = [
+        ("probes/ablation.py", ()),
+        ("probes/ablation_inputs.py", ("probes/ablation.py",)),
+        ("probes/ablation_exact.py", ("probes/ablation.py",)),
+        ("probes/ablation_inputs.py", ("probes/ablation.py",)),
+        ("probes/metrics.py", ("probes/ablation_exact.py", "probes/ablation.py")),
+        (
+            "probes/ablation_exact.py",
+            ("probes/metrics.py", "probes/ablation_exact.py", "probes/ablation.py"),
+        ),
+        ("probes/metrics.py", ("probes/ablation_exact.py", "probes/ablation.py")),
+    ]
     m = call_path.measure(calls)
     assert m["returns"] == 2 and m["tool_calls"] == 1
     assert m["strict"] == 3

@@ -34,11 +34,17 @@ def tl_node(name: str, pos: int, n_layers: int, reader: bool) -> ap.Node:
         return ap.Node(kind="mlp_in" if reader else "mlp_out", position=pos, layer=int(name[3:]))
     head, _, comp = name.partition(".")
     layer, h = (int(x) for x in head[1:].split("H"))
-    return ap.Node(kind=f"{comp}_input" if reader else "attn_head_out", position=pos, layer=layer, head=h)
+    return ap.Node(
+        kind=f"{comp}_input" if reader else "attn_head_out", position=pos, layer=layer, head=h
+    )
 
 
 def tl_edges(c: Circuit, n_pos: int, n_layers: int) -> list:
-    return [(tl_node(w, p, n_layers, False), tl_node(r, p, n_layers, True)) for w, r in c.edges for p in range(n_pos)]
+    return [
+        (tl_node(w, p, n_layers, False), tl_node(r, p, n_layers, True))
+        for w, r in c.edges
+        for p in range(n_pos)
+    ]
 
 
 def test_circuit_keeps_the_top_edges():
@@ -68,10 +74,16 @@ def test_faithfulness_curve_equals_transformer_lens_pair_by_pair(encoding):
         c = circuit(a, top_n=size, select="top")
         ours = faithfulness_curve(model, c, clean, corrupt, sizes=[size], metric=FN, batch_size=2)
         for i in range(3):
-            tl = ap.faithfulness(model, clean[i : i + 1], corrupt[i : i + 1], class_metric(1, 0), tl_edges(c, 8, 3))
-            got = (ours["per_example"][0, i] - tl.corrupt_metric) / (tl.full_metric - tl.corrupt_metric)
+            tl = ap.faithfulness(
+                model, clean[i : i + 1], corrupt[i : i + 1], class_metric(1, 0), tl_edges(c, 8, 3)
+            )
+            got = (ours["per_example"][0, i] - tl.corrupt_metric) / (
+                tl.full_metric - tl.corrupt_metric
+            )
             assert got == pytest.approx(tl.recovered, rel=1e-7, abs=1e-9), (size, i)
-    assert ours["full"] == pytest.approx(a.clean_metric) and ours["empty"] == pytest.approx(a.corrupt_metric)
+    assert ours["full"] == pytest.approx(a.clean_metric) and ours["empty"] == pytest.approx(
+        a.corrupt_metric
+    )
 
 
 def test_mean_ablation_equals_transformer_lens_with_full_length_calibration():
@@ -81,10 +93,19 @@ def test_mean_ablation_equals_transformer_lens_with_full_length_calibration():
     calib = torch.randint(1, 20, (5, 8), generator=g)  # no pads: a plain mean per position, as TL
     a = attribute(model, clean, corrupt, metric=FN, granularity="edge")
     c = circuit(a, top_n=25, select="top")
-    ours = faithfulness_curve(model, c, clean, corrupt, sizes=[25], metric=FN, ablation="mean", reference=calib)
+    ours = faithfulness_curve(
+        model, c, clean, corrupt, sizes=[25], metric=FN, ablation="mean", reference=calib
+    )
     for i in range(3):
-        tl = ap.faithfulness(model, clean[i : i + 1], corrupt[i : i + 1], class_metric(1, 0), tl_edges(c, 8, 3),
-                             ap.FaithfulnessConfig(ablation="mean"), mean_tokens=calib)  # fmt: skip
+        tl = ap.faithfulness(
+            model,
+            clean[i : i + 1],
+            corrupt[i : i + 1],
+            class_metric(1, 0),
+            tl_edges(c, 8, 3),
+            ap.FaithfulnessConfig(ablation="mean"),
+            mean_tokens=calib,
+        )
         got = (ours["per_example"][0, i] - tl.corrupt_metric) / (tl.full_metric - tl.corrupt_metric)
         assert got == pytest.approx(tl.recovered, rel=1e-7, abs=1e-9)
 
@@ -96,7 +117,9 @@ def test_resample_is_corrupt_ablation_with_the_derangement():
     clean, corrupt = random_pairs()
     a = attribute(model, clean, corrupt, metric=FN, granularity="edge")
     src = resample_sources(3, None, 4)
-    res = faithfulness_curve(model, a, clean, None, sizes=[0, 5, 30], ablation="resample", seed=4, metric=FN)
+    res = faithfulness_curve(
+        model, a, clean, None, sizes=[0, 5, 30], ablation="resample", seed=4, metric=FN
+    )
     cor = faithfulness_curve(model, a, clean, clean[src], sizes=[0, 5, 30], metric=FN)
     np.testing.assert_allclose(res["metric"], cor["metric"], rtol=1e-12)
     assert res["recovered"][0] == pytest.approx(0.0, abs=1e-12)
@@ -111,15 +134,27 @@ def test_position_aware_faithfulness_equals_transformer_lens_per_position(encodi
     span: the same number, example by example."""
     model = random_model(encoding)
     clean, corrupt = random_pairs()
-    a = attribute(model, clean, corrupt, metric=FN, granularity="edge", spans=SPANS, span_names=list("abcd"))
+    a = attribute(
+        model, clean, corrupt, metric=FN, granularity="edge", spans=SPANS, span_names=list("abcd")
+    )
     for size in (9, 40):
         c = circuit(a, top_n=size, positional=True)
-        ours = faithfulness_curve(model, c, clean, corrupt, sizes=[len(c.edges)], metric=FN, spans=SPANS, batch_size=2)
+        ours = faithfulness_curve(
+            model, c, clean, corrupt, sizes=[len(c.edges)], metric=FN, spans=SPANS, batch_size=2
+        )
         for i in range(3):
-            edges = [(tl_node(w, p, 3, False), tl_node(r, p, 3, True)) for (w, r), s in zip(c.edges, c.spans)
-                     for p in range(8) if SPANS[i, p] == "abcd".index(s)]  # fmt: skip
-            tl = ap.faithfulness(model, clean[i : i + 1], corrupt[i : i + 1], class_metric(1, 0), edges)
-            got = (ours["per_example"][0, i] - tl.corrupt_metric) / (tl.full_metric - tl.corrupt_metric)
+            edges = [
+                (tl_node(w, p, 3, False), tl_node(r, p, 3, True))
+                for (w, r), s in zip(c.edges, c.spans)
+                for p in range(8)
+                if SPANS[i, p] == "abcd".index(s)
+            ]
+            tl = ap.faithfulness(
+                model, clean[i : i + 1], corrupt[i : i + 1], class_metric(1, 0), edges
+            )
+            got = (ours["per_example"][0, i] - tl.corrupt_metric) / (
+                tl.full_metric - tl.corrupt_metric
+            )
             assert got == pytest.approx(tl.recovered, rel=1e-7, abs=1e-9), (size, i)
 
 
@@ -128,7 +163,9 @@ def test_smallest_faithful_circuit_and_the_curve():
 
     model = random_model("rope")
     clean, corrupt = random_pairs()
-    a = attribute(model, clean, corrupt, metric=FN, granularity="edge", spans=SPANS, span_names=list("abcd"))
+    a = attribute(
+        model, clean, corrupt, metric=FN, granularity="edge", spans=SPANS, span_names=list("abcd")
+    )
     for positional in (False, True):
         r = rank_edges(a, positional=positional)
         c = minimal_circuit(model, r, clean, corrupt, target=0.8, metric=FN, spans=SPANS)
@@ -136,11 +173,19 @@ def test_smallest_faithful_circuit_and_the_curve():
         assert f["kept"] >= 0.8 and f["size"] == len(c.edges) and f["total_edges"] == r.total
         again = faithfulness_curve(model, c, clean, corrupt, metric=FN, spans=SPANS)
         assert again["recovered"][0] == pytest.approx(f["kept"], rel=1e-9)
-        shorter = f["sizes"].index(f["prefix"] - 1)  # the prefix one unit shorter was measured: below target
+        shorter = f["sizes"].index(
+            f["prefix"] - 1
+        )  # the prefix one unit shorter was measured: below target
         assert f["recovered"][shorter] < 0.8
         curve = faithfulness_curve(model, r, clean, corrupt, metric=FN, spans=SPANS)
-        assert curve["sizes"][0] == 0 and curve["sizes"][-1] == r.total and curve["recovered"][-1] == pytest.approx(1.0)
-        assert curve["area"] == pytest.approx(curve_area(curve["kept"], curve["recovered"], r.total))
+        assert (
+            curve["sizes"][0] == 0
+            and curve["sizes"][-1] == r.total
+            and curve["recovered"][-1] == pytest.approx(1.0)
+        )
+        assert curve["area"] == pytest.approx(
+            curve_area(curve["kept"], curve["recovered"], r.total)
+        )
     assert curve_area([0, 1, 2], [0.0, 1.0, 1.0], 2) == pytest.approx(0.75)
 
 
@@ -155,11 +200,30 @@ def test_acdc_equals_a_naive_loop_of_exact_forwards(positional, capsys):
     model = random_model("rope", n_layers=2)
     clean, corrupt = random_pairs()
     spans = (SPANS >= 2).long() if positional else None  # two spans: the first half, the second
-    c = acdc(model, clean, corrupt, tau=0.02, metric=FN, spans=spans, span_names=["a", "b"] if positional else None,
-             speculate=8, progress=positional)  # fmt: skip
+    c = acdc(
+        model,
+        clean,
+        corrupt,
+        tau=0.02,
+        metric=FN,
+        spans=spans,
+        span_names=["a", "b"] if positional else None,
+        speculate=8,
+        progress=positional,
+    )
     S = 2 if positional else 1
-    ev = _Evaluator(model, clean, corrupt, ablation="corrupt", metric=FN, reference=None, seed=0, batch_size=64,
-                    spans=spans, n_spans=S)  # fmt: skip
+    ev = _Evaluator(
+        model,
+        clean,
+        corrupt,
+        ablation="corrupt",
+        metric=FN,
+        reference=None,
+        seed=0,
+        batch_size=64,
+        spans=spans,
+        n_spans=S,
+    )
     g = ev.graph
     keep = np.broadcast_to(g.valid[..., None], (*g.valid.shape, S)).copy()
     full, empty = ev.ends()
@@ -179,17 +243,29 @@ def test_acdc_equals_a_naive_loop_of_exact_forwards(positional, capsys):
     assert c.faithfulness["kept"] == pytest.approx((ev(keep[None]).mean() - empty) / (full - empty))
     assert c.meta["acdc"]["forwards"] < keep.size  # fewer forwards than units
     err = capsys.readouterr().err
-    assert (f"{c.total_edges}/{c.total_edges}" in err) == positional and ("acdc tau=0.02" in err) == positional
+    assert (f"{c.total_edges}/{c.total_edges}" in err) == positional and (
+        "acdc tau=0.02" in err
+    ) == positional
     same = overlap(c, c)
     assert same["precision"] == same["recall"] == 1.0
     from probes.circuits import circuit as select
 
-    a = attribute(model, clean, corrupt, metric=FN, granularity="edge", spans=(SPANS >= 2).long(), span_names=["a", "b"])
+    a = attribute(
+        model,
+        clean,
+        corrupt,
+        metric=FN,
+        granularity="edge",
+        spans=(SPANS >= 2).long(),
+        span_names=["a", "b"],
+    )
     found = select(a, top_n=len(c.edges), positional=positional)
     o = overlap(found, c)
     units = {(w, r, found.spans[i] if positional else None) for i, (w, r) in enumerate(found.edges)}
     ref = {(w, r, c.spans[i] if positional else None) for i, (w, r) in enumerate(c.edges)}
-    assert o["precision"] == len(units & ref) / len(units) and o["recall"] == len(units & ref) / len(ref)
+    assert o["precision"] == len(units & ref) / len(units) and o["recall"] == len(
+        units & ref
+    ) / len(ref)
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +273,9 @@ def smoke():
     import pe_interp
 
     torch.manual_seed(0)
-    result = pe_interp.train(task="distance", encoding="rope", preset="smoke", progress=False, epochs=12, lr=5e-3)
+    result = pe_interp.train(
+        task="distance", encoding="rope", preset="smoke", progress=False, epochs=12, lr=5e-3
+    )
     _, task, _ = build_run_configs("distance", "rope", "smoke", 0)
     return result.model.eval(), task
 
@@ -223,7 +301,9 @@ def test_attribution_engine_verifies_the_top_heads_exactly(smoke, method):
     test = task.sample(200, seed=5)
     args = dict(pad_mask=test.pad_mask, method=method, n_bootstrap=50)
     exact = ablate_heads(model, test.tokens, test.labels, **args)
-    ranked = ablate_heads(model, test.tokens, test.labels, engine="attribution", verify_top=3, **args)
+    ranked = ablate_heads(
+        model, test.tokens, test.labels, engine="attribution", verify_top=3, **args
+    )
     verified = [tuple(h) for h in ranked.meta["verified"]]
     assert len(verified) == 3 and np.isnan(ranked.drops).sum() == exact.drops.size - 3
     for layer, h in verified:
@@ -232,10 +312,16 @@ def test_attribution_engine_verifies_the_top_heads_exactly(smoke, method):
     assert est.shape == exact.drops.shape and ranked.meta["stand_in"] == "accuracy"
     from probes.circuits.heads import rank_heads
 
-    again = rank_heads(model, test.tokens, test.labels, test.pad_mask, method=method, surrogate="accuracy", steps=4)
-    np.testing.assert_allclose(est, again["estimate"], rtol=1e-12)  # the ranking is rank_heads' estimate
+    again = rank_heads(
+        model, test.tokens, test.labels, test.pad_mask, method=method, surrogate="accuracy", steps=4
+    )
+    np.testing.assert_allclose(
+        est, again["estimate"], rtol=1e-12
+    )  # the ranking is rank_heads' estimate
     tie = again["tiebreak"]
-    order = sorted((-est[layer, h], -tie[layer, h], (layer, h)) for layer in range(2) for h in range(4))
+    order = sorted(
+        (-est[layer, h], -tie[layer, h], (layer, h)) for layer in range(2) for h in range(4)
+    )
     assert verified == [lh for _, _, lh in order[:3]]
     with pytest.raises(ValueError, match="partial grid"):  # a layer's share needs every head
         find_deposits(ranked)

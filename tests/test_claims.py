@@ -30,7 +30,10 @@ from pe_interp.report.data import (
 from probes import AblationResult
 
 N_LAYERS, N_HEADS = 2, 8
-BASE = {"distance": {"chance": 0.0143, "length_only": 0.0537}, "count": {"chance": 0.01, "length_only": 0.01}}
+BASE = {
+    "distance": {"chance": 0.0143, "length_only": 0.0537},
+    "count": {"chance": 0.01, "length_only": 0.01},
+}
 ADDITIVE = ("sinusoidal", "learned", "t5", "alibi")
 
 
@@ -55,15 +58,33 @@ SPREAD = grid((0, 0, 0.30), (0, 1, 0.30), rest=0.02)
 FLAT = grid(rest=0.01)
 
 
-def cell(label: str, task: str, seed: int, acc: float, drops, kind: str = "multiplicative") -> CellInfo:
+def cell(
+    label: str, task: str, seed: int, acc: float, drops, kind: str = "multiplicative"
+) -> CellInfo:
     d = np.asarray(drops, dtype=float)
-    result = AblationResult(acc, acc - d, d, d - 0.01, d + 0.01, "zero", "accuracy", True, 1000, *d.shape)
-    return CellInfo(f"{label}-{task}-{seed}", label, task, seed, kind, {}, {"test_acc": acc},
-                    Path("/nonexistent"), None, result, None, None)
+    result = AblationResult(
+        acc, acc - d, d, d - 0.01, d + 0.01, "zero", "accuracy", True, 1000, *d.shape
+    )
+    return CellInfo(
+        f"{label}-{task}-{seed}",
+        label,
+        task,
+        seed,
+        kind,
+        {},
+        {"test_acc": acc},
+        Path("/nonexistent"),
+        None,
+        result,
+        None,
+        None,
+    )
 
 
 def judge(cells: list[CellInfo], gradients=None) -> dict:
-    ctx = Context(cells=cells, acc=acc_stats(cells), baselines=BASE, preset="quick", gradients=gradients)
+    ctx = Context(
+        cells=cells, acc=acc_stats(cells), baselines=BASE, preset="quick", gradients=gradients
+    )
     return {c.id: c for c in evaluate_claims(ctx)}
 
 
@@ -115,7 +136,9 @@ def test_dominant_head_in_layer1_or_a_second_large_head_fails():
 def test_majority_of_seeds():
     claims = judge(rope(SINGLE_L0, seeds=2) + [cell("rope", "distance", 2, 0.92, EIGHT)])
     assert claims["C7"].status == REPRODUCED and "2/3" in claims["C7"].evidence
-    claims = judge(rope(SINGLE_L0, seeds=1) + [cell("rope", "distance", s, 0.92, EIGHT) for s in (1, 2)])
+    claims = judge(
+        rope(SINGLE_L0, seeds=1) + [cell("rope", "distance", s, 0.92, EIGHT) for s in (1, 2)]
+    )
     assert claims["C7"].status == NOT_REPRODUCED and "1/3" in claims["C7"].evidence
 
 
@@ -124,7 +147,9 @@ def test_majority_of_seeds():
 # ------------------------------------------------------------------------------------------------
 def test_eight_equally_critical_heads():
     cells = rope(EIGHT)
-    cells += [cell(lab, "distance", s, 0.92, EIGHT, "additive") for lab in ADDITIVE for s in range(2)]
+    cells += [
+        cell(lab, "distance", s, 0.92, EIGHT, "additive") for lab in ADDITIVE for s in range(2)
+    ]
     cells += [cell("nope", "distance", s, 0.92, EIGHT, "none") for s in range(2)]
     cells += [cell("rope", "count", s, 0.92, EIGHT) for s in range(2)]
     cells += [cell("decoupled_rope", "distance", s, 0.92, EIGHT) for s in range(2)]
@@ -142,7 +167,10 @@ def test_eight_equally_critical_heads():
 def test_no_concentration_claims_fail_on_a_single_dominant_head():
     cells = [cell(lab, "distance", 0, 0.92, EIGHT, "additive") for lab in ADDITIVE]
     cells.append(cell("t5", "distance", 1, 0.92, SINGLE_L0, "additive"))  # one seed concentrates
-    cells += [cell("nope", "distance", 0, 0.92, FLAT, "none"), cell("rope", "count", 0, 0.92, SINGLE_L1)]
+    cells += [
+        cell("nope", "distance", 0, 0.92, FLAT, "none"),
+        cell("rope", "count", 0, 0.92, SINGLE_L1),
+    ]
     cells.append(cell("decoupled_rope", "distance", 0, 0.92, SINGLE_L0))
     claims = judge(cells)
     for cid in ("C9", "C10", "C11"):
@@ -194,7 +222,9 @@ def test_below_the_ceiling_the_orderings_are_judged():
     claims = judge(accuracy_cells(means))
     assert claims["C4"].status == NOT_REPRODUCED and claims["C5"].status == NOT_REPRODUCED
     # one task at the ceiling, the other measured: the measured part decides a failure
-    means = {(lab, t): (1.0 if t == "count" else 0.90) for lab in LABELS for t in ("distance", "count")}
+    means = {
+        (lab, t): (1.0 if t == "count" else 0.90) for lab in LABELS for t in ("distance", "count")
+    }
     means[("decoupled_rope", "distance")] = 0.50
     claims = judge(accuracy_cells(means))
     assert claims["C6"].status == NOT_REPRODUCED
@@ -228,7 +258,10 @@ def test_sanity_check_is_rendered():
 
 
 def test_c2_says_nope_cannot_fail():
-    cells = [cell("nope", "distance", 0, 0.05, FLAT, "none"), cell("alibi", "distance", 0, 0.05, FLAT, "additive")]
+    cells = [
+        cell("nope", "distance", 0, 0.05, FLAT, "none"),
+        cell("alibi", "distance", 0, 0.05, FLAT, "additive"),
+    ]
     c2 = judge(cells)["C2"]
     assert c2.status == REPRODUCED
     assert "cannot fail by construction" in c2.evidence and "by construction" in c2.criterion
@@ -252,8 +285,12 @@ def test_c14_without_a_deposit_is_not_measured():
 
 
 def test_c14_counts_only_the_seeds_with_a_deposit():
-    claims = judge(rope(SINGLE_L0, seeds=1) + [cell("rope", "distance", s, 0.92, SPREAD) for s in (1, 2)])
-    assert claims["C14"].status == REPRODUCED and "1/1 seeds with a deposit" in claims["C14"].evidence
+    claims = judge(
+        rope(SINGLE_L0, seeds=1) + [cell("rope", "distance", s, 0.92, SPREAD) for s in (1, 2)]
+    )
+    assert (
+        claims["C14"].status == REPRODUCED and "1/1 seeds with a deposit" in claims["C14"].evidence
+    )
     assert claims["C7"].status == NOT_REPRODUCED  # the deposit itself is in a minority of seeds
 
 
@@ -266,9 +303,14 @@ def test_c15_states_the_criterion_gradients_applies():
     assert gradients.threshold(128) == pytest.approx(2 / math.sqrt(128))
     assert judge([])["C15"].criterion == gradients.criterion(gradients.N_EXAMPLES)
     assert judge([])["C15"].status == NOT_MEASURED
-    seeded = {"rope": {"values": [[[0.30, 0.10]], [[0.28, 0.1]]], "seeds": [0, 1]},
-              "alibi": {"values": [[[0.09, 0.08]], [[0.10, 0.07]]], "seeds": [0, 1]}}
-    for results, status in ((seeded, REPRODUCED), ({"rope": seeded["alibi"], "alibi": seeded["alibi"]}, NOT_REPRODUCED)):
+    seeded = {
+        "rope": {"values": [[[0.30, 0.10]], [[0.28, 0.1]]], "seeds": [0, 1]},
+        "alibi": {"values": [[[0.09, 0.08]], [[0.10, 0.07]]], "seeds": [0, 1]},
+    }
+    for results, status in (
+        (seeded, REPRODUCED),
+        ({"rope": seeded["alibi"], "alibi": seeded["alibi"]}, NOT_REPRODUCED),
+    ):
         g = gradients.judge(results, 128)
         c15 = judge([], gradients=g)["C15"]
         assert c15.status == status == g["status"]

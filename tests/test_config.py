@@ -193,7 +193,9 @@ INVALID = {
     "use_attn_in": bad_bool(),
     "use_hook_mlp_in": bad_bool(),
     "eps": bad_float(0.0, 1.0, high_open=False),
-    "silent_heads": st.one_of(st.integers(), st.sampled_from([[(99, 0)], [(0, 0), (0, 0)], ["a:b"], [(0,)], [(0, -1)]])),
+    "silent_heads": st.one_of(
+        st.integers(), st.sampled_from([[(99, 0)], [(0, 0), (0, 0)], ["a:b"], [(0,)], [(0, -1)]])
+    ),
     "arch": st.one_of(st.integers(), st.sampled_from(["gpt3", "", "GPT2", "neox"])),
     "device": st.one_of(
         st.text(max_size=6).filter(lambda s: s.split(":")[0] not in ("cpu", "cuda", "mps")),

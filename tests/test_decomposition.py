@@ -17,8 +17,18 @@ VOCAB, POS = 40, 10
 
 
 def make_model(encoding, seed=0, **kw) -> HookedPETransformer:
-    base = dict(n_layers=2, d_model=32, n_heads=4, d_mlp=32, n_ctx=16, d_vocab=VOCAB, n_classes=5,
-                encoding=encoding, init_std=0.2, seed=seed)  # fmt: skip
+    base = dict(
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        d_mlp=32,
+        n_ctx=16,
+        d_vocab=VOCAB,
+        n_classes=5,
+        encoding=encoding,
+        init_std=0.2,
+        seed=seed,
+    )
     base.update(kw)
     model = HookedPETransformer(ModelConfig(**base)).eval()
     g = torch.Generator().manual_seed(seed + 1)
@@ -39,12 +49,23 @@ def make_tokens(n=3, seed=0):
 
 
 ENCODINGS = [
-    "nope", "sinusoidal", "learned", "rope", "alibi", "t5", "sinusoidal+rope", "decoupled_rope",
-    {"name": "rope", "rotary_dim": 4}, {"name": "rope", "heads": [1, 2]}, "learned+t5",
-]  # fmt: skip
+    "nope",
+    "sinusoidal",
+    "learned",
+    "rope",
+    "alibi",
+    "t5",
+    "sinusoidal+rope",
+    "decoupled_rope",
+    {"name": "rope", "rotary_dim": 4},
+    {"name": "rope", "heads": [1, 2]},
+    "learned+t5",
+]
 
 
-@pytest.mark.parametrize("encoding", ENCODINGS, ids=lambda e: e if isinstance(e, str) else json.dumps(e))
+@pytest.mark.parametrize(
+    "encoding", ENCODINGS, ids=lambda e: e if isinstance(e, str) else json.dumps(e)
+)
 def test_terms_sum_to_logits_every_encoding(encoding):
     model = make_model(encoding)
     tokens = make_tokens()
@@ -52,7 +73,9 @@ def test_terms_sum_to_logits_every_encoding(encoding):
         for head in range(4):
             t = logit_terms(model, tokens, layer, head, example=1)
             assert t.check() < 1e-4, (layer, head, t.check())
-            scores = model.run_with_cache(tokens[1:2])[1][f"blocks.{layer}.attn.hook_attn_scores"][0, head]
+            scores = model.run_with_cache(tokens[1:2])[1][f"blocks.{layer}.attn.hook_attn_scores"][
+                0, head
+            ]
             allowed = torch.isfinite(scores)
             torch.testing.assert_close(t.total[allowed], scores[allowed], atol=1e-4, rtol=0)
             assert t.valid.equal(allowed) and (~allowed).any()  # padding keys are masked
@@ -63,7 +86,11 @@ def test_terms_sum_to_logits_every_encoding(encoding):
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(kv_source="embed"), dict(normalization_type="RMS", attention_dir="causal"), dict(normalization_type=None)],
+    [
+        dict(kv_source="embed"),
+        dict(normalization_type="RMS", attention_dir="causal"),
+        dict(normalization_type=None),
+    ],
     ids=["kv-embed", "rms-causal", "no-norm"],
 )
 @pytest.mark.parametrize("encoding", ["sinusoidal+rope", "learned+t5", "alibi"])
@@ -80,9 +107,17 @@ def test_term_names_and_bias_values():
     tokens = make_tokens()
     t = logit_terms(make_model("sinusoidal"), tokens, 0, 0)
     assert t.components == ("content", "position", "offset")
-    assert {"content-content", "content-position", "position-content", "position-position"} <= set(t.terms)
+    assert {"content-content", "content-position", "position-content", "position-position"} <= set(
+        t.terms
+    )
     assert "relative_bias" not in t.terms
-    assert set(t.grouped()) == {"content-content", "content-position", "position-content", "position-position", "offset"}
+    assert set(t.grouped()) == {
+        "content-content",
+        "content-position",
+        "position-content",
+        "position-position",
+        "offset",
+    }
     r = logit_terms(make_model("rope"), tokens, 0, 0)
     assert r.components == ("content", "offset") and "position-position" not in r.terms
     model = make_model("alibi")
@@ -109,10 +144,15 @@ def test_rope_hadamard_form():
     t = logit_terms(model, tokens, 0, 1, example=0)
     rope = t.rope
     assert rope is not None and rope.n_pairs == 4  # d_head 8 -> 4 interleaved pairs
-    torch.testing.assert_close(rope.theta, 100.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8))
+    torch.testing.assert_close(
+        rope.theta, 100.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    )
     # G^(k) is the complex Gram of the un-rotated q and k (adjacent pairs)
     _, cache = model.run_with_cache(tokens[:1])
-    q, k = cache["blocks.0.attn.hook_q"][0, :, 1].double(), cache["blocks.0.attn.hook_k"][0, :, 1].double()
+    q, k = (
+        cache["blocks.0.attn.hook_q"][0, :, 1].double(),
+        cache["blocks.0.attn.hook_k"][0, :, 1].double(),
+    )
     zq, zk = torch.complex(q[:, 0::2], q[:, 1::2]), torch.complex(k[:, 0::2], k[:, 1::2])
     gram = torch.einsum("qp,kp->pqk", zq, zk.conj())
     torch.testing.assert_close(rope.gram, gram, atol=1e-5, rtol=1e-5)
@@ -151,12 +191,18 @@ def test_toeplitz_score():
     mixed = float(toeplitz_score(t5 + 0.3 * noise))
     assert s < mixed < 1.0
     batched = toeplitz_score(torch.stack([t5, noise]))
-    assert batched.shape == (2,) and batched[0] == pytest.approx(1.0) and batched[1] == pytest.approx(s)
+    assert (
+        batched.shape == (2,)
+        and batched[0] == pytest.approx(1.0)
+        and batched[1] == pytest.approx(s)
+    )
     assert math.isnan(float(toeplitz_score(torch.full((n, n), 3.0))))
     # only the valid region counts: noise outside it is ignored
     region = torch.zeros(n, n, dtype=torch.bool)
     region[:6, :6] = True
-    assert float(toeplitz_score(torch.where(region, t5, noise), region)) == pytest.approx(1.0, abs=1e-12)
+    assert float(toeplitz_score(torch.where(region, t5, noise), region)) == pytest.approx(
+        1.0, abs=1e-12
+    )
 
 
 def test_positional_scores_find_hand_built_positional_heads():
@@ -225,11 +271,22 @@ def test_decompose_command_core(tmp_path):
     from pe_interp.tasks import DistanceTask
 
     task = DistanceTask(d_vocab=24, max_between=3, max_side=2, max_len=8, seed=1)
-    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=8, d_vocab=24, n_classes=task.n_classes,
-                      encoding="sinusoidal+rope", init_std=0.3)  # fmt: skip
+    cfg = ModelConfig(
+        n_layers=2,
+        d_model=16,
+        n_heads=2,
+        d_mlp=32,
+        n_ctx=8,
+        d_vocab=24,
+        n_classes=task.n_classes,
+        encoding="sinusoidal+rope",
+        init_std=0.3,
+    )
     model = HookedPETransformer(cfg).eval()
     batch = task.sample(8, seed=0)
-    terms, scores, written = decompose_run(model, batch, tmp_path, layer=0, head=None, example=1, task=task)
+    terms, scores, written = decompose_run(
+        model, batch, tmp_path, layer=0, head=None, example=1, task=task
+    )
     data = json.loads(written["json"].read_text())
     assert data["max_error"] < 1e-4 and data["head"] == scores.argmax(0)[1]
     assert "position-position" in data["terms"] and data["rope"]["theta"]

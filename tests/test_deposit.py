@@ -43,9 +43,18 @@ def hand_built(head_weights: list[float], bias: float = 40.0) -> HookedPETransfo
     unembedding reads dim 5 only: logit_1 = 100 f (sum of weights) - bias, logit_0 = 0.
     """
     cfg = ModelConfig(
-        n_layers=1, d_model=8, n_heads=4, d_head=2, d_mlp=0, normalization_type=None, encoding="nope",
-        n_classes=2, d_vocab=6, n_ctx=8, attn_backend="sdpa",
-    )  # fmt: skip
+        n_layers=1,
+        d_model=8,
+        n_heads=4,
+        d_head=2,
+        d_mlp=0,
+        normalization_type=None,
+        encoding="nope",
+        n_classes=2,
+        d_vocab=6,
+        n_ctx=8,
+        attn_backend="sdpa",
+    )
     model = HookedPETransformer(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -102,7 +111,11 @@ def test_single_head_model_is_a_deposit_and_spread_model_is_not():
     rep2 = find_deposits(r2)
     s2 = rep2.layer(0)
     assert rep2.deposits == () and not s2.is_deposit
-    assert s2.share == pytest.approx(0.25) and s2.entropy == pytest.approx(1.0) and s2.gini == pytest.approx(0.0)
+    assert (
+        s2.share == pytest.approx(0.25)
+        and s2.entropy == pytest.approx(1.0)
+        and s2.gini == pytest.approx(0.0)
+    )
     assert s2.margin == pytest.approx(0.0) and s2.ci_separated is False
     assert any("share" in f for f in s2.failed)
 
@@ -121,7 +134,9 @@ def test_keep_only_one_head_recovers_what_the_head_carries():
     sets = [keep_only(deposit, 0, h) for h in range(4)]
     r = ablate_heads(deposit, toks, labels, pad_mask=pm, head_sets=sets, n_bootstrap=0)
     half = float((labels == 0).double().mean())
-    np.testing.assert_allclose(r.values, [1.0, half, half, half], atol=1e-12)  # head 0 alone suffices
+    np.testing.assert_allclose(
+        r.values, [1.0, half, half, half], atol=1e-12
+    )  # head 0 alone suffices
     r2 = ablate_heads(spread, toks, labels, pad_mask=pm, head_sets=sets, n_bootstrap=0)
     np.testing.assert_allclose(r2.values, [half] * 4, atol=1e-12)  # no head suffices alone
     with pytest.raises(ValueError, match="head sets"):
@@ -158,20 +173,36 @@ def held_out(n: int = 40, seed: int = 5) -> Batch:
 
 def tiny_cfg() -> ModelConfig:
     return ModelConfig(
-        n_layers=2, d_model=16, n_heads=4, d_mlp=32, n_ctx=8, d_vocab=6, n_classes=2,
-        dropout=0.2, attn_dropout=0.1, attn_backend="sdpa", init_std=0.2,
-    )  # fmt: skip
+        n_layers=2,
+        d_model=16,
+        n_heads=4,
+        d_mlp=32,
+        n_ctx=8,
+        d_vocab=6,
+        n_classes=2,
+        dropout=0.2,
+        attn_dropout=0.1,
+        attn_backend="sdpa",
+        init_std=0.2,
+    )
 
 
-def train(run_dir, callback: DepositDynamics | None, steps: int = 7, ignore_index: int | None = None):
+def train(
+    run_dir, callback: DepositDynamics | None, steps: int = 7, ignore_index: int | None = None
+):
     """A small manual loop that calls the callback the way the Trainer does; dropout draws on
     the global RNG, so any RNG use by the callback would change the weights."""
     torch.manual_seed(0)
     model = HookedPETransformer(tiny_cfg())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     toks, labels, pm = fraction_data(64, seed=1)
-    trainer = SimpleNamespace(model=model, test=held_out(), train_cfg=SimpleNamespace(ignore_index=ignore_index),
-                              step=0, run_dir=run_dir)
+    trainer = SimpleNamespace(
+        model=model,
+        test=held_out(),
+        train_cfg=SimpleNamespace(ignore_index=ignore_index),
+        step=0,
+        run_dir=run_dir,
+    )
     if callback is not None:
         callback.on_train_start(trainer)
     model.train()
@@ -198,12 +229,16 @@ def test_dynamics_records_and_does_not_change_training(tmp_path):
         assert torch.equal(a, b), name
     assert torch.equal(rng_plain, rng_watched)
 
-    assert [(r["step"], r["layer"]) for r in cb.records] == [(s, lay) for s in (0, 3, 6, 7) for lay in (0, 1)]
+    assert [(r["step"], r["layer"]) for r in cb.records] == [
+        (s, lay) for s in (0, 3, 6, 7) for lay in (0, 1)
+    ]
     assert load_dynamics(tmp_path / "deposit_dynamics.jsonl") == cb.records
     assert load_dynamics(tmp_path) == cb.records
     # The last record is the sweep of the final model on the first 24 held-out examples.
     probe = held_out()[:24]
-    want = ablate_heads(watched, probe.tokens, probe.labels, pad_mask=probe.pad_mask, layers=[1], n_bootstrap=0)
+    want = ablate_heads(
+        watched, probe.tokens, probe.labels, pad_mask=probe.pad_mask, layers=[1], n_bootstrap=0
+    )
     last = cb.records[-1]
     np.testing.assert_allclose(last["drops"], want.drops[1], atol=1e-12)
     assert last["baseline"] == want.baseline
@@ -220,7 +255,9 @@ def test_dynamics_probe_is_what_the_ablation_probe_evaluates():
     test = held_out()
     kept = test[test.labels != 1][:12]
     assert torch.equal(cb.probe.tokens, kept.tokens) and (cb.probe.labels == 0).all()
-    want = ablate_heads(model, kept.tokens, kept.labels, pad_mask=kept.pad_mask, layers=[0], n_bootstrap=0)
+    want = ablate_heads(
+        model, kept.tokens, kept.labels, pad_mask=kept.pad_mask, layers=[0], n_bootstrap=0
+    )
     np.testing.assert_allclose(cb.records[-1]["drops"], want.drops[0], atol=1e-12)
 
 
@@ -261,10 +298,19 @@ def test_plots_write_pngs(tmp_path):
     plot_layer_lines(r, tmp_path / "lines.png")
     plot_layer_lines(r, tmp_path / "lines_sep.png", separate=True)
     records = [
-        {"step": s, "layer": 0, "metric": "accuracy", "baseline": 0.5 + s / 100, "values": [0.5] * 4,
-         "drops": [s / 100, 0.01, 0.0, -0.01], "margin": s / 100 - 0.01, "share": 0.9, "top_head": 0}
+        {
+            "step": s,
+            "layer": 0,
+            "metric": "accuracy",
+            "baseline": 0.5 + s / 100,
+            "values": [0.5] * 4,
+            "drops": [s / 100, 0.01, 0.0, -0.01],
+            "margin": s / 100 - 0.01,
+            "share": 0.9,
+            "top_head": 0,
+        }
         for s in (0, 10, 20)
-    ]  # fmt: skip
+    ]
     (tmp_path / "deposit_dynamics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in records))
     plot_dynamics(tmp_path, layer=0, path=tmp_path / "dyn.png")
     for name in ("lines.png", "lines_sep.png", "dyn.png"):

@@ -430,14 +430,26 @@ def test_register_encoding_rejects_bad_input():
 @pytest.mark.parametrize(
     "text, want",
     [
-        ("sinusoidal(layout=concat)+rope(base=500)", [{"name": "sinusoidal", "layout": "concat"}, {"name": "rope", "base": 500}]),
+        (
+            "sinusoidal(layout=concat)+rope(base=500)",
+            [{"name": "sinusoidal", "layout": "concat"}, {"name": "rope", "base": 500}],
+        ),
         ("rope(heads=(0, 1))", [{"name": "rope", "heads": [0, 1]}]),
         ("rope(heads=[0,1], rotary_dim=4)", [{"name": "rope", "heads": [0, 1], "rotary_dim": 4}]),
         ("alibi(slopes='authors')", [{"name": "alibi", "slopes": "authors"}]),
-        (" t5( buckets = 8 ) + sinusoidal ", [{"name": "t5", "buckets": 8}, {"name": "sinusoidal"}]),
-        ("rope(base=1e+4)", [{"name": "rope"}]),  # the default, dropped; '+' inside brackets does not split
+        (
+            " t5( buckets = 8 ) + sinusoidal ",
+            [{"name": "t5", "buckets": 8}, {"name": "sinusoidal"}],
+        ),
+        (
+            "rope(base=1e+4)",
+            [{"name": "rope"}],
+        ),  # the default, dropped; '+' inside brackets does not split
         ('{"name": "alibi", "slopes": "authors"}', [{"name": "alibi", "slopes": "authors"}]),
-        ('[{"name": "sinusoidal", "layout": "concat"}, "rope"]', [{"name": "sinusoidal", "layout": "concat"}, {"name": "rope"}]),
+        (
+            '[{"name": "sinusoidal", "layout": "concat"}, "rope"]',
+            [{"name": "sinusoidal", "layout": "concat"}, {"name": "rope"}],
+        ),
         ("rope()", [{"name": "rope"}]),
     ],
 )
@@ -485,4 +497,7 @@ def test_written_parameters_survive_the_authors_defaults():
 
     assert str(authors_encoding("sinusoidal+rope")[0]) == "sinusoidal(layout=concat)"
     assert str(authors_encoding("sinusoidal(layout=interleaved)+rope")[0]) == "sinusoidal"
-    assert str(authors_encoding('[{"name": "sinusoidal", "layout": "interleaved"}, "rope"]')[0]) == "sinusoidal"
+    assert (
+        str(authors_encoding('[{"name": "sinusoidal", "layout": "interleaved"}, "rope"]')[0])
+        == "sinusoidal"
+    )

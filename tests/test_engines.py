@@ -22,7 +22,16 @@ def setup():
 def test_sampling_every_example_is_the_exact_grid(setup, method):
     model, tokens, labels, pad = setup
     exact = ablate_heads(model, tokens, labels, pad_mask=pad, method=method, n_bootstrap=40)
-    full = ablate_heads(model, tokens, labels, pad_mask=pad, method=method, n_bootstrap=40, engine="sampled", sample=1.0)
+    full = ablate_heads(
+        model,
+        tokens,
+        labels,
+        pad_mask=pad,
+        method=method,
+        n_bootstrap=40,
+        engine="sampled",
+        sample=1.0,
+    )
     np.testing.assert_allclose(full.drops, exact.drops, atol=1e-12)
     np.testing.assert_allclose(full.values, exact.values, atol=1e-12)
     np.testing.assert_allclose(full.ci_low, exact.ci_low, atol=1e-12)
@@ -32,14 +41,37 @@ def test_sampling_every_example_is_the_exact_grid(setup, method):
 @pytest.mark.parametrize("method", ["zero", "mean"])
 def test_unverified_heads_are_the_naive_grid_on_the_sample_and_verified_ones_exact(setup, method):
     model, tokens, labels, pad = setup
-    res = ablate_heads(model, tokens, labels, pad_mask=pad, method=method, engine="sampled", sample=0.5,
-                       verify_top=2, n_bootstrap=30, seed=7, per_example=True)  # fmt: skip
+    res = ablate_heads(
+        model,
+        tokens,
+        labels,
+        pad_mask=pad,
+        method=method,
+        engine="sampled",
+        sample=0.5,
+        verify_top=2,
+        n_bootstrap=30,
+        seed=7,
+        per_example=True,
+    )
     idx = np.array(res.meta["sample_indices"])
     assert len(idx) == res.meta["n_sample"] == 30 and len(set(idx.tolist())) == 30
-    ref = {} if method == "zero" else {"reference": (tokens, pad)}  # means over every example, not the sample
-    sub = ablate_heads_naive(model, tokens[idx], labels[idx], pad_mask=pad[idx], method=method, n_bootstrap=30, seed=7,
-                             **ref)  # fmt: skip
-    full = ablate_heads_naive(model, tokens, labels, pad_mask=pad, method=method, n_bootstrap=30, seed=7)
+    ref = (
+        {} if method == "zero" else {"reference": (tokens, pad)}
+    )  # means over every example, not the sample
+    sub = ablate_heads_naive(
+        model,
+        tokens[idx],
+        labels[idx],
+        pad_mask=pad[idx],
+        method=method,
+        n_bootstrap=30,
+        seed=7,
+        **ref,
+    )
+    full = ablate_heads_naive(
+        model, tokens, labels, pad_mask=pad, method=method, n_bootstrap=30, seed=7
+    )
     every = [(layer, h) for layer in range(3) for h in range(4)]
     order = sorted(every, key=lambda lh: -sub.drops[lh])
     verified = [tuple(h) for h in res.meta["verified"]]
@@ -56,15 +88,24 @@ def test_unverified_heads_are_the_naive_grid_on_the_sample_and_verified_ones_exa
     # per example: the sampled heads at the sampled examples only, the verified ones everywhere
     rest = np.setdiff1d(np.arange(60), idx)
     unverified = next(lh for lh in every if lh not in verified)
-    assert np.isnan(res.per_example[unverified][rest]).all() and not np.isnan(res.per_example[unverified][idx]).any()
+    assert (
+        np.isnan(res.per_example[unverified][rest]).all()
+        and not np.isnan(res.per_example[unverified][idx]).any()
+    )
     assert not np.isnan(res.per_example[verified[0]]).any()
 
 
 def test_sample_is_a_function_of_the_seed_and_the_result_round_trips(setup, tmp_path):
     model, tokens, labels, pad = setup
-    a = ablate_heads(model, tokens, labels, pad_mask=pad, engine="sampled", sample=0.3, seed=1, n_bootstrap=0)
-    b = ablate_heads(model, tokens, labels, pad_mask=pad, engine="sampled", sample=0.3, seed=1, n_bootstrap=0)
-    c = ablate_heads(model, tokens, labels, pad_mask=pad, engine="sampled", sample=0.3, seed=2, n_bootstrap=0)
+    a = ablate_heads(
+        model, tokens, labels, pad_mask=pad, engine="sampled", sample=0.3, seed=1, n_bootstrap=0
+    )
+    b = ablate_heads(
+        model, tokens, labels, pad_mask=pad, engine="sampled", sample=0.3, seed=1, n_bootstrap=0
+    )
+    c = ablate_heads(
+        model, tokens, labels, pad_mask=pad, engine="sampled", sample=0.3, seed=2, n_bootstrap=0
+    )
     assert a.meta["sample_indices"] == b.meta["sample_indices"] != c.meta["sample_indices"]
     np.testing.assert_array_equal(a.drops, b.drops)
     back = AblationResult.load(a.save(tmp_path / "a.json"))

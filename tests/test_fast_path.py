@@ -53,10 +53,14 @@ def test_fast_path_equals_hooked_path(encoding):
     assert model.blocks[0].attn.backend(model.context(tokens, tokens != 0, None)) == "sdpa"
     torch.testing.assert_close(hooked_logits, fast_logits, atol=1e-5, rtol=1e-5)
     for name in fast_grads:
-        torch.testing.assert_close(hooked_grads[name], fast_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(
+            hooked_grads[name], fast_grads[name], atol=1e-5, rtol=1e-4, msg=name
+        )
     # A cached forward is not merely close: with only caching hooks it is the same numbers.
     cached, _ = model.run_with_cache(tokens)
-    torch.testing.assert_close(cached, model.run_with_hooks(tokens, fwd_hooks=_identity_hooks(model)), atol=0, rtol=0)
+    torch.testing.assert_close(
+        cached, model.run_with_hooks(tokens, fwd_hooks=_identity_hooks(model)), atol=0, rtol=0
+    )
 
 
 def test_a_hook_that_replaces_the_scale_takes_the_explicit_norm():
@@ -64,13 +68,19 @@ def test_a_hook_that_replaces_the_scale_takes_the_explicit_norm():
     model = HookedPETransformer(cfg)
     tokens, _ = _tokens()
     plain = model(tokens)
-    same = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.ln1.hook_scale", lambda s, hook: s.clone())])
+    same = model.run_with_hooks(
+        tokens, fwd_hooks=[("blocks.0.ln1.hook_scale", lambda s, hook: s.clone())]
+    )
     torch.testing.assert_close(same, plain, atol=1e-6, rtol=1e-6)  # same function, other kernel
-    doubled = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.ln1.hook_scale", lambda s, hook: 2 * s)])
+    doubled = model.run_with_hooks(
+        tokens, fwd_hooks=[("blocks.0.ln1.hook_scale", lambda s, hook: 2 * s)]
+    )
     assert (doubled - plain).abs().max() > 1e-3  # the replaced scale is really used
 
 
-@pytest.mark.parametrize("start, dim, heads_first", [(0, 8, False), (0, 4, False), (4, 4, False), (2, 4, True)])
+@pytest.mark.parametrize(
+    "start, dim, heads_first", [(0, 8, False), (0, 4, False), (4, 4, False), (2, 4, True)]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_complex_rope_is_the_two_real_rotation(start, dim, heads_first, dtype):
     gen = torch.Generator().manual_seed(1)
@@ -84,7 +94,10 @@ def test_complex_rope_is_the_two_real_rotation(start, dim, heads_first, dtype):
     s = sin[:5].double()
     c, s = (c[None, :, :], s[None, :, :]) if heads_first else (c[:, None, :], s[:, None, :])
     ref = x.double().clone()
-    x1, x2 = ref[..., start : start + dim : 2].clone(), ref[..., start + 1 : start + dim : 2].clone()
+    x1, x2 = (
+        ref[..., start : start + dim : 2].clone(),
+        ref[..., start + 1 : start + dim : 2].clone(),
+    )
     rot = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], -1).flatten(-2)
     keep = mask[:, None, None] if heads_first else mask[:, None]
     ref[..., start : start + dim] = torch.where(keep, rot, ref[..., start : start + dim])
@@ -100,7 +113,9 @@ def test_complex_rope_is_the_two_real_rotation(start, dim, heads_first, dtype):
     want = apply_rope(xb.float(), cos, sin, start, mask, heads_first=heads_first).bfloat16()
     assert torch.equal(half, want)
     torch.testing.assert_close(half.double(), ref, atol=0.05, rtol=0.02)
-    two_real = apply_rope(xb, cos, sin, start, mask, heads_first=heads_first, compute_dtype=torch.bfloat16)
+    two_real = apply_rope(
+        xb, cos, sin, start, mask, heads_first=heads_first, compute_dtype=torch.bfloat16
+    )
     assert two_real.dtype == torch.bfloat16
     torch.testing.assert_close(two_real.double(), half.double(), atol=0.05, rtol=0.02)
 
@@ -118,7 +133,9 @@ def test_cpu_bf16_detection_and_override(monkeypatch):
         assert not torch.is_autocast_enabled("cpu")
     monkeypatch.setenv(hardware.ENV_OVERRIDE, "1")
     with hardware.autocast("cpu", amp=True):
-        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        assert (
+            torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        )
     with hardware.autocast("cpu", amp=False):
         assert not torch.is_autocast_enabled("cpu")
 
@@ -175,21 +192,40 @@ def test_probes_in_bf16_stay_within_the_stated_tolerance(monkeypatch):
     from pe_interp.presets import build_run_configs
     from probes import ablate_heads, patch
 
-    model = train(task="distance", encoding="rope", preset="smoke", seed=0, progress=False, epochs=6, lr=1e-2).model.eval()
+    model = train(
+        task="distance", encoding="rope", preset="smoke", seed=0, progress=False, epochs=6, lr=1e-2
+    ).model.eval()
     _, task, _ = build_run_configs("distance", "rope", "smoke", 0)
     test = task.sample(300, seed=3)
-    fp32 = ablate_heads(model, test.tokens, test.labels, pad_mask=test.pad_mask, metric="logit", n_bootstrap=0)
+    fp32 = ablate_heads(
+        model, test.tokens, test.labels, pad_mask=test.pad_mask, metric="logit", n_bootstrap=0
+    )
     monkeypatch.setenv(hardware.ENV_OVERRIDE, "1")
-    bf16 = ablate_heads(model, test.tokens, test.labels, pad_mask=test.pad_mask, metric="logit", n_bootstrap=0, amp=True)
+    bf16 = ablate_heads(
+        model,
+        test.tokens,
+        test.labels,
+        pad_mask=test.pad_mask,
+        metric="logit",
+        n_bootstrap=0,
+        amp=True,
+    )
     assert not (bf16.values == fp32.values).all()
     scale = abs(fp32.baseline)
     assert abs(bf16.drops - fp32.drops).max() <= 0.05 * (1 + scale)
     acc32 = ablate_heads(model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=0)
-    acc16 = ablate_heads(model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=0, amp=True)
+    acc16 = ablate_heads(
+        model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=0, amp=True
+    )
     assert abs(acc16.drops - acc32.drops).max() <= 0.02
     pairs = task.counterfactual_pairs(64, seed=1)
-    kw = dict(site="z", pad_mask=pairs.clean.pad_mask, clean_labels=pairs.clean.labels,
-              corrupt_labels=pairs.corrupt.labels, n_bootstrap=0)
+    kw = dict(
+        site="z",
+        pad_mask=pairs.clean.pad_mask,
+        clean_labels=pairs.clean.labels,
+        corrupt_labels=pairs.corrupt.labels,
+        n_bootstrap=0,
+    )
     p16 = patch(model, pairs.clean.tokens, pairs.corrupt.tokens, amp=True, **kw)
     monkeypatch.setenv(hardware.ENV_OVERRIDE, "0")
     p32 = patch(model, pairs.clean.tokens, pairs.corrupt.tokens, **kw)

@@ -57,7 +57,9 @@ def test_each_finished_cell_has_a_finding_with_the_studys_keys(swept):
         result = json.loads((root / "sweep" / "cells" / f["id"] / "result.json").read_text())
         a = ablation_of(f)
         # the finding is the stored ablation, number for number
-        np.testing.assert_array_equal(a.drops, np.asarray(result["ablation"]["ablation"]["drops"], dtype=float))
+        np.testing.assert_array_equal(
+            a.drops, np.asarray(result["ablation"]["ablation"]["drops"], dtype=float)
+        )
         assert layer_ablation_of(f).head_sets[0] == tuple((0, h) for h in range(4))
         assert f["test_acc"] == result["final"]["test_acc"]
         assert [r["step"] for r in f["dynamics"]] == [0, 4, 8, 12, 16]
@@ -89,12 +91,27 @@ def test_study_from_findings(swept, tmp_path, capsys):
     root, grid, _ = swept
     readme = tmp_path / "README.md"
     readme.write_text("intro\n<!-- study:found begin -->\nold\n<!-- study:found end -->\nrest\n")
-    assert main(["study", str(root / "found"), "--grid", str(root / "grid.yaml"), "--out", str(tmp_path / "s"),
-                 "--readme", str(readme)]) == 0
+    assert (
+        main(
+            [
+                "study",
+                str(root / "found"),
+                "--grid",
+                str(root / "grid.yaml"),
+                "--out",
+                str(tmp_path / "s"),
+                "--readme",
+                str(readme),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "Single-head deposit in 0 of 3 models" in out  # smoke models learn nothing in 2 epochs
     text = readme.read_text()
-    assert text.startswith("intro\n<!-- study:found begin -->\n| condition |") and text.endswith("<!-- study:found end -->\nrest\n")
+    assert text.startswith("intro\n<!-- study:found begin -->\n| condition |") and text.endswith(
+        "<!-- study:found end -->\nrest\n"
+    )
     assert "| base | 2 |" in text and "| lr=0.01 | 1 |" in text and "old" not in text
     assert (tmp_path / "s" / "dynamics.png").read_bytes()[:4] == b"\x89PNG"
     study = json.loads((tmp_path / "s" / "study.json").read_text())
@@ -111,29 +128,67 @@ def test_study_from_findings(swept, tmp_path, capsys):
 
 def _finding(condition: str, seed: int, drops: np.ndarray, layer0: float = 0.9) -> dict:
     n_layers, n_heads = drops.shape
-    return {"format": 1, "id": f"{condition}-{seed}", "condition": condition, "seed": seed, "test_acc": 0.92,
-            "final": {"step": 960}, "baseline": 0.92, "values": (0.92 - drops).tolist(), "drops": drops.tolist(),
-            "ci_low": (drops - 0.02).tolist(), "ci_high": (drops + 0.02).tolist(), "method": "zero",
-            "metric": "accuracy", "higher_is_better": True, "n_examples": 1000, "n_layers": n_layers,
-            "n_heads": n_heads, "n_bootstrap": 1000, "ci": 0.95, "bootstrap_seed": 0,
-            "layer_drops": [layer0] + [0.1] * (n_layers - 1), "layer_ci_low": [layer0 - 0.02] * n_layers,
-            "layer_ci_high": [layer0 + 0.02] * n_layers, "layer_values": [0.1] * n_layers,
-            "dynamics": [{"step": 0, "layer": 0, "baseline": 0.1, "drops": [0.0] * n_heads},
-                         {"step": 96, "layer": 0, "baseline": 0.5, "drops": [0.3] + [0.0] * (n_heads - 1)}],
-            "seconds": {"train": 1500.0}, "machine": {"cpu_bf16": True}}
+    return {
+        "format": 1,
+        "id": f"{condition}-{seed}",
+        "condition": condition,
+        "seed": seed,
+        "test_acc": 0.92,
+        "final": {"step": 960},
+        "baseline": 0.92,
+        "values": (0.92 - drops).tolist(),
+        "drops": drops.tolist(),
+        "ci_low": (drops - 0.02).tolist(),
+        "ci_high": (drops + 0.02).tolist(),
+        "method": "zero",
+        "metric": "accuracy",
+        "higher_is_better": True,
+        "n_examples": 1000,
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "n_bootstrap": 1000,
+        "ci": 0.95,
+        "bootstrap_seed": 0,
+        "layer_drops": [layer0] + [0.1] * (n_layers - 1),
+        "layer_ci_low": [layer0 - 0.02] * n_layers,
+        "layer_ci_high": [layer0 + 0.02] * n_layers,
+        "layer_values": [0.1] * n_layers,
+        "dynamics": [
+            {"step": 0, "layer": 0, "baseline": 0.1, "drops": [0.0] * n_heads},
+            {"step": 96, "layer": 0, "baseline": 0.5, "drops": [0.3] + [0.0] * (n_heads - 1)},
+        ],
+        "seconds": {"train": 1500.0},
+        "machine": {"cpu_bf16": True},
+    }
 
 
 def test_rates_and_criteria_on_known_grids():
     single = np.full((6, 16), 0.01)
     single[0, 5] = 0.62
     concentrated = np.full((6, 16), 0.01)
-    concentrated[0, 2], concentrated[3, 1] = 0.25, 0.08  # 25 points, ~74% of layer 0; a second head matters
+    concentrated[0, 2], concentrated[3, 1] = (
+        0.25,
+        0.08,
+    )  # 25 points, ~74% of layer 0; a second head matters
     spread = np.full((6, 16), 0.02)
-    found = [_finding("base", 0, single), _finding("base", 1, concentrated), _finding("base", 2, spread),
-             _finding("x=1", 0, spread)]
+    found = [
+        _finding("base", 0, single),
+        _finding("base", 1, concentrated),
+        _finding("base", 2, spread),
+        _finding("x=1", 0, spread),
+    ]
     models = model_rows(found)
-    assert [(m.single, m.l0_concentration) for m in models] == [(True, True), (False, True), (False, False), (False, False)]
-    assert models[0].top == "L0H5" and models[0].peak_l0_drop == pytest.approx(0.3) and models[0].peak_step == 96
+    assert [(m.single, m.l0_concentration) for m in models] == [
+        (True, True),
+        (False, True),
+        (False, False),
+        (False, False),
+    ]
+    assert (
+        models[0].top == "L0H5"
+        and models[0].peak_l0_drop == pytest.approx(0.3)
+        and models[0].peak_step == 96
+    )
     assert models[0].layer0_drop == pytest.approx(0.9)
     base, x = condition_rows(models)
     assert (base.n, base.k_single, base.k_concentration) == (3, 1, 2)
@@ -141,13 +196,25 @@ def test_rates_and_criteria_on_known_grids():
     assert base.median_top_drop == pytest.approx(0.25) and (x.n, x.k_single) == (1, 0)
     # the criterion's halves, alone: only `single` has a 50-point head; `single` and `spread` keep
     # every other head within 5 points, `concentrated` does not (its L3H1 costs 8)
-    assert [(m.top_large, m.others_small) for m in models] == [(True, True), (False, False), (False, True), (False, True)]
+    assert [(m.top_large, m.others_small) for m in models] == [
+        (True, True),
+        (False, False),
+        (False, True),
+        (False, True),
+    ]
     text = verdict([base, x], models)
-    assert text.startswith("Single-head deposit in 1 of 4 models (Wilson 95% interval 5–70%), in: base.")
-    assert ("a head costing ≥ 50 points in 1 of 4 (the largest single-head drop: L0H5 62.0 points, base seed 0); "
-            "every other head within 5 points in 3 of 4.") in text
+    assert text.startswith(
+        "Single-head deposit in 1 of 4 models (Wilson 95% interval 5–70%), in: base."
+    )
+    assert (
+        "a head costing ≥ 50 points in 1 of 4 (the largest single-head drop: L0H5 62.0 points, base seed 0); "
+        "every other head within 5 points in 3 of 4."
+    ) in text
     # ...and decided on the intervals the findings keep (yes, no or undecided, issue 39)
-    assert [m.decided for m in models][0] in ("yes", "undecided") and "Decided on the bootstrap intervals" in text
+    assert [m.decided for m in models][0] in (
+        "yes",
+        "undecided",
+    ) and "Decided on the bootstrap intervals" in text
 
 
 def test_the_positional_column_appears_where_a_model_was_measured():
@@ -155,24 +222,48 @@ def test_the_positional_column_appears_where_a_model_was_measured():
 
     drops = np.full((6, 16), 0.02)
     plain = [_finding("base", 0, drops), _finding("base", 1, drops)]
-    assert "positional deposit" not in markdown(condition_rows(model_rows(plain)), model_rows(plain))
+    assert "positional deposit" not in markdown(
+        condition_rows(model_rows(plain)), model_rows(plain)
+    )
     # the encoding carries 10 of 20 logits in one model (the causal mask the rest), 9 of 10 in the other
-    measured = [dict(plain[0], routes={"verdict": "yes", "top": "L0H3", "effect": 10.0, "counterfactual_effect": 20.0}),
-                dict(plain[1], routes={"verdict": "no", "effect": 9.0, "counterfactual_effect": 10.0}),
-                _finding("x=1", 0, drops)]  # fmt: skip
+    measured = [
+        dict(
+            plain[0],
+            routes={"verdict": "yes", "top": "L0H3", "effect": 10.0, "counterfactual_effect": 20.0},
+        ),
+        dict(plain[1], routes={"verdict": "no", "effect": 9.0, "counterfactual_effect": 10.0}),
+        _finding("x=1", 0, drops),
+    ]
     models = model_rows(measured)
     conds = condition_rows(models)
     text = markdown(conds, models)
     head, rule, base, x = text.splitlines()[:4]
-    assert "| positional deposit, k of n measured [95% CI] |" in head and rule.count("---") == head.count("|") - 1
-    assert "| 1 of 2 [9, 91]% | 70 |" in base and base.count("|") == head.count("|") and "| — |" in x
-    assert "| median positional effect through the encoding, % of all |" in head and x.count("|") == head.count("|")
+    assert (
+        "| positional deposit, k of n measured [95% CI] |" in head
+        and rule.count("---") == head.count("|") - 1
+    )
+    assert (
+        "| 1 of 2 [9, 91]% | 70 |" in base and base.count("|") == head.count("|") and "| — |" in x
+    )
+    assert "| median positional effect through the encoding, % of all |" in head and x.count(
+        "|"
+    ) == head.count("|")
     # no positional effect to divide (under route shares' NO_EFFECT, or not kept): no share
-    tiny = model_rows([dict(plain[0], routes={"verdict": "no", "effect": 0.004, "counterfactual_effect": 0.002}),
-                       dict(plain[1], routes={"verdict": "no", "effect": None, "counterfactual_effect": 20.0})])
-    assert [m.encoding_part for m in tiny] == [None, None] and condition_rows(tiny)[0].median_encoding_part is None
-    assert ("Positional deposit (one route carries ≥ 50% of the positional effect, every other ≤ 5%) in 1 of the 2 "
-            "models it was measured on (Wilson 95% 9–91%).") in verdict(conds, models)
+    tiny = model_rows(
+        [
+            dict(
+                plain[0], routes={"verdict": "no", "effect": 0.004, "counterfactual_effect": 0.002}
+            ),
+            dict(plain[1], routes={"verdict": "no", "effect": None, "counterfactual_effect": 20.0}),
+        ]
+    )
+    assert [m.encoding_part for m in tiny] == [None, None] and condition_rows(tiny)[
+        0
+    ].median_encoding_part is None
+    assert (
+        "Positional deposit (one route carries ≥ 50% of the positional effect, every other ≤ 5%) in 1 of the 2 "
+        "models it was measured on (Wilson 95% 9–91%)."
+    ) in verdict(conds, models)
 
 
 def test_readme_needs_its_markers(tmp_path):

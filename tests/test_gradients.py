@@ -24,8 +24,18 @@ VOCAB, POS = 30, 8
 
 
 def make_model(encoding="rope", n_classes=4, **kw) -> HookedPETransformer:
-    base = dict(n_layers=2, d_model=16, n_heads=2, d_mlp=16, n_ctx=12, d_vocab=VOCAB, n_classes=n_classes,
-                encoding=encoding, init_std=0.3, seed=0)  # fmt: skip
+    base = dict(
+        n_layers=2,
+        d_model=16,
+        n_heads=2,
+        d_mlp=16,
+        n_ctx=12,
+        d_vocab=VOCAB,
+        n_classes=n_classes,
+        encoding=encoding,
+        init_std=0.3,
+        seed=0,
+    )
     base.update(kw)
     return HookedPETransformer(ModelConfig(**base)).double().eval()
 
@@ -46,7 +56,11 @@ def test_coherence_statistic():
     assert float(coherence(torch.stack([a, b]))) == pytest.approx(math.sqrt(5) / 3)
     assert math.isnan(float(coherence(torch.zeros(2, 3))))
     batched = coherence(torch.stack([torch.stack([g, g]), torch.stack([g, -g])]))
-    assert batched.shape == (2,) and batched[0] == pytest.approx(1.0) and batched[1] == pytest.approx(0.0)
+    assert (
+        batched.shape == (2,)
+        and batched[0] == pytest.approx(1.0)
+        and batched[1] == pytest.approx(0.0)
+    )
 
 
 @pytest.mark.parametrize("encoding", ["rope", "t5", "decoupled_rope", "sinusoidal", "alibi"])
@@ -76,12 +90,19 @@ def test_head_slices_match_manual_concatenation():
     coh, norm_of_mean, mean_norm = head_gradient_stats(model, tokens, labels, pad)
     for layer in range(2):
         for h in range(2):
-            parts = [grads[f"blocks.{layer}.attn.{p}"][:, h].flatten(1) for p in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")]
+            parts = [
+                grads[f"blocks.{layer}.attn.{p}"][:, h].flatten(1)
+                for p in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")
+            ]
             parts.append(grads["encoding.rel_bias"][:, layer, h])
             vec = torch.cat(parts, dim=1)
             assert float(coh[layer, h]) == pytest.approx(float(coherence(vec)), rel=1e-10)
-            assert float(mean_norm[layer, h]) == pytest.approx(float(vec.norm(dim=1).mean()), rel=1e-10)
-            assert float(norm_of_mean[layer, h]) == pytest.approx(float(vec.mean(0).norm()), rel=1e-10)
+            assert float(mean_norm[layer, h]) == pytest.approx(
+                float(vec.norm(dim=1).mean()), rel=1e-10
+            )
+            assert float(norm_of_mean[layer, h]) == pytest.approx(
+                float(vec.mean(0).norm()), rel=1e-10
+            )
 
 
 def test_identical_examples_are_fully_coherent():
@@ -117,7 +138,16 @@ def test_two_class_known_answer():
 
 
 def test_seeds_config_and_report():
-    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_mlp=16, n_ctx=12, d_vocab=VOCAB, n_classes=4, encoding="rope")
+    cfg = ModelConfig(
+        n_layers=2,
+        d_model=16,
+        n_heads=2,
+        d_mlp=16,
+        n_ctx=12,
+        d_vocab=VOCAB,
+        n_classes=4,
+        encoding="rope",
+    )
     tokens, labels, pad = make_batch(6)
     r = gradient_coherence(cfg, (tokens, labels, pad), init_seeds=(0, 1))
     assert r.values.shape == (2, 2, 2) and r.seeds == (0, 1)
@@ -130,7 +160,12 @@ def test_seeds_config_and_report():
     again = gradient_coherence(cfg, (tokens, labels), init_seeds=(0, 1))  # pad mask from tokens
     torch.testing.assert_close(again.values, r.values)
     json.dumps(r.to_dict())
-    rep = coherence_report(cfg, (tokens, labels, pad), encodings=("rope", "alibi", "t5", "sinusoidal"), init_seeds=(0, 1))
+    rep = coherence_report(
+        cfg,
+        (tokens, labels, pad),
+        encodings=("rope", "alibi", "t5", "sinusoidal"),
+        init_seeds=(0, 1),
+    )
     assert list(rep) == ["rope", "alibi", "t5", "sinusoidal"]
     text = format_coherence_report(rep)
     assert text.count("\n") == 4 * 2 + 1 and "alibi" in text

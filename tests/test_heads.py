@@ -39,8 +39,19 @@ def test_one_head_per_layer_path_integrates_to_the_exact_ablation(method):
     the margin has kinks where the runner-up class changes, so quadrature only approximates it)."""
     model = random_model("rope", n_heads=1, d_model=8, init_std=0.2)
     tokens, labels, pad = inputs()
-    exact = ablate_heads(model, tokens, labels, pad_mask=pad, method=method, metric=logprob, per_example=True, n_bootstrap=0)
-    est = rank_heads(model, tokens, labels, pad, method=method, surrogate="logprob", steps=96, path="layer")
+    exact = ablate_heads(
+        model,
+        tokens,
+        labels,
+        pad_mask=pad,
+        method=method,
+        metric=logprob,
+        per_example=True,
+        n_bootstrap=0,
+    )
+    est = rank_heads(
+        model, tokens, labels, pad, method=method, surrogate="logprob", steps=96, path="layer"
+    )
     want = exact.per_example[:, 0] - exact.baseline_per_example[None]  # [layer, example]
     np.testing.assert_allclose(est["per_example_change"][:, :, 0].T, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(est["estimate"][:, 0], exact.drops[:, 0], rtol=1e-5, atol=1e-6)
@@ -52,7 +63,9 @@ def test_accuracy_is_the_share_of_margins_that_cross_zero():
     model = random_model("rope")
     tokens, labels, pad = inputs(40)
     acc = ablate_heads(model, tokens, labels, pad_mask=pad, n_bootstrap=0)
-    m = ablate_heads(model, tokens, labels, pad_mask=pad, metric=margin, per_example=True, n_bootstrap=0)
+    m = ablate_heads(
+        model, tokens, labels, pad_mask=pad, metric=margin, per_example=True, n_bootstrap=0
+    )
     base = m.baseline_per_example
     flips = (base > 0).mean() - (m.per_example > 0).mean(-1)
     np.testing.assert_allclose(flips, acc.drops, atol=1e-12)
@@ -68,7 +81,9 @@ def test_joint_path_derivative_is_autograd_of_the_scaled_model():
     model = random_model("t5")
     tokens, labels, pad = inputs(6)
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    est = rank_heads(model, tokens, labels, pad, surrogate="logprob", steps=1, path="joint")["estimate"]
+    est = rank_heads(model, tokens, labels, pad, surrogate="logprob", steps=1, path="joint")[
+        "estimate"
+    ]
 
     def mean_logprob(layer, head, eps):
         def hook(z, hook):
@@ -78,28 +93,39 @@ def test_joint_path_derivative_is_autograd_of_the_scaled_model():
             return z * scale[None, None, :, None]
 
         with torch.no_grad():
-            logits = model.run_with_hooks(tokens, pad, fwd_hooks=[(f"blocks.{i}.attn.hook_z", hook) for i in range(L)])
+            logits = model.run_with_hooks(
+                tokens, pad, fwd_hooks=[(f"blocks.{i}.attn.hook_z", hook) for i in range(L)]
+            )
         return float(logits.log_softmax(-1).gather(1, labels[:, None]).mean())
 
     for layer in range(L):
         for h in range(H):
             d = (mean_logprob(layer, h, 1e-5) - mean_logprob(layer, h, -1e-5)) / 2e-5
-            assert est[layer, h] == pytest.approx(d, rel=1e-5, abs=1e-8)  # drop = -(-d) over [0, 1] at one node
+            assert est[layer, h] == pytest.approx(
+                d, rel=1e-5, abs=1e-8
+            )  # drop = -(-d) over [0, 1] at one node
 
 
 def test_attribution_engine_reports_the_agreement_it_saw():
     model = random_model("rope")
     tokens, labels, pad = inputs(40)
     exact = ablate_heads(model, tokens, labels, pad_mask=pad, n_bootstrap=0)
-    ranked = ablate_heads(model, tokens, labels, pad_mask=pad, engine="attribution", verify_top=4, n_bootstrap=0)
+    ranked = ablate_heads(
+        model, tokens, labels, pad_mask=pad, engine="attribution", verify_top=4, n_bootstrap=0
+    )
     v = ranked.meta["verification"]
     heads = [tuple(h) for h in v["heads"]]
     assert len(heads) == 4 and heads == [tuple(h) for h in ranked.meta["verified"]]
     est = np.array(ranked.meta["attribution"])
     assert v["estimate"] == [pytest.approx(est[h]) for h in heads]
     assert v["exact"] == [pytest.approx(exact.drops[h]) for h in heads]
-    assert v["max_abs_error"] == pytest.approx(max(abs(a - b) for a, b in zip(v["estimate"], v["exact"])))
-    best_est, best_exact = max(heads, key=lambda h: est[h]), max(heads, key=lambda h: exact.drops[h])
+    assert v["max_abs_error"] == pytest.approx(
+        max(abs(a - b) for a, b in zip(v["estimate"], v["exact"]))
+    )
+    best_est, best_exact = (
+        max(heads, key=lambda h: est[h]),
+        max(heads, key=lambda h: exact.drops[h]),
+    )
     assert v["top_agrees"] == (best_est == best_exact)
     assert ranked.meta["stand_in"] == "accuracy" and ranked.meta["steps"] == 4
     assert np.isnan(ranked.drops).sum() == exact.drops.size - 4
@@ -108,7 +134,9 @@ def test_attribution_engine_reports_the_agreement_it_saw():
 def test_find_deposits_refuses_a_partial_grid():
     model = random_model("rope")
     tokens, labels, pad = inputs(20)
-    ranked = ablate_heads(model, tokens, labels, pad_mask=pad, engine="attribution", verify_top=3, n_bootstrap=0)
+    ranked = ablate_heads(
+        model, tokens, labels, pad_mask=pad, engine="attribution", verify_top=3, n_bootstrap=0
+    )
     with pytest.raises(ValueError, match="partial grid") as e:
         find_deposits(ranked)
     assert "\n" not in str(e.value)

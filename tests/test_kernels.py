@@ -121,8 +121,18 @@ def make_qkv(gen, B, H, S, Dqk, Dv, dtype, transposed=True):
 
 
 def compare_with_reference(
-    gen, enc: str, causal: bool, padded: bool, *, dtype=torch.float32, B=2, H=2, S=13, D=16,
-    transposed=True, rel=False,
+    gen,
+    enc: str,
+    causal: bool,
+    padded: bool,
+    *,
+    dtype=torch.float32,
+    B=2,
+    H=2,
+    S=13,
+    D=16,
+    transposed=True,
+    rel=False,
 ) -> dict[str, float]:
     """Run fused + float64 reference forward/backward; return max abs (or scaled) errors."""
     Dqk, Dv = (24, 16) if enc == "decoupled" else (D, D)
@@ -211,8 +221,12 @@ def test_fused_head_dim_32_contiguous(gen):
     ref = reference_attention(*leaves64, **common, **kw64)
     grads64 = torch.autograd.grad(ref.square().sum(), [*leaves64, tab64])
     errs = {"out": (out.double() - ref).abs().max().item()}
-    errs.update({n: (a.double() - b).abs().max().item()
-                 for n, a, b in zip(["dq", "dk", "dv", "dtable"], grads, grads64)})
+    errs.update(
+        {
+            n: (a.double() - b).abs().max().item()
+            for n, a, b in zip(["dq", "dk", "dv", "dtable"], grads, grads64)
+        }
+    )
     assert_errs(errs, 1e-4)
 
 
@@ -229,11 +243,17 @@ def test_rope_odd_start_and_backward_modes(gen, monkeypatch, prerotate):
     out = fused_attention(q, k, v, scale=0.25, causal=False, key_valid=kv, **kw)
     grads = torch.autograd.grad(out.square().sum(), leaves)
     leaves64 = [t.detach().double().requires_grad_() for t in leaves]
-    ref = reference_attention(*[t.transpose(1, 2) for t in leaves64], scale=0.25, key_valid=kv, **kw)
+    ref = reference_attention(
+        *[t.transpose(1, 2) for t in leaves64], scale=0.25, key_valid=kv, **kw
+    )
     grads64 = torch.autograd.grad(ref.square().sum(), leaves64)
     errs = {"out": (out.double() - ref).abs().max().item()}
-    errs.update({n: (a.double() - b).abs().max().item()
-                 for n, a, b in zip(["dq", "dk", "dv"], grads, grads64)})
+    errs.update(
+        {
+            n: (a.double() - b).abs().max().item()
+            for n, a, b in zip(["dq", "dk", "dv"], grads, grads64)
+        }
+    )
     assert_errs(errs, 1e-4)
 
 
@@ -269,8 +289,9 @@ def _bad_inputs():
         "k-shape": dict(good, k=torch.randn(2, 2, 6, 16)),
         "v-batch": dict(good, v=torch.randn(1, 2, 5, 16)),
         "dqk-mismatch": dict(good, k=torch.randn(2, 2, 5, 8)),
-        "head-dim-over-128": dict(q=torch.randn(1, 1, 3, 129), k=torch.randn(1, 1, 3, 129),
-                                  v=torch.randn(1, 1, 3, 8)),
+        "head-dim-over-128": dict(
+            q=torch.randn(1, 1, 3, 129), k=torch.randn(1, 1, 3, 129), v=torch.randn(1, 1, 3, 8)
+        ),
         "dtype-mix": dict(good, v=q.clone().half()),
         "float64": dict(q=q.double(), k=q.double(), v=q.double()),
         "int-dtype": dict(good, q=torch.ones(2, 2, 5, 16, dtype=torch.int32)),
@@ -278,14 +299,20 @@ def _bad_inputs():
         "odd-rope-dim": dict(good, rope=RopeSpec(cos[:, :3], sin[:, :3], start=0, dim=7)),
         "rope-out-of-range": dict(good, rope=RopeSpec(cos, sin, start=10, dim=8)),
         "rope-short-table": dict(good, rope=RopeSpec(cos[:3], sin[:3], start=0, dim=8)),
-        "rope-heads-shape": dict(good, rope=RopeSpec(cos, sin, 0, 8, heads=torch.ones(3, dtype=torch.bool))),
+        "rope-heads-shape": dict(
+            good, rope=RopeSpec(cos, sin, 0, 8, heads=torch.ones(3, dtype=torch.bool))
+        ),
         "key-valid-dtype": dict(good, key_valid=torch.ones(2, 5)),
         "key-valid-shape": dict(good, key_valid=torch.ones(2, 4, dtype=torch.bool)),
         "alibi-shape": dict(good, alibi_slopes=torch.ones(3)),
         "buckets-dtype": dict(good, rel_bias=RelBiasSpec(torch.zeros(2, 4), torch.zeros(5, 5))),
-        "buckets-shape": dict(good, rel_bias=RelBiasSpec(torch.zeros(2, 4), torch.zeros(5, 4, dtype=torch.long))),
+        "buckets-shape": dict(
+            good, rel_bias=RelBiasSpec(torch.zeros(2, 4), torch.zeros(5, 4, dtype=torch.long))
+        ),
         "buckets-range": dict(good, rel_bias=RelBiasSpec(torch.zeros(2, 4), torch.full((5, 5), 4))),
-        "table-heads": dict(good, rel_bias=RelBiasSpec(torch.zeros(3, 4), torch.zeros(5, 5, dtype=torch.long))),
+        "table-heads": dict(
+            good, rel_bias=RelBiasSpec(torch.zeros(3, 4), torch.zeros(5, 5, dtype=torch.long))
+        ),
     }
     if torch.cuda.is_available():
         cases["device-mix"] = dict(good, k=q.cuda())
@@ -320,8 +347,13 @@ def test_package_import_does_not_import_triton():
         "'triton imported eagerly'; "
         "print(K.triton_available())"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=_env_without_interpreter(), cwd=REPO)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=_env_without_interpreter(),
+        cwd=REPO,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() in ("True", "False")
 
@@ -350,8 +382,14 @@ def test_kernels_compile_for_hopper_without_gpu():
         "import json; from pe_interp.kernels.compile_check import compile_kernels; "
         "print(json.dumps(compile_kernels(arch=90, dtype='bf16', head_dim=64)))"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=_env_without_interpreter(), cwd=REPO, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=_env_without_interpreter(),
+        cwd=REPO,
+        timeout=600,
+    )
     if res.returncode != 0 and "No module named 'triton.backends.nvidia'" in res.stderr:
         pytest.skip("this Triton build has no NVIDIA backend")
     assert res.returncode == 0, res.stderr[-3000:]
@@ -368,22 +406,38 @@ def test_kernels_compile_for_hopper_without_gpu():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only exit path")
 def test_gpu_benchmark_exits_cleanly_without_cuda(tmp_path):
     out = tmp_path / "bench.json"
-    res = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "attention_gpu.py"),
-                          "--json", str(out)], capture_output=True, text=True, cwd=REPO,
-                         env=_env_without_interpreter(), timeout=300)
+    res = subprocess.run(
+        [sys.executable, os.path.join(REPO, "benchmarks", "attention_gpu.py"), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=_env_without_interpreter(),
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     assert "no CUDA device" in res.stdout
     assert not out.exists()
 
 
-@pytest.mark.parametrize("encoding", ["rope", "t5", "alibi", "decoupled_rope", {"name": "rope", "heads": [1]}])
+@pytest.mark.parametrize(
+    "encoding", ["rope", "t5", "alibi", "decoupled_rope", {"name": "rope", "heads": [1]}]
+)
 def test_model_trained_with_triton_matches_eager(encoding):
     """A small model trained a few steps with attn_backend='triton' (interpreter on CPU) ends
     where the same steps with 'eager' end: the fused path is a drop-in for training."""
     from pe_interp import HookedPETransformer, ModelConfig
 
-    base = ModelConfig(encoding=encoding, n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=12,
-                       d_vocab=20, n_classes=3, attention_dir="bidirectional")
+    base = ModelConfig(
+        encoding=encoding,
+        n_layers=2,
+        d_model=16,
+        n_heads=2,
+        d_mlp=32,
+        n_ctx=12,
+        d_vocab=20,
+        n_classes=3,
+        attention_dir="bidirectional",
+    )
     gen = torch.Generator().manual_seed(5)
     tokens = torch.randint(1, 20, (3, 11), generator=gen)
     tokens[0, 8:] = 0  # a padded row
@@ -401,4 +455,6 @@ def test_model_trained_with_triton_matches_eager(encoding):
         finals[backend] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         assert model.blocks[0].attn.backend(model.context(tokens, tokens != 0, None)) == backend
     for k in finals["eager"]:
-        torch.testing.assert_close(finals["triton"][k], finals["eager"][k], atol=1e-4, rtol=1e-4, msg=k)
+        torch.testing.assert_close(
+            finals["triton"][k], finals["eager"][k], atol=1e-4, rtol=1e-4, msg=k
+        )

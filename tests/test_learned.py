@@ -20,8 +20,18 @@ def _setup(positional: bool):
     model = random_model("rope", n_layers=2)
     clean, corrupt = random_pairs()
     S = 4 if positional else 1
-    ev = _Evaluator(model, clean, corrupt, ablation="corrupt", metric=FN, reference=None, seed=0, batch_size=64,
-                    spans=SPANS if positional else None, n_spans=S)  # fmt: skip
+    ev = _Evaluator(
+        model,
+        clean,
+        corrupt,
+        ablation="corrupt",
+        metric=FN,
+        reference=None,
+        seed=0,
+        batch_size=64,
+        spans=SPANS if positional else None,
+        n_spans=S,
+    )
     with torch.no_grad():
         repl = contributions(model, ev.graph, capture(model, ev.k, writer_hooks(ev.graph))[0])
     return model, ev, repl, S
@@ -59,7 +69,10 @@ def test_the_soft_masks_gradient_equals_finite_differences(positional):
         d = torch.zeros_like(m0)
         d[u] = 1e-5
         with torch.no_grad():
-            fd = (_metric(model, ev, repl, (m0 + d)[None]).sum() - _metric(model, ev, repl, (m0 - d)[None]).sum()) / 2e-5
+            fd = (
+                _metric(model, ev, repl, (m0 + d)[None]).sum()
+                - _metric(model, ev, repl, (m0 - d)[None]).sum()
+            ) / 2e-5
         assert float(m.grad[u]) == pytest.approx(float(fd), rel=1e-5, abs=1e-7), u
         grads.append(float(fd))
     assert max(map(abs, grads)) > 1e-3  # the units tested do move the metric
@@ -72,19 +85,29 @@ def test_learned_ranking_ends_on_a_circuit_its_exact_measurement_confirms(positi
     spans = dict(spans=SPANS, span_names=list("abcd")) if positional else {}
     r = learn_ranking(model, clean, corrupt, metric=FN, sparsity=0.3, steps=120, lr=0.1, **spans)
     L = r.meta["learned"]
-    again = learn_ranking(model, clean, corrupt, metric=FN, sparsity=0.3, steps=120, lr=0.1, **spans)
+    again = learn_ranking(
+        model, clean, corrupt, metric=FN, sparsity=0.3, steps=120, lr=0.1, **spans
+    )
     np.testing.assert_array_equal(r.order, again.order)  # deterministic
-    assert all(p.requires_grad and p.grad is None for p in model.parameters())  # the model untouched
+    assert all(
+        p.requires_grad and p.grad is None for p in model.parameters()
+    )  # the model untouched
     units = ~np.isnan(r.rank)
     assert sorted(r.order) == sorted(np.flatnonzero(units.ravel())) and r.total == int(units.sum())
     theta = r.scores["learned"]
-    assert L["size"] == int((theta[units] > 0).sum()) and 0 < L["size"] < r.total  # sparser than the graph
+    assert (
+        L["size"] == int((theta[units] > 0).sum()) and 0 < L["size"] < r.total
+    )  # sparser than the graph
     assert np.all(np.diff(r.value) <= 0)
     # the masks ended near 0/1: the boolean circuit theta > 0 recovers what the soft one did
     keep = np.nan_to_num(theta, nan=-1.0) > 0
-    exact = faithfulness_curve(model, r.circuit_of(keep), clean, corrupt, metric=FN, spans=spans.get("spans"))
+    exact = faithfulness_curve(
+        model, r.circuit_of(keep), clean, corrupt, metric=FN, spans=spans.get("spans")
+    )
     assert exact["recovered"][0] == pytest.approx(L["recovered_hard"], rel=1e-9)
-    assert L["recovered_hard"] == pytest.approx(L["recovered"], abs=0.02) and L["recovered_hard"] > 0.9
+    assert (
+        L["recovered_hard"] == pytest.approx(L["recovered"], abs=0.02) and L["recovered_hard"] > 0.9
+    )
     assert L["history"]["density"][-1] < L["history"]["density"][0]
     # by widest path over the logits, the prefix of that size is the connected part of theta > 0
     n = int(prune(r.graph, keep).sum())
@@ -96,9 +119,17 @@ def test_learned_ranking_ends_on_a_circuit_its_exact_measurement_confirms(positi
 def test_learn_ranking_rejects_bad_settings():
     model = random_model("rope", n_layers=2)
     clean, corrupt = random_pairs()
-    for kw, msg in (({"sparsity": -1.0}, "sparsity"), ({"steps": 0}, "steps"), ({"beta": 0.5}, "beta"),
-                    ({"select": "best"}, "select"), ({"spans": SPANS}, "span_names"), ({"budget": 0}, "budget"),
-                    ({"budget": 1.0}, "budget"), ({"budget": "10%"}, "budget"), ({"budget": 0.1, "anneal": 1.5}, "anneal")):  # fmt: skip
+    for kw, msg in (
+        ({"sparsity": -1.0}, "sparsity"),
+        ({"steps": 0}, "steps"),
+        ({"beta": 0.5}, "beta"),
+        ({"select": "best"}, "select"),
+        ({"spans": SPANS}, "span_names"),
+        ({"budget": 0}, "budget"),
+        ({"budget": 1.0}, "budget"),
+        ({"budget": "10%"}, "budget"),
+        ({"budget": 0.1, "anneal": 1.5}, "anneal"),
+    ):
         with pytest.raises(ValueError, match=msg):
             learn_ranking(model, clean, corrupt, metric=FN, **kw)
     with pytest.raises(ValueError, match="nothing to recover"):
@@ -110,7 +141,9 @@ def test_a_ranking_reordered_is_the_ranking_of_that_selection():
 
     model = random_model("rope", n_layers=2)
     clean, corrupt = random_pairs()
-    a = attribute(model, clean, corrupt, metric=FN, granularity="edge", spans=SPANS, span_names=list("abcd"))
+    a = attribute(
+        model, clean, corrupt, metric=FN, granularity="edge", spans=SPANS, span_names=list("abcd")
+    )
     for positional in (False, True):
         base = rank_edges(a, select="paths", positional=positional)
         for select in ("greedy", "top", "paths"):
@@ -138,7 +171,9 @@ def test_the_budget_mask_holds_its_mean_and_its_gradient_is_the_projected_one():
 
     x = x0.clone().requires_grad_(True)
     m, t0 = _budget_mask(x, 0.3)
-    assert float(m.detach().mean()) == pytest.approx(0.3, abs=1e-12) and float(t0) == pytest.approx(float(_threshold(x0, 0.3)))
+    assert float(m.detach().mean()) == pytest.approx(0.3, abs=1e-12) and float(t0) == pytest.approx(
+        float(_threshold(x0, 0.3))
+    )
     loss(x).backward()
     assert x.grad is not None and float(x.grad.abs().max()) > 1e-3
     for u in range(0, 40, 7):
@@ -160,13 +195,24 @@ def test_a_budget_ends_on_that_many_units_ranked_along_the_path(positional):
     units = ~np.isnan(r.rank)
     theta, dropped = r.scores["learned"][units], r.scores["dropped"][units]
     assert L["size"] == round(0.2 * r.total) == int((theta > 0).sum())
-    assert np.all((dropped == -1) == (theta > 0)) and dropped.max() < 40 and dropped[theta <= 0].min() >= 0
-    assert L["history"]["allowed"][19] == pytest.approx(0.2) and L["history"]["density"][-1] == pytest.approx(0.2)
+    assert (
+        np.all((dropped == -1) == (theta > 0))
+        and dropped.max() < 40
+        and dropped[theta <= 0].min() >= 0
+    )
+    assert L["history"]["allowed"][19] == pytest.approx(0.2) and L["history"]["density"][
+        -1
+    ] == pytest.approx(0.2)
     keep = np.nan_to_num(r.scores["learned"], nan=-1.0) > 0
-    exact = faithfulness_curve(model, r.circuit_of(keep), clean, corrupt, metric=FN, spans=spans.get("spans"))
+    exact = faithfulness_curve(
+        model, r.circuit_of(keep), clean, corrupt, metric=FN, spans=spans.get("spans")
+    )
     assert exact["recovered"][0] == pytest.approx(L["recovered_hard"], rel=1e-9)
     # by "top": the kept units by logit, then the dropped ones, the last dropped first
-    flat_theta, flat_drop = r.scores["learned"].ravel()[r.order], r.scores["dropped"].ravel()[r.order]
+    flat_theta, flat_drop = (
+        r.scores["learned"].ravel()[r.order],
+        r.scores["dropped"].ravel()[r.order],
+    )
     n = L["size"]
     assert np.all(flat_drop[:n] == -1) and np.all(np.diff(flat_theta[:n]) <= 0)
     assert np.all(np.diff(flat_drop[n:]) <= 0)

@@ -24,8 +24,18 @@ TOL = 1e-5
 
 
 def make_model(encoding="rope", **kw) -> HookedPETransformer:
-    base = dict(n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=12, d_vocab=VOCAB, n_classes=CLASSES,
-                encoding=encoding, init_std=0.4, seed=3)  # fmt: skip
+    base = dict(
+        n_layers=2,
+        d_model=16,
+        n_heads=2,
+        d_mlp=32,
+        n_ctx=12,
+        d_vocab=VOCAB,
+        n_classes=CLASSES,
+        encoding=encoding,
+        init_std=0.4,
+        seed=3,
+    )
     base.update(kw)
     return HookedPETransformer(ModelConfig(**base)).double().eval()
 
@@ -80,12 +90,24 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("site,by_pos,fn", CASES, ids=[f"{s}-{'pos' if b else 'all'}" for s, b, _ in CASES])
+@pytest.mark.parametrize(
+    "site,by_pos,fn", CASES, ids=[f"{s}-{'pos' if b else 'all'}" for s, b, _ in CASES]
+)
 def test_matches_transformer_lens(rope_setup, site, by_pos, fn):
     model, clean, corrupt, pad, cl, co, metric = rope_setup
     ref = tl_run(fn, model, clean, corrupt, metric)
-    res = patch(model, clean, corrupt, site=site, by_position=by_pos, clean_labels=cl, corrupt_labels=co,
-                pad_mask=pad, batch_size=7, n_bootstrap=20)  # fmt: skip
+    res = patch(
+        model,
+        clean,
+        corrupt,
+        site=site,
+        by_position=by_pos,
+        clean_labels=cl,
+        corrupt_labels=co,
+        pad_mask=pad,
+        batch_size=7,
+        n_bootstrap=20,
+    )
     assert res.values.shape == ref.shape
     torch.testing.assert_close(res.values, ref.to(res.values.dtype), atol=TOL, rtol=0)
     assert res.values.abs().max() > 1e-3  # the comparison is not vacuous
@@ -115,19 +137,40 @@ def test_encodings_match_transformer_lens(kw):
     model = make_model(**kw)
     clean, corrupt, pad, cl, co = make_pairs(1)
     metric = tl_metric(model, clean, corrupt, cl, co)
-    for site, fn in (("z", tlp.get_act_patch_attn_head_out_all_pos), ("resid_pre", tlp.get_act_patch_resid_pre)):
+    for site, fn in (
+        ("z", tlp.get_act_patch_attn_head_out_all_pos),
+        ("resid_pre", tlp.get_act_patch_resid_pre),
+    ):
         ref = tl_run(fn, model, clean, corrupt, metric)
-        res = patch(model, clean, corrupt, site=site, clean_labels=cl, corrupt_labels=co, n_bootstrap=0,
-                    pad_mask=None if not model.cfg.mask_padding else pad)  # fmt: skip
+        res = patch(
+            model,
+            clean,
+            corrupt,
+            site=site,
+            clean_labels=cl,
+            corrupt_labels=co,
+            n_bootstrap=0,
+            pad_mask=None if not model.cfg.mask_padding else pad,
+        )
         torch.testing.assert_close(res.values, ref.to(res.values.dtype), atol=TOL, rtol=0)
         assert res.ci_low is None
 
 
 def test_reverse_direction_matches_tl_noising(rope_setup):
     model, clean, corrupt, pad, cl, co, metric = rope_setup
-    ref = tl_run(tlp.get_act_patch_attn_head_out_all_pos, model, clean, corrupt, metric, "corrupt_to_clean")
-    res = patch(model, clean, corrupt, site="z", direction="corrupt_to_clean", clean_labels=cl,
-                corrupt_labels=co, n_bootstrap=0)  # fmt: skip
+    ref = tl_run(
+        tlp.get_act_patch_attn_head_out_all_pos, model, clean, corrupt, metric, "corrupt_to_clean"
+    )
+    res = patch(
+        model,
+        clean,
+        corrupt,
+        site="z",
+        direction="corrupt_to_clean",
+        clean_labels=cl,
+        corrupt_labels=co,
+        n_bootstrap=0,
+    )
     torch.testing.assert_close(res.values, ref.to(res.values.dtype), atol=TOL, rtol=0)
     assert res.direction == "corrupt_to_clean"
 
@@ -146,7 +189,9 @@ def test_custom_metrics(rope_setup):
     def per_example(logits):
         return logits.log_softmax(-1).gather(-1, cl[:, None]).squeeze(-1)
 
-    res2 = patch(model, clean, corrupt, site="z", by_position=True, metric=per_example, n_bootstrap=50)
+    res2 = patch(
+        model, clean, corrupt, site="z", by_position=True, metric=per_example, n_bootstrap=50
+    )
     torch.testing.assert_close(res2.values, ref.to(res2.values.dtype), atol=TOL, rtol=0)
     assert res2.per_example.shape == (*ref.shape, N)
     with torch.no_grad():
@@ -155,7 +200,9 @@ def test_custom_metrics(rope_setup):
 
 def test_batching_and_layers_do_not_change_values(rope_setup):
     model, clean, corrupt, pad, cl, co, _ = rope_setup
-    kw = dict(site="z", by_position=True, clean_labels=cl, corrupt_labels=co, pad_mask=pad, n_bootstrap=0)
+    kw = dict(
+        site="z", by_position=True, clean_labels=cl, corrupt_labels=co, pad_mask=pad, n_bootstrap=0
+    )
     a = patch(model, clean, corrupt, batch_size=1, **kw)
     b = patch(model, clean, corrupt, batch_size=1000, **kw)
     c = patch(model, clean, corrupt, layers=[1], **kw)
@@ -167,14 +214,33 @@ def test_batching_and_layers_do_not_change_values(rope_setup):
 def test_sanity_values(rope_setup):
     model, clean, corrupt, pad, cl, co, _ = rope_setup
     # replacing the whole residual stream before layer 0 reproduces the clean run exactly
-    r = patch(model, clean, corrupt, site="resid_pre", by_position=False, clean_labels=cl, corrupt_labels=co,
-              n_bootstrap=100)  # fmt: skip
+    r = patch(
+        model,
+        clean,
+        corrupt,
+        site="resid_pre",
+        by_position=False,
+        clean_labels=cl,
+        corrupt_labels=co,
+        n_bootstrap=100,
+    )
     assert r.shape == (2,)
     assert float(r.values[0]) == pytest.approx(1.0, abs=1e-9)
-    assert float(r.ci_low[0]) == pytest.approx(1.0, abs=1e-9) and float(r.ci_high[0]) == pytest.approx(1.0, abs=1e-9)
+    assert float(r.ci_low[0]) == pytest.approx(1.0, abs=1e-9) and float(
+        r.ci_high[0]
+    ) == pytest.approx(1.0, abs=1e-9)
     # patching at padding positions changes nothing (keys masked, pads not pooled)
-    z = patch(model, clean, corrupt, site="z", by_position=True, clean_labels=cl, corrupt_labels=co, pad_mask=pad,
-              n_bootstrap=0)  # fmt: skip
+    z = patch(
+        model,
+        clean,
+        corrupt,
+        site="z",
+        by_position=True,
+        clean_labels=cl,
+        corrupt_labels=co,
+        pad_mask=pad,
+        n_bootstrap=0,
+    )
     pads = ~pad
     assert z.per_example.permute(0, 2, 1, 3)[:, :, pads.T].abs().max() < 1e-12  # [L, H, pos, ex]
     # the default metric's anchors
@@ -204,9 +270,15 @@ def test_result_serialises_and_errors(rope_setup):
     r = patch(model, clean, corrupt, site="z", clean_labels=cl, corrupt_labels=co, n_bootstrap=10)
     assert isinstance(r, PatchResult)
     d = json.loads(json.dumps(r.to_dict(per_example=True)))
-    assert d["shape"] == [2, 2] and d["axis_names"] == ["layer", "head"] and len(d["per_example"][0][0]) == N
+    assert (
+        d["shape"] == [2, 2]
+        and d["axis_names"] == ["layer", "head"]
+        and len(d["per_example"][0][0]) == N
+    )
     cell, value = r.top(1)[0]
-    assert value == pytest.approx(float(r.values.abs().max()), abs=1e-12) or value == pytest.approx(-float(r.values.abs().max()), abs=1e-12)
+    assert value == pytest.approx(float(r.values.abs().max()), abs=1e-12) or value == pytest.approx(
+        -float(r.values.abs().max()), abs=1e-12
+    )
     assert set(cell) == {"layer", "head"}
     with pytest.raises(dataclasses_error()):
         r.site = "q"
@@ -246,7 +318,16 @@ def test_views_are_offline(rope_setup, tmp_path):
     )
 
     model, clean, corrupt, pad, cl, co, _ = rope_setup
-    r = patch(model, clean, corrupt, site="z", by_position=True, clean_labels=cl, corrupt_labels=co, n_bootstrap=0)
+    r = patch(
+        model,
+        clean,
+        corrupt,
+        site="z",
+        by_position=True,
+        clean_labels=cl,
+        corrupt_labels=co,
+        n_bootstrap=0,
+    )
     labels = token_labels(clean[0], pad[0])
     html = patching_tokens_html(r, labels)
     assert "CircuitsVis" in html and "unpkg.com" not in html and html.count("var CircuitsVis") == 1
@@ -265,10 +346,21 @@ def test_patch_command_core(tmp_path):
     from pe_interp.tasks import DistanceTask
 
     task = DistanceTask(d_vocab=24, max_between=3, max_side=2, max_len=8, seed=1)
-    cfg = ModelConfig(n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=8, d_vocab=24, n_classes=task.n_classes,
-                      encoding="rope", init_std=0.4)  # fmt: skip
+    cfg = ModelConfig(
+        n_layers=2,
+        d_model=16,
+        n_heads=2,
+        d_mlp=32,
+        n_ctx=8,
+        d_vocab=24,
+        n_classes=task.n_classes,
+        encoding="rope",
+        init_std=0.4,
+    )
     model = HookedPETransformer(cfg).eval()
-    result, written = patch_run(model, task, tmp_path, site="z", by_position=True, n=6, n_bootstrap=20)
+    result, written = patch_run(
+        model, task, tmp_path, site="z", by_position=True, n=6, n_bootstrap=20
+    )
     data = json.loads((tmp_path / "patching.json").read_text())
     assert data["shape"] == [2, 8, 2] and data["pairs"]["n"] == 6
     assert (tmp_path / "patching_z_by_pos.json").exists()

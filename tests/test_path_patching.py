@@ -33,7 +33,9 @@ def test_head_to_head_paths_equal_transformer_lens(encoding, component):
     cc, kc = cache_of(model, clean), cache_of(model, corrupt)
     for sl in range(2):
         for sh in range(2):
-            tl = tlp.get_act_patch_direct_path(model, corrupt, cc, kc, tl_metric, sl, sh, component, verbose=False)
+            tl = tlp.get_act_patch_direct_path(
+                model, corrupt, cc, kc, tl_metric, sl, sh, component, verbose=False
+            )
             row = ours.values[ours.senders.index(f"L{sl}H{sh}")]
             for dl in range(3):
                 for dh in range(2):
@@ -41,7 +43,9 @@ def test_head_to_head_paths_equal_transformer_lens(encoding, component):
                     if dl <= sl:
                         assert np.isnan(got)  # no such path (TL: a 0.0 placeholder)
                     else:
-                        assert got == pytest.approx(float(tl[dl, dh]), rel=1e-5, abs=1e-6)  # TL stores float32
+                        assert got == pytest.approx(
+                            float(tl[dl, dh]), rel=1e-5, abs=1e-6
+                        )  # TL stores float32
     assert np.nanmax(np.abs(ours.effects)) > 1e-3  # far above the tolerance, so a wrong path shows
 
 
@@ -51,7 +55,9 @@ def naive(model, clean, corrupt, sender: str, hook: str, head: int | None) -> fl
     graph = build_graph(model.cfg)
     ca, ka = cache_of(model, clean), cache_of(model, corrupt)
     w = {n: ca[n] for n in writer_hooks(graph)}
-    delta = (contributions(model, graph, w) - contributions(model, graph, {n: ka[n] for n in w}))[:, :, graph.writer_index(sender)]
+    delta = (contributions(model, graph, w) - contributions(model, graph, {n: ka[n] for n in w}))[
+        :, :, graph.writer_index(sender)
+    ]
 
     def add(x, hook):
         x = x.clone()
@@ -70,9 +76,15 @@ def test_embed_and_mlp_senders_and_mlp_and_readout_receivers_equal_naive_loops()
     model = random_model("rope")
     clean, corrupt = random_pairs()
     receivers = ["L2H1", "MLP1", "logits", "MLP0"]
-    ours = path_patch(model, clean, corrupt, ["embed", "MLP0", "L1H0", "MLP2"], receivers, "k", metric=FN)
-    hooks = {"L2H1.k": ("blocks.2.attn.hook_k_input", 1), "MLP1": ("blocks.1.hook_mlp_in", None),
-             "logits": ("blocks.2.hook_resid_post", None), "MLP0": ("blocks.0.hook_mlp_in", None)}  # fmt: skip
+    ours = path_patch(
+        model, clean, corrupt, ["embed", "MLP0", "L1H0", "MLP2"], receivers, "k", metric=FN
+    )
+    hooks = {
+        "L2H1.k": ("blocks.2.attn.hook_k_input", 1),
+        "MLP1": ("blocks.1.hook_mlp_in", None),
+        "logits": ("blocks.2.hook_resid_post", None),
+        "MLP0": ("blocks.0.hook_mlp_in", None),
+    }
     graph = build_graph(model.cfg)
     for s in ours.senders:
         for r in ours.receivers:
@@ -80,8 +92,12 @@ def test_embed_and_mlp_senders_and_mlp_and_readout_receivers_equal_naive_loops()
             if not graph.valid[graph.reader_index(r), graph.writer_index(s)]:
                 assert np.isnan(got), (s, r)
                 continue
-            assert got == pytest.approx(naive(model, clean, corrupt, s, *hooks[r]), rel=1e-9, abs=1e-12), (s, r)
-    assert np.isnan(ours.values[ours.senders.index("MLP2")]).sum() == 3  # MLP2 feeds only the readout
+            assert got == pytest.approx(
+                naive(model, clean, corrupt, s, *hooks[r]), rel=1e-9, abs=1e-12
+            ), (s, r)
+    assert (
+        np.isnan(ours.values[ours.senders.index("MLP2")]).sum() == 3
+    )  # MLP2 feeds only the readout
 
 
 def test_embed_kv_model_takes_embed_paths_into_keys_and_refuses_head_paths():
@@ -93,8 +109,12 @@ def test_embed_kv_model_takes_embed_paths_into_keys_and_refuses_head_paths():
     with pytest.raises(ValueError) as err:
         path_patch(model, clean, corrupt, ["embed", "L0H1"], ["L1H0"], "k", metric=FN)
     assert str(err.value) == KV_EMBED_NO_EDGES
-    q = path_patch(model, clean, corrupt, ["L0H1"], ["L2H0"], "q", metric=FN)  # queries read the residual
-    assert q.values[0, 0] == pytest.approx(naive(model, clean, corrupt, "L0H1", "blocks.2.attn.hook_q_input", 0), rel=1e-9)
+    q = path_patch(
+        model, clean, corrupt, ["L0H1"], ["L2H0"], "q", metric=FN
+    )  # queries read the residual
+    assert q.values[0, 0] == pytest.approx(
+        naive(model, clean, corrupt, "L0H1", "blocks.2.attn.hook_q_input", 0), rel=1e-9
+    )
 
 
 def test_defaults_save_and_load(tmp_path):

@@ -47,13 +47,19 @@ class HalfRotaryBias(Encoding):
         self.register_buffer("later", (pos[None, :] > pos[:, None]).float(), persistent=False)
 
     def rotate(self, q, k, layer):
-        return apply_rope(q, self.cos, self.sin, self.half), apply_rope(k, self.cos, self.sin, self.half)
+        return apply_rope(q, self.cos, self.sin, self.half), apply_rope(
+            k, self.cos, self.sin, self.half
+        )
 
     def bias(self, n_q, n_k, layer):
         return self.after[:, layer, None, None] * self.later[:n_q, :n_k]
 
     def rotary_spans(self, layer):
-        return (RotarySpan(self.half, self.half, rope_frequencies(self.half, self.base), self.cos, self.sin),)
+        return (
+            RotarySpan(
+                self.half, self.half, rope_frequencies(self.half, self.base), self.cos, self.sin
+            ),
+        )
 
     def head_parameters(self):
         return {"after": HeadAxes(head=0, layer=1)}
@@ -76,8 +82,18 @@ def registered():
 
 
 def make_model(encoding="test_half_rotary_bias", **kw) -> HookedPETransformer:
-    cfg = dict(n_layers=2, d_model=16, n_heads=2, d_mlp=32, n_ctx=12, d_vocab=VOCAB, n_classes=CLASSES,
-               encoding=encoding, init_std=0.4, seed=5)
+    cfg = dict(
+        n_layers=2,
+        d_model=16,
+        n_heads=2,
+        d_mlp=32,
+        n_ctx=12,
+        d_vocab=VOCAB,
+        n_classes=CLASSES,
+        encoding=encoding,
+        init_std=0.4,
+        seed=5,
+    )
     return HookedPETransformer(ModelConfig(**{**cfg, **kw})).double().eval()
 
 
@@ -91,8 +107,12 @@ def batch(seed=0):
 
 def test_the_model_uses_the_plug_in():
     model = make_model()
-    assert model.cfg.encoding_kind == "hybrid" and model.encoding.rotates and model.encoding.has_bias
-    assert model.cfg.attn_backend == "auto" and model.encoding.fused(0, POS) is None  # not fusible: SDPA
+    assert (
+        model.cfg.encoding_kind == "hybrid" and model.encoding.rotates and model.encoding.has_bias
+    )
+    assert (
+        model.cfg.attn_backend == "auto" and model.encoding.fused(0, POS) is None
+    )  # not fusible: SDPA
 
 
 @pytest.mark.parametrize("method", ["zero", "mean", "resample"])
@@ -106,12 +126,15 @@ def test_ablation_batched_equals_naive(method):
     np.testing.assert_allclose(fast.ci_low, slow.ci_low, atol=1e-10, rtol=0)
 
 
-@pytest.mark.parametrize(("site", "fn"), [
-    ("z", tlp.get_act_patch_attn_head_out_all_pos),
-    ("q", tlp.get_act_patch_attn_head_q_all_pos),
-    ("attn_out", tlp.get_act_patch_attn_out),
-    ("mlp_out", tlp.get_act_patch_mlp_out),
-])
+@pytest.mark.parametrize(
+    ("site", "fn"),
+    [
+        ("z", tlp.get_act_patch_attn_head_out_all_pos),
+        ("q", tlp.get_act_patch_attn_head_q_all_pos),
+        ("attn_out", tlp.get_act_patch_attn_out),
+        ("mlp_out", tlp.get_act_patch_mlp_out),
+    ],
+)
 def test_patching_equals_transformer_lens(site, fn):
     model = make_model()
     clean, labels, _ = batch(1)
@@ -125,7 +148,9 @@ def test_patching_equals_transformer_lens(site, fn):
         _, cache = model.run_with_cache(clean)
         with contextlib.redirect_stderr(io.StringIO()):  # tqdm
             expected = fn(model, corrupt, cache, metric)
-    got = patch(model, clean, corrupt, site=site, clean_labels=labels, corrupt_labels=other, n_bootstrap=0)
+    got = patch(
+        model, clean, corrupt, site=site, clean_labels=labels, corrupt_labels=other, n_bootstrap=0
+    )
     torch.testing.assert_close(got.values, expected.to(got.values.dtype), atol=1e-9, rtol=1e-7)
 
 
@@ -139,7 +164,9 @@ def test_logit_terms_sum_to_the_logits_with_the_described_frequencies(layer):
         assert t.check() < 1e-5  # the Hadamard form, un-rotating with the float32 cos/sin tables
         assert "relative_bias" in t.terms
         assert t.rope is not None and t.rope.n_pairs == 2  # d_head 8: dims 4..7, two pairs
-        torch.testing.assert_close(t.rope.theta, 50.0 ** (-torch.arange(0, 4, 2, dtype=torch.float64) / 4))
+        torch.testing.assert_close(
+            t.rope.theta, 50.0 ** (-torch.arange(0, 4, 2, dtype=torch.float64) / 4)
+        )
         assert t.rope.unrotated.abs().max() > 0  # the first half is not rotated
     silent = logit_terms(make_model("test_silent_rotation"), tokens, layer, 0, pad_mask=pad)
     assert silent.rope is None and silent.check() < 1e-8

@@ -34,10 +34,14 @@ from pe_interp.sweep import collect
 
 SMOKE = dict(preset="smoke", progress=False)
 PROBES = "probes: [ablation, patching, positional, attention, decomposition, generalization]\n"
-GRID = ("name: p\nbase: {preset: smoke, task: distance, epochs: 1, n_train: 128, n_test: 64}\naxes: {encoding: [rope]}\n"
-        + PROBES)
-OPTIONS = ("probe_options: {ablation: {n: 32, whole_layers: true}, patching: {n: 8}, positional: {n: 4}, "
-           "generalization: {n: 8, extras: [2]}}\n")
+GRID = (
+    "name: p\nbase: {preset: smoke, task: distance, epochs: 1, n_train: 128, n_test: 64}\naxes: {encoding: [rope]}\n"
+    + PROBES
+)
+OPTIONS = (
+    "probe_options: {ablation: {n: 32, whole_layers: true}, patching: {n: 8}, positional: {n: 4}, "
+    "generalization: {n: 8, extras: [2]}}\n"
+)
 
 
 def sha(path: Path) -> str:
@@ -80,22 +84,39 @@ def test_every_probe_result_records_the_weights_it_came_from(sweep_dir, tmp_path
     now = weights_provenance(run)
     assert now == {"sha256": sha(run / "model.safetensors"), "step": 2}
     files = sorted(p.name for p in run.glob("*.json") if p.name != "config.json")
-    assert files == ["ablation.json", "attention.json", "decomposition.json", "deposits.json", "generalization.json",
-                     "layer_ablation.json", "patching.json", "positional.json"]
+    assert files == [
+        "ablation.json",
+        "attention.json",
+        "decomposition.json",
+        "deposits.json",
+        "generalization.json",
+        "layer_ablation.json",
+        "patching.json",
+        "positional.json",
+    ]
     for name in files:
         assert json.loads((run / name).read_text())[WEIGHTS_KEY] == now, name
     assert json.loads((cell / "result.json").read_text())[WEIGHTS_KEY] == now
     # and what the commands write into a run directory
     d = tmp_path / "run"
     shutil.copytree(run, d)
-    for argv in (["ablate", str(d), "--n", "16", "--n-bootstrap", "0", "--no-figures", "--no-progress"],
-                 ["patch", str(d), "--n", "4", "--n-bootstrap", "0", "--no-figures"],
-                 ["decompose", str(d), "--n", "4", "--head", "0", "--no-figures"],
-                 ["circuit", str(d), "--n", "4", "--top-n", "2", "--method", "atp"],
-                 ["generalize", str(d), "--n", "8", "--extras", "2", "--no-progress"]):
+    for argv in (
+        ["ablate", str(d), "--n", "16", "--n-bootstrap", "0", "--no-figures", "--no-progress"],
+        ["patch", str(d), "--n", "4", "--n-bootstrap", "0", "--no-figures"],
+        ["decompose", str(d), "--n", "4", "--head", "0", "--no-figures"],
+        ["circuit", str(d), "--n", "4", "--top-n", "2", "--method", "atp"],
+        ["generalize", str(d), "--n", "8", "--extras", "2", "--no-progress"],
+    ):
         assert main(argv) == 0, argv
-    for name in ("ablation.json", "deposits.json", "patching.json", "patching_z.json", "decompose_L0H0.json",
-                 "circuit.json", "generalization.json"):
+    for name in (
+        "ablation.json",
+        "deposits.json",
+        "patching.json",
+        "patching_z.json",
+        "decompose_L0H0.json",
+        "circuit.json",
+        "generalization.json",
+    ):
         assert json.loads((d / name).read_text())[WEIGHTS_KEY] == now, name
 
 
@@ -103,10 +124,15 @@ def test_results_of_a_run_stopped_at_step_48_are_stale_once_it_resumes(tmp_path,
     """The issue's case: ablate a run stopped at step 48, resume it to the end; show, report and
     circuit must not give the step-48 verdict as the final model's."""
     d = tmp_path / "run"
-    with pytest.raises(Interrupted, match=r"stopped by SIGINT at step 48 of 96; the run is saved in .* at step 48"):
+    with pytest.raises(
+        Interrupted, match=r"stopped by SIGINT at step 48 of 96; the run is saved in .* at step 48"
+    ):
         pe_interp.train(out=d, epochs=12, callbacks=[StopAt(48)], **SMOKE)
     assert weights_provenance(d)["step"] == 48
-    assert main(["ablate", str(d), "--n", "32", "--n-bootstrap", "0", "--no-figures", "--no-progress"]) == 0
+    assert (
+        main(["ablate", str(d), "--n", "32", "--n-bootstrap", "0", "--no-figures", "--no-progress"])
+        == 0
+    )
     assert weights_status(d, d / "deposits.json") == (CURRENT, "")
     capsys.readouterr()
     assert main(["show", str(d)]) == 0
@@ -116,18 +142,35 @@ def test_results_of_a_run_stopped_at_step_48_are_stale_once_it_resumes(tmp_path,
     assert status == STALE and "step 48" in why and "step 96" in why
     assert main(["show", str(d)]) == 0
     out = capsys.readouterr().out
-    assert "single-head deposit  STALE: ablation.json was computed from other weights (step 48" in out
-    assert "layer concentration  STALE: deposits.json was computed from other weights (step 48" in out
-    assert "single-head deposit  YES" not in out and "single-head deposit  no" not in out and "  layer 0 " not in out
+    assert (
+        "single-head deposit  STALE: ablation.json was computed from other weights (step 48" in out
+    )
+    assert (
+        "layer concentration  STALE: deposits.json was computed from other weights (step 48" in out
+    )
+    assert (
+        "single-head deposit  YES" not in out
+        and "single-head deposit  no" not in out
+        and "  layer 0 " not in out
+    )
     assert "ablation.json" in out and "STALE: of other weights" in out
     assert main(["report", str(d)]) == 0
     page = (d / "report.html").read_text()
-    assert "Stale results left out." in page and "ablation.json" in page and "Not measured yet." in page
+    assert (
+        "Stale results left out." in page
+        and "ablation.json" in page
+        and "Not measured yet." in page
+    )
     assert main(["circuit", str(d), "--n", "4", "--top-n", "2", "--method", "atp"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "ablation.json: computed from other weights (step 48" in err, err
+    assert (
+        len(err.splitlines()) == 1 and "ablation.json: computed from other weights (step 48" in err
+    ), err
     assert not (d / "circuit.json").exists()
-    assert main(["ablate", str(d), "--n", "32", "--n-bootstrap", "0", "--no-figures", "--no-progress"]) == 0
+    assert (
+        main(["ablate", str(d), "--n", "32", "--n-bootstrap", "0", "--no-figures", "--no-progress"])
+        == 0
+    )
     assert weights_status(d, d / "deposits.json") == (CURRENT, "")
 
 
@@ -143,7 +186,9 @@ def test_the_generalisation_tables_leave_out_a_stale_result(sweep_dir, tmp_path)
     cell = load_run_cell(d)
     (point,) = load_points([cell], "quick")
     assert point.gen is None and point.conc is None
-    assert {"ablation.json", "layer_ablation.json", "generalization.json"} <= set(cell.extra["stale"])
+    assert {"ablation.json", "layer_ablation.json", "generalization.json"} <= set(
+        cell.extra["stale"]
+    )
     assert "computed from other weights (step 2" in cell.extra["stale"]["generalization.json"]
 
 
@@ -174,19 +219,35 @@ def test_changed_probe_options_recompute_exactly_the_probes_concerned(sweep_dir,
     cell = next((d / "cells").iterdir())
     before = {p.name: sha(p) for p in (cell / "run").glob("*.json")}
     code, err, summary = _rerun(d, GRID + OPTIONS, capfd)  # the same grid: nothing to do
-    assert code == 0 and summary["skipped"] == 1 and not summary["recomputed"] and "recomputing" not in err
+    assert (
+        code == 0
+        and summary["skipped"] == 1
+        and not summary["recomputed"]
+        and "recomputing" not in err
+    )
     code, err, summary = _rerun(d, GRID + OPTIONS.replace("n: 32", "n: 24"), capfd)
-    assert code == 0 and summary["recomputed"] == {cell.name: ["ablation", "attention", "decomposition"]}
-    assert ("p: recomputing ablation, attention, decomposition in 1 finished cell(s) (probe_options.ablation "
-            '{"n": 32, "whole_layers": true} -> {"n": 24, "whole_layers": true})') in err, err
+    assert code == 0 and summary["recomputed"] == {
+        cell.name: ["ablation", "attention", "decomposition"]
+    }
+    assert (
+        "p: recomputing ablation, attention, decomposition in 1 finished cell(s) (probe_options.ablation "
+        '{"n": 32, "whole_layers": true} -> {"n": 24, "whole_layers": true})'
+    ) in err, err
     after = {p.name: sha(p) for p in (cell / "run").glob("*.json")}
-    assert {k for k in after if after[k] != before[k]} == {"ablation.json", "deposits.json", "layer_ablation.json",
-                                                           "attention.json", "decomposition.json"}
+    assert {k for k in after if after[k] != before[k]} == {
+        "ablation.json",
+        "deposits.json",
+        "layer_ablation.json",
+        "attention.json",
+        "decomposition.json",
+    }
     result = json.loads((cell / "result.json").read_text())
     assert result["ablation"]["ablation"]["n_examples"] == 24
     assert result["probe_options_run"]["ablation"] == {"n": 24, "whole_layers": True}
     assert json.loads((d / "grid.json").read_text())["probe_options"]["ablation"]["n"] == 24
-    assert sha(cell / "run" / "model.safetensors") == sha(sweep_dir / "cells" / cell.name / "run" / "model.safetensors")
+    assert sha(cell / "run" / "model.safetensors") == sha(
+        sweep_dir / "cells" / cell.name / "run" / "model.safetensors"
+    )
 
 
 def test_an_added_probe_runs_alone(tmp_path, capfd):
@@ -195,7 +256,9 @@ def test_an_added_probe_runs_alone(tmp_path, capfd):
     assert main(["sweep", str(grid), "--out", str(tmp_path / "s"), "--no-progress"]) == 0
     cell = next((tmp_path / "s" / "cells").iterdir())
     positional = sha(cell / "run" / "positional.json")
-    code, err, summary = _rerun(tmp_path / "s", GRID.replace(PROBES, "probes: [positional, patching]\n"), capfd)
+    code, err, summary = _rerun(
+        tmp_path / "s", GRID.replace(PROBES, "probes: [positional, patching]\n"), capfd
+    )
     assert code == 0 and summary["recomputed"] == {cell.name: ["patching"]}
     assert "recomputing patching in 1 finished cell(s) (patching added to probes)" in err
     assert sha(cell / "run" / "positional.json") == positional
@@ -214,8 +277,16 @@ def test_a_cell_of_other_weights_is_left_out_then_recomputed(sweep_dir, tmp_path
     assert main(["report", str(d)]) == 0
     assert "stale results" in (d / "summary.md").read_text()
     code, err, summary = _rerun(d, GRID + OPTIONS, capfd)
-    assert code == 0 and summary["recomputed"] == {cell.name: ["ablation", "patching", "positional", "attention",
-                                                               "decomposition", "generalization"]}
+    assert code == 0 and summary["recomputed"] == {
+        cell.name: [
+            "ablation",
+            "patching",
+            "positional",
+            "attention",
+            "decomposition",
+            "generalization",
+        ]
+    }
     assert "(their results came from other weights)" in err
     results, errors = collect(d)
     assert len(results) == 1 and not errors

@@ -77,11 +77,16 @@ def test_smoke_summary_matches_the_golden_file(repro):
     # split-half R² of float32 attention scores, near 0 here) to 1e-6 absolute: an AMD EPYC
     # differs from the Intel Xeons by 1.3e-7 (measured; every trained number agrees exactly).
     # Everything else exactly.
-    diffs = sorted(k for k in set(got) | set(want)
-                   if not _same(got.get(k), want.get(k), rel=1e-6 if k == "gradients" else 0.0))
+    diffs = sorted(
+        k
+        for k in set(got) | set(want)
+        if not _same(got.get(k), want.get(k), rel=1e-6 if k == "gradients" else 0.0)
+    )
     if diffs:
-        pytest.fail(f"summary.json differs from {GOLDEN.name} in {diffs} (see the docstring to regenerate "
-                    "it when numbers are meant to change)")
+        pytest.fail(
+            f"summary.json differs from {GOLDEN.name} in {diffs} (see the docstring to regenerate "
+            "it when numbers are meant to change)"
+        )
 
 
 ABS_TOL = {"top_l0_positional": 1e-6}  # floats under these keys: within this, absolutely
@@ -140,7 +145,12 @@ def test_summary_has_three_well_formed_tables(repro):
     assert "preset `smoke`" in md
     assert "Failed cells**: none" in md
     assert "2 layers, d_model 32, 4 heads" in md  # from the runs' config.json
-    for title in ("Accuracy by encoding", "Single-head deposits", "Claims C1–C17", "Task baselines"):
+    for title in (
+        "Accuracy by encoding",
+        "Single-head deposits",
+        "Claims C1–C17",
+        "Task baselines",
+    ):
         rows = md_table(md_section(md, title))
         n = len(rows[0])
         assert all(len(r) == n for r in rows), f"{title}: ragged table"
@@ -164,7 +174,9 @@ def test_accuracy_table_and_baselines(repro):
         assert rec["mean"] == pytest.approx(100 * result["final"]["test_acc"], abs=1e-4)
     base = {r["task"]: r for r in data["tables"]["baselines"]["records"]}
     for task in ("distance", "count"):
-        cfg = json.loads(next((repro.out / "cells").glob(f"*task-{task}*/run/config.json")).read_text())
+        cfg = json.loads(
+            next((repro.out / "cells").glob(f"*task-{task}*/run/config.json")).read_text()
+        )
         t = task_from_dict(cfg["task"])
         assert base[task]["chance"] == pytest.approx(100 * t.chance_accuracy(), abs=1e-4)
         assert base[task]["length_only"] == pytest.approx(100 * t.length_only_accuracy(), abs=1e-4)
@@ -184,7 +196,9 @@ def test_every_claim_has_a_status(repro):
         evidence = r[header.index("Evidence (this run)")]
         assert evidence, f"{r[0]} gives no evidence"
         if status[r[0]] in (REPRODUCED, NOT_REPRODUCED):  # a verdict cites what it measured
-            assert re.search(r"\d", evidence), f"{r[0]}: a {status[r[0]]} verdict without a number: {evidence}"
+            assert re.search(r"\d", evidence), (
+                f"{r[0]}: a {status[r[0]]} verdict without a number: {evidence}"
+            )
     # Independent of the training run: the paper-size baselines (a sanity check, by construction).
     assert status["C17"] == SANITY_CHECK
     assert status["C13"] == NOT_MEASURED
@@ -208,7 +222,11 @@ def test_deposit_table(repro):
     recs = data["tables"]["deposits"]["records"]
     assert len(recs) == 2 * len(ENCODINGS) and {r["encoding"] for r in recs} == set(ENCODINGS)
     for r in recs:
-        assert r["measured"] and r["layer_concentration"] in (True, False) and r["single_head_deposit"] in (True, False)
+        assert (
+            r["measured"]
+            and r["layer_concentration"] in (True, False)
+            and r["single_head_deposit"] in (True, False)
+        )
         assert isinstance(r["layer"], int) and isinstance(r["head"], int)
         assert r["ci"] is not None and r["ci"][0] <= r["drop"] + 1e-9 <= r["ci"][1] + 2e-9
         # the share is the head's drop over its layer's summed positive drops, from the stored sweep
@@ -250,15 +268,24 @@ def test_a_rerun_gives_a_finished_cell_the_probes_it_lacks(repro, tmp_path, capf
     assert summary.done == [cell.name] and not summary.failed
     # overall progress: cells done of the total, time per cell, an ETA (not only a bar per run)
     err = capfd.readouterr().err
-    assert f"reproduce-smoke: {len(list((out / 'cells').iterdir()))} cells, 5 already finished, 1 to run" in err
+    assert (
+        f"reproduce-smoke: {len(list((out / 'cells').iterdir()))} cells, 5 already finished, 1 to run"
+        in err
+    )
     # the last cell's line has no ETA left to give (sweep.executors.Progress)
-    assert re.search(rf"\[1/1\] {re.escape(cell.name)}: held-out acc 0\.\d+; \S+ \S+ elapsed, \S+ \S+/cell$", err, re.M), err
+    assert re.search(
+        rf"\[1/1\] {re.escape(cell.name)}: held-out acc 0\.\d+; \S+ \S+ elapsed, \S+ \S+/cell$",
+        err,
+        re.M,
+    ), err
     assert (cell / "run" / "attention.json").is_file()
     assert (cell / "run" / "model.safetensors").stat().st_mtime_ns == weights  # not trained again
     assert "attention" in json.loads((cell / "result.json").read_text())["probes_run"]
     got = json.loads((out / "summary.json").read_text())
     want = json.loads((repro.out / "summary.json").read_text())
-    assert {k: v for k, v in got.items() if k != "out_dir"} == {k: v for k, v in want.items() if k != "out_dir"}
+    assert {k: v for k, v in got.items() if k != "out_dir"} == {
+        k: v for k, v in want.items() if k != "out_dir"
+    }
 
 
 def test_flagged_deposit_and_failed_cell_are_reported(repro, tmp_path):
@@ -274,7 +301,8 @@ def test_flagged_deposit_and_failed_cell_are_reported(repro, tmp_path):
     path.write_text(json.dumps(result))
     (out / "cells" / "broken-cell").mkdir()
     (out / "cells" / "broken-cell" / "error.json").write_text(
-        json.dumps({"id": "broken-cell", "error": "RuntimeError: deliberate\ntraceback..."}))
+        json.dumps({"id": "broken-cell", "error": "RuntimeError: deliberate\ntraceback..."})
+    )
     write_report(out, preset="smoke")
     md = (out / "summary.md").read_text()
     assert "**Failed cells (1)**" in md and "`broken-cell`: RuntimeError: deliberate" in md
@@ -323,7 +351,11 @@ def test_report_html_is_self_contained(repro):
     for src in imgs:
         assert src.startswith("data:image/png;base64,"), src[:60]
         Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).verify()
-    for key in ("Claims C1–C17", "Accuracy by encoding and task", "Single-head deposits and layer concentration, per model"):
+    for key in (
+        "Claims C1–C17",
+        "Accuracy by encoding and task",
+        "Single-head deposits and layer concentration, per model",
+    ):
         assert key in text
     assert "sourceMappingURL" not in text
     # Bundle exactly once; one small render call per widget.
@@ -342,7 +374,7 @@ def test_first_screen_answers_the_deposit_question_before_the_claims(repro):
     verdict, claims = text.index("id='verdict'"), text.index("<section id='claims'>")
     assert verdict < text.index("<nav>") < text.index("<section id='deposits'>") < claims
     assert claims > text.index("<section id='attention'>")
-    first = text[verdict:text.index("<nav>")]
+    first = text[verdict : text.index("<nav>")]
     assert "Is there a single-head deposit, and where?" in first
     assert re.search(r"<b>(No|Yes)</b>: ", first)
     assert first.count("<img alt='ablation heatmap") == len(ENCODINGS)  # every task-1 model
@@ -359,7 +391,12 @@ def test_figures_are_readable(repro):
     text = (repro.out / "report.html").read_text()
     widths = []
     for alt, src in re.findall(r"<img alt='([^']*)' src='(data:image/png;base64,[^']+)'", text):
-        if "positional" in alt or "patching" in alt or alt.startswith("rope ·") or "distance" in alt:
+        if (
+            "positional" in alt
+            or "patching" in alt
+            or alt.startswith("rope ·")
+            or "distance" in alt
+        ):
             widths.append(Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1]))).width)
     assert widths and min(widths) >= 600, widths
 
@@ -398,18 +435,35 @@ def grid_result(baseline: float, drops) -> AblationResult:
     """A single-head zero-ablation grid with these accuracy ``drops`` and CIs ±0.01."""
     d = np.asarray(drops, dtype=float)
     L, H = d.shape
-    return AblationResult(baseline, baseline - d, d, d - 0.01, d + 0.01, "zero", "accuracy", True, 1000, L, H)
+    return AblationResult(
+        baseline, baseline - d, d, d - 0.01, d + 0.01, "zero", "accuracy", True, 1000, L, H
+    )
 
 
 def _cell(label, task, seed, acc, drops, kind="multiplicative", run_dir=Path("/nonexistent")):
-    return CellInfo(f"{label}-{task}-{seed}", label, task, seed, kind, {}, {"test_acc": acc},
-                    Path(run_dir), None, grid_result(acc, drops), None, None)
+    return CellInfo(
+        f"{label}-{task}-{seed}",
+        label,
+        task,
+        seed,
+        kind,
+        {},
+        {"test_acc": acc},
+        Path(run_dir),
+        None,
+        grid_result(acc, drops),
+        None,
+        None,
+    )
 
 
 def _ctx(cells):
     from pe_interp.report.data import acc_stats
 
-    base = {"distance": {"chance": 0.0143, "length_only": 0.0537}, "count": {"chance": 0.01, "length_only": 0.01}}
+    base = {
+        "distance": {"chance": 0.0143, "length_only": 0.0537},
+        "count": {"chance": 0.01, "length_only": 0.01},
+    }
     return Context(cells=cells, acc=acc_stats(cells), baselines=base, preset="quick")
 
 
@@ -417,12 +471,31 @@ def test_claims_on_a_clean_deposit(tmp_path):
     dep = [[0.6, 0.01, 0.0, 0.02], [0.01, 0.0, 0.0, 0.01], [0.0, 0.0, 0.0, 0.0]]
     flat = [[0.02, 0.01, 0.0, 0.02], [0.01, 0.0, 0.0, 0.01], [0.0, 0.0, 0.0, 0.0]]
     # deposit dynamics as probes.deposit.DepositDynamics writes them: one line per (step, layer)
-    (tmp_path / "deposit_dynamics.jsonl").write_text("".join(
-        json.dumps({"step": step, "layer": 0, "method": "zero", "metric": "accuracy", "n_probe": 512,
-                    "baseline": 0.9, "values": [0.9 - m, 0.9, 0.9, 0.9], "drops": [m, 0.0, 0.0, 0.0],
-                    "top_head": 0, "top_drop": m, "second_head": 1, "second_drop": 0.0, "margin": m,
-                    "share": 1.0, "entropy": 0.0}) + "\n"
-        for step, m in [(0, 0.01), (50, 0.2), (100, 0.55)]))
+    (tmp_path / "deposit_dynamics.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "step": step,
+                    "layer": 0,
+                    "method": "zero",
+                    "metric": "accuracy",
+                    "n_probe": 512,
+                    "baseline": 0.9,
+                    "values": [0.9 - m, 0.9, 0.9, 0.9],
+                    "drops": [m, 0.0, 0.0, 0.0],
+                    "top_head": 0,
+                    "top_drop": m,
+                    "second_head": 1,
+                    "second_drop": 0.0,
+                    "margin": m,
+                    "share": 1.0,
+                    "entropy": 0.0,
+                }
+            )
+            + "\n"
+            for step, m in [(0, 0.01), (50, 0.2), (100, 0.55)]
+        )
+    )
     cells = [_cell("rope", "distance", s, 0.92, dep, run_dir=tmp_path) for s in range(3)]
     cells += [_cell("nope", "distance", s, 0.05, flat, "none") for s in range(3)]
     cells += [_cell("rope", "count", s, 0.69, flat) for s in range(3)]
@@ -431,7 +504,10 @@ def test_claims_on_a_clean_deposit(tmp_path):
     assert set(claims) == set(CLAIM_IDS)
     for cid in ("C4", "C7", "C8", "C9", "C14", "C16"):
         assert claims[cid].status == REPRODUCED, (cid, claims[cid].evidence)
-    assert "layer-0 margin during training step 0: 1.0 → step 50: 20.0 → step 100: 55.0 pts" in claims["C16"].evidence
+    assert (
+        "layer-0 margin during training step 0: 1.0 → step 50: 20.0 → step 100: 55.0 pts"
+        in claims["C16"].evidence
+    )
     assert claims["C2"].status == NOT_MEASURED  # alibi was not run
     assert claims["C5"].status == NOT_MEASURED and claims["C12"].status == NOT_MEASURED
 
@@ -446,7 +522,10 @@ def test_claims_when_the_deposit_is_spread_or_the_model_failed():
     claims = {c.id: c for c in evaluate_claims(_ctx(failed))}
     assert claims["C7"].status == NOT_MEASURED and "did not learn" in claims["C7"].evidence
     # a model below 50% cannot show a 50-point drop: "no deposit" is not informative
-    low = [_cell("nope", "distance", 0, 0.3, spread, "none"), _cell("rope", "count", 0, 0.4, spread)]
+    low = [
+        _cell("nope", "distance", 0, 0.3, spread, "none"),
+        _cell("rope", "count", 0, 0.4, spread),
+    ]
     assert {c.id: c for c in evaluate_claims(_ctx(low))}["C9"].status == NOT_MEASURED
 
 
@@ -454,8 +533,14 @@ def test_cells_read_the_deposit_report_schema():
     """The report reads ``probes.deposit``'s DepositReport with its own ``from_dict``."""
     cell = _cell("rope", "distance", 0, 0.9, [[0.6, 0.0], [0.0, 0.0]])
     assert cell.found is None and cell.flagged == ()
-    report = {"deposits": [[1, 2], [0, 3]], "layers": [], "metric": "accuracy", "method": "zero", "baseline": 0.9,
-              "thresholds": {"min_drop": 0.2, "min_share": 0.5, "require_separation": True}}
+    report = {
+        "deposits": [[1, 2], [0, 3]],
+        "layers": [],
+        "metric": "accuracy",
+        "method": "zero",
+        "baseline": 0.9,
+        "thresholds": {"min_drop": 0.2, "min_share": 0.5, "require_separation": True},
+    }
     cell.deposits = DepositReport.from_dict(report)
     assert cell.found and cell.flagged == ((0, 3), (1, 2)) and cell.deposits.first == (0, 3)
     cell.deposits = DepositReport.from_dict({**report, "deposits": []})
@@ -466,17 +551,29 @@ def test_cells_read_the_deposit_report_schema():
 # ------------------------------------------------------------------------------------------------
 # headless Chromium over the DevTools protocol (--remote-debugging-pipe)
 # ------------------------------------------------------------------------------------------------
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1280,2400"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,2400",
+]
 LOCAL_SCHEMES = ("file:", "data:", "about:", "blob:", "chrome:", "devtools:")
 
 
 def chromium_binary() -> str:
-    path = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+    path = shutil.which("chromium") or (
+        "/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None
+    )
     if path is None:
         if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (CI installs it with `apt-get install -y chromium`)")
+            pytest.fail(
+                "chromium is not installed (CI installs it with `apt-get install -y chromium`)"
+            )
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
     return path
 
@@ -494,10 +591,19 @@ class DevTools:
         hi_r, hi_w = fcntl.fcntl(cmd_r, fcntl.F_DUPFD, 10), fcntl.fcntl(evt_w, fcntl.F_DUPFD, 10)
         for fd in (cmd_r, evt_w):
             os.close(fd)
-        argv = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}", "--remote-debugging-pipe", "about:blank"]
+        argv = [
+            binary,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={self.profile}",
+            "--remote-debugging-pipe",
+            "about:blank",
+        ]
         self.proc = subprocess.Popen(
             ["bash", "-c", f'exec "$@" 3<&{hi_r} 4>&{hi_w} {hi_r}<&- {hi_w}>&-', "bash", *argv],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, pass_fds=(hi_r, hi_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            pass_fds=(hi_r, hi_w),
         )
         os.close(hi_r)
         os.close(hi_w)
@@ -511,7 +617,10 @@ class DevTools:
             if select.select([self._r], [], [], left)[0]:
                 chunk = os.read(self._r, 1 << 20)
                 if not chunk:
-                    raise RuntimeError("chromium exited: " + self.proc.stderr.read().decode(errors="replace")[-2000:])
+                    raise RuntimeError(
+                        "chromium exited: "
+                        + self.proc.stderr.read().decode(errors="replace")[-2000:]
+                    )
                 self.buf += chunk
         msg, self.buf = self.buf.split(b"\0", 1)
         return json.loads(msg)
@@ -580,31 +689,48 @@ def browser_check(path: Path, widget_selector: str = ".cv-widget", settle: float
         widgets: list[int] = []
         deadline = time.time() + 20
         while True:  # React renders asynchronously after the module scripts ran
-            res = dt.call("Runtime.evaluate", {
-                "expression": f"Array.from(document.querySelectorAll({json.dumps(widget_selector)}))"
-                              ".map(d => d.childElementCount)", "returnByValue": True}, session=sid)
+            res = dt.call(
+                "Runtime.evaluate",
+                {
+                    "expression": f"Array.from(document.querySelectorAll({json.dumps(widget_selector)}))"
+                    ".map(d => d.childElementCount)",
+                    "returnByValue": True,
+                },
+                session=sid,
+            )
             widgets = res["result"]["value"]
             if all(widgets) or time.time() > deadline:
                 break
             time.sleep(0.25)
         dt.wait_for(None, settle)  # collect late events
-        shot = dt.call("Page.captureScreenshot", {"format": "png"}, session=sid)  # the 1280×2400 viewport
+        shot = dt.call(
+            "Page.captureScreenshot", {"format": "png"}, session=sid
+        )  # the 1280×2400 viewport
         errors, external = [], []
         for e in dt.events:
             m, p = e.get("method"), e.get("params", {})
             if m == "Runtime.exceptionThrown":
                 d = p["exceptionDetails"]
-                errors.append("uncaught: " + (d.get("exception", {}).get("description") or d.get("text", "")))
+                errors.append(
+                    "uncaught: " + (d.get("exception", {}).get("description") or d.get("text", ""))
+                )
             elif m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-                errors.append("console: " + " ".join(str(a.get("value", a.get("description", ""))) for a in p["args"]))
+                errors.append(
+                    "console: "
+                    + " ".join(str(a.get("value", a.get("description", ""))) for a in p["args"])
+                )
             elif m == "Log.entryAdded" and p["entry"].get("level") == "error":
                 errors.append("log: " + p["entry"].get("text", ""))
             elif m == "Network.requestWillBeSent":
                 url = p["request"]["url"]
                 if not url.startswith(LOCAL_SCHEMES):
                     external.append(url)
-        return {"errors": errors, "external": external, "widgets": widgets,
-                "screenshot": base64.b64decode(shot["data"])}
+        return {
+            "errors": errors,
+            "external": external,
+            "widgets": widgets,
+            "screenshot": base64.b64decode(shot["data"]),
+        }
     finally:
         dt.close()
 
@@ -644,14 +770,18 @@ def test_report_renders_in_chromium(repro, tmp_path):
     assert res["external"] == [], res["external"]
     (tmp_path / "report.png").write_bytes(res["screenshot"])
     assert not is_flat(res["screenshot"])
-    assert res["widgets"] and all(n > 0 for n in res["widgets"]), f"circuitsvis widgets not rendered: {res['widgets']}"
+    assert res["widgets"] and all(n > 0 for n in res["widgets"]), (
+        f"circuitsvis widgets not rendered: {res['widgets']}"
+    )
 
 
 def test_gradient_seed_verdict():
     from pe_interp.report.gradients import judge
 
-    seeded = {"rope": {"values": [[[0.30, 0.10]], [[0.28, 0.1]]], "seeds": [0, 1]},
-              "alibi": {"values": [[[0.09, 0.08]], [[0.10, 0.07]]], "seeds": [0, 1]}}
+    seeded = {
+        "rope": {"values": [[[0.30, 0.10]], [[0.28, 0.1]]], "seeds": [0, 1]},
+        "alibi": {"values": [[[0.09, 0.08]], [[0.10, 0.07]]], "seeds": [0, 1]},
+    }
     assert judge(seeded, 128)["status"] == REPRODUCED  # 2/sqrt(128) = 0.177
     same = {"rope": seeded["alibi"], "alibi": seeded["alibi"]}
     assert judge(same, 128)["status"] == NOT_REPRODUCED
@@ -668,32 +798,68 @@ def test_demo_opens_up_a_committed_checkpoint(tmp_path, capsys):
 
     ckpt = tmp_path / "checkpoints" / "tiny-rope"
     pe_interp.train(preset="smoke", encoding="sinusoidal+rope", seed=5, out=ckpt, progress=False)
-    (ckpt / "train_state.safetensors").unlink()  # a committed checkpoint holds config and weights only
+    (
+        ckpt / "train_state.safetensors"
+    ).unlink()  # a committed checkpoint holds config and weights only
     planted = tmp_path / "checkpoints" / "planted-tiny"  # a constructed model: shown first
-    pe_interp.train(preset="smoke", encoding="rope(heads=(1,), layers=(0,))", seed=2, out=planted, progress=False)
+    pe_interp.train(
+        preset="smoke",
+        encoding="rope(heads=(1,), layers=(0,))",
+        seed=2,
+        out=planted,
+        progress=False,
+    )
     # its committed circuit (circuit.json) travels with it and is shown with its verdicts
-    assert main(["circuit", str(planted), "--method", "atp", "--aligned", "--n", "16", "--top-n", "6"]) == 0
+    assert (
+        main(["circuit", str(planted), "--method", "atp", "--aligned", "--n", "16", "--top-n", "6"])
+        == 0
+    )
     (tmp_path / "checkpoints" / "not-a-run").mkdir()  # ignored: no config.json
     out = tmp_path / "demo"
-    argv = ["demo", "--preset", "smoke", "--out", str(out), "--checkpoints", str(tmp_path / "checkpoints"),
-            "--workers", "1", "--no-progress"]
+    argv = [
+        "demo",
+        "--preset",
+        "smoke",
+        "--out",
+        str(out),
+        "--checkpoints",
+        str(tmp_path / "checkpoints"),
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "The trained models: is there a single-head deposit, and where?" in printed
     assert f"report: {(out / 'report.html').resolve()}" in printed
-    first = printed.index("A constructed model first: checkpoints/planted-tiny (rope(heads=(1,),layers=(0,))")
-    assert first < printed.index("The trained models") and "positional deposit (where position enters):" in printed
+    first = printed.index(
+        "A constructed model first: checkpoints/planted-tiny (rope(heads=(1,),layers=(0,))"
+    )
+    assert (
+        first < printed.index("The trained models")
+        and "positional deposit (where position enters):" in printed
+    )
     assert first < printed.index("its σ-aligned circuit: ") < printed.index("The trained models")
     cells = sorted(p.name for p in (out / "cells").iterdir())
     assert len(cells) == 5 and any("checkpoint-tiny-rope" in c for c in cells)
     ck = next((out / "cells").glob("*checkpoint-tiny-rope*"))
     result = json.loads((ck / "result.json").read_text())
-    assert set(result["probes_run"]) == {"ablation", "routes", "patching", "positional", "attention", "decomposition"}
+    assert set(result["probes_run"]) == {
+        "ablation",
+        "routes",
+        "patching",
+        "positional",
+        "attention",
+        "decomposition",
+    }
     assert result["seed"] == 5 and result["params"]["encoding"] == "sinusoidal+rope"
     page = (out / "report.html").read_text()
-    first = page[page.index("id='verdict'"):page.index("<nav>")]
+    first = page[page.index("id='verdict'") : page.index("<nav>")]
     assert "sinusoidal+rope [checkpoint tiny-rope]" in first
-    assert "re-create it with <code>pe-interp train --task distance --encoding sinusoidal+rope --preset smoke --seed 5" in first
+    assert (
+        "re-create it with <code>pe-interp train --task distance --encoding sinusoidal+rope --preset smoke --seed 5"
+        in first
+    )
     # a rerun trains nothing and leaves the checkpoint's cell alone
     stamp = (ck / "result.json").stat().st_mtime_ns
     assert main(argv) == 0
@@ -709,7 +875,9 @@ def test_a_grid_of_variants_gets_the_study_table(repro, tmp_path):
     out = tmp_path / "study"
     shutil.copytree(repro.out, out)
     grid = json.loads((out / "grid.json").read_text())
-    params = json.loads(next((out / "cells").glob("*rope*task-distance*/result.json")).read_text())["params"]
+    params = json.loads(next((out / "cells").glob("*rope*task-distance*/result.json")).read_text())[
+        "params"
+    ]
     grid["base"] = {**grid.get("base", {}), **{k: v for k, v in params.items() if k != "seed"}}
     grid["variants"] = [{}, {"encoding": "nope"}]
     (out / "grid.json").write_text(json.dumps(grid))

@@ -29,9 +29,19 @@ from pe_interp.tasks import (
 
 RETRIEVE = {
     "retrieve": RetrieveTask(),
-    "retrieve-small": RetrieveTask(d_vocab=20, offset=2, max_side=3, max_after=6, max_len=10, seed=3),
-    "retrieve-extended": RetrieveTask(d_vocab=40, offset=3, max_side=4, max_after=8, max_len=20,
-                                      extra_left=5, extra_right=2, seed=1),
+    "retrieve-small": RetrieveTask(
+        d_vocab=20, offset=2, max_side=3, max_after=6, max_len=10, seed=3
+    ),
+    "retrieve-extended": RetrieveTask(
+        d_vocab=40,
+        offset=3,
+        max_side=4,
+        max_after=8,
+        max_len=20,
+        extra_left=5,
+        extra_right=2,
+        seed=1,
+    ),
 }
 KINDS = ("position", "content", "both")
 
@@ -60,7 +70,11 @@ def test_retrieve_labels_by_scan(name: str) -> None:
     b = task.sample(400, seed=7).validate(task.d_vocab)
     assert b.tokens.shape == (400, task.max_len)
     values = task.values.tolist()
-    assert task.marker not in values and 0 not in values and len(values) == task.d_vocab - 2 == task.n_classes
+    assert (
+        task.marker not in values
+        and 0 not in values
+        and len(values) == task.d_vocab - 2 == task.n_classes
+    )
     for row, label in zip(rows(b), b.labels.tolist()):
         at, target = scan_target(task, row)
         assert values[label] == target  # the class is the value's index among the values
@@ -81,7 +95,9 @@ def test_retrieve_spans_by_scan(name: str) -> None:
         expected += ["suffix"] * (len(row) - len(expected)) + ["padding"] * (width - len(row))
         assert [task.span_names[k] for k in span] == expected
     with pytest.raises(ValueError, match="row 0 does not hold exactly one marker"):
-        task.spans(Batch(torch.ones_like(b.tokens[:1]), b.labels[:1], torch.ones_like(b.pad_mask[:1])))
+        task.spans(
+            Batch(torch.ones_like(b.tokens[:1]), b.labels[:1], torch.ones_like(b.pad_mask[:1]))
+        )
 
 
 def test_retrieve_targets_cover_every_value_and_position() -> None:
@@ -95,7 +111,9 @@ def test_retrieve_targets_cover_every_value_and_position() -> None:
 def brute_force_retrieve(task: RetrieveTask) -> tuple[Counter, Fraction]:
     """Every (left, after) pair: counts per length, and E[1 / (length - 1)]."""
     lengths: Counter[int] = Counter()
-    for left, after in itertools.product(range(1, task.max_side + 1), range(task.offset, task.max_after + 1)):
+    for left, after in itertools.product(
+        range(1, task.max_side + 1), range(task.offset, task.max_after + 1)
+    ):
         lengths[left + task.extra_left + 1 + after + task.extra_right] += 1
     total = sum(lengths.values())
     return lengths, sum(Fraction(c, total * (length - 1)) for length, c in lengths.items())
@@ -109,7 +127,9 @@ def test_retrieve_baselines_match_brute_force(name: str) -> None:
     assert counts.shape == (task.max_len + 1, task.n_classes)
     assert {i: int(counts[i, 0]) for i in range(task.max_len + 1) if counts[i, 0]} == dict(lengths)
     assert bool((counts == counts[:, :1]).all())  # every class equally likely at every length
-    assert task.chance_accuracy() == task.length_only_accuracy() == float(Fraction(1, task.n_classes))
+    assert (
+        task.chance_accuracy() == task.length_only_accuracy() == float(Fraction(1, task.n_classes))
+    )
     assert task.content_only_accuracy() == float(content_only)
 
 
@@ -141,8 +161,12 @@ def test_retrieve_counterfactual_families(name: str, kind: str) -> None:
     pairs = task.counterfactuals(200, kind=kind, seed=1)
     assert len(pairs) == 200 and torch.equal(pairs.clean.pad_mask, pairs.corrupt.pad_mask)
     values = task.values.tolist()
-    for clean, corrupt, lc, lx in zip(rows(pairs.clean), rows(pairs.corrupt),
-                                      pairs.clean.labels.tolist(), pairs.corrupt.labels.tolist()):
+    for clean, corrupt, lc, lx in zip(
+        rows(pairs.clean),
+        rows(pairs.corrupt),
+        pairs.clean.labels.tolist(),
+        pairs.corrupt.labels.tolist(),
+    ):
         (at, target), (new_at, new_target) = scan_target(task, clean), scan_target(task, corrupt)
         assert values[lc] == target and values[lx] == new_target and lc != lx
         assert len(set(corrupt)) == len(corrupt)
@@ -173,10 +197,17 @@ def test_retrieve_round_trips(name: str, tmp_path) -> None:
     assert first["target"] == scan_target(task, rows(batch)[0])[1]
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"offset": 0}, "offset"), ({"max_after": 3}, "max_after"), ({"max_len": 100}, "max_len"),
-    ({"d_vocab": 100}, "d_vocab"), ({"extra_left": -1}, "extra_left"), ({"max_side": 0}, "max_side"),
-])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"offset": 0}, "offset"),
+        ({"max_after": 3}, "max_after"),
+        ({"max_len": 100}, "max_len"),
+        ({"d_vocab": 100}, "d_vocab"),
+        ({"extra_left": -1}, "extra_left"),
+        ({"max_side": 0}, "max_side"),
+    ],
+)
 def test_retrieve_bad_configs(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=rf"RetrieveTask\.{field} must be"):
         RetrieveTask(**kwargs)
@@ -185,10 +216,14 @@ def test_retrieve_bad_configs(kwargs: dict, field: str) -> None:
 @pytest.mark.parametrize("preset", ["smoke", "quick", "mid", "paper"])
 def test_retrieve_presets(preset: str) -> None:
     model_cfg, task, _ = build_run_configs(task="retrieve", encoding="rope", preset=preset)
-    assert isinstance(task, RetrieveTask) and model_cfg.n_classes == task.n_classes == task.d_vocab - 2
+    assert (
+        isinstance(task, RetrieveTask) and model_cfg.n_classes == task.n_classes == task.d_vocab - 2
+    )
     assert model_cfg.n_ctx == task.max_len
     assert task.length_only_accuracy() == task.chance_accuracy() < 0.05
-    _, authors, _ = build_run_configs(task="retrieve", encoding="rope", preset=preset, authors_quirks=True)
+    _, authors, _ = build_run_configs(
+        task="retrieve", encoding="rope", preset=preset, authors_quirks=True
+    )
     assert authors == task
     assert make_task("retrieve", **{k: v for k, v in task.to_dict().items() if k != "name"}) == task
 
@@ -196,8 +231,15 @@ def test_retrieve_presets(preset: str) -> None:
 # ------------------------------------------------------------------------------------- extended tasks
 EXTENDABLE = {
     "distance": DistanceTask(d_vocab=40, max_between=6, max_side=3, max_len=14, seed=2),
-    "distance-authors": DistanceTask(d_vocab=40, max_between=6, max_side=3, max_len=14, fillers_include_triggers=True,
-                                     distinct_fillers=True, seed=2),
+    "distance-authors": DistanceTask(
+        d_vocab=40,
+        max_between=6,
+        max_side=3,
+        max_len=14,
+        fillers_include_triggers=True,
+        distinct_fillers=True,
+        seed=2,
+    ),
     "retrieve": RetrieveTask(d_vocab=40, offset=2, max_side=3, max_after=6, max_len=10, seed=3),
     "count": CountTask(d_vocab=20, n_triggers=4, max_count=6, length=10, seed=1),
 }
@@ -210,8 +252,15 @@ def check_extended_row(base, ext, family: str, extra: int, row: list[int], label
     if isinstance(base, DistanceTask):
         if base.fillers_include_triggers:  # ambiguous rows: the label is one of the scanned pairs
             t1, t2 = base.triggers
-            pairs = {(i, j) for i, a in enumerate(row) for j, b in enumerate(row) if a == t1 and b == t2 and j > i}
-            assert any(j - i == label + 2 and left + 1 <= i <= left + base.max_side for i, j in pairs)
+            pairs = {
+                (i, j)
+                for i, a in enumerate(row)
+                for j, b in enumerate(row)
+                if a == t1 and b == t2 and j > i
+            }
+            assert any(
+                j - i == label + 2 and left + 1 <= i <= left + base.max_side for i, j in pairs
+            )
             return
         i, j = scan_distance(base, row)
         assert j - i == label + 2
@@ -236,7 +285,9 @@ def test_extended_rows_keep_their_labels(name: str) -> None:
         for extra in (1, 4, base.max_len):
             ext = base.extended(family, extra)
             assert type(ext) is type(base) and ext.max_len == base.max_len + extra
-            assert torch.equal(ext.label_values, base.label_values) and ext.triggers == base.triggers
+            assert (
+                torch.equal(ext.label_values, base.label_values) and ext.triggers == base.triggers
+            )
             b = ext.sample(300, seed=3).validate(ext.d_vocab)
             for row, label in zip(rows(b), b.labels.tolist()):
                 check_extended_row(base, ext, family, extra, row, label)
@@ -245,8 +296,10 @@ def test_extended_rows_keep_their_labels(name: str) -> None:
             assert int(b.lengths.min()) >= int(lengths.min()) + extra
             assert int(b.lengths.max()) <= int(lengths.max()) + extra
             padded = torch.zeros(len(train), ext.max_len, dtype=torch.long)
-            padded[:, :base.max_len] = train.tokens
-            assert not torch.isin(row_hashes(b.tokens), row_hashes(padded)).any()  # none is a training row
+            padded[:, : base.max_len] = train.tokens
+            assert not torch.isin(
+                row_hashes(b.tokens), row_hashes(padded)
+            ).any()  # none is a training row
             assert ext.chance_accuracy() == base.chance_accuracy()
             if family != "length":  # lengths shift by a constant: the length-only ceiling stays
                 assert ext.length_only_accuracy() == base.length_only_accuracy()
@@ -278,29 +331,67 @@ def test_every_probe_runs_on_task_3(tmp_path) -> None:
     from probes import DepositDynamics, GeneralizationResult, gradient_coherence
 
     run_dir = tmp_path / "r"
-    pe_interp.train(task="retrieve", preset="smoke", seed=1, out=run_dir, progress=False,
-                    callbacks=[DepositDynamics(every=8, layers=(0,), n_probe=32)])
-    records = [json.loads(line) for line in (run_dir / "deposit_dynamics.jsonl").read_text().splitlines()]
+    pe_interp.train(
+        task="retrieve",
+        preset="smoke",
+        seed=1,
+        out=run_dir,
+        progress=False,
+        callbacks=[DepositDynamics(every=8, layers=(0,), n_probe=32)],
+    )
+    records = [
+        json.loads(line) for line in (run_dir / "deposit_dynamics.jsonl").read_text().splitlines()
+    ]
     assert records and all(r["layer"] == 0 and len(r["drops"]) == 4 for r in records)
-    for argv in (["ablate", "--n", "64", "--n-bootstrap", "0", "--no-figures", "--no-progress"],
-                 ["patch", "--n", "16", "--n-bootstrap", "0"], ["decompose", "--layer", "0", "--head", "1", "--n", "2"],
-                 ["circuit", "--n", "8", "--top-n", "4"], ["generalize", "--n", "32", "--extras", "3", "--no-progress"]):
+    for argv in (
+        ["ablate", "--n", "64", "--n-bootstrap", "0", "--no-figures", "--no-progress"],
+        ["patch", "--n", "16", "--n-bootstrap", "0"],
+        ["decompose", "--layer", "0", "--head", "1", "--n", "2"],
+        ["circuit", "--n", "8", "--top-n", "4"],
+        ["generalize", "--n", "32", "--extras", "3", "--no-progress"],
+    ):
         assert main([argv[0], str(run_dir), *argv[1:]]) == 0, argv
     ablation = json.loads((run_dir / "ablation.json").read_text())
     assert len(ablation["drops"]) == 2 and len(ablation["drops"][0]) == 4
-    for name in ("deposits.json", "patching.json", "decompose_L0H1.json", "circuit.json", "generalization.json"):
+    for name in (
+        "deposits.json",
+        "patching.json",
+        "decompose_L0H1.json",
+        "circuit.json",
+        "generalization.json",
+    ):
         assert (run_dir / name).is_file(), name
     gen = GeneralizationResult.load(run_dir / "generalization.json")
     assert gen.families == ["shift", "sides", "right"] and gen.trained.n == 32
     assert main(["report", str(run_dir)]) == 0 and (run_dir / "report.html").is_file()
     task = pe_interp.load_run(run_dir).task
-    circ = json.loads((run_dir / "circuit.json").read_text())  # position-aware over task 3's own spans
+    circ = json.loads(
+        (run_dir / "circuit.json").read_text()
+    )  # position-aware over task 3's own spans
     assert circ["kind"] == "circuit" and circ["span_names"] == list(task.span_names)
-    assert circ["spans"] and set(circ["spans"]) <= set(task.span_names) and len(circ["spans"]) == len(circ["edges"])
-    coherence = gradient_coherence(pe_interp.load_run(run_dir).model.cfg, task.sample(16, seed=0), init_seeds=[0])
+    assert (
+        circ["spans"]
+        and set(circ["spans"]) <= set(task.span_names)
+        and len(circ["spans"]) == len(circ["edges"])
+    )
+    coherence = gradient_coherence(
+        pe_interp.load_run(run_dir).model.cfg, task.sample(16, seed=0), init_seeds=[0]
+    )
     assert coherence.values.shape == (1, 2, 4) and bool(torch.isfinite(coherence.values).all())
     authors = tmp_path / "authors"
-    pe_interp.train(task="retrieve", preset="smoke", authors_quirks=True, seed=0, out=authors, progress=False, epochs=1)
+    pe_interp.train(
+        task="retrieve",
+        preset="smoke",
+        authors_quirks=True,
+        seed=0,
+        out=authors,
+        progress=False,
+        epochs=1,
+    )
     run = pe_interp.load_run(authors)
-    assert not run.model.cfg.mask_padding and run.model.cfg.kv_source == "embed" and run.task == task.__class__(
-        **{**{k: v for k, v in task.to_dict().items() if k != "name"}, "seed": 0})
+    assert (
+        not run.model.cfg.mask_padding
+        and run.model.cfg.kv_source == "embed"
+        and run.task
+        == task.__class__(**{**{k: v for k, v in task.to_dict().items() if k != "name"}, "seed": 0})
+    )

@@ -22,8 +22,15 @@ from probes.deposit.routes import (
 )
 
 TASK = DistanceTask(d_vocab=40, max_between=8, max_side=3, max_len=16, seed=0)
-SHAPE = dict(n_layers=2, d_model=32, n_heads=4, d_mlp=32, d_vocab=TASK.d_vocab, n_ctx=TASK.max_len,
-             n_classes=TASK.n_classes)
+SHAPE = dict(
+    n_layers=2,
+    d_model=32,
+    n_heads=4,
+    d_mlp=32,
+    d_vocab=TASK.d_vocab,
+    n_ctx=TASK.max_len,
+    n_classes=TASK.n_classes,
+)
 
 
 def model(encoding, scale=30.0, **kw):
@@ -52,8 +59,14 @@ def test_restricted_rope_rotates_only_its_heads_in_its_layers():
     assert position_routes(m)[1].tolist() == [[False] * 4, [False, True, False, False]]
 
 
-@pytest.mark.parametrize("encoding, layer, heads", [("alibi(heads=(2,))", 0, [2]), ("t5(layers=(1,))", 1, [0, 1, 2, 3]),
-                                                    ("alibi(heads=(0, 3), layers=(0,))", 0, [0, 3])])
+@pytest.mark.parametrize(
+    "encoding, layer, heads",
+    [
+        ("alibi(heads=(2,))", 0, [2]),
+        ("t5(layers=(1,))", 1, [0, 1, 2, 3]),
+        ("alibi(heads=(0, 3), layers=(0,))", 0, [0, 3]),
+    ],
+)
 def test_restricted_biases_act_only_on_their_heads_and_layers(encoding, layer, heads):
     m = model(encoding)
     _, cache = m.run_with_cache(TASK.sample(2, seed=1).tokens)
@@ -71,21 +84,26 @@ def test_restricted_biases_act_only_on_their_heads_and_layers(encoding, layer, h
     assert (position_routes(m)[1] == expect).all()
 
 
-@pytest.mark.parametrize("encoding, message", [
-    ("sinusoidal(heads=(0,))", "heads= has no meaning: it enters the residual stream once"),
-    ("learned(layers=(1,))", "layers= has no meaning"),
-    ("rope(layers=(2,))", r"layers must be distinct layer indices in 0..1, got \(2,\)"),
-    ("alibi(heads=(1, 1))", "heads must be distinct head indices"),
-    ("t5(heads=())", "heads must be distinct head indices"),
-    ("alibi(rows=(1,))", "unknown parameter 'rows'; allowed: slopes, heads, layers"),
-])
+@pytest.mark.parametrize(
+    "encoding, message",
+    [
+        ("sinusoidal(heads=(0,))", "heads= has no meaning: it enters the residual stream once"),
+        ("learned(layers=(1,))", "layers= has no meaning"),
+        ("rope(layers=(2,))", r"layers must be distinct layer indices in 0..1, got \(2,\)"),
+        ("alibi(heads=(1, 1))", "heads must be distinct head indices"),
+        ("t5(heads=())", "heads must be distinct head indices"),
+        ("alibi(rows=(1,))", "unknown parameter 'rows'; allowed: slopes, heads, layers"),
+    ],
+)
 def test_a_restriction_without_meaning_or_out_of_range_is_one_line(encoding, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(encoding=encoding, **SHAPE)
 
 
 def test_a_restricted_spec_round_trips_through_the_config():
-    cfg = ModelConfig(encoding="sinusoidal+alibi(heads=(2,), layers=(1,))", silent_heads=[[1, 0], "0:3"], **SHAPE)
+    cfg = ModelConfig(
+        encoding="sinusoidal+alibi(heads=(2,), layers=(1,))", silent_heads=[[1, 0], "0:3"], **SHAPE
+    )
     again = ModelConfig.from_dict(cfg.to_dict())
     assert again == cfg and again.silent_heads == ((0, 3), (1, 0))
     assert str(cfg.encoding[1]) == "alibi(heads=(2,),layers=(1,))"
@@ -106,10 +124,12 @@ def _zeroed(m, heads):
     for layer in range(m.cfg.n_layers):
         hs = [h for a, h in heads if a == layer]
         if hs:
+
             def zero(z, hook, hs=hs):
                 z = z.clone()
                 z[:, :, hs] = 0
                 return z
+
             hooks.append((f"blocks.{layer}.attn.hook_z", zero))
     return hooks
 
@@ -136,14 +156,28 @@ def test_silent_heads_write_nothing_and_stay_silent_through_training(tmp_path):
     import pe_interp
 
     silent = [(0, h) for h in (0, 2, 3)] + [(1, h) for h in range(4)]
-    pe_interp.train(task="distance", encoding="rope(heads=(1,), layers=(0,))", preset="smoke", seed=0,
-                    out=tmp_path / "r", silent_heads=silent, n_heads=4, progress=False)
+    pe_interp.train(
+        task="distance",
+        encoding="rope(heads=(1,), layers=(0,))",
+        preset="smoke",
+        seed=0,
+        out=tmp_path / "r",
+        silent_heads=silent,
+        n_heads=4,
+        progress=False,
+    )
     m = pe_interp.load_run(tmp_path / "r").model
     for layer, head in silent:
         attn = m.blocks[layer].attn
-        assert attn.W_V[head].abs().max() == 0 and attn.b_V[head].abs().max() == 0 and attn.W_O[head].abs().max() == 0
+        assert (
+            attn.W_V[head].abs().max() == 0
+            and attn.b_V[head].abs().max() == 0
+            and attn.W_O[head].abs().max() == 0
+        )
     assert m.blocks[0].attn.W_O[1].abs().max() > 0
-    with pytest.raises(ValueError, match=r"silent_heads: \(2, 0\) is not a head of 2 layers x 4 heads"):
+    with pytest.raises(
+        ValueError, match=r"silent_heads: \(2, 0\) is not a head of 2 layers x 4 heads"
+    ):
         ModelConfig(silent_heads=[(2, 0)], **SHAPE)
 
 
@@ -168,16 +202,24 @@ def _naive_ld(m, p, unit, sigma):
                     moved = apply_rope(back, span.cos[s], span.sin[s], span.start)
                     for h in heads:
                         if span.rotates_head(h):
-                            x[:, :, h, span.start:span.start + span.dim] = moved[:, :, h, span.start:span.start + span.dim]
+                            x[:, :, h, span.start : span.start + span.dim] = moved[
+                                :, :, h, span.start : span.start + span.dim
+                            ]
                 return x
+
             if enc.rotates:
-                hooks += [(f"blocks.{layer}.attn.hook_rot_q", rot), (f"blocks.{layer}.attn.hook_rot_k", rot)]
+                hooks += [
+                    (f"blocks.{layer}.attn.hook_rot_q", rot),
+                    (f"blocks.{layer}.attn.hook_rot_k", rot),
+                ]
             if enc.has_bias:
+
                 def bias(b, hook, heads=heads, s=s):
                     b = b.clone()
                     for h in heads:
                         b[h] = b[h][s][:, s]
                     return b
+
                 hooks.append((f"blocks.{layer}.attn.hook_pos_bias", bias))
         if unit in ("embed", "all") and enc.residual(1) is not None:
             hooks.append(("hook_pos_embed", lambda x, hook, s=s: x[:, s]))
@@ -187,12 +229,28 @@ def _naive_ld(m, p, unit, sigma):
     return torch.tensor(out, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("encoding", ["rope", "alibi", "t5", "sinusoidal+rope", "decoupled_rope(heads=(1, 2))",
-                                      "rope(heads=(3,), layers=(1,))+t5(layers=(0,))"])
+@pytest.mark.parametrize(
+    "encoding",
+    [
+        "rope",
+        "alibi",
+        "t5",
+        "sinusoidal+rope",
+        "decoupled_rope(heads=(1, 2))",
+        "rope(heads=(3,), layers=(1,))+t5(layers=(0,))",
+    ],
+)
 def test_route_shares_match_a_naive_per_example_loop(encoding):
     m, p = model(encoding, scale=8.0), pairs()
-    r = route_shares(m, p.clean.tokens, p.corrupt.tokens, p.clean.labels, p.corrupt.labels, pad_mask=p.clean.pad_mask,
-                     n_bootstrap=0)
+    r = route_shares(
+        m,
+        p.clean.tokens,
+        p.corrupt.tokens,
+        p.clean.labels,
+        p.corrupt.labels,
+        pad_mask=p.clean.pad_mask,
+        n_bootstrap=0,
+    )
     sigma = position_permutation(p.clean.tokens, p.corrupt.tokens)
     base = _naive_ld(m, p, None, sigma)
     denom = (base - _naive_ld(m, p, "all", sigma)).mean()
@@ -207,23 +265,46 @@ def test_route_shares_match_a_naive_per_example_loop(encoding):
 
 def test_a_single_route_carries_everything_and_a_blind_head_nothing():
     m, p = model("rope(heads=(2,), layers=(1,))"), pairs(64)
-    r = route_shares(m, p.clean.tokens, p.corrupt.tokens, p.clean.labels, p.corrupt.labels, pad_mask=p.clean.pad_mask,
-                     n_bootstrap=200)
+    r = route_shares(
+        m,
+        p.clean.tokens,
+        p.corrupt.tokens,
+        p.clean.labels,
+        p.corrupt.labels,
+        pad_mask=p.clean.pad_mask,
+        n_bootstrap=200,
+    )
     assert r.routes.sum() == 1 and r.shares[1, 2] == pytest.approx(1.0, abs=1e-5)
     assert np.count_nonzero(r.shares) == 1
     assert r.effect == pytest.approx(r.counterfactual_effect, abs=1e-4)
     verdict = positional_dominance(r)
     assert verdict.verdict == "yes" and verdict.top == "L1H2"
     blind = model("nope")
-    r0 = route_shares(blind, p.clean.tokens, p.corrupt.tokens, p.clean.labels, p.corrupt.labels,
-                      pad_mask=p.clean.pad_mask)
-    assert positional_dominance(r0).verdict == "no" and "no positional effect" in positional_dominance(r0).why
+    r0 = route_shares(
+        blind,
+        p.clean.tokens,
+        p.corrupt.tokens,
+        p.clean.labels,
+        p.corrupt.labels,
+        pad_mask=p.clean.pad_mask,
+    )
+    assert (
+        positional_dominance(r0).verdict == "no"
+        and "no positional effect" in positional_dominance(r0).why
+    )
 
 
 def test_an_absolute_encodings_single_route_is_no_head_deposit():
     m, p = model("sinusoidal", scale=10.0), pairs(32)
-    r = route_shares(m, p.clean.tokens, p.corrupt.tokens, p.clean.labels, p.corrupt.labels, pad_mask=p.clean.pad_mask,
-                     n_bootstrap=100)
+    r = route_shares(
+        m,
+        p.clean.tokens,
+        p.corrupt.tokens,
+        p.clean.labels,
+        p.corrupt.labels,
+        pad_mask=p.clean.pad_mask,
+        n_bootstrap=100,
+    )
     assert r.routes.sum() == 0 and r.embed == pytest.approx(1.0, abs=1e-5)
     verdict = positional_dominance(r)
     assert verdict.verdict == "no" and verdict.top == "embed" and "enters no head" in verdict.why
@@ -233,26 +314,59 @@ def test_route_shares_refuse_pairs_that_are_not_position_only():
     m = model("rope")
     p = TASK.counterfactuals(8, kind="both", seed=1)
     with pytest.raises(ValueError, match="not the same tokens moved"):
-        route_shares(m, p.clean.tokens, p.corrupt.tokens, p.clean.labels, p.corrupt.labels, pad_mask=p.clean.pad_mask)
+        route_shares(
+            m,
+            p.clean.tokens,
+            p.corrupt.tokens,
+            p.clean.labels,
+            p.corrupt.labels,
+            pad_mask=p.clean.pad_mask,
+        )
     count = CountTask(d_vocab=40, n_triggers=3, max_count=6, length=12)
-    mc = HookedPETransformer(ModelConfig(encoding="rope", **{**SHAPE, "n_ctx": 12, "n_classes": count.n_classes}))
+    mc = HookedPETransformer(
+        ModelConfig(encoding="rope", **{**SHAPE, "n_ctx": 12, "n_classes": count.n_classes})
+    )
     pc = count.counterfactuals(8, kind="position", seed=1)
     with pytest.raises(ValueError, match="position changes no answer here"):
-        route_shares(mc, pc.clean.tokens, pc.corrupt.tokens, pc.clean.labels, pc.corrupt.labels, pad_mask=pc.clean.pad_mask)
+        route_shares(
+            mc,
+            pc.clean.tokens,
+            pc.corrupt.tokens,
+            pc.clean.labels,
+            pc.corrupt.labels,
+            pad_mask=pc.clean.pad_mask,
+        )
 
 
 def _shares(values, lo, hi, effect=2.0):
     routes = np.ones((1, len(values)), bool)
-    return RouteShares(np.array([values], float), np.array([lo], float), np.array([hi], float), routes, None, None,
-                       effect, (effect - 0.1, effect + 0.1), effect, 0.0, 500, 1000, 0.95, 0)
+    return RouteShares(
+        np.array([values], float),
+        np.array([lo], float),
+        np.array([hi], float),
+        routes,
+        None,
+        None,
+        effect,
+        (effect - 0.1, effect + 0.1),
+        effect,
+        0.0,
+        500,
+        1000,
+        0.95,
+        0,
+    )
 
 
-@pytest.mark.parametrize("values, lo, hi, verdict", [
-    ([0.9, 0.01, -0.02], [0.8, -0.01, -0.04], [1.0, 0.03, 0.0], "yes"),
-    ([0.4, 0.3, 0.3], [0.3, 0.2, 0.2], [0.48, 0.4, 0.4], "no"),        # top below 50%
-    ([0.9, 0.2, 0.0], [0.8, 0.1, -0.01], [1.0, 0.3, 0.01], "no"),      # another route above 5%
-    ([0.55, 0.03, 0.0], [0.45, -0.01, -0.01], [0.65, 0.07, 0.01], "undecided"),
-])
+@pytest.mark.parametrize(
+    "values, lo, hi, verdict",
+    [
+        ([0.9, 0.01, -0.02], [0.8, -0.01, -0.04], [1.0, 0.03, 0.0], "yes"),
+        ([0.4, 0.3, 0.3], [0.3, 0.2, 0.2], [0.48, 0.4, 0.4], "no"),  # top below 50%
+        ([0.9, 0.2, 0.0], [0.8, 0.1, -0.01], [1.0, 0.3, 0.01], "no"),  # another route above 5%
+        ([0.55, 0.03, 0.0], [0.45, -0.01, -0.01], [0.65, 0.07, 0.01], "undecided"),
+    ],
+)
 def test_positional_dominance_decides_on_the_intervals(values, lo, hi, verdict):
     assert positional_dominance(_shares(values, lo, hi)).verdict == verdict
 
@@ -260,19 +374,41 @@ def test_positional_dominance_decides_on_the_intervals(values, lo, hi, verdict):
 # ---- single-head and concentration verdicts on their intervals -----------------------------------------
 def _grid(drops, lo, hi, n=1000):
     drops, lo, hi = (np.array(x, float) for x in (drops, lo, hi))
-    return AblationResult(baseline=0.9, values=0.9 - drops, drops=drops, ci_low=lo, ci_high=hi, method="zero",
-                          metric="accuracy", higher_is_better=True, n_examples=n, n_layers=drops.shape[0],
-                          n_heads=drops.shape[1], n_bootstrap=1000)
+    return AblationResult(
+        baseline=0.9,
+        values=0.9 - drops,
+        drops=drops,
+        ci_low=lo,
+        ci_high=hi,
+        method="zero",
+        metric="accuracy",
+        higher_is_better=True,
+        n_examples=n,
+        n_layers=drops.shape[0],
+        n_heads=drops.shape[1],
+        n_bootstrap=1000,
+    )
 
 
 def test_single_head_verdicts_yes_no_and_undecided_with_what_would_decide():
-    yes = _grid([[0.6, 0.01], [0.0, -0.02]], [[0.55, -0.01], [-0.01, -0.04]], [[0.65, 0.03], [0.01, 0.0]])
+    yes = _grid(
+        [[0.6, 0.01], [0.0, -0.02]], [[0.55, -0.01], [-0.01, -0.04]], [[0.65, 0.03], [0.01, 0.0]]
+    )
     assert decide_single(yes).verdict == "yes"
-    no = _grid([[0.3, 0.01], [0.0, 0.02]], [[0.25, -0.01], [-0.01, 0.0]], [[0.35, 0.03], [0.01, 0.04]])
+    no = _grid(
+        [[0.3, 0.01], [0.0, 0.02]], [[0.25, -0.01], [-0.01, 0.0]], [[0.35, 0.03], [0.01, 0.04]]
+    )
     assert decide_single(no).verdict == "no" and "reaches 50" in decide_single(no).why
-    two = _grid([[0.6, 0.1], [0.08, 0.0]], [[0.55, 0.07], [0.06, -0.01]], [[0.65, 0.13], [0.1, 0.01]])
+    two = _grid(
+        [[0.6, 0.1], [0.08, 0.0]], [[0.55, 0.07], [0.06, -0.01]], [[0.65, 0.13], [0.1, 0.01]]
+    )
     assert decide_single(two).verdict == "no"
-    open_ = _grid([[0.52, 0.01], [0.0, 0.0]], [[0.44, -0.01], [-0.01, -0.01]], [[0.60, 0.03], [0.01, 0.01]], n=128)
+    open_ = _grid(
+        [[0.52, 0.01], [0.0, 0.0]],
+        [[0.44, -0.01], [-0.01, -0.01]],
+        [[0.60, 0.03], [0.01, 0.01]],
+        n=128,
+    )
     d = decide_single(open_)
     # half-width 0.08 at a gap of 0.02 from the bar: 16x the examples
     assert d.verdict == "undecided" and d.need == 128 * 16 and "need ≥ 2,048" in d.text()
@@ -300,30 +436,50 @@ def test_the_direct_term_is_the_rope_logit_minus_the_same_weights_without_rope(e
     _, with_rope = m.run_with_cache(b.tokens, b.pad_mask, names_filter=names)
     # the same residual into each layer, so that only the rotation differs
     for layer in range(2):
-        _, resid = m.run_with_cache(b.tokens, b.pad_mask, names_filter=f"blocks.{layer}.hook_resid_pre")
-        _, without = blind.run_with_cache(b.tokens, b.pad_mask, start_at_layer=layer,
-                                          residual=resid[f"blocks.{layer}.hook_resid_pre"], names_filter=names[layer])
+        _, resid = m.run_with_cache(
+            b.tokens, b.pad_mask, names_filter=f"blocks.{layer}.hook_resid_pre"
+        )
+        _, without = blind.run_with_cache(
+            b.tokens,
+            b.pad_mask,
+            start_at_layer=layer,
+            residual=resid[f"blocks.{layer}.hook_resid_pre"],
+            names_filter=names[layer],
+        )
         s, u = with_rope[names[layer]].double(), without[names[layer]].double()
         ok = torch.isfinite(s) & b.pad_mask[:, None, :, None] & b.pad_mask[:, None, None, :]
         for h in range(4):
             d, t = (s - u)[:, h][ok[:, h]], s[:, h][ok[:, h]]
-            assert float(ps.direct[layer, h]) == pytest.approx(float(d.var(unbiased=False) / t.var(unbiased=False)),
-                                                               rel=1e-4, abs=1e-9)
+            assert float(ps.direct[layer, h]) == pytest.approx(
+                float(d.var(unbiased=False) / t.var(unbiased=False)), rel=1e-4, abs=1e-9
+            )
     if "heads" in encoding:
         assert ps.entry() == (1, 3) and int((ps.direct > 0).sum()) == 1
 
 
-@pytest.mark.parametrize("encoding, message", [
-    ("rope+rope", "applies 'rope' twice"),
-    ("rope(heads=(0,))+rope(heads=(1,), base=500)", "applies 'rope' twice"),
-    ("nope+rope", "joins 'nope'"),
-    ('[{"name": "alibi"}, "sinusoidal", "alibi"]', "applies 'alibi' twice"),
-])
-def test_a_composition_that_repeats_or_contradicts_itself_is_refused(encoding, message, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "encoding, message",
+    [
+        ("rope+rope", "applies 'rope' twice"),
+        ("rope(heads=(0,))+rope(heads=(1,), base=500)", "applies 'rope' twice"),
+        ("nope+rope", "joins 'nope'"),
+        ('[{"name": "alibi"}, "sinusoidal", "alibi"]', "applies 'alibi' twice"),
+    ],
+)
+def test_a_composition_that_repeats_or_contradicts_itself_is_refused(
+    encoding, message, tmp_path, capsys
+):
     from pe_interp.cli import main
 
     with pytest.raises(ValueError, match=message):
         ModelConfig(encoding=encoding, **SHAPE)
-    assert main(["train", "--preset", "smoke", "--encoding", encoding, "--out", str(tmp_path / "r")]) == 2
+    assert (
+        main(["train", "--preset", "smoke", "--encoding", encoding, "--out", str(tmp_path / "r")])
+        == 2
+    )
     err = capsys.readouterr().err
-    assert message.split("'")[0] in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+    assert (
+        message.split("'")[0] in err
+        and len(err.strip().splitlines()) == 1
+        and not (tmp_path / "r").exists()
+    )

@@ -48,14 +48,25 @@ def state_graph(graph, S: int, weight=None) -> nx.DiGraph:
 
 @pytest.mark.parametrize("kv_source", ["residual", "embed"])
 def test_prune_keeps_exactly_the_units_on_source_to_sink_paths(kv_source):
-    cfg = ModelConfig(n_layers=3, d_model=8, n_heads=2, d_mlp=8, d_vocab=10, n_classes=3, n_ctx=6, kv_source=kv_source)
+    cfg = ModelConfig(
+        n_layers=3,
+        d_model=8,
+        n_heads=2,
+        d_mlp=8,
+        d_vocab=10,
+        n_classes=3,
+        n_ctx=6,
+        kv_source=kv_source,
+    )
     graph = build_graph(cfg)
     S = 3
     rng = np.random.default_rng(0)
     for trial in range(20):
         keep = (rng.random((*graph.valid.shape, S)) < (0.1 + 0.04 * trial)) & graph.valid[..., None]
         g = state_graph(graph, S)
-        g.remove_edges_from([(a, b) for a, b, d in g.edges(data=True) if "unit" in d and not keep[d["unit"]]])
+        g.remove_edges_from(
+            [(a, b) for a, b, d in g.edges(data=True) if "unit" in d and not keep[d["unit"]]]
+        )
         reach = nx.descendants(g, "source")
         back = nx.ancestors(g, "sink")
         want = np.zeros_like(keep)
@@ -85,8 +96,18 @@ def test_widest_path_is_the_best_bottleneck_over_all_paths():
 def scored():
     model = random_model("rope")
     clean, corrupt = random_pairs()
-    ids = torch.tensor([[0, 0, 1, 2, 2, 2, 3, 3], [0, 1, 1, 2, 2, 3, 3, 3], [0, 0, 1, 1, 2, 2, 2, 3]])
-    a = attribute(model, clean, corrupt, metric=FN, granularity="edge", spans=ids, span_names=["a", "b", "c", "d"])
+    ids = torch.tensor(
+        [[0, 0, 1, 2, 2, 2, 3, 3], [0, 1, 1, 2, 2, 3, 3, 3], [0, 0, 1, 1, 2, 2, 2, 3]]
+    )
+    a = attribute(
+        model,
+        clean,
+        corrupt,
+        metric=FN,
+        granularity="edge",
+        spans=ids,
+        span_names=["a", "b", "c", "d"],
+    )
     return model, clean, corrupt, ids, a
 
 
@@ -101,7 +122,9 @@ def test_orders_give_connected_nested_circuits(scored):
             k = r.keep(n)
             assert np.array_equal(prune(graph, k), k)  # connected
             if select == "paths":
-                assert k.sum() == n or np.isclose(r.value[n - 1], r.value[n])  # only ties are pruned
+                assert k.sum() == n or np.isclose(
+                    r.value[n - 1], r.value[n]
+                )  # only ties are pruned
                 assert prev is None or (prev <= k).all()  # nested
             prev = k
     r = rank_edges(a, select="paths")
@@ -128,7 +151,11 @@ def test_positional_circuit_keeps_edges_per_span_and_saves(scored, tmp_path):
     assert back.spans == c.spans and back.edges == c.edges and back.span_names == c.span_names
     assert back.label(0).endswith(f"@ {c.spans[0]}")
     with pytest.raises(ValueError, match="per span"):
-        circuit(attribute(model, *random_pairs(), metric=FN, granularity="edge"), top_n=3, positional=True)
+        circuit(
+            attribute(model, *random_pairs(), metric=FN, granularity="edge"),
+            top_n=3,
+            positional=True,
+        )
 
 
 def test_task_spans_follow_the_generator():
@@ -141,12 +168,22 @@ def test_task_spans_follow_the_generator():
             tok, n = batch.tokens[i], int(batch.lengths[i])
             first, second = int((tok == t1).nonzero()[0, 0]), int((tok == t2).nonzero()[0, 0])
             assert second - first == int(batch.labels[i]) + 2
-            want = [0] * first + [1] + [2] * (second - first - 1) + [3] + [4] * (n - second - 1) + [5] * (len(tok) - n)
+            want = (
+                [0] * first
+                + [1]
+                + [2] * (second - first - 1)
+                + [3]
+                + [4] * (n - second - 1)
+                + [5] * (len(tok) - n)
+            )
             assert ids[i].tolist() == want
     _, count, _ = build_run_configs("count", "rope", "quick", 0)
     b = count.sample(16, seed=1)
     ids = count.spans(b)
-    assert torch.equal(ids == 0, torch.isin(b.tokens, count.trigger_ids)) and int((ids == 0).sum(1)[0]) == int(b.labels[0]) + count.min_count
+    assert (
+        torch.equal(ids == 0, torch.isin(b.tokens, count.trigger_ids))
+        and int((ids == 0).sum(1)[0]) == int(b.labels[0]) + count.min_count
+    )
     with pytest.raises(ValueError, match="labelled distance"):
         bad = pairs.clean[:2]
         task.spans(type(bad)(bad.tokens, (bad.labels + 1) % task.n_classes, bad.pad_mask))
@@ -156,14 +193,34 @@ def test_task_spans_follow_the_generator():
 def test_scores_per_span_are_per_position_scores_summed_by_hand(scored, method):
     model, clean, corrupt, ids, _ = scored
     for gran in ("edge", "node"):
-        a = attribute(model, clean, corrupt, metric=FN, granularity=gran, method=method, spans=ids, batch_size=2, steps=3)
+        a = attribute(
+            model,
+            clean,
+            corrupt,
+            metric=FN,
+            granularity=gran,
+            method=method,
+            spans=ids,
+            batch_size=2,
+            steps=3,
+        )
         assert a.span_names == ("span0", "span1", "span2", "span3")
         want = np.zeros(a.by_span.shape)
         for i in range(len(clean)):
-            one = attribute(model, clean[i : i + 1], corrupt[i : i + 1], metric=FN, granularity=gran, method=method,
-                            by_position=True, steps=3)  # fmt: skip
+            one = attribute(
+                model,
+                clean[i : i + 1],
+                corrupt[i : i + 1],
+                metric=FN,
+                granularity=gran,
+                method=method,
+                by_position=True,
+                steps=3,
+            )
             for s in range(4):
-                want[..., s] += np.where((ids[i] == s).numpy(), one.by_position, 0.0).sum(-1) / len(clean)
+                want[..., s] += np.where((ids[i] == s).numpy(), one.by_position, 0.0).sum(-1) / len(
+                    clean
+                )
         np.testing.assert_allclose(a.by_span, want, rtol=1e-10, atol=1e-13)
         np.testing.assert_allclose(a.by_span.sum(-1), a.scores, rtol=1e-10, atol=1e-13)
     with pytest.raises(ValueError, match="spans must be integer"):

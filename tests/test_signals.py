@@ -30,12 +30,30 @@ from pe_interp.io import LOCK_FILE, LockedError, dir_lock
 from pe_interp.sweep import load_grid
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PE_INTERP_CPU_BF16": "0", "PYTHONUNBUFFERED": "1"}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": str(ROOT),
+    "OMP_NUM_THREADS": "1",
+    "PE_INTERP_CPU_BF16": "0",
+    "PYTHONUNBUFFERED": "1",
+}
 # 96 steps, a checkpoint every 4, dropout on: the resumed RNG stream matters
 SETTINGS = dict(preset="smoke", epochs=12, checkpoint_every=4, dropout=0.1)
-FLAGS = ["--preset", "smoke", "--epochs", "12", "--checkpoint-every", "4", "--dropout", "0.1", "--no-progress"]
-GRID = ("name: sig\nbase: {preset: smoke, task: distance, epochs: 12, checkpoint_every: 4, dropout: 0.1}\n"
-        "axes: {encoding: [rope, alibi]}\nseeds: [0]\n")
+FLAGS = [
+    "--preset",
+    "smoke",
+    "--epochs",
+    "12",
+    "--checkpoint-every",
+    "4",
+    "--dropout",
+    "0.1",
+    "--no-progress",
+]
+GRID = (
+    "name: sig\nbase: {preset: smoke, task: distance, epochs: 12, checkpoint_every: 4, dropout: 0.1}\n"
+    "axes: {encoding: [rope, alibi]}\nseeds: [0]\n"
+)
 EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGKILL: -9}
 
 
@@ -48,13 +66,17 @@ def step_of(run_dir: Path) -> int:
 
 
 def records(run_dir: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k != "seconds"}
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def assert_same_run(run_dir: Path, ref: Path) -> None:
     a, b = load_file(str(run_dir / "model.safetensors")), load_file(str(ref / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), f"{run_dir}: other weights"
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (
+        f"{run_dir}: other weights"
+    )
     assert records(run_dir) == records(ref), f"{run_dir}: other metrics"
 
 
@@ -75,8 +97,13 @@ def refs(tmp_path_factory) -> dict[str, Path]:
 
 
 def start(argv: list[str], group: bool = False) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pe_interp.cli", *argv], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=group)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pe_interp.cli", *argv],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=group,
+    )
 
 
 def wait_for(cond, proc: subprocess.Popen, what: str, timeout: float = 300) -> None:
@@ -87,7 +114,9 @@ def wait_for(cond, proc: subprocess.Popen, what: str, timeout: float = 300) -> N
     assert cond(), f"timed out waiting for {what}"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name
+)
 def test_train_stopped_by_a_signal_resumes_to_the_same_run(sig, refs, tmp_path):
     out = tmp_path / "run"
     argv = ["train", "--out", str(out), *FLAGS]
@@ -99,21 +128,30 @@ def test_train_stopped_by_a_signal_resumes_to_the_same_run(sig, refs, tmp_path):
     if sig != signal.SIGKILL:
         lines = err.decode().strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in err.decode(), err.decode()
-        m = re.fullmatch(rf"pe-interp train: stopped by {sig.name} at step (\d+) of 96; the run is saved in "
-                         rf"{re.escape(str(out))} at step \1: continue it with resume=True \(the same command with "
-                         r"--resume\)", lines[0])
+        m = re.fullmatch(
+            rf"pe-interp train: stopped by {sig.name} at step (\d+) of 96; the run is saved in "
+            rf"{re.escape(str(out))} at step \1: continue it with resume=True \(the same command with "
+            r"--resume\)",
+            lines[0],
+        )
         assert m, lines[0]
-        assert step_of(out) == int(m.group(1)) and 8 <= int(m.group(1)) < 96  # a checkpoint where it stopped
+        assert (
+            step_of(out) == int(m.group(1)) and 8 <= int(m.group(1)) < 96
+        )  # a checkpoint where it stopped
     else:
         assert (out / LOCK_FILE).is_file() and 8 <= step_of(out) < 96
     assert_clean(out, temps=sig != signal.SIGKILL)
-    done = subprocess.run([sys.executable, "-m", "pe_interp.cli", *argv, "--resume"], env=ENV, capture_output=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pe_interp.cli", *argv, "--resume"], env=ENV, capture_output=True
+    )
     assert done.returncode == 0, done.stderr.decode()[-800:]
     assert_same_run(out, refs["rope"])
     assert_clean(out)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name
+)
 def test_sweep_stopped_by_a_signal_resumes_to_the_same_cells(sig, refs, tmp_path):
     """SIGINT as a terminal sends it (to the whole process group), SIGTERM and SIGKILL to the
     sweep's process alone (its workers must not go on as orphans); then the same command again."""
@@ -132,9 +170,11 @@ def test_sweep_stopped_by_a_signal_resumes_to_the_same_cells(sig, refs, tmp_path
     assert proc.returncode == EXIT[sig], text
     if sig != signal.SIGKILL:
         assert "Traceback" not in text, text
-        assert re.fullmatch(rf"pe-interp sweep: stopped by {sig.name}: 0 of 2 cells finished, the running ones saved "
-                            rf"their checkpoints in {re.escape(str(out))}; rerun the same command to resume",
-                            text.strip().splitlines()[-1]), text
+        assert re.fullmatch(
+            rf"pe-interp sweep: stopped by {sig.name}: 0 of 2 cells finished, the running ones saved "
+            rf"their checkpoints in {re.escape(str(out))}; rerun the same command to resume",
+            text.strip().splitlines()[-1],
+        ), text
         for c in cells:
             assert_clean(c)
         assert_clean(out)
@@ -142,7 +182,9 @@ def test_sweep_stopped_by_a_signal_resumes_to_the_same_cells(sig, refs, tmp_path
         deadline = time.time() + 120
         while time.time() < deadline and _busy(cells):
             time.sleep(0.2)
-    again = subprocess.run([sys.executable, "-m", "pe_interp.cli", *argv], env=ENV, capture_output=True)
+    again = subprocess.run(
+        [sys.executable, "-m", "pe_interp.cli", *argv], env=ENV, capture_output=True
+    )
     assert again.returncode == 0, again.stderr.decode()[-800:]
     assert json.loads(again.stdout.decode().strip().splitlines()[-1])["done"] == 2
     for c, enc in zip(cells, ("rope", "alibi")):

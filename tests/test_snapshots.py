@@ -54,9 +54,19 @@ class Record(Callback):
 
 
 def _trainer(tmp_path, name="run", callbacks=(), **train):
-    model_cfg, task, train_cfg = build_run_configs(task="distance", encoding="rope", preset="smoke", seed=0,
-                                                   snapshots="log", snapshot_every=6, checkpoint_every=4, **train)
-    return Trainer(model_cfg, task, train_cfg, run_dir=tmp_path / name, callbacks=callbacks, progress=False)
+    model_cfg, task, train_cfg = build_run_configs(
+        task="distance",
+        encoding="rope",
+        preset="smoke",
+        seed=0,
+        snapshots="log",
+        snapshot_every=6,
+        checkpoint_every=4,
+        **train,
+    )
+    return Trainer(
+        model_cfg, task, train_cfg, run_dir=tmp_path / name, callbacks=callbacks, progress=False
+    )
 
 
 def test_snapshots_hold_the_weights_of_their_step_with_hashes_in_the_manifest(tmp_path):
@@ -76,7 +86,9 @@ def test_snapshots_hold_the_weights_of_their_step_with_hashes_in_the_manifest(tm
     # the last snapshot is the run's final weights, byte for byte
     final = read_manifest(run_dir)[-1]
     assert final["step"] == total
-    assert final["sha256"] == hashlib.sha256((run_dir / "model.safetensors").read_bytes()).hexdigest()
+    assert (
+        final["sha256"] == hashlib.sha256((run_dir / "model.safetensors").read_bytes()).hexdigest()
+    )
 
 
 class CrashAt(Callback):
@@ -99,8 +111,9 @@ def test_a_crash_and_resume_ends_with_the_same_snapshots(tmp_path):
 
 
 def test_snapshots_need_a_run_directory():
-    model_cfg, task, train_cfg = build_run_configs(task="distance", encoding="rope", preset="smoke", seed=0,
-                                                   snapshots="log")
+    model_cfg, task, train_cfg = build_run_configs(
+        task="distance", encoding="rope", preset="smoke", seed=0, snapshots="log"
+    )
     with pytest.raises(ValueError, match="needs a run directory"):
         Trainer(model_cfg, task, train_cfg, run_dir=None, progress=False)
 
@@ -108,8 +121,16 @@ def test_snapshots_need_a_run_directory():
 @pytest.fixture(scope="module")
 def snap_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("snap") / "run"
-    pe_interp.train(task="distance", encoding="rope", preset="smoke", seed=0, out=out, snapshots="log",
-                    snapshot_every=8, progress=False)
+    pe_interp.train(
+        task="distance",
+        encoding="rope",
+        preset="smoke",
+        seed=0,
+        out=out,
+        snapshots="log",
+        snapshot_every=8,
+        progress=False,
+    )
     return out
 
 
@@ -117,10 +138,15 @@ def test_run_at_step_loads_that_snapshot_and_says_which_steps_exist(snap_run, tm
     steps = pe_interp.snapshot_steps(snap_run)
     run = load_run(f"{snap_run}@{steps[3]}")
     assert run.at_step == steps[3] and run.provenance["step"] == steps[3]
-    assert run.result_dir == snap_run / "steps" / str(steps[3]) and run.name == f"{snap_run}@{steps[3]}"
+    assert (
+        run.result_dir == snap_run / "steps" / str(steps[3])
+        and run.name == f"{snap_run}@{steps[3]}"
+    )
     assert load_run(snap_run).result_dir == snap_run
     assert split_step(f"{snap_run}") == (snap_run, None)
-    with pytest.raises(CheckpointError, match=r"no snapshot at step 3; the run kept steps 0, 1, 2, 4"):
+    with pytest.raises(
+        CheckpointError, match=r"no snapshot at step 3; the run kept steps 0, 1, 2, 4"
+    ):
         load_run(snap_run, step=3)
     with pytest.raises(CheckpointError, match="a step after '@' must be a whole number"):
         load_run(f"{snap_run}@last")
@@ -147,14 +173,22 @@ def test_dynamics_matches_a_naive_hook_loop_at_every_step(snap_run, tmp_path):
     from probes.ablation import ablate_heads_naive
     from probes.deposit.trajectory import snapshot_dynamics
 
-    result = snapshot_dynamics(snap_run, n=48, n_confirm=48, n_pairs=16, n_bootstrap=50, progress=False)
+    result = snapshot_dynamics(
+        snap_run, n=48, n_confirm=48, n_pairs=16, n_bootstrap=50, progress=False
+    )
     assert result.steps == pe_interp.snapshot_steps(snap_run)
     for record in result.records:
         run = load_run(snap_run, step=record["step"])
         test = run.examples("test", 48)
-        naive = ablate_heads_naive(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=0)
+        naive = ablate_heads_naive(
+            run.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=0
+        )
         np.testing.assert_allclose(np.asarray(record["drops"]), naive.drops, atol=1e-6)
-        assert record["n_examples"] == 48 and set(record["verdicts"]) == {"single_head", "layer0", "positional"}
+        assert record["n_examples"] == 48 and set(record["verdicts"]) == {
+            "single_head",
+            "layer0",
+            "positional",
+        }
 
 
 def test_the_dynamics_command_resumes_and_writes_its_file(snap_run, tmp_path, capsys):
@@ -164,7 +198,17 @@ def test_the_dynamics_command_resumes_and_writes_its_file(snap_run, tmp_path, ca
 
     run = tmp_path / "run"
     shutil.copytree(snap_run, run)
-    args = ["dynamics", str(run), "--n", "32", "--n-confirm", "32", "--n-pairs", "16", "--no-progress"]
+    args = [
+        "dynamics",
+        str(run),
+        "--n",
+        "32",
+        "--n-confirm",
+        "32",
+        "--n-pairs",
+        "16",
+        "--no-progress",
+    ]
     assert main(args + ["--steps", "0", "1"]) == 0
     first = json.loads((run / "dynamics.json").read_text())
     assert [r["step"] for r in first["records"]] == [0, 1]
@@ -178,15 +222,20 @@ def test_the_dynamics_command_resumes_and_writes_its_file(snap_run, tmp_path, ca
     assert "give RUN_DIR without @STEP" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command, written", [
-    (["ablate", "--n", "32", "--no-progress", "--no-figures"], "ablation.json"),
-    (["patch", "--n", "8", "--no-figures"], "patching.json"),
-    (["decompose", "--layer", "0", "--no-figures"], "decompose_L0H"),
-    (["circuit", "--n", "8"], "circuit.json"),
-    (["generalize", "--n", "8", "--no-progress"], "generalization.json"),
-    (["report"], "report.html"),
-])
-def test_every_command_reads_run_at_step_and_keeps_the_result_as_that_steps(snap_run, tmp_path, command, written):
+@pytest.mark.parametrize(
+    "command, written",
+    [
+        (["ablate", "--n", "32", "--no-progress", "--no-figures"], "ablation.json"),
+        (["patch", "--n", "8", "--no-figures"], "patching.json"),
+        (["decompose", "--layer", "0", "--no-figures"], "decompose_L0H"),
+        (["circuit", "--n", "8"], "circuit.json"),
+        (["generalize", "--n", "8", "--no-progress"], "generalization.json"),
+        (["report"], "report.html"),
+    ],
+)
+def test_every_command_reads_run_at_step_and_keeps_the_result_as_that_steps(
+    snap_run, tmp_path, command, written
+):
     import shutil
 
     from pe_interp.cli import main
@@ -196,7 +245,9 @@ def test_every_command_reads_run_at_step_and_keeps_the_result_as_that_steps(snap
     before = {p.name for p in run.iterdir()}
     assert main([command[0], f"{run}@4", *command[1:]]) == 0
     assert any(p.name.startswith(written) for p in (run / "steps" / "4").iterdir())
-    assert {p.name for p in run.iterdir()} == before | {"steps"}  # the final model's results untouched
+    assert {p.name for p in run.iterdir()} == before | {
+        "steps"
+    }  # the final model's results untouched
     assert main([command[0], f"{run}@3", *command[1:]]) == 2  # a step it did not keep: one line
 
 
@@ -211,8 +262,17 @@ def test_show_lists_the_snapshots_and_each_steps_results(snap_run, tmp_path, cap
     capsys.readouterr()
     assert main(["show", str(run)]) == 0
     out = capsys.readouterr().out
-    assert "snapshots    6 kept (steps 0, 1, 2, 4, 8, 16)" in out and "step 8      ablation.json, deposits.json" in out
-    assert "single-head deposit  not measured" in out  # the step's result does not stand in for the final one
+    assert (
+        "snapshots    6 kept (steps 0, 1, 2, 4, 8, 16)" in out
+        and "step 8      ablation.json, deposits.json" in out
+    )
+    assert (
+        "single-head deposit  not measured" in out
+    )  # the step's result does not stand in for the final one
     assert main(["show", f"{run}@8"]) == 0
     out = capsys.readouterr().out
-    assert "the snapshot of step 8" in out and "single-head deposit  no:" in out and "32 examples)" in out
+    assert (
+        "the snapshot of step 8" in out
+        and "single-head deposit  no:" in out
+        and "32 examples)" in out
+    )

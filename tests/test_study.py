@@ -34,21 +34,36 @@ FLAT = drops((3, 4, 0.07))  # spread: the largest head 7 points
 def cell(seed: int, grid: np.ndarray, acc: float = 0.92, **changes) -> CellInfo:
     params = {**GRID["base"], **changes}
     lo, hi = grid - 0.02, grid + 0.02
-    result = AblationResult(acc, acc - grid, grid, lo, hi, "zero", "accuracy", True, 1000, *grid.shape)
-    return CellInfo(f"c{seed}{changes}", str(params["encoding"]), "distance", seed, "multiplicative", params,
-                    {"test_acc": acc}, Path("/nonexistent"), None, result)
+    result = AblationResult(
+        acc, acc - grid, grid, lo, hi, "zero", "accuracy", True, 1000, *grid.shape
+    )
+    return CellInfo(
+        f"c{seed}{changes}",
+        str(params["encoding"]),
+        "distance",
+        seed,
+        "multiplicative",
+        params,
+        {"test_acc": acc},
+        Path("/nonexistent"),
+        None,
+        result,
+    )
 
 
 CELLS = [
-    cell(0, SINGLE), cell(1, FLAT, acc=0.90), cell(2, SINGLE, acc=0.94),
-    cell(0, EIGHT, init_mode="normal"), cell(1, EIGHT, init_mode="normal"),
+    cell(0, SINGLE),
+    cell(1, FLAT, acc=0.90),
+    cell(2, SINGLE, acc=0.94),
+    cell(0, EIGHT, init_mode="normal"),
+    cell(1, EIGHT, init_mode="normal"),
     cell(0, FLAT, encoding="nope", acc=0.30),
 ]
 
 
 def test_conditions_group_by_difference_from_base_in_variant_order():
     conds = group_conditions(list(reversed(CELLS)), GRID)
-    assert [c.name for c in conds] == ["base", "init_mode=normal", 'encoding=nope']
+    assert [c.name for c in conds] == ["base", "init_mode=normal", "encoding=nope"]
     assert [[x.seed for x in c.cells] for c in conds] == [[0, 1, 2], [0, 1], [0]]
     assert conds[1].changes == {"init_mode": "normal"}
 
@@ -65,7 +80,9 @@ def test_rows_report_a_rate_and_the_numbers_behind_it():
     # the share is the top head's part of the whole model's positive drops
     assert base.share[0] == pytest.approx(0.60 / (0.60 + 0.03 + 0.01 * 94))
     # eight heads each costing 70 points: every one is important, none dominates
-    assert (normal.n_room, normal.n_single) == (2, 0) and normal.top_drop == pytest.approx((0.70, 0.70))
+    assert (normal.n_room, normal.n_single) == (2, 0) and normal.top_drop == pytest.approx(
+        (0.70, 0.70)
+    )
     assert normal.runner_up == pytest.approx((0.70, 0.70))
     assert (nope.n_room, nope.n_single) == (0, 0)  # at 30% there is no room for a 50-point drop
 
@@ -78,7 +95,10 @@ def test_table_and_verdict():
     assert [r[0] for r in t.rows] == ["base", "init_mode=normal", "encoding=nope"]
     base_row = dict(zip(t.columns, t.rows[0]))
     assert base_row["single-head deposit (of seeds with room)"] == "2/3"
-    assert base_row["top drop (pts)"] == f"{np.mean([60, 7, 60]):.1f} ± {np.std([60, 7, 60], ddof=1):.1f}"
+    assert (
+        base_row["top drop (pts)"]
+        == f"{np.mean([60, 7, 60]):.1f} ± {np.std([60, 7, 60], ddof=1):.1f}"
+    )
     assert t.notes == [verdict] and "| base |" in t.markdown()
     none = study_verdict(rows[1:])
     assert "0 of 2 task-1 models" in none and "in no condition" in none

@@ -37,15 +37,19 @@ def test_grid_expands_axes_times_seeds():
 
 def test_grid_file_yaml_and_toml(tmp_path):
     y = tmp_path / "g.yaml"
-    y.write_text(textwrap.dedent("""
+    y.write_text(
+        textwrap.dedent("""
         name: g
         base: {preset: smoke, epochs: 1}
         axes:
           encoding: [rope, {name: rope, heads: [0]}]
         seeds: 2
-    """))
+    """)
+    )
     t = tmp_path / "g.toml"
-    t.write_text('name = "g"\nseeds = [0, 1]\n[base]\npreset = "smoke"\nepochs = 1\n[axes]\nencoding = ["rope", "nope"]\n')
+    t.write_text(
+        'name = "g"\nseeds = [0, 1]\n[base]\npreset = "smoke"\nepochs = 1\n[axes]\nencoding = ["rope", "nope"]\n'
+    )
     assert len(load_grid(y).cells()) == 4 and len(load_grid(t).cells()) == 4
     assert "heads0" in load_grid(y).cells()[2].id
 
@@ -64,8 +68,14 @@ def test_grid_file_yaml_and_toml(tmp_path):
         ({"base": {"max_betwen": 3}}, "base.max_betwen is not a setting; did you mean max_between"),
         ({"variants": [{"seeds": []}]}, r"variants\[0\].seeds must be a non-empty list"),
         ({"variants": [{"seeds": [True]}]}, r"variants\[0\].seeds must be a non-empty list"),
-        ({"probe_options": {"ablation": {"m": 3}}}, r"probe_options.ablation: unknown option\(s\) \['m'\]"),
-        ({"probe_options": {"ablaton": {"n": 3}}}, "probe_options.ablaton: not a probe with options"),
+        (
+            {"probe_options": {"ablation": {"m": 3}}},
+            r"probe_options.ablation: unknown option\(s\) \['m'\]",
+        ),
+        (
+            {"probe_options": {"ablaton": {"n": 3}}},
+            "probe_options.ablaton: not a probe with options",
+        ),
         ({"probe_options": {"ablation": 5}}, "probe_options.ablation must be a mapping"),
     ],
 )
@@ -82,14 +92,25 @@ def test_variant_seeds_replace_the_grid_seeds():
 
 
 def test_probe_options_reach_the_probes(tmp_path):
-    grid = parse_grid({**TINY, "axes": {}, "seeds": [0], "probes": ["ablation", "dynamics"],
-                       "probe_options": {"ablation": {"n": 40}, "dynamics": {"points": 2, "n_probe": 16}}})
+    grid = parse_grid(
+        {
+            **TINY,
+            "axes": {},
+            "seeds": [0],
+            "probes": ["ablation", "dynamics"],
+            "probe_options": {"ablation": {"n": 40}, "dynamics": {"points": 2, "n_probe": 16}},
+        }
+    )
     run_sweep(grid, tmp_path, backend="local", workers=1, progress=False)
     (result,), _ = collect(tmp_path)
     assert result["ablation"]["ablation"]["n_examples"] == 40
     assert set(result["seconds"]) == {"train", "ablation"}
-    steps = {json.loads(line)["step"] for line in
-             (tmp_path / "cells" / result["id"] / "run" / "deposit_dynamics.jsonl").read_text().splitlines()}
+    steps = {
+        json.loads(line)["step"]
+        for line in (tmp_path / "cells" / result["id"] / "run" / "deposit_dynamics.jsonl")
+        .read_text()
+        .splitlines()
+    }
     assert steps == {0, 1, 2}  # every total_steps // 2 = 1 step of 2, plus the start
 
 
@@ -103,7 +124,9 @@ def test_progress_lines_count_cells_and_estimate_the_rest():
     progress.done += 1
     line = progress.line({"id": "c", "final": {"test_acc": 0.5}})
     # three cells left on 2 workers: two more rounds, 20 minutes (not 3 x 10 / 2 = 15)
-    assert line.startswith("[2/5] c: held-out acc 0.500; 10.0 min elapsed, 10.0 min/cell, ETA 20 min")
+    assert line.startswith(
+        "[2/5] c: held-out acc 0.500; 10.0 min elapsed, 10.0 min/cell, ETA 20 min"
+    )
     assert "FAILED: boom" in progress.line({"id": "d", "error": "boom"})
 
 
@@ -122,7 +145,9 @@ def test_progress_of_cells_that_start_together():
         def flush(self):
             pass
 
-    progress = Progress(total=3, workers=3, enabled=True, clock=lambda: now[0], stream=Stream(), heartbeat=120)
+    progress = Progress(
+        total=3, workers=3, enabled=True, clock=lambda: now[0], stream=Stream(), heartbeat=120
+    )
     now[0] = 100
     progress.tick()  # within the heartbeat: silent
     assert not lines
@@ -145,8 +170,11 @@ def test_progress_of_cells_that_start_together():
 def test_unparseable_file(tmp_path):
     f = tmp_path / "x.yaml"
     f.write_text("axes: [unclosed\n")
-    with pytest.raises(ValueError, match=r"x.yaml: invalid YAML at line 2, column 1: expected ',' or '\]', but got "
-                                         r"'<stream end>' \(while parsing a flow sequence that starts on line 1\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"x.yaml: invalid YAML at line 2, column 1: expected ',' or '\]', but got "
+        r"'<stream end>' \(while parsing a flow sequence that starts on line 1\)$",
+    ):
         load_grid(f)
 
 
@@ -173,11 +201,18 @@ def test_resume_skips_finished_cells_and_failures_do_not_stop_others(tmp_path):
     # a cell that raises is recorded and the rest go on (in a directory of its own: a sweep
     # directory belongs to one grid); its finished cell is skipped
     bad = parse_grid({**TINY, "axes": {"encoding": ["rope"], "lr": [1e-3]}, "seeds": [0, 5]})
-    shutil.copytree(tmp_path / "cells" / bad.cells()[0].id, tmp_path / "bad" / "cells" / bad.cells()[0].id)
+    shutil.copytree(
+        tmp_path / "cells" / bad.cells()[0].id, tmp_path / "bad" / "cells" / bad.cells()[0].id
+    )
     (tmp_path / "bad" / "cells" / bad.cells()[1].id / "run").mkdir(parents=True)
-    (tmp_path / "bad" / "cells" / bad.cells()[1].id / "run" / "train_state.safetensors").write_bytes(b"junk")
+    (
+        tmp_path / "bad" / "cells" / bad.cells()[1].id / "run" / "train_state.safetensors"
+    ).write_bytes(b"junk")
     out = run_sweep(bad, tmp_path / "bad", backend="local", workers=1, progress=False)
-    assert list(out.failed) == [bad.cells()[1].id] and "CheckpointError" in out.failed[bad.cells()[1].id]
+    assert (
+        list(out.failed) == [bad.cells()[1].id]
+        and "CheckpointError" in out.failed[bad.cells()[1].id]
+    )
     assert out.done == [] and out.skipped == [bad.cells()[0].id]
     _, errors = collect(tmp_path / "bad")
     assert len(errors) == 1 and "traceback" in errors[0]
@@ -209,13 +244,17 @@ def test_local_and_ray_give_identical_cells_and_ray_retries_a_killed_worker(tmp_
         rl = json.loads((tmp_path / "local" / "cells" / cell / "result.json").read_text())
         rr = json.loads((tmp_path / "ray" / "cells" / cell / "result.json").read_text())
         assert rl["final"]["test_acc"] == rr["final"]["test_acc"]
-        lines = (tmp_path / "ray" / "cells" / cell / "run" / "metrics.jsonl").read_text().splitlines()
+        lines = (
+            (tmp_path / "ray" / "cells" / cell / "run" / "metrics.jsonl").read_text().splitlines()
+        )
         assert len(lines) == len({json.loads(x)["step"] for x in lines})  # no duplicated records
 
 
 def test_yaml_grids_read_on_and_no_as_words(tmp_path):
     """PyYAML's YAML 1.1 rules read the key ``on`` as True: ``on: all`` was 'unknown option(s) [True]'."""
     f = tmp_path / "g.yaml"
-    f.write_text("name: g\nbase: {preset: smoke}\naxes: {encoding: [rope]}\nprobes: [ablation]\n"
-                 "probe_options: {ablation: {on: all}}\n")
+    f.write_text(
+        "name: g\nbase: {preset: smoke}\naxes: {encoding: [rope]}\nprobes: [ablation]\n"
+        "probe_options: {ablation: {on: all}}\n"
+    )
     assert load_grid(f).probe_options == {"ablation": {"on": "all"}}

@@ -41,7 +41,9 @@ TASKS = {
     "count-ignore-zero": CountTask(ignore_zero=True),
     "count-small": CountTask(d_vocab=12, n_triggers=4, max_count=8, length=10, seed=5),
     "retrieve": RetrieveTask(),
-    "retrieve-small": RetrieveTask(d_vocab=20, offset=2, max_side=3, max_after=6, max_len=10, seed=3),
+    "retrieve-small": RetrieveTask(
+        d_vocab=20, offset=2, max_side=3, max_after=6, max_len=10, seed=3
+    ),
 }
 TINY = {  # vocabularies so small that independent draws collide all the time
     "distance": DistanceTask(d_vocab=5, max_between=3, max_side=2, max_len=7),
@@ -189,7 +191,9 @@ def test_distance_labels_by_scan(name: str) -> None:
 
 
 def test_distance_with_trigger_fillers_label_is_a_real_pair() -> None:
-    task = DistanceTask(d_vocab=8, max_between=10, max_side=4, max_len=16, fillers_include_triggers=True)
+    task = DistanceTask(
+        d_vocab=8, max_between=10, max_side=4, max_len=16, fillers_include_triggers=True
+    )
     b = task.sample(400, seed=0)
     rows, labels = rows_of(b), b.labels.tolist()
     assert any(r.count(task.triggers[0]) > 1 for r in rows)  # ambiguous rows do occur
@@ -281,8 +285,11 @@ def brute_force_distance_joint(task: DistanceTask) -> Counter[tuple[int, int]]:
 
 @pytest.mark.parametrize(
     "task",
-    [DistanceTask(), DistanceTask(d_vocab=20, max_between=6, max_side=3, max_len=11),
-     DistanceTask(max_between=9, max_side=7, max_len=200)],
+    [
+        DistanceTask(),
+        DistanceTask(d_vocab=20, max_between=6, max_side=3, max_len=11),
+        DistanceTask(max_between=9, max_side=7, max_len=200),
+    ],
     ids=["default", "truncating", "long-max-len"],
 )
 def test_distance_baselines_match_brute_force(task: DistanceTask) -> None:
@@ -355,8 +362,10 @@ def test_distance_counterfactual_moves_second_trigger(name: str) -> None:
     t1, t2 = task.triggers
     assert bool((pairs.changed.sum(dim=1) == 2).all())
     for clean, corrupt, lc, lx in zip(
-        rows_of(pairs.clean), rows_of(pairs.corrupt),
-        pairs.clean.labels.tolist(), pairs.corrupt.labels.tolist(),
+        rows_of(pairs.clean),
+        rows_of(pairs.corrupt),
+        pairs.clean.labels.tolist(),
+        pairs.corrupt.labels.tolist(),
     ):
         p, q = (k for k in range(len(clean)) if clean[k] != corrupt[k])
         assert t2 in (clean[p], clean[q]) and t2 in (corrupt[p], corrupt[q])  # t2 moved ...
@@ -378,13 +387,19 @@ def test_count_counterfactual_replaces_triggers(name: str) -> None:
     check_pairs_common(task, pairs, 300)
     triggers = set(task.triggers)
     for clean, corrupt, lc, lx in zip(
-        rows_of(pairs.clean), rows_of(pairs.corrupt),
-        pairs.clean.labels.tolist(), pairs.corrupt.labels.tolist(),
+        rows_of(pairs.clean),
+        rows_of(pairs.corrupt),
+        pairs.clean.labels.tolist(),
+        pairs.corrupt.labels.tolist(),
     ):
         changed = [k for k in range(len(clean)) if clean[k] != corrupt[k]]
         assert changed and all(clean[k] in triggers and corrupt[k] not in triggers for k in changed)
         assert scan_count(task, clean) == true_value(task, lc)
-        assert scan_count(task, corrupt) == true_value(task, lx) == scan_count(task, clean) - len(changed)
+        assert (
+            scan_count(task, corrupt)
+            == true_value(task, lx)
+            == scan_count(task, clean) - len(changed)
+        )
         assert scan_count(task, corrupt) >= task.min_count
 
 
@@ -452,7 +467,9 @@ def test_to_dict_round_trip(name: str) -> None:
 
 
 def test_make_task() -> None:
-    assert make_task("distance", max_between=5, max_len=40) == DistanceTask(max_between=5, max_len=40)
+    assert make_task("distance", max_between=5, max_len=40) == DistanceTask(
+        max_between=5, max_len=40
+    )
     assert make_task("count").name == "count" and make_task("distance").name == "distance"
     assert make_task("retrieve").name == "retrieve"
     with pytest.raises(ValueError, match="unknown task"):
@@ -501,13 +518,25 @@ small = st.integers(min_value=-3, max_value=40)
 
 
 @settings(max_examples=100, deadline=None)
-@given(d_vocab=small, max_between=small, max_side=small, slack=st.integers(-3, 8),
-       include=st.booleans())
-def test_distance_config_validation_property(d_vocab, max_between, max_side, slack, include) -> None:
+@given(
+    d_vocab=small,
+    max_between=small,
+    max_side=small,
+    slack=st.integers(-3, 8),
+    include=st.booleans(),
+)
+def test_distance_config_validation_property(
+    d_vocab, max_between, max_side, slack, include
+) -> None:
     max_len = max_side + max_between + 2 + slack  # near the boundary, to hit both sides of it
     valid = d_vocab >= 4 and max_between >= 2 and max_side >= 1 and slack >= 0
-    kwargs = dict(d_vocab=d_vocab, max_between=max_between, max_side=max_side, max_len=max_len,
-                  fillers_include_triggers=include)
+    kwargs = dict(
+        d_vocab=d_vocab,
+        max_between=max_between,
+        max_side=max_side,
+        max_len=max_len,
+        fillers_include_triggers=include,
+    )
     event("valid" if valid else "invalid")
     if not valid:
         with pytest.raises(ValueError, match="DistanceTask"):
@@ -521,16 +550,30 @@ def test_distance_config_validation_property(d_vocab, max_between, max_side, sla
 
 
 @settings(max_examples=100, deadline=None)
-@given(spare=st.integers(-3, 20), n_triggers=small, max_count=small, length=small,
-       ignore_zero=st.booleans())
-def test_count_config_validation_property(spare, n_triggers, max_count, length, ignore_zero) -> None:
+@given(
+    spare=st.integers(-3, 20),
+    n_triggers=small,
+    max_count=small,
+    length=small,
+    ignore_zero=st.booleans(),
+)
+def test_count_config_validation_property(
+    spare, n_triggers, max_count, length, ignore_zero
+) -> None:
     d_vocab = n_triggers + 2 + spare  # near the boundary, to hit both sides of it
     valid = (
-        n_triggers >= 1 and spare >= 0 and length >= 1
+        n_triggers >= 1
+        and spare >= 0
+        and length >= 1
         and (2 if ignore_zero else 1) <= max_count <= length
     )
-    kwargs = dict(d_vocab=d_vocab, n_triggers=n_triggers, max_count=max_count, length=length,
-                  ignore_zero=ignore_zero)
+    kwargs = dict(
+        d_vocab=d_vocab,
+        n_triggers=n_triggers,
+        max_count=max_count,
+        length=length,
+        ignore_zero=ignore_zero,
+    )
     event("valid" if valid else "invalid")
     if not valid:
         with pytest.raises(ValueError, match="CountTask"):

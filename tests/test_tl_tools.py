@@ -40,8 +40,18 @@ Key = tuple  # (kind, layer, head, position), the fields of a TransformerLens No
 
 
 def random_model(encoding: str, **kw) -> HookedPETransformer:
-    cfg = dict(n_layers=3, d_model=16, n_heads=2, d_mlp=32, n_ctx=12, d_vocab=VOCAB, n_classes=CLASSES,
-               encoding=encoding, init_std=0.4, seed=5)  # fmt: skip
+    cfg = dict(
+        n_layers=3,
+        d_model=16,
+        n_heads=2,
+        d_mlp=32,
+        n_ctx=12,
+        d_vocab=VOCAB,
+        n_classes=CLASSES,
+        encoding=encoding,
+        init_std=0.4,
+        seed=5,
+    )
     return HookedPETransformer(ModelConfig(**{**cfg, **kw})).double().eval()
 
 
@@ -52,7 +62,9 @@ def random_pairs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     clean = torch.randint(1, VOCAB, (len(LENGTHS), POS), generator=g) * real
     corrupt = clean.clone()
     for p in (1, 4):
-        corrupt[:, p] = (clean[:, p] + torch.randint(1, VOCAB - 1, (len(LENGTHS),), generator=g) - 1) % (VOCAB - 1) + 1
+        corrupt[:, p] = (
+            clean[:, p] + torch.randint(1, VOCAB - 1, (len(LENGTHS),), generator=g) - 1
+        ) % (VOCAB - 1) + 1
     assert bool((corrupt[:, [1, 4]] != clean[:, [1, 4]]).all())
     return clean, corrupt
 
@@ -65,7 +77,9 @@ def class_metric(good: int, bad: int) -> Callable[[torch.Tensor], torch.Tensor]:
 @pytest.fixture(scope="module")
 def trained_case():
     torch.manual_seed(0)
-    result = pe_interp.train(task="distance", encoding="rope", preset="smoke", progress=False, epochs=20, lr=1e-2)
+    result = pe_interp.train(
+        task="distance", encoding="rope", preset="smoke", progress=False, epochs=20, lr=1e-2
+    )
     assert result.final["test_acc"] > 0.5, result.final  # it learnt something: a circuit to find
     _, task, _ = build_run_configs("distance", "rope", "smoke", 0)
     pairs = task.counterfactual_pairs(3, seed=1)
@@ -118,7 +132,9 @@ def writer_outputs(model, tokens) -> dict:
     out = {"embed": cache["hook_embed"], "pos": cache.cache_dict.get("hook_pos_embed", 0.0)}
     for layer, block in enumerate(model.blocks):
         W_O = block.attn.W_O.detach()
-        out["head", layer] = torch.einsum("bphd,hdm->bphm", cache[f"blocks.{layer}.attn.hook_z"], W_O)
+        out["head", layer] = torch.einsum(
+            "bphd,hdm->bphm", cache[f"blocks.{layer}.attn.hook_z"], W_O
+        )
         out["mlp", layer] = cache[f"blocks.{layer}.hook_mlp_out"]
     return out
 
@@ -194,27 +210,46 @@ def test_use_flags_keep_the_function_and_have_transformer_lens_semantics(encodin
         assert result.shape == (len(LENGTHS), POS, 2, 16)
         z = cache[f"{name}.attn.hook_z"]
         for h in range(2):
-            torch.testing.assert_close(result[:, :, h], z[:, :, h] @ block.attn.W_O[h], rtol=0, atol=1e-12)
-        torch.testing.assert_close(result.sum(2) + block.attn.b_O, cache[f"{name}.hook_attn_out"], rtol=0, atol=1e-12)
+            torch.testing.assert_close(
+                result[:, :, h], z[:, :, h] @ block.attn.W_O[h], rtol=0, atol=1e-12
+            )
+        torch.testing.assert_close(
+            result.sum(2) + block.attn.b_O, cache[f"{name}.hook_attn_out"], rtol=0, atol=1e-12
+        )
         kv_input = cache[f"{name}.hook_resid_pre"] if kv_source == "residual" else layer0_input
-        for kind, expected in (("q", cache[f"{name}.hook_resid_pre"]), ("k", kv_input), ("v", kv_input)):
+        for kind, expected in (
+            ("q", cache[f"{name}.hook_resid_pre"]),
+            ("k", kv_input),
+            ("v", kv_input),
+        ):
             fork = cache[f"{name}.attn.hook_{kind}_input"]
             assert fork.shape == (len(LENGTHS), POS, 2, 16)
             for h in range(2):  # a pre-norm copy per head
                 torch.testing.assert_close(fork[:, :, h], expected, rtol=0, atol=1e-12)
-        torch.testing.assert_close(cache[f"{name}.hook_mlp_in"], cache[f"{name}.hook_resid_mid"], rtol=0, atol=0)
+        torch.testing.assert_close(
+            cache[f"{name}.hook_mlp_in"], cache[f"{name}.hook_resid_mid"], rtol=0, atol=0
+        )
         for kind in "qkv":  # each head's copy feeds that head's projection, and only it
+
             def nudge(x, hook):
                 x = x.clone()
-                x[:, :, 0] += torch.linspace(-1.0, 1.0, x.shape[-1], dtype=x.dtype)  # LN removes a constant
+                x[:, :, 0] += torch.linspace(
+                    -1.0, 1.0, x.shape[-1], dtype=x.dtype
+                )  # LN removes a constant
                 return x
 
             seen = {}
             with torch.no_grad():
-                model.run_with_hooks(clean, fwd_hooks=[
-                    (f"{name}.attn.hook_{kind}_input", nudge),
-                    (f"{name}.attn.hook_{kind}", lambda x, hook, seen=seen: seen.setdefault("x", x.clone())),
-                ])  # fmt: skip
+                model.run_with_hooks(
+                    clean,
+                    fwd_hooks=[
+                        (f"{name}.attn.hook_{kind}_input", nudge),
+                        (
+                            f"{name}.attn.hook_{kind}",
+                            lambda x, hook, seen=seen: seen.setdefault("x", x.clone()),
+                        ),
+                    ],
+                )
             before = cache[f"{name}.attn.hook_{kind}"]
             assert float((seen["x"][:, :, 0] - before[:, :, 0]).abs().max()) > 1e-3, (name, kind)
             torch.testing.assert_close(seen["x"][:, :, 1], before[:, :, 1], rtol=0, atol=1e-12)
@@ -226,21 +261,30 @@ def test_use_flags_keep_the_function_and_have_transformer_lens_semantics(encodin
         torch.testing.assert_close(model(clean), plain, rtol=0, atol=1e-12)
         for layer in range(3):
             shared = cache[f"blocks.{layer}.attn.hook_attn_in"]
-            torch.testing.assert_close(shared[:, :, 1], cache[f"blocks.{layer}.hook_resid_pre"], rtol=0, atol=1e-12)
+            torch.testing.assert_close(
+                shared[:, :, 1], cache[f"blocks.{layer}.hook_resid_pre"], rtol=0, atol=1e-12
+            )
 
 
 # ---------------------------------------------------------------------------- direct path
-def naive_direct_path(model, clean, corrupt, metric, src_layer, src_head, component) -> torch.Tensor:
+def naive_direct_path(
+    model, clean, corrupt, metric, src_layer, src_head, component
+) -> torch.Tensor:
     """The receiver head's q/k/v recomputed from its input with the sender's write added, set at
     ``attn.hook_{component}`` (no per-head input fork involved)."""
     clean_out, corrupt_out = writer_outputs(model, clean), writer_outputs(model, corrupt)
-    delta = clean_out["head", src_layer][:, :, src_head] - corrupt_out["head", src_layer][:, :, src_head]
+    delta = (
+        clean_out["head", src_layer][:, :, src_head]
+        - corrupt_out["head", src_layer][:, :, src_head]
+    )
     resid = cache_of(model, corrupt, lambda n: n.endswith("hook_resid_pre"))
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     out = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     for layer in range(src_layer + 1, n_layers):
         attn = model.blocks[layer].attn
-        W, b = {"q": (attn.W_Q, attn.b_Q), "k": (attn.W_K, attn.b_K), "v": (attn.W_V, attn.b_V)}[component]
+        W, b = {"q": (attn.W_Q, attn.b_Q), "k": (attn.W_K, attn.b_K), "v": (attn.W_V, attn.b_V)}[
+            component
+        ]
         with torch.no_grad():
             x = model.blocks[layer].ln1(resid[f"blocks.{layer}.hook_resid_pre"] + delta)
         for head in range(n_heads):
@@ -252,7 +296,9 @@ def naive_direct_path(model, clean, corrupt, metric, src_layer, src_head, compon
                 return act
 
             with torch.no_grad():
-                logits = model.run_with_hooks(corrupt, fwd_hooks=[(f"blocks.{layer}.attn.hook_{component}", set_head)])
+                logits = model.run_with_hooks(
+                    corrupt, fwd_hooks=[(f"blocks.{layer}.attn.hook_{component}", set_head)]
+                )
             out[layer, head] = metric(logits)
     return out
 
@@ -269,11 +315,21 @@ def test_direct_path_matches_naive_loop(case, component):
         for src_head in range(n_heads):
             before = flags(model)
             tl = tlp.get_act_patch_direct_path(
-                model, corrupt, clean_cache, corrupt_cache, metric, src_layer, src_head, component, verbose=False
+                model,
+                corrupt,
+                clean_cache,
+                corrupt_cache,
+                metric,
+                src_layer,
+                src_head,
+                component,
+                verbose=False,
             )
             assert flags(model) == before
             naive = naive_direct_path(model, clean, corrupt, metric, src_layer, src_head, component)
-            torch.testing.assert_close(tl.double(), naive, rtol=1e-5, atol=1e-5)  # TL stores float32
+            torch.testing.assert_close(
+                tl.double(), naive, rtol=1e-5, atol=1e-5
+            )  # TL stores float32
             moved = max(moved, float((naive[src_layer + 1 :] - baseline).abs().max()))
     assert moved > 1e-3  # some path moves the metric, so a wrong path would show
 
@@ -283,7 +339,17 @@ def test_direct_path_restores_use_attn_in():
     clean, corrupt = random_pairs()
     model.set_use_attn_in(True)
     clean_cache, corrupt_cache = cache_of(model, clean), cache_of(model, corrupt)
-    quiet(tlp.get_act_patch_direct_path, model, corrupt, clean_cache, corrupt_cache, class_metric(1, 0), 0, 0, "k")
+    quiet(
+        tlp.get_act_patch_direct_path,
+        model,
+        corrupt,
+        clean_cache,
+        corrupt_cache,
+        class_metric(1, 0),
+        0,
+        0,
+        "k",
+    )
     assert flags(model) == (False, False, True, False)
 
 
@@ -292,9 +358,16 @@ def naive_node_scores(model, clean, corrupt, metric) -> dict[Key, float]:
     """(clean - corrupt) . d metric/d activation at the corrupt point, per node, batch mean."""
     n_layers = model.cfg.n_layers
     names = ["hook_embed"]
-    names += [f"blocks.{layer}.{hook}" for layer in range(n_layers) for hook in ("attn.hook_z", "hook_mlp_out")]
+    names += [
+        f"blocks.{layer}.{hook}"
+        for layer in range(n_layers)
+        for hook in ("attn.hook_z", "hook_mlp_out")
+    ]
     grads = autograd_at(model, corrupt, metric, names)
-    a_clean, a_corrupt = cache_of(model, clean, names.__contains__), cache_of(model, corrupt, names.__contains__)
+    a_clean, a_corrupt = (
+        cache_of(model, clean, names.__contains__),
+        cache_of(model, corrupt, names.__contains__),
+    )
     scores = {}
     for name in names:
         per = ((a_clean[name] - a_corrupt[name]) * grads[name]).mean(0)  # [pos, (head,) feature]
@@ -344,7 +417,10 @@ def assert_scores_equal(tl: dict, naive: dict) -> None:
 def test_attribution_node_matches_autograd(case):
     model, clean, corrupt, metric = case
     tl = ap.attribution_patch(model, clean, corrupt, metric)
-    assert_scores_equal({key(n): s for n, s in tl.node_scores.items()}, naive_node_scores(model, clean, corrupt, metric))
+    assert_scores_equal(
+        {key(n): s for n, s in tl.node_scores.items()},
+        naive_node_scores(model, clean, corrupt, metric),
+    )
 
 
 def test_attribution_node_on_embed_kv_matches_autograd():
@@ -353,13 +429,18 @@ def test_attribution_node_on_embed_kv_matches_autograd():
     clean, corrupt = random_pairs()
     metric = class_metric(1, 0)
     tl = ap.attribution_patch(model, clean, corrupt, metric)
-    assert_scores_equal({key(n): s for n, s in tl.node_scores.items()}, naive_node_scores(model, clean, corrupt, metric))
+    assert_scores_equal(
+        {key(n): s for n, s in tl.node_scores.items()},
+        naive_node_scores(model, clean, corrupt, metric),
+    )
 
 
 def test_attribution_edge_matches_autograd(case):
     model, clean, corrupt, metric = case
     before = flags(model)
-    tl = ap.attribution_patch(model, clean, corrupt, metric, ap.EdgeAttributionConfig(granularity="edge"))
+    tl = ap.attribution_patch(
+        model, clean, corrupt, metric, ap.EdgeAttributionConfig(granularity="edge")
+    )
     assert flags(model) == before
     tl_edges = {(key(w), key(r)): s for (w, r), s in tl.edge_scores.items()}
     assert_scores_equal(tl_edges, naive_edge_scores(model, clean, corrupt, metric))
@@ -384,7 +465,10 @@ def hand_ablated_metric(model, clean, corrupt, metric, kept: set[tuple[Key, Key]
 
     def capture(slot, per_head_W_O=None):
         def hook(x, hook):
-            live[slot] = torch.einsum("bphd,hdm->bphm", x, per_head_W_O) if per_head_W_O is not None else x
+            live[slot] = (
+                torch.einsum("bphd,hdm->bphm", x, per_head_W_O) if per_head_W_O is not None else x
+            )
+
         return hook
 
     def rebuild(kind, layer, n_biases):
@@ -395,19 +479,23 @@ def hand_ablated_metric(model, clean, corrupt, metric, kept: set[tuple[Key, Key]
                 for head in range(n_heads) if kind in ATTN_READERS else [None]:
                     reader = (kind, layer, head, p)
                     total = base + sum(
-                        contribution(live if (w, reader) in kept else corrupt_out, w) for w in by_reader[reader]
+                        contribution(live if (w, reader) in kept else corrupt_out, w)
+                        for w in by_reader[reader]
                     )
                     if head is None:
                         x[0, p] = total
                     else:
                         x[0, p, head] = total
             return x
+
         return hook
 
     hooks = [("hook_embed", capture("embed"))]
     for layer, block in enumerate(model.blocks):
         name = f"blocks.{layer}"
-        hooks += [(f"{name}.attn.hook_{kind}", rebuild(kind, layer, layer)) for kind in ATTN_READERS]
+        hooks += [
+            (f"{name}.attn.hook_{kind}", rebuild(kind, layer, layer)) for kind in ATTN_READERS
+        ]
         hooks += [(f"{name}.attn.hook_z", capture(("head", layer), block.attn.W_O))]
         hooks += [(f"{name}.hook_mlp_in", rebuild("mlp_in", layer, layer + 1))]
         hooks += [(f"{name}.hook_mlp_out", capture(("mlp", layer)))]
@@ -417,9 +505,12 @@ def hand_ablated_metric(model, clean, corrupt, metric, kept: set[tuple[Key, Key]
 
 
 def edge_class(reader: Key) -> str:
-    return {"q_input": "into_qk", "k_input": "into_qk", "v_input": "into_v", "mlp_in": "into_mlp"}.get(
-        reader[0], "into_logits"
-    )
+    return {
+        "q_input": "into_qk",
+        "k_input": "into_qk",
+        "v_input": "into_v",
+        "mlp_in": "into_mlp",
+    }.get(reader[0], "into_logits")
 
 
 def test_faithfulness_matches_hand_ablation(case):
@@ -428,21 +519,30 @@ def test_faithfulness_matches_hand_ablation(case):
     edges = naive_edges(model.cfg.n_layers, model.cfg.n_heads, clean.shape[1])
     with torch.no_grad():
         m_clean, m_corrupt = float(metric(model(clean))), float(metric(model(corrupt)))
-    ranked = ap.attribution_patch(model, clean, corrupt, metric, ap.EdgeAttributionConfig(granularity="edge"))
+    ranked = ap.attribution_patch(
+        model, clean, corrupt, metric, ap.EdgeAttributionConfig(granularity="edge")
+    )
     g = torch.Generator().manual_seed(0)
     circuits = {
         "empty": [],
         "all": edges,
         "top": [(key(w), key(r)) for w, r, _ in ranked.top_edges(k=15)],
-        "random half": [e for e, keep in zip(edges, torch.rand(len(edges), generator=g) < 0.5) if keep],
+        "random half": [
+            e for e, keep in zip(edges, torch.rand(len(edges), generator=g) < 0.5) if keep
+        ],
         "no qk": [e for e in edges if edge_class(e[1]) != "into_qk"],
     }
     for label, circuit in circuits.items():
         before = flags(model)
-        tl = ap.faithfulness(model, clean, corrupt, metric, [(tl_node(w), tl_node(r)) for w, r in circuit])
+        tl = ap.faithfulness(
+            model, clean, corrupt, metric, [(tl_node(w), tl_node(r)) for w, r in circuit]
+        )
         assert flags(model) == before
+
         def recovered(kept):
-            return (hand_ablated_metric(model, clean, corrupt, metric, kept) - m_corrupt) / (m_clean - m_corrupt)
+            return (hand_ablated_metric(model, clean, corrupt, metric, kept) - m_corrupt) / (
+                m_clean - m_corrupt
+            )
 
         kept = set(circuit)
         assert tl.total_edges == len(edges) and tl.circuit_size == len(kept), label
@@ -473,7 +573,9 @@ def test_pooled_readout_is_read_per_position():
             shapes.add(tuple(logits.shape))
             return (logits[:, 1] - logits[:, 0]).sum()
 
-        res = ap.attribution_patch(model, clean, corrupt, metric, ap.EdgeAttributionConfig(granularity="edge"))
+        res = ap.attribution_patch(
+            model, clean, corrupt, metric, ap.EdgeAttributionConfig(granularity="edge")
+        )
         into_readout = {}
         for (_, r), s in res.edge_scores.items():
             if r.kind == "logits":
@@ -481,7 +583,17 @@ def test_pooled_readout_is_read_per_position():
         assert {p for p, s in into_readout.items() if s != 0.0} == set(feeds), pooling
         ap.faithfulness(model, clean, corrupt, metric, res.top_edges(k=5))
         clean_cache, corrupt_cache = cache_of(model, clean), cache_of(model, corrupt)
-        quiet(tlp.get_act_patch_direct_path, model, corrupt, clean_cache, corrupt_cache, metric, 0, 0, "q")
+        quiet(
+            tlp.get_act_patch_direct_path,
+            model,
+            corrupt,
+            clean_cache,
+            corrupt_cache,
+            metric,
+            0,
+            0,
+            "q",
+        )
         assert shapes == {(1, CLASSES)}
 
 
@@ -505,7 +617,17 @@ def test_embed_kv_refuses_k_v_edges_in_one_line():
         assert flags(model) == (False, False, False, False), label
     # Queries still read the residual stream: q direct paths run and match the naive loop.
     for src_head in range(2):
-        tl = quiet(tlp.get_act_patch_direct_path, model, corrupt, clean_cache, corrupt_cache, metric, 0, src_head, "q")
+        tl = quiet(
+            tlp.get_act_patch_direct_path,
+            model,
+            corrupt,
+            clean_cache,
+            corrupt_cache,
+            metric,
+            0,
+            src_head,
+            "q",
+        )
         naive = naive_direct_path(model, clean, corrupt, metric, 0, src_head, "q")
         torch.testing.assert_close(tl.double(), naive, rtol=1e-5, atol=1e-5)
 
@@ -521,8 +643,16 @@ def test_without_the_refusal_embed_kv_would_get_paths_that_do_not_exist(monkeypa
     clean_cache, corrupt_cache = cache_of(model, clean), cache_of(model, corrupt)
     with torch.no_grad():
         baseline = float(metric(model(corrupt)))
-    tl = quiet(tlp.get_act_patch_direct_path, model, corrupt, clean_cache, corrupt_cache, metric, 0, 0, "k")
+    tl = quiet(
+        tlp.get_act_patch_direct_path, model, corrupt, clean_cache, corrupt_cache, metric, 0, 0, "k"
+    )
     assert float((tl[1:] - baseline).abs().max()) > 1e-3
-    res = ap.attribution_patch(model, clean, corrupt, metric, ap.EdgeAttributionConfig(granularity="edge"))
-    phantom = [s for (w, r), s in res.edge_scores.items() if w.kind != "embed" and r.kind in ("k_input", "v_input")]
+    res = ap.attribution_patch(
+        model, clean, corrupt, metric, ap.EdgeAttributionConfig(granularity="edge")
+    )
+    phantom = [
+        s
+        for (w, r), s in res.edge_scores.items()
+        if w.kind != "embed" and r.kind in ("k_input", "v_input")
+    ]
     assert max(abs(s) for s in phantom) > 1e-3

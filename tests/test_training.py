@@ -43,7 +43,9 @@ def test_same_seed_same_run_and_different_seed_differs(tmp_path):
 
 
 def test_run_directory_contents_and_load_run(tmp_path):
-    result = pe_interp.train(task="count", encoding="sinusoidal+rope", seed=1, out=tmp_path, **SMOKE)
+    result = pe_interp.train(
+        task="count", encoding="sinusoidal+rope", seed=1, out=tmp_path, **SMOKE
+    )
     config = json.loads((tmp_path / "config.json").read_text())
     assert set(config) >= {"model", "task", "train", "version", "preset"}
     assert config["model"]["encoding"] == [{"name": "sinusoidal"}, {"name": "rope"}]
@@ -99,8 +101,22 @@ def _checkpoint_step(run_dir: Path) -> int:
 
 def _cli(run_dir: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "pe_interp.cli", "train", "--preset", "smoke", "--out", str(run_dir),
-        "--epochs", "12", "--checkpoint-every", "2", "--dropout", "0.1", "--no-progress", *extra,
+        sys.executable,
+        "-m",
+        "pe_interp.cli",
+        "train",
+        "--preset",
+        "smoke",
+        "--out",
+        str(run_dir),
+        "--epochs",
+        "12",
+        "--checkpoint-every",
+        "2",
+        "--dropout",
+        "0.1",
+        "--no-progress",
+        *extra,
     ]
 
 
@@ -109,11 +125,15 @@ def test_resume_after_kill_reaches_the_same_weights(tmp_path):
     ref, killed = tmp_path / "ref", tmp_path / "killed"
     subprocess.run(_cli(ref), check=True, env=env, capture_output=True)
 
-    proc = subprocess.Popen(_cli(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _cli(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     deadline = time.time() + 120
     while _checkpoint_step(killed) < 6 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
-    assert proc.poll() is None, "training finished before it could be killed: " + proc.stderr.read().decode()[-500:]
+    assert proc.poll() is None, (
+        "training finished before it could be killed: " + proc.stderr.read().decode()[-500:]
+    )
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     step_at_kill = _checkpoint_step(killed)
@@ -125,13 +145,18 @@ def test_resume_after_kill_reaches_the_same_weights(tmp_path):
     for k in w_ref:
         assert torch.equal(w_ref[k], w_res[k]), k
     # metrics were not duplicated by the replayed steps
-    steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    steps = [
+        json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps == sorted(set(steps)) and steps[-1] == 96
+
     # ...and every record, including the running training loss and accuracy of the interval that
     # spans the crash, is what the uninterrupted run wrote (only the wall clock differs).
     def records(run):
-        return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
-                for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return [
+            {k: v for k, v in json.loads(line).items() if k != "seconds"}
+            for line in (run / "metrics.jsonl").read_text().splitlines()
+        ]
 
     assert records(killed) == records(ref)
 
@@ -150,8 +175,12 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_last_checkpoint(tmp_path)
     from pe_interp.presets import build_run_configs
     from pe_interp.training import Trainer
 
-    model_cfg, task, train_cfg = build_run_configs("distance", "rope", "smoke", 0, checkpoint_every=4)
-    trainer = Trainer(model_cfg, task, train_cfg, run_dir=tmp_path, callbacks=[PoisonAt(6)], progress=False)
+    model_cfg, task, train_cfg = build_run_configs(
+        "distance", "rope", "smoke", 0, checkpoint_every=4
+    )
+    trainer = Trainer(
+        model_cfg, task, train_cfg, run_dir=tmp_path, callbacks=[PoisonAt(6)], progress=False
+    )
     with pytest.raises(NonFiniteLossError, match="step 7.*step 4"):
         trainer.fit()
     assert _checkpoint_step(tmp_path) == 4
@@ -176,19 +205,43 @@ def _copy(src: Path, dst: Path) -> Path:
 @pytest.mark.parametrize(
     "damage, message",
     [
-        (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:200]), "model.safetensors: corrupt or truncated"),
-        (lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64), "model.safetensors: corrupt or truncated"),
+        (
+            lambda d: (d / "model.safetensors").write_bytes(
+                (d / "model.safetensors").read_bytes()[:200]
+            ),
+            "model.safetensors: corrupt or truncated",
+        ),
+        (
+            lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64),
+            "model.safetensors: corrupt or truncated",
+        ),
         (lambda d: (d / "model.safetensors").unlink(), "model.safetensors: file not found"),
         (lambda d: (d / "config.json").write_text("{not json"), "config.json: invalid JSON"),
         (
             lambda d: (d / "config.json").write_text(
-                json.dumps({**json.loads((d / "config.json").read_text()), "model": {**json.loads((d / "config.json").read_text())["model"], "d_model": 48}})
+                json.dumps(
+                    {
+                        **json.loads((d / "config.json").read_text()),
+                        "model": {
+                            **json.loads((d / "config.json").read_text())["model"],
+                            "d_model": 48,
+                        },
+                    }
+                )
             ),
             "model.safetensors: tensor .* has shape",
         ),
         (
             lambda d: (d / "config.json").write_text(
-                json.dumps({**json.loads((d / "config.json").read_text()), "model": {**json.loads((d / "config.json").read_text())["model"], "encoding": "learned"}})
+                json.dumps(
+                    {
+                        **json.loads((d / "config.json").read_text()),
+                        "model": {
+                            **json.loads((d / "config.json").read_text())["model"],
+                            "encoding": "learned",
+                        },
+                    }
+                )
             ),
             "model.safetensors: missing tensor 'encoding.W_pos'",
         ),
@@ -204,8 +257,11 @@ def test_damaged_run_gives_one_line_error_naming_the_file(trained_run, tmp_path,
 
 def test_resume_refuses_a_different_config(trained_run, tmp_path):
     d = _copy(trained_run, tmp_path / "copy")
-    with pytest.raises(CheckpointError, match=r"other settings than the run's \(saved -> now: model.n_layers: 2 -> 3; "
-                       r"train.epochs: 2 -> 3\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"other settings than the run's \(saved -> now: model.n_layers: 2 -> 3; "
+        r"train.epochs: 2 -> 3\)",
+    ):
         pe_interp.train(seed=0, out=d, resume=True, epochs=3, n_layers=3, **SMOKE)
     with pytest.raises(CheckpointError, match="already holds a run"):
         pe_interp.train(seed=0, out=d, **SMOKE)
@@ -225,7 +281,9 @@ def run_file_format(path: Path) -> str:
 
     data = path.read_bytes()
     assert not data.startswith(b"PK"), f"{path}: a zip archive (torch.save)"
-    assert not (len(data) > 1 and data[0] == 0x80 and data[1] <= 5), f"{path}: a pickle (protocol {data[1]})"
+    assert not (len(data) > 1 and data[0] == 0x80 and data[1] <= 5), (
+        f"{path}: a pickle (protocol {data[1]})"
+    )
     ops = []
     with contextlib.suppress(Exception):  # protocols 0 and 1 have no header: parse the opcodes
         ops = list(pickletools.genops(data))
@@ -248,8 +306,12 @@ def run_file_format(path: Path) -> str:
 
 def test_no_pickle_in_run_files(trained_run):
     formats = {f.name: run_file_format(f) for f in trained_run.iterdir() if f.name != LOCK_FILE}
-    assert formats == {"config.json": "json", "metrics.jsonl": "jsonl", "model.safetensors": "safetensors",
-                       "train_state.safetensors": "safetensors"}
+    assert formats == {
+        "config.json": "json",
+        "metrics.jsonl": "jsonl",
+        "model.safetensors": "safetensors",
+        "train_state.safetensors": "safetensors",
+    }
 
 
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
@@ -266,26 +328,71 @@ def test_the_format_check_rejects_pickles_and_torch_save(tmp_path, protocol):
 
 def test_cli_train_and_eval_end_to_end(tmp_path, capsys):
     out = tmp_path / "cli"
-    assert main(["train", "--preset", "smoke", "--task", "count", "--encoding", "alibi", "--out", str(out), "--no-progress", "--n-layers", "1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "smoke",
+                "--task",
+                "count",
+                "--encoding",
+                "alibi",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--n-layers",
+                "1",
+            ]
+        )
+        == 0
+    )
     trained = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert trained["step"] == 16 and json.loads((out / "config.json").read_text())["model"]["n_layers"] == 1
+    assert (
+        trained["step"] == 16
+        and json.loads((out / "config.json").read_text())["model"]["n_layers"] == 1
+    )
     assert main(["eval", str(out)]) == 0
     evaluated = json.loads(capsys.readouterr().out.strip())
     assert evaluated["test_acc"] == pytest.approx(trained["test_acc"])
     # bad input: one-line error, exit code 2
-    assert main(["train", "--preset", "smoke", "--encoding", "ropee", "--out", str(tmp_path / "x"), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--preset",
+                "smoke",
+                "--encoding",
+                "ropee",
+                "--out",
+                str(tmp_path / "x"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "unknown name 'ropee'" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "missing")]) == 2
 
 
 def test_cli_help_lists_commands():
-    proc = subprocess.run([sys.executable, "-m", "pe_interp.cli", "train", "--help"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pe_interp.cli", "train", "--help"], capture_output=True, text=True
+    )
     assert proc.returncode == 0 and "--resume" in proc.stdout and "--n-layers" in proc.stdout
 
 
 @pytest.mark.parametrize(
     "field, value",
-    [("epochs", 0), ("lr", -1.0), ("betas", (0.9,)), ("betas", (1.2, 0.9)), ("batch_size", 2.5), ("device", "tpu"), ("warmup_frac", 2.0)],
+    [
+        ("epochs", 0),
+        ("lr", -1.0),
+        ("betas", (0.9,)),
+        ("betas", (1.2, 0.9)),
+        ("batch_size", 2.5),
+        ("device", "tpu"),
+        ("warmup_frac", 2.0),
+    ],
 )
 def test_train_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=f"TrainConfig.{field}"):

@@ -11,12 +11,27 @@ from probes.deposit import decision
 from probes.deposit.routes import RouteShares, positional_dominance
 
 
-def _shares(top: tuple[float, float, float], other: tuple[float, float, float], n: int = 100) -> RouteShares:
+def _shares(
+    top: tuple[float, float, float], other: tuple[float, float, float], n: int = 100
+) -> RouteShares:
     shares = np.array([[top[0], other[0]]])
     low, high = np.array([[top[1], other[1]]]), np.array([[top[2], other[2]]])
-    return RouteShares(shares=shares, ci_low=low, ci_high=high, routes=np.ones((1, 2), dtype=bool), embed=None,
-                       embed_ci=None, effect=2.0, effect_ci=(1.8, 2.2), counterfactual_effect=2.0, identity_gap=0.0,
-                       n_examples=n, n_bootstrap=100, ci=0.95, seed=0)  # fmt: skip
+    return RouteShares(
+        shares=shares,
+        ci_low=low,
+        ci_high=high,
+        routes=np.ones((1, 2), dtype=bool),
+        embed=None,
+        embed_ci=None,
+        effect=2.0,
+        effect_ci=(1.8, 2.2),
+        counterfactual_effect=2.0,
+        identity_gap=0.0,
+        n_examples=n,
+        n_bootstrap=100,
+        ci=0.95,
+        seed=0,
+    )
 
 
 def test_an_open_positional_verdict_says_how_many_pairs_would_decide_it():
@@ -52,18 +67,36 @@ def test_routes_exits_3_when_undecided(tmp_path, capsys, monkeypatch):
     import probes.deposit.routes as routes
 
     run = _planted(tmp_path)
-    monkeypatch.setattr(routes, "positional_dominance", lambda r: positional_dominance(
-        _shares((0.6, 0.45, 0.75), (0.02, -0.01, 0.04))))
+    monkeypatch.setattr(
+        routes,
+        "positional_dominance",
+        lambda r: positional_dominance(_shares((0.6, 0.45, 0.75), (0.02, -0.01, 0.04))),
+    )
     assert main(["routes", run, "--n", "32", "--n-bootstrap", "50"]) == 3
     assert "undecided (n = 100, need ≥ 225)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("which", ["single", "layer0"])
-def test_ablate_verdict_exits_3_when_undecided_and_0_when_decided(tmp_path, capsys, monkeypatch, which):
+def test_ablate_verdict_exits_3_when_undecided_and_0_when_decided(
+    tmp_path, capsys, monkeypatch, which
+):
     run = _planted(tmp_path)
-    argv = ["ablate", run, "--n", "64", "--n-bootstrap", "100", "--no-figures", "--no-progress", "--verdict", which]
+    argv = [
+        "ablate",
+        run,
+        "--n",
+        "64",
+        "--n-bootstrap",
+        "100",
+        "--no-figures",
+        "--no-progress",
+        "--verdict",
+        which,
+    ]
     assert main(argv) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1].split(": ", 1)[1].startswith(("yes", "no"))
+    assert (
+        capsys.readouterr().out.strip().splitlines()[-1].split(": ", 1)[1].startswith(("yes", "no"))
+    )
     open_ = decision.Decision(decision.UNDECIDED, "intervals reach across the bar", 64, 900)
     name = "decide_single" if which == "single" else "decide_concentration"
     monkeypatch.setattr(decision, name, lambda *a, **k: open_)
@@ -71,7 +104,12 @@ def test_ablate_verdict_exits_3_when_undecided_and_0_when_decided(tmp_path, caps
 
     monkeypatch.setattr(deposit, name, lambda *a, **k: open_)
     assert main(argv) == 3
-    assert capsys.readouterr().out.strip().splitlines()[-1].endswith("undecided (n = 64, need ≥ 900; intervals reach across the bar)")
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .splitlines()[-1]
+        .endswith("undecided (n = 64, need ≥ 900; intervals reach across the bar)")
+    )
 
 
 def test_ablate_verdict_refuses_what_cannot_decide_it(tmp_path, capsys):

@@ -18,7 +18,9 @@ from probes.deposit import layer_stats
 from probes.metrics import wilson
 
 
-def ablation(drops, n: int = 1000, baseline: float = 0.9, ci: float | None = 0.01) -> AblationResult:
+def ablation(
+    drops, n: int = 1000, baseline: float = 0.9, ci: float | None = 0.01
+) -> AblationResult:
     d = np.asarray(drops, dtype=float)
     lo = np.full_like(d, np.nan) if ci is None else d - ci
     hi = np.full_like(d, np.nan) if ci is None else d + ci
@@ -34,7 +36,10 @@ def grid(*entries, rest: float = 0.0, shape=(2, 4)) -> np.ndarray:
 
 def k_of(n: int, k: int) -> float:
     """k examples of n as the sweep computes a drop: a difference of two means, in float64."""
-    return float(np.mean(np.r_[np.ones(900), np.zeros(n - 900)]) - np.mean(np.r_[np.ones(900 - k), np.zeros(n - 900 + k)]))
+    return float(
+        np.mean(np.r_[np.ones(900), np.zeros(n - 900)])
+        - np.mean(np.r_[np.ones(900 - k), np.zeros(n - 900 + k)])
+    )
 
 
 def test_float_boundaries_do_not_flip():
@@ -76,37 +81,87 @@ def test_headline_and_claims_agree_on_the_issues_example():
     a = ablation(grid((0, 0, 0.652), (1, 1, 0.258), rest=0.01))
     report = find_deposits(a)
     assert (0, 0) in report.deposits  # the looser flag fires (layer 1 is concentrated too)...
-    c = CellInfo("c", "rope", "distance", 0, "multiplicative", {}, {"test_acc": 0.9}, Path("/x"), None, a, report)
+    c = CellInfo(
+        "c",
+        "rope",
+        "distance",
+        0,
+        "multiplicative",
+        {},
+        {"test_acc": 0.9},
+        Path("/x"),
+        None,
+        a,
+        report,
+    )
     found, line = model_line("rope", [c])
-    assert not found and "no single-head deposit" in line and "Layer concentration in 1 of 1" in line
+    assert (
+        not found and "no single-head deposit" in line and "Layer concentration in 1 of 1" in line
+    )
     answer, _ = deposit_answer([c], "distance")
     assert answer.startswith("**No**")
     assert not dominance(a).single
     single = ablation(grid((0, 0, 0.652), (1, 1, 0.03), rest=0.01))
-    c2 = CellInfo("c2", "rope", "distance", 0, "multiplicative", {}, {"test_acc": 0.9}, Path("/x"), None, single,
-                  find_deposits(single))
+    c2 = CellInfo(
+        "c2",
+        "rope",
+        "distance",
+        0,
+        "multiplicative",
+        {},
+        {"test_acc": 0.9},
+        Path("/x"),
+        None,
+        single,
+        find_deposits(single),
+    )
     assert deposit_answer([c2], "distance")[0].startswith("**Yes**")
 
 
 def test_aggregate_counts_every_seed_in_layer_0_columns():
     def result(drops, seed):
         a = ablation(drops)
-        return {"params": {"encoding": "rope"}, "seed": seed, "final": {"test_acc": 0.9},
-                "ablation": {"deposits": find_deposits(a).to_dict()}}
+        return {
+            "params": {"encoding": "rope"},
+            "seed": seed,
+            "final": {"test_acc": 0.9},
+            "ablation": {"deposits": find_deposits(a).to_dict()},
+        }
 
     # seed 0: layer 1 is concentrated (its first flagged layer is not 0); seed 1: nothing flagged
-    rows = aggregate([result(grid((1, 0, 0.4), (0, 2, 0.1)), 0), result(grid((0, 3, 0.05)), 1)], ["encoding"])
+    rows = aggregate(
+        [result(grid((1, 0, 0.4), (0, 2, 0.1)), 0), result(grid((0, 3, 0.05)), 1)], ["encoding"]
+    )
     assert rows[0]["l0_seeds"] == 2 and rows[0]["concentrated_seeds"] == 1
     assert rows[0]["l0_top_drop"] == pytest.approx((0.1 + 0.05) / 2)
 
 
 def test_baselines_follow_each_cells_task_configuration():
     def cell(max_len):
-        task = {"name": "distance", "d_vocab": 32, "max_between": 6, "max_side": 3, "max_len": max_len, "seed": 0}
-        return CellInfo(f"c{max_len}", "rope", "distance", 0, "multiplicative", {}, {}, Path("/x"), {"task": task})
+        task = {
+            "name": "distance",
+            "d_vocab": 32,
+            "max_between": 6,
+            "max_side": 3,
+            "max_len": max_len,
+            "seed": 0,
+        }
+        return CellInfo(
+            f"c{max_len}",
+            "rope",
+            "distance",
+            0,
+            "multiplicative",
+            {},
+            {},
+            Path("/x"),
+            {"task": task},
+        )
 
     short, long = cell(16), cell(20)
-    assert task_baselines([short, long]) == {}  # two configurations: no single baseline for the task
+    assert (
+        task_baselines([short, long]) == {}
+    )  # two configurations: no single baseline for the task
     assert task_baselines([short]) == {"distance": cell_baselines(short)}
     assert cell_baselines(short) != cell_baselines(long)
 
@@ -127,7 +182,10 @@ def test_the_layer_flag_is_called_a_concentration():
     import probes
 
     assert probes.find_concentrations is probes.find_deposits
-    assert probes.ConcentrationReport is probes.DepositReport and probes.LayerConcentration is probes.LayerDeposit
+    assert (
+        probes.ConcentrationReport is probes.DepositReport
+        and probes.LayerConcentration is probes.LayerDeposit
+    )
     report = probes.find_concentrations(ablation([[0.6, 0.1, 0.0, 0.0], [0.1, 0.1, 0.1, 0.1]]))
     assert report.concentrated == report.deposits == ((0, 0),)
     assert [s.is_concentrated for s in report.layers] == [True, False]
@@ -141,13 +199,27 @@ def test_circuit_names_its_top_head_by_the_two_definitions(tmp_path):
     from pe_interp.commands.circuit import top_head
 
     run = SimpleNamespace(run_dir=tmp_path, result_dir=tmp_path, at_step=None, name=str(tmp_path))
-    cases = [(grid((1, 2, 0.652), (0, 1, 0.03), rest=0.01), (1, 2), "single-head deposit (ablation.json)"),
-             (grid((0, 0, 0.652), (1, 1, 0.258), rest=0.01), (0, 0),
-              "layer concentration, no single-head deposit (ablation.json)"),
-             (grid((1, 3, 0.02), rest=0.015), (1, 3),
-              "largest ablation drop; no single-head deposit or layer concentration (ablation.json)")]  # fmt: skip
+    cases = [
+        (
+            grid((1, 2, 0.652), (0, 1, 0.03), rest=0.01),
+            (1, 2),
+            "single-head deposit (ablation.json)",
+        ),
+        (
+            grid((0, 0, 0.652), (1, 1, 0.258), rest=0.01),
+            (0, 0),
+            "layer concentration, no single-head deposit (ablation.json)",
+        ),
+        (
+            grid((1, 3, 0.02), rest=0.015),
+            (1, 3),
+            "largest ablation drop; no single-head deposit or layer concentration (ablation.json)",
+        ),
+    ]
     for drops, head, why in cases:
         a = ablation(drops)
-        assert dominance(a).single == why.startswith("single") and bool(find_deposits(a).deposits) != why.startswith("largest")
+        assert dominance(a).single == why.startswith("single") and bool(
+            find_deposits(a).deposits
+        ) != why.startswith("largest")
         a.save(tmp_path / "ablation.json")
         assert top_head(run) == (head, why)

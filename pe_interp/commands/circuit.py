@@ -44,32 +44,71 @@ SELECTS = ("paths", "greedy", "top")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("circuit", help="the circuit of a run: position and content edges, the route into its top head",
-                       description=(__doc__ or "").split("\n\n")[0])  # fmt: skip
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `pe-interp train` (or a saved "
-                   "Hugging Face model directory, with --task)")
-    p.add_argument("--counterfactual", default="position", choices=["position", "content", "both"],
-                   help="the family whose scores rank the edges and whose pairs measure faithfulness "
-                        "(position and content are always scored)")  # fmt: skip
-    p.add_argument("--faithful", type=float, default=None, metavar="T",
-                   help="keep the smallest circuit whose faithfulness on held-out pairs reaches T (0 < T <= 1)")
+    p = sub.add_parser(
+        "circuit",
+        help="the circuit of a run: position and content edges, the route into its top head",
+        description=(__doc__ or "").split("\n\n")[0],
+    )
+    p.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="a run directory written by `pe-interp train` (or a saved "
+        "Hugging Face model directory, with --task)",
+    )
+    p.add_argument(
+        "--counterfactual",
+        default="position",
+        choices=["position", "content", "both"],
+        help="the family whose scores rank the edges and whose pairs measure faithfulness "
+        "(position and content are always scored)",
+    )
+    p.add_argument(
+        "--faithful",
+        type=float,
+        default=None,
+        metavar="T",
+        help="keep the smallest circuit whose faithfulness on held-out pairs reaches T (0 < T <= 1)",
+    )
     p.add_argument("--top-n", type=int, default=30, help="edges kept (without --faithful)")
-    p.add_argument("--whole-edges", action="store_true", help="edges at every position, not per span of the examples")
-    p.add_argument("--select", default=None, choices=SELECTS,
-                   help="paths (the default): by widest path from the embedding to the logits; greedy: from the logits "
-                        "down; top (the default with --aligned): by |score| alone (not connected)")  # fmt: skip
+    p.add_argument(
+        "--whole-edges",
+        action="store_true",
+        help="edges at every position, not per span of the examples",
+    )
+    p.add_argument(
+        "--select",
+        default=None,
+        choices=SELECTS,
+        help="paths (the default): by widest path from the embedding to the logits; greedy: from the logits "
+        "down; top (the default with --aligned): by |score| alone (not connected)",
+    )
     p.add_argument("--method", default="eap-ig", choices=METHODS)
-    p.add_argument("--aligned", action="store_true",
-                   help="with --method atp on position pairs: compare each token with itself at its moved position "
-                        "(scores and faithfulness), so that a unit blind to position scores 0")  # fmt: skip
-    p.add_argument("--sparsity", type=float, default=0.5, help="--method learned: the weight of the mean mask")
-    p.add_argument("--budget", type=float, default=None,
-                   help="--method learned: the share of the units to end on (instead of --sparsity), e.g. 0.1")  # fmt: skip
-    p.add_argument("--n", type=int, default=128, help="counterfactual pairs per family (and held-out pairs)")
-    p.add_argument("--metric", default="margin", choices=["margin", "logit_diff", "logprob", "logit"])
+    p.add_argument(
+        "--aligned",
+        action="store_true",
+        help="with --method atp on position pairs: compare each token with itself at its moved position "
+        "(scores and faithfulness), so that a unit blind to position scores 0",
+    )
+    p.add_argument(
+        "--sparsity", type=float, default=0.5, help="--method learned: the weight of the mean mask"
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="--method learned: the share of the units to end on (instead of --sparsity), e.g. 0.1",
+    )
+    p.add_argument(
+        "--n", type=int, default=128, help="counterfactual pairs per family (and held-out pairs)"
+    )
+    p.add_argument(
+        "--metric", default="margin", choices=["margin", "logit_diff", "logprob", "logit"]
+    )
     p.add_argument("--seed", type=int, default=0)
     add_device_flag(p, default="cpu")
-    p.add_argument("--out", default=None, help="where circuit.json and circuit.html go (default RUN_DIR)")
+    p.add_argument(
+        "--out", default=None, help="where circuit.json and circuit.html go (default RUN_DIR)"
+    )
     add_model_dir_flags(p)
     p.set_defaults(run=run)
 
@@ -85,7 +124,9 @@ def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
     if path.is_file():
         status, why = weights_status(run.run_dir, path, run.at_step)
         if status == STALE:  # its top head would be another model's
-            raise ValueError(f"{path}: {why}; rerun `pe-interp ablate {run.name}` (or remove the file) first")
+            raise ValueError(
+                f"{path}: {why}; rerun `pe-interp ablate {run.name}` (or remove the file) first"
+            )
         result = AblationResult.load(path)
         d = dominance(result)
         if d.single:
@@ -94,19 +135,48 @@ def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
         if report.first is not None:
             return report.first, "layer concentration, no single-head deposit (ablation.json)"
         layer, head = np.unravel_index(np.nanargmax(result.drops), result.drops.shape)
-        return (int(layer), int(head)), "largest ablation drop; no single-head deposit or layer concentration (ablation.json)"
+        return (
+            int(layer),
+            int(head),
+        ), "largest ablation drop; no single-head deposit or layer concentration (ablation.json)"
     # Without the full grid, no verdict (it needs every head's drop on every example): the head whose
     # exact ablation hurts most among the three that the grid on a fifth of the examples ranks first.
     test = run.test_set(n)
-    result = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, engine="sampled",
-                          sample=0.2, verify_top=3, n_bootstrap=0)  # fmt: skip
+    result = ablate_heads(
+        run.model,
+        test.tokens,
+        test.labels,
+        pad_mask=test.pad_mask,
+        engine="sampled",
+        sample=0.2,
+        verify_top=3,
+        n_bootstrap=0,
+    )
     layer, head = np.unravel_index(np.nanargmax(result.drops), result.drops.shape)
-    return (int(layer), int(head)), "largest exact drop of the 3 heads a fifth of the examples ranks first (no ablation.json, no verdict)"
+    return (
+        (int(layer), int(head)),
+        "largest exact drop of the 3 heads a fifth of the examples ranks first (no ablation.json, no verdict)",
+    )
 
 
-def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method="eap-ig", n=128, metric="margin",
-                seed=0, faithful=None, positional=True, select=None, sparsity=0.5, budget=None,
-                aligned=False) -> tuple[Any, Any]:  # fmt: skip
+def circuit_run(
+    model,
+    task,
+    run,
+    *,
+    counterfactual="position",
+    top_n=30,
+    method="eap-ig",
+    n=128,
+    metric="margin",
+    seed=0,
+    faithful=None,
+    positional=True,
+    select=None,
+    sparsity=0.5,
+    budget=None,
+    aligned=False,
+) -> tuple[Any, Any]:
     """The work of ``pe-interp circuit``: returns the circuit (route and curve in it) and the route."""
     from probes import family_attributions
     from probes.circuits import faithfulness_curve, minimal_circuit, rank_edges
@@ -118,49 +188,107 @@ def circuit_run(model, task, run, *, counterfactual="position", top_n=30, method
         raise ValueError(f"--top-n must be >= 1 and --n >= 2, got {top_n} and {n}")
     if faithful is not None and not 0 < faithful <= 1:
         raise ValueError(f"--faithful must be in (0, 1], got {faithful}")
-    if method == "learned" and not (isinstance(sparsity, int | float) and 0 <= sparsity < float("inf")):
+    if method == "learned" and not (
+        isinstance(sparsity, int | float) and 0 <= sparsity < float("inf")
+    ):
         raise ValueError(f"--sparsity must be a finite number >= 0, got {sparsity}")
     if budget is not None and (method != "learned" or not 0 < budget < 1):
-        raise ValueError(f"--budget is a share of the units in (0, 1) for --method learned, got {budget} with {method}")
+        raise ValueError(
+            f"--budget is a share of the units in (0, 1) for --method learned, got {budget} with {method}"
+        )
     if positional and method in ("atp*", "path_patch"):
-        raise ValueError(f"--method {method} scores whole edges only; pass --whole-edges, or --method eap-ig or atp")
+        raise ValueError(
+            f"--method {method} scores whole edges only; pass --whole-edges, or --method eap-ig or atp"
+        )
     if aligned and (method != "atp" or counterfactual != "position"):
-        raise ValueError(f"--aligned compares each token with itself moved: it needs --method atp and --counterfactual "
-                         f"position, got --method {method} --counterfactual {counterfactual}")
+        raise ValueError(
+            f"--aligned compares each token with itself moved: it needs --method atp and --counterfactual "
+            f"position, got --method {method} --counterfactual {counterfactual}"
+        )
     select = select or ("top" if aligned else "paths")
-    if aligned and select != "top":  # aligned, the embedding's term is the same token's: every edge out of it scores 0
-        raise ValueError(f"--aligned: position enters at the routes themselves, so no path from the embedding carries "
-                         f"it; use --select top (its default), not {select}")
+    if (
+        aligned and select != "top"
+    ):  # aligned, the embedding's term is the same token's: every edge out of it scores 0
+        raise ValueError(
+            f"--aligned: position enters at the routes themselves, so no path from the embedding carries "
+            f"it; use --select top (its default), not {select}"
+        )
     kinds = ["position", "content"] + ([counterfactual] if counterfactual == "both" else [])
     scorer = "eap-ig" if method == "learned" else method
-    fams = family_attributions(model, task, n, kinds=kinds, seed=seed, method=scorer, metric=metric, positional=positional,
-                               aligned=aligned)  # fmt: skip
+    fams = family_attributions(
+        model,
+        task,
+        n,
+        kinds=kinds,
+        seed=seed,
+        method=scorer,
+        metric=metric,
+        positional=positional,
+        aligned=aligned,
+    )
     ranking = rank_edges(fams, select=select, positional=positional, by=counterfactual)
     if method == "learned":  # ordered by the learnt masks; each edge keeps its family scores
         from probes.circuits.learned import learn_ranking
 
         pairs = task.counterfactuals(n, kind=counterfactual, seed=seed)
-        learned = learn_ranking(model, pairs, spans=task if positional else None, metric=metric, sparsity=sparsity,
-                                budget=budget, select=select, progress=True)  # fmt: skip
-        ranking = dataclasses.replace(learned, scores=ranking.scores, meta={**ranking.meta, **learned.meta})
+        learned = learn_ranking(
+            model,
+            pairs,
+            spans=task if positional else None,
+            metric=metric,
+            sparsity=sparsity,
+            budget=budget,
+            select=select,
+            progress=True,
+        )
+        ranking = dataclasses.replace(
+            learned, scores=ranking.scores, meta={**ranking.meta, **learned.meta}
+        )
     held_out = task.counterfactuals(n, kind=counterfactual, seed=seed + 1)
     spans = task if positional else None
     if faithful is not None:
-        c = minimal_circuit(model, ranking, held_out, target=faithful, spans=spans, metric=metric, aligned=aligned)
+        c = minimal_circuit(
+            model, ranking, held_out, target=faithful, spans=spans, metric=metric, aligned=aligned
+        )
     else:
         c = ranking.circuit(top_n)
         sizes = sorted({*default_sizes(ranking.total, 12), len(c.edges)})
-        curve = faithfulness_curve(model, ranking, held_out, sizes=sizes, spans=spans, metric=metric, aligned=aligned)
+        curve = faithfulness_curve(
+            model, ranking, held_out, sizes=sizes, spans=spans, metric=metric, aligned=aligned
+        )
         curve.pop("per_example")
         at = curve["sizes"].index(len(c.edges))
-        c = dataclasses.replace(c, faithfulness={**curve, "kept": curve["recovered"][at], "size": len(c.edges),
-                                                 "n_pairs": n})  # fmt: skip
+        c = dataclasses.replace(
+            c,
+            faithfulness={
+                **curve,
+                "kept": curve["recovered"][at],
+                "size": len(c.edges),
+                "n_pairs": n,
+            },
+        )
     (layer, head), why = top_head(run)
-    route = head_route(model, task, (layer, head), n=n, seed=seed, metric=metric,
-                       attributions={k: fams[k] for k in ("position", "content")})  # fmt: skip
-    meta = {**c.meta, "top_head": head_name(layer, head), "top_head_source": why, "route": route.to_dict(),
-            "counterfactual": counterfactual, "n_pairs": n, "seed": seed, "held_out_seed": seed + 1,
-            "encoding": model.cfg.encoding_name, "aligned": bool(aligned)}  # fmt: skip
+    route = head_route(
+        model,
+        task,
+        (layer, head),
+        n=n,
+        seed=seed,
+        metric=metric,
+        attributions={k: fams[k] for k in ("position", "content")},
+    )
+    meta = {
+        **c.meta,
+        "top_head": head_name(layer, head),
+        "top_head_source": why,
+        "route": route.to_dict(),
+        "counterfactual": counterfactual,
+        "n_pairs": n,
+        "seed": seed,
+        "held_out_seed": seed + 1,
+        "encoding": model.cfg.encoding_name,
+        "aligned": bool(aligned),
+    }
     if "learned" in ranking.meta:
         meta["learned"] = {k: v for k, v in ranking.meta["learned"].items() if k != "history"}
     c.faithfulness["n_pairs"] = n
@@ -181,30 +309,45 @@ def body_html(c) -> str:
         for comp, senders in comps.items():
             for s, v in sorted(senders.items(), key=lambda kv: -abs(kv[1]))[:6]:
                 est = route.get("estimate", {}).get(kind, {}).get(comp, {}).get(s)
-                rows.append(f"<tr><td>{kind}</td><td>{comp}</td><td>{html.escape(s)}</td><td>{_num(v)}</td><td>{_num(est)}</td></tr>")
-    parts = [f"<p><b>{html.escape(circuit_summary(c))}</b>" + (f"; kept per span: {html.escape(span_counts(c))}" if c.positional else "")
-             + "</p>",
-             f"<h2>Into {html.escape(c.meta['top_head'])} ({html.escape(c.meta['top_head_source'])})</h2>",
-             "<p>Exact path patching of each writer into the head's query, key and value input alone (clean into "
-             f"corrupt, metric {html.escape(route['metric'])}), under each counterfactual family; the attribution "
-             f"estimate of the same edge beside it. Metric gaps m(clean) − m(corrupt): "
-             + ", ".join(f"{k} {v:+.3f}" for k, v in route["gaps"].items()) + ".</p>",
-             "<table border='1' cellpadding='3' style='border-collapse:collapse'><tr><th>family</th><th>input</th>"
-             "<th>from</th><th>exact</th><th>estimate</th></tr>" + "".join(rows) + "</table>"]  # fmt: skip
+                rows.append(
+                    f"<tr><td>{kind}</td><td>{comp}</td><td>{html.escape(s)}</td><td>{_num(v)}</td><td>{_num(est)}</td></tr>"
+                )
+    parts = [
+        f"<p><b>{html.escape(circuit_summary(c))}</b>"
+        + (f"; kept per span: {html.escape(span_counts(c))}" if c.positional else "")
+        + "</p>",
+        f"<h2>Into {html.escape(c.meta['top_head'])} ({html.escape(c.meta['top_head_source'])})</h2>",
+        "<p>Exact path patching of each writer into the head's query, key and value input alone (clean into "
+        f"corrupt, metric {html.escape(route['metric'])}), under each counterfactual family; the attribution "
+        f"estimate of the same edge beside it. Metric gaps m(clean) − m(corrupt): "
+        + ", ".join(f"{k} {v:+.3f}" for k, v in route["gaps"].items())
+        + ".</p>",
+        "<table border='1' cellpadding='3' style='border-collapse:collapse'><tr><th>family</th><th>input</th>"
+        "<th>from</th><th>exact</th><th>estimate</th></tr>" + "".join(rows) + "</table>",
+    ]
     if route.get("layer0"):
         l0 = route["layer0"]
-        cells = "".join(f"<tr><td>{html.escape(k)}</td><td>{v:.3f}</td><td>{l0['toeplitz'].get(k, float('nan')):.3f}</td></tr>"
-                        for k, v in l0["variance_share"].items())  # fmt: skip
-        parts.append("<h3>Layer-0 logit terms (probes.logit_terms, mean over "
-                     f"{l0['n_examples']} examples)</h3><table border='1' cellpadding='3' style='border-collapse:collapse'>"
-                     f"<tr><th>term</th><th>variance share</th><th>Toeplitz</th></tr>{cells}</table>")  # fmt: skip
+        cells = "".join(
+            f"<tr><td>{html.escape(k)}</td><td>{v:.3f}</td><td>{l0['toeplitz'].get(k, float('nan')):.3f}</td></tr>"
+            for k, v in l0["variance_share"].items()
+        )
+        parts.append(
+            "<h3>Layer-0 logit terms (probes.logit_terms, mean over "
+            f"{l0['n_examples']} examples)</h3><table border='1' cellpadding='3' style='border-collapse:collapse'>"
+            f"<tr><th>term</th><th>variance share</th><th>Toeplitz</th></tr>{cells}</table>"
+        )
     kept = f.get("kept_sizes") or f.get("kept")
     kept = kept if isinstance(kept, list) else f["sizes"]
-    pts = "".join(f"<tr><td>{k}</td><td>{m:+.3f}</td><td>{r:.3f}</td></tr>" for k, m, r in zip(kept, f["metric"], f["recovered"]))
-    parts.append(f"<h2>Faithfulness (held-out {html.escape(c.meta['counterfactual'])} pairs, other edges take the corrupt "
-                 f"run's values)</h2><p>clean {f['full']:+.3f}, nothing kept {f['empty']:+.3f}, area under the curve "
-                 f"{f.get('area', float('nan')):.3f}</p><table border='1' cellpadding='3' "
-                 f"style='border-collapse:collapse'><tr><th>edges kept</th><th>metric</th><th>recovered</th></tr>{pts}</table>")  # fmt: skip
+    pts = "".join(
+        f"<tr><td>{k}</td><td>{m:+.3f}</td><td>{r:.3f}</td></tr>"
+        for k, m, r in zip(kept, f["metric"], f["recovered"])
+    )
+    parts.append(
+        f"<h2>Faithfulness (held-out {html.escape(c.meta['counterfactual'])} pairs, other edges take the corrupt "
+        f"run's values)</h2><p>clean {f['full']:+.3f}, nothing kept {f['empty']:+.3f}, area under the curve "
+        f"{f.get('area', float('nan')):.3f}</p><table border='1' cellpadding='3' "
+        f"style='border-collapse:collapse'><tr><th>edges kept</th><th>metric</th><th>recovered</th></tr>{pts}</table>"
+    )
     return "".join(parts)
 
 
@@ -214,7 +357,9 @@ def run(args: argparse.Namespace) -> int:
     out_dir_arg(args.out)
     if args.faithful is not None and not 0 < args.faithful <= 1:
         raise ValueError(f"--faithful must be in (0, 1], got {args.faithful}")
-    with writing_run(args.run_dir, device=device_arg(args.device), out=args.out, **model_dir_arg(args)) as loaded:
+    with writing_run(
+        args.run_dir, device=device_arg(args.device), out=args.out, **model_dir_arg(args)
+    ) as loaded:
         return _circuit(args, loaded)
 
 
@@ -224,23 +369,48 @@ def _circuit(args: argparse.Namespace, loaded) -> int:
     from probes.circuits.view import circuit_page, circuit_summary, span_counts
 
     t0 = time.perf_counter()
-    c, route = circuit_run(loaded.model, loaded.task, loaded, counterfactual=args.counterfactual, top_n=args.top_n,
-                           method=args.method, n=args.n, metric=args.metric, seed=args.seed, faithful=args.faithful,
-                           positional=not args.whole_edges, select=args.select, sparsity=args.sparsity,
-                           budget=args.budget, aligned=args.aligned)  # fmt: skip
+    c, route = circuit_run(
+        loaded.model,
+        loaded.task,
+        loaded,
+        counterfactual=args.counterfactual,
+        top_n=args.top_n,
+        method=args.method,
+        n=args.n,
+        metric=args.metric,
+        seed=args.seed,
+        faithful=args.faithful,
+        positional=not args.whole_edges,
+        select=args.select,
+        sparsity=args.sparsity,
+        budget=args.budget,
+        aligned=args.aligned,
+    )
     out = Path(args.out) if args.out else loaded.result_dir
     save_result(out / "circuit.json", c, loaded.provenance)
-    title = f"{c.meta['encoding']}: circuit ({c.method}, ranked by the {args.counterfactual} family)"
-    atomic_write_text(out / "circuit.html", circuit_page(c, title=title, body=body_html(c), highlight=c.meta["top_head"]))
-    print(f"{loaded.name}: {circuit_summary(c)}; top head {c.meta['top_head']}, {time.perf_counter() - t0:.1f} s")
+    title = (
+        f"{c.meta['encoding']}: circuit ({c.method}, ranked by the {args.counterfactual} family)"
+    )
+    atomic_write_text(
+        out / "circuit.html",
+        circuit_page(c, title=title, body=body_html(c), highlight=c.meta["top_head"]),
+    )
+    print(
+        f"{loaded.name}: {circuit_summary(c)}; top head {c.meta['top_head']}, {time.perf_counter() - t0:.1f} s"
+    )
     if c.positional:
         print(f"  kept per span: {span_counts(c)}")
     share = c.share()
     into = c.into(c.meta["top_head"])[:5]
-    print(f"  edges of the circuit into {c.meta['top_head']}:" if into else
-          f"  no edge of the circuit enters {c.meta['top_head']}; its first edges:")
+    print(
+        f"  edges of the circuit into {c.meta['top_head']}:"
+        if into
+        else f"  no edge of the circuit enters {c.meta['top_head']}; its first edges:"
+    )
     for i in into or range(min(5, len(c.edges))):
-        print(f"  {c.label(i)}: position {c.scores['position'][i]:+.3f}, content {c.scores['content'][i]:+.3f}, "
-              f"position share {share[i]:.2f}")
+        print(
+            f"  {c.label(i)}: position {c.scores['position'][i]:+.3f}, content {c.scores['content'][i]:+.3f}, "
+            f"position share {share[i]:.2f}"
+        )
     print(f"wrote {out / 'circuit.json'}, {out / 'circuit.html'}")
     return 0

@@ -35,9 +35,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Decompose one head's pre-softmax attention logits into content, position and "
         "bias terms (and RoPE frequency terms), and score every head for positional structure.",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `pe-interp train`")
+    p.add_argument(
+        "run_dir", metavar="RUN_DIR", help="a run directory written by `pe-interp train`"
+    )
     p.add_argument("--layer", type=int, default=0)
-    p.add_argument("--head", type=int, default=None, help="default: the layer's most positional head")
+    p.add_argument(
+        "--head", type=int, default=None, help="default: the layer's most positional head"
+    )
     p.add_argument("--example", type=int, default=0, help="held-out example to decompose")
     p.add_argument("--n", type=int, default=64, help="held-out examples for the positional scores")
     add_device_flag(p)
@@ -70,7 +74,11 @@ def decompose_run(
         raise ValueError(f"--head must be in 0..{cfg.n_heads - 1}, got {head}")
     if not 0 <= example < batch.tokens.shape[0]:
         raise ValueError(f"--example must be in 0..{batch.tokens.shape[0] - 1}, got {example}")
-    scores = positional_scores(model, batch.tokens, pad_mask=batch.pad_mask) if batch.tokens.shape[0] >= 2 else None
+    scores = (
+        positional_scores(model, batch.tokens, pad_mask=batch.pad_mask)
+        if batch.tokens.shape[0] >= 2
+        else None
+    )
     if head is None:
         if scores is None:
             raise ValueError("--head is required with fewer than 2 examples")
@@ -88,11 +96,22 @@ def decompose_run(
 
         fig_dir = out_dir / "figures"
         written["terms"] = plot_logit_terms(terms, fig_dir / f"logit_terms_{tag}.png")
-        written["grouped"] = plot_logit_terms(terms, fig_dir / f"logit_terms_{tag}_grouped.png", grouped=True)
+        written["grouped"] = plot_logit_terms(
+            terms, fig_dir / f"logit_terms_{tag}_grouped.png", grouped=True
+        )
         if terms.rope is not None:
             written["rope"] = plot_rope_terms(terms, fig_dir / f"rope_terms_{tag}.png")
-        html = attention_html(model, batch.tokens, [(layer, head)], example=example, pad_mask=batch.pad_mask, task=task)
-        written["html"] = save_html(html, fig_dir / f"attention_{tag}.html", title=f"{tag}, example {example}")
+        html = attention_html(
+            model,
+            batch.tokens,
+            [(layer, head)],
+            example=example,
+            pad_mask=batch.pad_mask,
+            task=task,
+        )
+        written["html"] = save_html(
+            html, fig_dir / f"attention_{tag}.html", title=f"{tag}, example {example}"
+        )
     return terms, scores, written
 
 
@@ -109,23 +128,38 @@ def _decompose(args: argparse.Namespace, loaded) -> int:
     data = loaded.test_set(max(args.n, args.example + 1))
     t0 = time.perf_counter()
     terms, scores, written = decompose_run(
-        loaded.model, data, loaded.result_dir, layer=args.layer, head=args.head, example=args.example,
-        task=loaded.task, figures=not args.no_figures, weights=loaded.provenance,
-    )  # fmt: skip
-    print(f"{loaded.name}: L{terms.layer}H{terms.head} on example {terms.example}, {time.perf_counter() - t0:.1f} s")
+        loaded.model,
+        data,
+        loaded.result_dir,
+        layer=args.layer,
+        head=args.head,
+        example=args.example,
+        task=loaded.task,
+        figures=not args.no_figures,
+        weights=loaded.provenance,
+    )
+    print(
+        f"{loaded.name}: L{terms.layer}H{terms.head} on example {terms.example}, {time.perf_counter() - t0:.1f} s"
+    )
     print(f"  terms sum to the logits within {terms.check():.2e}")
     for name, share in terms.variance_shares().items():
         print(f"  {name:<20} variance share {share:6.3f}")
     if terms.rope is not None:
         top = terms.rope.frequency_share().argmax()
-        print(f"  RoPE: pair {int(top)} (theta={float(terms.rope.theta[top]):.3g}) carries the most")
+        print(
+            f"  RoPE: pair {int(top)} (theta={float(terms.rope.theta[top]):.3g}) carries the most"
+        )
     if scores is not None:
         lay, hd = scores.argmax()
-        print(f"  most positional head: L{lay}H{hd} (score {float(scores.scores[lay, hd]):.3f}: position-only "
-              "structure of its logits, also where it is read from an earlier head)")
+        print(
+            f"  most positional head: L{lay}H{hd} (score {float(scores.scores[lay, hd]):.3f}: position-only "
+            "structure of its logits, also where it is read from an earlier head)"
+        )
         entry = scores.entry()
         if entry is not None:
-            print(f"  where position enters: L{entry[0]}H{entry[1]} (the encoding's own term is "
-                  f"{float(scores.direct[entry]):.3f} of its logit variance; 0 in a head the encoding does not touch)")
+            print(
+                f"  where position enters: L{entry[0]}H{entry[1]} (the encoding's own term is "
+                f"{float(scores.direct[entry]):.3f} of its logit variance; 0 in a head the encoding does not touch)"
+            )
     print("wrote " + ", ".join(str(p) for p in written.values()))
     return 0

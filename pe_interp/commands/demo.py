@@ -21,16 +21,32 @@ from pe_interp.presets import PRESETS
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "demo", help="RoPE and controls on task 1, every probe, report.html (about 10 minutes on 2 cores)",
+        "demo",
+        help="RoPE and controls on task 1, every probe, report.html (about 10 minutes on 2 cores)",
         description="The ten-minute demo: train RoPE, sinusoidal and NoPE on task 1, ablate every head, find "
         "deposits, patch heads, decompose the top head's logits, open up committed checkpoints, and write report.html.",
     )
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="quick", help="model size (default quick)")
-    p.add_argument("--encodings", nargs="+", default=None, help="encodings to train (default rope sinusoidal nope)")
-    p.add_argument("--checkpoints", default="checkpoints",
-                   help="directory of committed run directories to open up too (default checkpoints/; '' for none)")
-    p.add_argument("--workers", type=int, default=None, help="processes (default: one per model, so that they finish together)")
+    p.add_argument(
+        "--preset", choices=sorted(PRESETS), default="quick", help="model size (default quick)"
+    )
+    p.add_argument(
+        "--encodings",
+        nargs="+",
+        default=None,
+        help="encodings to train (default rope sinusoidal nope)",
+    )
+    p.add_argument(
+        "--checkpoints",
+        default="checkpoints",
+        help="directory of committed run directories to open up too (default checkpoints/; '' for none)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes (default: one per model, so that they finish together)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=run)
 
@@ -43,24 +59,41 @@ def run(args: argparse.Namespace) -> int:
 
     positive_n(args.workers, "--workers")
     out_dir_arg(args.out)
-    if args.checkpoints and args.checkpoints != "checkpoints" and not Path(args.checkpoints).is_dir():
+    if (
+        args.checkpoints
+        and args.checkpoints != "checkpoints"
+        and not Path(args.checkpoints).is_dir()
+    ):
         raise ValueError(f"--checkpoints {args.checkpoints}: no such directory ('' for none)")
     t0 = time.time()
-    summary, report = demo(args.out, preset=args.preset, encodings=args.encodings,
-                           checkpoints=args.checkpoints or None, workers=args.workers, progress=not args.no_progress)
-    cells, errors = load_cells(args.out)  # a cell whose results came from other weights is an error there
+    summary, report = demo(
+        args.out,
+        preset=args.preset,
+        encodings=args.encodings,
+        checkpoints=args.checkpoints or None,
+        workers=args.workers,
+        progress=not args.no_progress,
+    )
+    cells, errors = load_cells(
+        args.out
+    )  # a cell whose results came from other weights is an error there
     planted = [c for c in cells if str(c.params.get("checkpoint", "")).startswith("planted-")]
     for i, cell in enumerate(planted):
         lead = "A constructed model first" if i == 0 else "Another constructed model"
-        print(f"\n{lead}: checkpoints/{cell.params['checkpoint']} ({cell.params['encoding']}: position "
-              f"enters at the heads named there and nowhere else; held-out {100 * cell.test_acc:.1f}%)")
+        print(
+            f"\n{lead}: checkpoints/{cell.params['checkpoint']} ({cell.params['encoding']}: position "
+            f"enters at the heads named there and nowhere else; held-out {100 * cell.test_acc:.1f}%)"
+        )
         for line in verdict_lines(cell) + circuit_lines(cell):
             print("  - " + line)
     natural = [c for c in cells if c not in planted]
     task = first_task(natural)
     if task is not None:
         answer, lines = deposit_answer(natural, task)
-        print("\nThe trained models: is there a single-head deposit, and where?\n  " + answer.replace("**", ""))
+        print(
+            "\nThe trained models: is there a single-head deposit, and where?\n  "
+            + answer.replace("**", "")
+        )
         for _, line in lines:
             print("  - " + line.replace("**", ""))
         for cell in natural:
@@ -68,16 +101,27 @@ def run(args: argparse.Namespace) -> int:
             if positional:
                 print(f"  - {cell.label}: " + positional[0])
     if planted:
-        print("  (the paper's criterion asks whether one head is *useful* alone; the positional one where position "
-              "*enters*: README, \"Does it find what is there?\")")
+        print(
+            "  (the paper's criterion asks whether one head is *useful* alone; the positional one where position "
+            '*enters*: README, "Does it find what is there?")'
+        )
     for name, err in summary.failed.items():
         print(f"  FAILED {name}: {err}")
     for e in errors:
         if e.get("stale"):
             print(f"  LEFT OUT {e['id']}: {e['error']}")
     print(f"\nreport: {Path(report).resolve()}")
-    print(json.dumps({"out": str(args.out), "done": len(summary.done), "skipped": len(summary.skipped),
-                      "failed": summary.failed, "wall_s": round(time.time() - t0, 1)}))
+    print(
+        json.dumps(
+            {
+                "out": str(args.out),
+                "done": len(summary.done),
+                "skipped": len(summary.skipped),
+                "failed": summary.failed,
+                "wall_s": round(time.time() - t0, 1),
+            }
+        )
+    )
     return 1 if summary.failed else 0
 
 
@@ -92,7 +136,9 @@ def circuit_lines(cell) -> list[str]:
     c = Circuit.load(path)
     how = "σ-aligned circuit" if c.meta.get("aligned") else "circuit"
     heads = sorted({w for w, _ in c.edges if w.startswith("L")})
-    return [f"its {how}: {circuit_summary(c)}; the heads that write into it: {', '.join(heads) or 'none'}"]
+    return [
+        f"its {how}: {circuit_summary(c)}; the heads that write into it: {', '.join(heads) or 'none'}"
+    ]
 
 
 def verdict_lines(cell) -> list[str]:
@@ -103,11 +149,15 @@ def verdict_lines(cell) -> list[str]:
     if cell.ablation is not None:
         d = dominance(cell.ablation)
         large = f"{d.n_large} head{'s cost' if d.n_large != 1 else ' costs'} ≥ 50 points"
-        lines.append(f"single-head deposit (the paper's criterion, zero-ablation): {'YES' if d.single else 'no'}: "
-                     f"top L{d.layer}H{d.head} costs {100 * d.drop:.1f} points, {large}, the largest other "
-                     f"|drop| {100 * d.others_max_abs:.1f}")
+        lines.append(
+            f"single-head deposit (the paper's criterion, zero-ablation): {'YES' if d.single else 'no'}: "
+            f"top L{d.layer}H{d.head} costs {100 * d.drop:.1f} points, {large}, the largest other "
+            f"|drop| {100 * d.others_max_abs:.1f}"
+        )
     path = cell.run_dir / "routes.json"
     if path.is_file():
         p = positional_dominance(RouteShares.load(path))
-        lines.append(f"positional deposit (where position enters): {p.text().removeprefix('positional deposit: ')}")
+        lines.append(
+            f"positional deposit (where position enters): {p.text().removeprefix('positional deposit: ')}"
+        )
     return lines

@@ -43,15 +43,25 @@ NOT_FLAGS: dict[str, str] = {
     "seed": "--seed sets the model, data and training seeds together",
     "encoding": "--encoding (a name, a composition with parameters, or JSON)",
     "device": "--device (the model follows the training device)",
-    **{name: "a runtime hook switch, never saved with a run: model.set_" + name + "(True) on a loaded model"
-       for name in RUNTIME_FLAGS},
+    **{
+        name: "a runtime hook switch, never saved with a run: model.set_"
+        + name
+        + "(True) on a loaded model"
+        for name in RUNTIME_FLAGS
+    },
 }
 # Accepted (so that the error says why), but not listed in --help.
 DERIVED = ("n_ctx", "n_classes")
 
 CHOICES: dict[str, tuple] = {
-    "act_fn": ACT_FNS, "normalization_type": NORMS, "attention_dir": ATTENTION_DIRS, "pooling": POOLINGS,
-    "attn_backend": BACKENDS, "kv_source": KV_SOURCES, "init_mode": INIT_MODES, "lr_schedule": LR_SCHEDULES,
+    "act_fn": ACT_FNS,
+    "normalization_type": NORMS,
+    "attention_dir": ATTENTION_DIRS,
+    "pooling": POOLINGS,
+    "attn_backend": BACKENDS,
+    "kv_source": KV_SOURCES,
+    "init_mode": INIT_MODES,
+    "lr_schedule": LR_SCHEDULES,
 }
 
 HELP: dict[str, str] = {
@@ -120,7 +130,9 @@ def _none_or(convert):
     def parse(text: str) -> Any:
         return None if text.strip().lower() in ("none", "null") else convert(text)
 
-    parse.__name__ = getattr(convert, "__name__", "value")  # argparse names it in "invalid ... value"
+    parse.__name__ = getattr(
+        convert, "__name__", "value"
+    )  # argparse names it in "invalid ... value"
     return parse
 
 
@@ -130,20 +142,44 @@ def _add(group, name: str, annotation: str, default: Any, help_text: str) -> Non
     base = kind.removesuffix("|None")
     choices = CHOICES.get(name)
     shown = f" [{' | '.join('none' if c is None else str(c) for c in choices)}]" if choices else ""
-    full = f"{help_text}{shown}" + ("" if "default" in help_text else f" (default {'none' if default is None else default})")
+    full = f"{help_text}{shown}" + (
+        "" if "default" in help_text else f" (default {'none' if default is None else default})"
+    )
     flag = flag_name(name)
     if base == "bool":
-        group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=full)
+        group.add_argument(
+            flag,
+            dest=name,
+            action=argparse.BooleanOptionalAction,
+            default=argparse.SUPPRESS,
+            help=full,
+        )
     elif base.startswith("tuple[tuple[int"):
-        group.add_argument(flag, dest=name, nargs="*", metavar="L:H", default=argparse.SUPPRESS, help=full)
+        group.add_argument(
+            flag, dest=name, nargs="*", metavar="L:H", default=argparse.SUPPRESS, help=full
+        )
     elif base.startswith("tuple[float"):
-        group.add_argument(flag, dest=name, type=float, nargs=2, metavar=("B1", "B2"), default=argparse.SUPPRESS, help=full)
+        group.add_argument(
+            flag,
+            dest=name,
+            type=float,
+            nargs=2,
+            metavar=("B1", "B2"),
+            default=argparse.SUPPRESS,
+            help=full,
+        )
     else:
         convert = {"int": int, "float": float, "str": str}.get(base)
         if convert is None:
             raise TypeError(f"options: no flag type for {name}: {annotation}")
-        group.add_argument(flag, dest=name, type=_none_or(convert) if optional else convert,
-                           metavar=name.upper(), default=argparse.SUPPRESS, help=full)
+        group.add_argument(
+            flag,
+            dest=name,
+            type=_none_or(convert) if optional else convert,
+            metavar=name.upper(),
+            default=argparse.SUPPRESS,
+            help=full,
+        )
 
 
 def setting_fields() -> dict[str, tuple[str, Any, str]]:
@@ -170,17 +206,25 @@ def setting_fields() -> dict[str, tuple[str, Any, str]]:
 def add_setting_flags(parser: argparse.ArgumentParser) -> list[str]:
     """Add a flag for every run setting (see the module docstring); returns their dests."""
     groups: dict[str, Any] = {}
-    titles = {"model": "model (ModelConfig; a flag not given keeps the preset's value, else the default shown)",
-              "training": "training (TrainConfig)", "task: every": "task settings (every task)"}
+    titles = {
+        "model": "model (ModelConfig; a flag not given keeps the preset's value, else the default shown)",
+        "training": "training (TrainConfig)",
+        "task: every": "task settings (every task)",
+    }
     names = []
     for name, (annotation, default, group) in setting_fields().items():
         if group not in groups:
-            title = titles.get(group, f"task settings (--task {group.removeprefix('task: ').replace(', ', ' or ')} only)")
+            title = titles.get(
+                group,
+                f"task settings (--task {group.removeprefix('task: ').replace(', ', ' or ')} only)",
+            )
             groups[group] = parser.add_argument_group(title)
         _add(groups[group], name, annotation, default, HELP.get(name, name.replace("_", " ")))
         names.append(name)
     for name in DERIVED:
-        parser.add_argument(flag_name(name), dest=name, type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        parser.add_argument(
+            flag_name(name), dest=name, type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )
         names.append(name)
     return names
 
@@ -196,25 +240,44 @@ def given_settings(args: argparse.Namespace, names: list[str]) -> dict[str, Any]
 
 
 def add_device_flag(parser: argparse.ArgumentParser, default: str | None = None) -> None:
-    parser.add_argument("--device", default=default,
-                        help="cpu | cuda | cuda:N | mps" + ("" if default else " (default: cuda when available, else cpu)"))
+    parser.add_argument(
+        "--device",
+        default=default,
+        help="cpu | cuda | cuda:N | mps"
+        + ("" if default else " (default: cuda when available, else cpu)"),
+    )
 
 
 def add_model_dir_flags(parser: argparse.ArgumentParser) -> None:
     """``--task``/``--preset``: probe a saved Hugging Face model directory on one of our tasks
     (:mod:`pe_interp.model_dirs`); a pe-interp run knows its own."""
-    parser.add_argument("--task", default=None, help="for a saved Hugging Face model directory: the task to probe it "
-                        "on, in language-model form (class c is answer token d_vocab + c)")
-    parser.add_argument("--preset", default="quick", help="for a saved Hugging Face model directory: the task's size "
-                        "and splits (default quick)")
-    parser.add_argument("--revision", default=None, help="for a model on the Hugging Face hub (owner/name, where the "
-                        "hub is reachable): its revision, e.g. Pythia's step1000")
+    parser.add_argument(
+        "--task",
+        default=None,
+        help="for a saved Hugging Face model directory: the task to probe it "
+        "on, in language-model form (class c is answer token d_vocab + c)",
+    )
+    parser.add_argument(
+        "--preset",
+        default="quick",
+        help="for a saved Hugging Face model directory: the task's size and splits (default quick)",
+    )
+    parser.add_argument(
+        "--revision",
+        default=None,
+        help="for a model on the Hugging Face hub (owner/name, where the "
+        "hub is reachable): its revision, e.g. Pythia's step1000",
+    )
 
 
 def model_dir_arg(args: argparse.Namespace) -> dict[str, Any]:
     """What :func:`writing_run` needs of ``--task``/``--preset``."""
-    return {"task": getattr(args, "task", None), "preset": getattr(args, "preset", "quick"),
-            "revision": getattr(args, "revision", None), "model_dir_ok": True}
+    return {
+        "task": getattr(args, "task", None),
+        "preset": getattr(args, "preset", "quick"),
+        "revision": getattr(args, "revision", None),
+        "model_dir_ok": True,
+    }
 
 
 def device_arg(value: str | None) -> str:
@@ -245,7 +308,9 @@ def out_dir_arg(value: str | None, flag: str = "--out") -> str | None:
     if value is None:
         return None
     if not str(value).strip():
-        raise ValueError(f"{flag} is empty; give a directory (an empty path would write into the current directory)")
+        raise ValueError(
+            f"{flag} is empty; give a directory (an empty path would write into the current directory)"
+        )
     path = Path(value)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{flag} {path}: exists and is not a directory")
@@ -258,8 +323,15 @@ def out_dir_arg(value: str | None, flag: str = "--out") -> str | None:
 
 
 @contextmanager
-def writing_run(run_dir: str, device: str = "cpu", out: str | None = None, task: str | None = None,
-                preset: str = "quick", model_dir_ok: bool = False, revision: str | None = None) -> Iterator[Any]:  # fmt: skip
+def writing_run(
+    run_dir: str,
+    device: str = "cpu",
+    out: str | None = None,
+    task: str | None = None,
+    preset: str = "quick",
+    model_dir_ok: bool = False,
+    revision: str | None = None,
+) -> Iterator[Any]:
     """The loaded run (:func:`~pe_interp.checkpoint.load_run`: a one-line error for a missing or
     broken run directory; ``RUN@S`` loads the snapshot of step S, whose results go to
     ``loaded.result_dir``, ``RUN/steps/S/``) with the directory the command writes into locked
@@ -271,16 +343,24 @@ def writing_run(run_dir: str, device: str = "cpu", out: str | None = None, task:
     from pe_interp.model_dirs import is_hub_name, is_model_dir, load_model_dir
 
     path, step = split_step(run_dir)
-    if is_model_dir(path) or (model_dir_ok and (task is not None or revision is not None) and is_hub_name(run_dir)):
+    if is_model_dir(path) or (
+        model_dir_ok and (task is not None or revision is not None) and is_hub_name(run_dir)
+    ):
         if not model_dir_ok:
-            raise ValueError(f"{run_dir}: a saved Hugging Face model; this command reads pe-interp runs only "
-                             "(ablate, patch, routes and decompose read a model directory with --task)")
+            raise ValueError(
+                f"{run_dir}: a saved Hugging Face model; this command reads pe-interp runs only "
+                "(ablate, patch, routes and decompose read a model directory with --task)"
+            )
         if step is not None:
-            raise ValueError(f"{run_dir}: a saved Hugging Face model has no snapshots; give DIR without @STEP")
+            raise ValueError(
+                f"{run_dir}: a saved Hugging Face model has no snapshots; give DIR without @STEP"
+            )
         loaded = load_model_dir(path, task, preset, device=device, revision=revision)
     elif task is not None or revision is not None:
-        raise ValueError(f"{run_dir}: --task and --revision are for a saved Hugging Face model (a directory, or owner/name "
-                         "on the hub); a pe-interp run knows its task")
+        raise ValueError(
+            f"{run_dir}: --task and --revision are for a saved Hugging Face model (a directory, or owner/name "
+            "on the hub); a pe-interp run knows its task"
+        )
     else:
         loaded = load_run(run_dir, device=device)
     with dir_lock(out or loaded.run_dir, "run directory" if out is None else "output directory"):
@@ -288,5 +368,18 @@ def writing_run(run_dir: str, device: str = "cpu", out: str | None = None, task:
         yield loaded
 
 
-__all__ = ["DERIVED", "NOT_FLAGS", "add_device_flag", "add_model_dir_flags", "model_dir_arg", "add_setting_flags", "at_least", "device_arg", "given_settings",
-           "out_dir_arg", "positive_n", "setting_fields", "writing_run"]
+__all__ = [
+    "DERIVED",
+    "NOT_FLAGS",
+    "add_device_flag",
+    "add_model_dir_flags",
+    "model_dir_arg",
+    "add_setting_flags",
+    "at_least",
+    "device_arg",
+    "given_settings",
+    "out_dir_arg",
+    "positive_n",
+    "setting_fields",
+    "writing_run",
+]

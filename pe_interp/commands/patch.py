@@ -33,12 +33,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Patch clean activations into corrupt runs (or the reverse) for every head / "
         "position of a trained run and measure the recovered logit difference.",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `pe-interp train`")
-    p.add_argument("--site", default="z", choices=["z", "q", "k", "v", "pattern", "resid_pre", "attn_out", "mlp_out"])
-    p.add_argument("--by-position", dest="by_position", action="store_true", default=None,
-                   help="one cell per position (default: per head for head sites, per position otherwise)")
-    p.add_argument("--all-positions", dest="by_position", action="store_false", help="patch all positions at once")
-    p.add_argument("--direction", default="clean_to_corrupt", choices=["clean_to_corrupt", "corrupt_to_clean"])
+    p.add_argument(
+        "run_dir", metavar="RUN_DIR", help="a run directory written by `pe-interp train`"
+    )
+    p.add_argument(
+        "--site",
+        default="z",
+        choices=["z", "q", "k", "v", "pattern", "resid_pre", "attn_out", "mlp_out"],
+    )
+    p.add_argument(
+        "--by-position",
+        dest="by_position",
+        action="store_true",
+        default=None,
+        help="one cell per position (default: per head for head sites, per position otherwise)",
+    )
+    p.add_argument(
+        "--all-positions",
+        dest="by_position",
+        action="store_false",
+        help="patch all positions at once",
+    )
+    p.add_argument(
+        "--direction", default="clean_to_corrupt", choices=["clean_to_corrupt", "corrupt_to_clean"]
+    )
     p.add_argument("--n", type=int, default=128, help="counterfactual pairs")
     p.add_argument("--seed", type=int, default=0, help="seeds the pairs and the bootstrap")
     p.add_argument("--layers", type=int, nargs="+", default=None)
@@ -84,15 +102,29 @@ def patch_run(
     if not 0 <= example < len(clean):
         raise ValueError(f"--example must be in 0..{len(clean) - 1}, got {example}")
     result = patch(
-        model, clean.tokens, corrupt.tokens, site=site, by_position=by_position, direction=direction,
-        clean_labels=clean.labels, corrupt_labels=corrupt.labels, pad_mask=clean.pad_mask,
-        layers=layers, batch_size=batch_size, n_bootstrap=n_bootstrap, seed=seed,
-    )  # fmt: skip
+        model,
+        clean.tokens,
+        corrupt.tokens,
+        site=site,
+        by_position=by_position,
+        direction=direction,
+        clean_labels=clean.labels,
+        corrupt_labels=corrupt.labels,
+        pad_mask=clean.pad_mask,
+        layers=layers,
+        batch_size=batch_size,
+        n_bootstrap=n_bootstrap,
+        seed=seed,
+    )
     out_dir = Path(out_dir)
     key = result_key(site, result.by_position)
     payload = result.to_dict()
     payload.update(
-        pairs={"n": len(clean), "seed": seed, "task": task.to_dict() if hasattr(task, "to_dict") else str(task)},
+        pairs={
+            "n": len(clean),
+            "seed": seed,
+            "task": task.to_dict() if hasattr(task, "to_dict") else str(task),
+        },
         encoding=model.cfg.encoding_name,
     )
     written: dict[str, Path] = {}
@@ -110,14 +142,23 @@ def patch_run(
 
         fig_dir = out_dir / "figures"
         written["png"] = plot_patching(result, fig_dir / f"patching_{key}.png")[0]
-        labels = token_labels(clean.tokens[example], clean.pad_mask[example], task, model.cfg.pad_id)
+        labels = token_labels(
+            clean.tokens[example], clean.pad_mask[example], task, model.cfg.pad_id
+        )
         if result.by_position and result.per_example is not None:
             html = patching_tokens_html(result, labels, example=example)
             title = f"patching {key}, pair {example}: clean label {int(clean.labels[example])}, corrupt label {int(corrupt.labels[example])}"
         else:
             heads = _top_heads(result, 4)
             if heads:
-                html = attention_html(model, clean.tokens, heads, example=example, pad_mask=clean.pad_mask, labels=labels)
+                html = attention_html(
+                    model,
+                    clean.tokens,
+                    heads,
+                    example=example,
+                    pad_mask=clean.pad_mask,
+                    labels=labels,
+                )
                 title = f"attention of the top patched heads ({', '.join(f'L{a}H{b}' for a, b in heads)}), clean pair {example}"
             else:
                 html, title = "<p>no head-level cells</p>", f"patching {key}"
@@ -144,10 +185,21 @@ def run(args: argparse.Namespace) -> int:
 def _patch(args: argparse.Namespace, loaded) -> int:
     t0 = time.perf_counter()
     result, written = patch_run(
-        loaded.model, loaded.task, loaded.result_dir, site=args.site, by_position=args.by_position,
-        direction=args.direction, n=args.n, seed=args.seed, layers=args.layers, batch_size=args.batch_size,
-        n_bootstrap=args.n_bootstrap, example=args.example, figures=not args.no_figures, weights=loaded.provenance,
-    )  # fmt: skip
+        loaded.model,
+        loaded.task,
+        loaded.result_dir,
+        site=args.site,
+        by_position=args.by_position,
+        direction=args.direction,
+        n=args.n,
+        seed=args.seed,
+        layers=args.layers,
+        batch_size=args.batch_size,
+        n_bootstrap=args.n_bootstrap,
+        example=args.example,
+        figures=not args.no_figures,
+        weights=loaded.provenance,
+    )
     elapsed = time.perf_counter() - t0
     print(
         f"{loaded.name}: patched {result.site} ({'by position' if result.by_position else 'all positions'}, "

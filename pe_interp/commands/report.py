@@ -9,14 +9,22 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="write report.html for a run, a sweep or a reproduction",
-                       description="Write DIR/report.html: for a run directory (pe-interp train, then ablate / "
-                       "patch / decompose), or for a sweep, reproduce or demo directory (also summary.md and summary.json).")
+    p = sub.add_parser(
+        "report",
+        help="write report.html for a run, a sweep or a reproduction",
+        description="Write DIR/report.html: for a run directory (pe-interp train, then ablate / "
+        "patch / decompose), or for a sweep, reproduce or demo directory (also summary.md and summary.json).",
+    )
     p.add_argument("dir", metavar="RUN_OR_SWEEP_DIR")
     p.add_argument("--title", default=None, help="the report's title")
-    p.add_argument("--link-with", nargs="+", default=None, metavar="NAME=SWEEP_DIR",
-                   help="add other sweeps' models (e.g. mid=runs/sweeps/deposit-mid) to the length-generalisation, "
-                   "concentration and link tables of a sweep's report")
+    p.add_argument(
+        "--link-with",
+        nargs="+",
+        default=None,
+        metavar="NAME=SWEEP_DIR",
+        help="add other sweeps' models (e.g. mid=runs/sweeps/deposit-mid) to the length-generalisation, "
+        "concentration and link tables of a sweep's report",
+    )
     p.set_defaults(run=run)
 
 
@@ -27,7 +35,9 @@ def link_dirs(values: list[str] | None) -> dict[str, Path]:
         if not sep or not name or not where:
             raise ValueError(f"--link-with: expected NAME=SWEEP_DIR, got {value!r}")
         if not (Path(where) / "grid.json").is_file():
-            raise ValueError(f"--link-with {value}: {where} is not a sweep directory (no grid.json)")
+            raise ValueError(
+                f"--link-with {value}: {where} is not a sweep directory (no grid.json)"
+            )
         out[name] = Path(where)
     return out
 
@@ -45,7 +55,9 @@ def run(args: argparse.Namespace) -> int:
 
         grid = read_json(path / "grid.json")
         base = grid.get("base", {}) if isinstance(grid, dict) else {}
-        out = write_report(path, preset=str(base.get("preset", "quick")), title=args.title, link_with=linked)
+        out = write_report(
+            path, preset=str(base.get("preset", "quick")), title=args.title, link_with=linked
+        )
         print(f"wrote {path / 'summary.md'}, {path / 'summary.json'} and {out}")
     elif linked:
         raise ValueError("--link-with: only a sweep's report links other sweeps' models")
@@ -53,10 +65,14 @@ def run(args: argparse.Namespace) -> int:
         from pe_interp.checkpoint import load_run
         from pe_interp.report.run import write_run_report
 
-        load_run(path, step=step)  # a one-line error for a broken run directory or a step it did not keep
+        load_run(
+            path, step=step
+        )  # a one-line error for a broken run directory or a step it did not keep
         print(f"wrote {write_run_report(path, step)}")
     elif not path.exists():
         raise ValueError(f"{path}: no such directory")
     else:
-        raise ValueError(f"{path}: neither a run directory (config.json) nor a sweep directory (grid.json)")
+        raise ValueError(
+            f"{path}: neither a run directory (config.json) nor a sweep directory (grid.json)"
+        )
     return 0

@@ -17,13 +17,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--preset", choices=["smoke", "quick", "paper"], default="quick")
     p.add_argument("--out", default=None, help="output directory (default runs/reproduce-<preset>)")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per encoding × task (default 3; smoke 1)")
+    p.add_argument(
+        "--seeds", type=int, default=None, help="seeds per encoding × task (default 3; smoke 1)"
+    )
     p.add_argument("--encodings", nargs="*", default=None, help="subset of encoding labels")
-    p.add_argument("--tasks", nargs="*", default=["distance", "count"], choices=["distance", "count"])
+    p.add_argument(
+        "--tasks", nargs="*", default=["distance", "count"], choices=["distance", "count"]
+    )
     p.add_argument("--backend", choices=["local", "ray"], default="local")
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--device", default=None, help="cpu | cuda (default: the preset's)")
-    p.add_argument("--report-only", action="store_true", help="rebuild summary.md and report.html from finished runs")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rebuild summary.md and report.html from finished runs",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=run)
 
@@ -46,10 +54,26 @@ def run(args: argparse.Namespace) -> int:
         return 0
     overrides = {"device": args.device} if args.device else None
     summary, out = reproduce(
-        out, preset=args.preset, seeds=args.seeds, encodings=args.encodings, tasks=tuple(args.tasks),
-        backend=args.backend, workers=args.workers, progress=not args.no_progress, overrides=overrides,
+        out,
+        preset=args.preset,
+        seeds=args.seeds,
+        encodings=args.encodings,
+        tasks=tuple(args.tasks),
+        backend=args.backend,
+        workers=args.workers,
+        progress=not args.no_progress,
+        overrides=overrides,
     )
     print((out / "summary.md").read_text())
-    print(json.dumps({"out": str(out), "done": len(summary.done), "skipped": len(summary.skipped),
-                      "failed": summary.failed, "wall_s": round(time.time() - t0, 1)}))
+    print(
+        json.dumps(
+            {
+                "out": str(out),
+                "done": len(summary.done),
+                "skipped": len(summary.skipped),
+                "failed": summary.failed,
+                "wall_s": round(time.time() - t0, 1),
+            }
+        )
+    )
     return 1 if summary.failed else 0

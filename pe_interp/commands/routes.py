@@ -36,10 +36,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "time see the moved positions, and say whether one route carries the positional effect "
         f"(>= 50%%, every other within ±5%%). Exits {UNDECIDED_EXIT} when the intervals cannot decide it.",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `pe-interp train` (RUN@STEP: a snapshot)")
+    p.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="a run directory written by `pe-interp train` (RUN@STEP: a snapshot)",
+    )
     p.add_argument("--n", type=int, default=512, help="position-only pairs (default 512)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the pairs (offset from the run's seed) and the bootstrap")
-    p.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap replicates for the intervals (>= 1)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the pairs (offset from the run's seed) and the bootstrap",
+    )
+    p.add_argument(
+        "--n-bootstrap",
+        type=int,
+        default=1000,
+        help="bootstrap replicates for the intervals (>= 1)",
+    )
     add_device_flag(p)
     add_model_dir_flags(p)
     p.set_defaults(run=run)
@@ -57,17 +71,31 @@ def _routes(args: argparse.Namespace, loaded) -> int:
     from probes.deposit.routes import positional_dominance, route_shares
     from probes.deposit.trajectory import PAIRS_SEED_OFFSET
 
-    pairs = loaded.task.counterfactuals(args.n, kind="position", seed=loaded.train_cfg.seed + PAIRS_SEED_OFFSET + args.seed)
+    pairs = loaded.task.counterfactuals(
+        args.n, kind="position", seed=loaded.train_cfg.seed + PAIRS_SEED_OFFSET + args.seed
+    )
     if not bool((pairs.clean.labels != pairs.corrupt.labels).any()):
-        raise ValueError(f"{loaded.name}: moving the tokens changes no label of task {loaded.task.name!r}: "
-                         "position decides nothing there, so no route can carry it")  # fmt: skip
+        raise ValueError(
+            f"{loaded.name}: moving the tokens changes no label of task {loaded.task.name!r}: "
+            "position decides nothing there, so no route can carry it"
+        )
     t0 = time.perf_counter()
-    r = route_shares(loaded.model, pairs.clean.tokens, pairs.corrupt.tokens, pairs.clean.labels, pairs.corrupt.labels,
-                     pad_mask=pairs.clean.pad_mask, n_bootstrap=args.n_bootstrap, seed=args.seed)  # fmt: skip
+    r = route_shares(
+        loaded.model,
+        pairs.clean.tokens,
+        pairs.corrupt.tokens,
+        pairs.clean.labels,
+        pairs.corrupt.labels,
+        pad_mask=pairs.clean.pad_mask,
+        n_bootstrap=args.n_bootstrap,
+        seed=args.seed,
+    )
     p = positional_dominance(r)
     path = save_result(loaded.result_dir / "routes.json", r, loaded.provenance)
-    print(f"{loaded.name}: {r.n_examples} position-only pairs, {loaded.model.cfg.encoding_name}, "
-          f"{time.perf_counter() - t0:.1f} s")
+    print(
+        f"{loaded.name}: {r.n_examples} position-only pairs, {loaded.model.cfg.encoding_name}, "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
     print(f"positional effect: {r.effect:.3f} logits [{r.effect_ci[0]:.3f}, {r.effect_ci[1]:.3f}]")
     for name, share, lo, hi in r.units()[:6]:
         print(f"  {name:<8} {100 * share:6.1f}% [{100 * lo:6.1f}, {100 * hi:6.1f}]")

@@ -10,9 +10,12 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("show", help="print a run's config, accuracy, deposit verdict and files",
-                       description="Print what a run directory holds: its configuration (and the command that "
-                       "re-creates it), its accuracy, the deposit verdict of its ablation sweep, and its files.")
+    p = sub.add_parser(
+        "show",
+        help="print a run's config, accuracy, deposit verdict and files",
+        description="Print what a run directory holds: its configuration (and the command that "
+        "re-creates it), its accuracy, the deposit verdict of its ablation sweep, and its files.",
+    )
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.set_defaults(run=run)
 
@@ -38,57 +41,93 @@ def run(args: argparse.Namespace) -> int:
     from pe_interp.checkpoint import STALE, UNRECORDED, load_run
     from probes import AblationResult, DepositReport, dominance
 
-    loaded = load_run(args.run_dir)  # validates config and weights (RUN@S: that snapshot's); one line otherwise
+    loaded = load_run(
+        args.run_dir
+    )  # validates config and weights (RUN@S: that snapshot's); one line otherwise
     run_dir, results, step = loaded.run_dir, loaded.result_dir, loaded.at_step
     cfg, task, train = loaded.model.cfg, loaded.task, loaded.train_cfg
     config = loaded.config
-    print(f"run {loaded.name}" + ("" if step is None else f"  (the snapshot of step {step}; its results: {results})"))
+    print(
+        f"run {loaded.name}"
+        + ("" if step is None else f"  (the snapshot of step {step}; its results: {results})")
+    )
     quirks = " with the authors' quirks" if config.get("authors_quirks") else ""
     print(f"  preset     {config.get('preset')}{quirks}; pe-interp {config.get('version')}")
     print(f"  encoding   {cfg.encoding_name} ({cfg.encoding_kind})")
-    if getattr(cfg, "model_type", None):  # a Hugging Face architecture (train --arch), read through a bridge
-        print(f"  model      {cfg.model_type} (Hugging Face, its own norms and causal attention), {cfg.n_layers} layers, "
-              f"d_model {cfg.d_model}, {cfg.n_heads} heads (d_head {cfg.d_head}), d_mlp {cfg.d_mlp}; class c is "
-              f"answer token {task.d_vocab} + c at the last real token; {run_dir}/hf/ is its save_pretrained")
+    if getattr(
+        cfg, "model_type", None
+    ):  # a Hugging Face architecture (train --arch), read through a bridge
+        print(
+            f"  model      {cfg.model_type} (Hugging Face, its own norms and causal attention), {cfg.n_layers} layers, "
+            f"d_model {cfg.d_model}, {cfg.n_heads} heads (d_head {cfg.d_head}), d_mlp {cfg.d_mlp}; class c is "
+            f"answer token {task.d_vocab} + c at the last real token; {run_dir}/hf/ is its save_pretrained"
+        )
     else:
-        print(f"  model      {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads (d_head {cfg.d_head}), "
-              f"d_mlp {cfg.d_mlp}, act {cfg.act_fn}, norm {cfg.normalization_type}, final norm {cfg.final_norm}, "
-              f"dropout {cfg.dropout}, init {cfg.init_mode}, pads {'masked' if cfg.mask_padding else 'attended'}, "
-              f"K/V from {cfg.kv_source}")
-    print(f"  task       {task.name}: " + ", ".join(f"{k} {v}" for k, v in task.to_dict().items() if k != "name"))
-    print(f"  training   {train.epochs} epochs of {train.n_train} ({train.n_test} held out), batch {train.batch_size}, "
-          f"lr {train.lr} ({train.lr_schedule}), betas {train.betas}, seed {train.seed}")
+        print(
+            f"  model      {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads (d_head {cfg.d_head}), "
+            f"d_mlp {cfg.d_mlp}, act {cfg.act_fn}, norm {cfg.normalization_type}, final norm {cfg.final_norm}, "
+            f"dropout {cfg.dropout}, init {cfg.init_mode}, pads {'masked' if cfg.mask_padding else 'attended'}, "
+            f"K/V from {cfg.kv_source}"
+        )
+    print(
+        f"  task       {task.name}: "
+        + ", ".join(f"{k} {v}" for k, v in task.to_dict().items() if k != "name")
+    )
+    print(
+        f"  training   {train.epochs} epochs of {train.n_train} ({train.n_test} held out), batch {train.batch_size}, "
+        f"lr {train.lr} ({train.lr_schedule}), betas {train.betas}, seed {train.seed}"
+    )
     if config.get("command"):
         print(f"  re-create  {config['command']}")
     metrics = loaded.metrics()
     if metrics:
         last = metrics[-1]
         stopped = 0 < train.stop_at_acc <= last.get("test_acc", 0.0)
-        state = ("" if last.get("step") == train.total_steps else
-                 f"  (stopped: held-out reached {_pct(train.stop_at_acc)})" if stopped else
-                 "  (unfinished: pe-interp train ... --resume)")
-        print(f"accuracy     held-out {_pct(last.get('test_acc'))} (loss {last.get('test_loss', math.nan):.4f}), "
-              f"train {_pct(last.get('train_acc'))}, at step {last.get('step')} of {train.total_steps}" + state)
-        print(f"             chance {_pct(task.chance_accuracy())}, length-only ceiling {_pct(task.length_only_accuracy())}")
+        state = (
+            ""
+            if last.get("step") == train.total_steps
+            else f"  (stopped: held-out reached {_pct(train.stop_at_acc)})"
+            if stopped
+            else "  (unfinished: pe-interp train ... --resume)"
+        )
+        print(
+            f"accuracy     held-out {_pct(last.get('test_acc'))} (loss {last.get('test_loss', math.nan):.4f}), "
+            f"train {_pct(last.get('train_acc'))}, at step {last.get('step')} of {train.total_steps}"
+            + state
+        )
+        print(
+            f"             chance {_pct(task.chance_accuracy())}, length-only ceiling {_pct(task.length_only_accuracy())}"
+        )
     else:
         print("accuracy     no evaluation recorded yet (metrics.jsonl is empty)")
-    status = {p.name: _status(run_dir, p, step) for p in sorted(results.glob("*.json"))
-              if p.name not in ("config.json", "dynamics.json")}
-    if status.get("ablation.json", (None,))[0] == STALE:  # another model's verdict: not shown as this one's
-        print(f"single-head deposit  STALE: ablation.json was {status['ablation.json'][1]}; rerun: pe-interp ablate {loaded.name}")
+    status = {
+        p.name: _status(run_dir, p, step)
+        for p in sorted(results.glob("*.json"))
+        if p.name not in ("config.json", "dynamics.json")
+    }
+    if (
+        status.get("ablation.json", (None,))[0] == STALE
+    ):  # another model's verdict: not shown as this one's
+        print(
+            f"single-head deposit  STALE: ablation.json was {status['ablation.json'][1]}; rerun: pe-interp ablate {loaded.name}"
+        )
     elif (results / "ablation.json").is_file():
         ablation = AblationResult.load(results / "ablation.json")
         if ablation.is_grid and not np.isnan(ablation.drops).any():
             d = dominance(ablation)
             verdict = "YES" if d.single else "no"
-            print(f"single-head deposit  {verdict}: {d.text()} ({ablation.method}-ablation, {ablation.metric}, "
-                  f"{ablation.n_examples} examples)")
+            print(
+                f"single-head deposit  {verdict}: {d.text()} ({ablation.method}-ablation, {ablation.metric}, "
+                f"{ablation.n_examples} examples)"
+            )
             if ablation.metric == "accuracy" and not np.isnan(ablation.ci_low).any():
                 from probes.deposit import decide_single
 
                 print(f"  on its intervals   {decide_single(ablation).text()}")
         else:
-            print("single-head deposit  not judged: the ablation grid is partial (every head must be measured)")
+            print(
+                "single-head deposit  not judged: the ablation grid is partial (every head must be measured)"
+            )
     else:
         print(f"single-head deposit  not measured (run: pe-interp ablate {loaded.name})")
     if status.get("deposits.json", (None,))[0] == STALE:
@@ -96,20 +135,33 @@ def run(args: argparse.Namespace) -> int:
     elif (results / "deposits.json").is_file():
         report = DepositReport.load(results / "deposits.json")
         found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits) or "none"
-        print(f"layer concentration  {found} (a layer's top head ≥ {100 * report.min_drop:.0f} pts and "
-              f"≥ {100 * report.min_share:.0f}% of its layer's drop)")
+        print(
+            f"layer concentration  {found} (a layer's top head ≥ {100 * report.min_drop:.0f} pts and "
+            f"≥ {100 * report.min_share:.0f}% of its layer's drop)"
+        )
         for s in report.layers:
             mark = "concentrated" if s.is_deposit else "; ".join(s.failed)
-            print(f"  layer {s.layer}    top H{s.top_head} drop {s.top_drop:.3f}, runner-up H{s.second_head} "
-                  f"{s.second_drop:.3f}, share {s.share:.2f}: {mark}")
+            print(
+                f"  layer {s.layer}    top H{s.top_head} drop {s.top_drop:.3f}, runner-up H{s.second_head} "
+                f"{s.second_drop:.3f}, share {s.share:.2f}: {mark}"
+            )
         if status["deposits.json"][0] == UNRECORDED:
-            print(f"  (deposits.json {status['deposits.json'][1]}: rerun pe-interp ablate to tie it to these weights)")
+            print(
+                f"  (deposits.json {status['deposits.json'][1]}: rerun pe-interp ablate to tie it to these weights)"
+            )
     print("files")
-    for p in sorted(q for q in results.rglob("*") if q.is_file() and not q.name.startswith(".")
-                    and q.relative_to(results).parts[0] not in ("snapshots", "steps")):
-        mark = {STALE: "  STALE: of other weights", UNRECORDED: "  (weights not recorded)",
-                "unreadable": "  (unreadable)"}.get(
-            status.get(str(p.relative_to(results)), (None,))[0], "")
+    for p in sorted(
+        q
+        for q in results.rglob("*")
+        if q.is_file()
+        and not q.name.startswith(".")
+        and q.relative_to(results).parts[0] not in ("snapshots", "steps")
+    ):
+        mark = {
+            STALE: "  STALE: of other weights",
+            UNRECORDED: "  (weights not recorded)",
+            "unreadable": "  (unreadable)",
+        }.get(status.get(str(p.relative_to(results)), (None,))[0], "")
         print(f"  {str(p.relative_to(results)):<40} {p.stat().st_size:>12,} bytes{mark}")
     _snapshots(run_dir)
     return 0
@@ -125,11 +177,15 @@ def _snapshots(run_dir: Path) -> None:
         return
     steps = [e["step"] for e in kept]
     shown = ", ".join(map(str, steps[:8])) + (f", ... {steps[-1]}" if len(steps) > 8 else "")
-    print(f"snapshots    {len(kept)} kept (steps {shown}), {sum(e.get('bytes', 0) for e in kept) / 1e6:.1f} MB; "
-          f"any command reads one as {run_dir}@STEP")
+    print(
+        f"snapshots    {len(kept)} kept (steps {shown}), {sum(e.get('bytes', 0) for e in kept) / 1e6:.1f} MB; "
+        f"any command reads one as {run_dir}@STEP"
+    )
     if (run_dir / "dynamics.json").is_file():
         print(f"  dynamics.json: every criterion at every snapshot (pe-interp dynamics {run_dir})")
-    for d in sorted((run_dir / STEPS_DIR).glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else -1):
+    for d in sorted(
+        (run_dir / STEPS_DIR).glob("*"), key=lambda p: int(p.name) if p.name.isdigit() else -1
+    ):
         names = sorted(p.name for p in d.glob("*.json"))
         if names:
             print(f"  step {d.name:<6} {', '.join(names)}")

@@ -9,23 +9,42 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sweep", help="run a grid of runs (local process pool or Ray)",
-                       description="Run every unfinished cell of a grid file; finished cells are skipped.")
+    p = sub.add_parser(
+        "sweep",
+        help="run a grid of runs (local process pool or Ray)",
+        description="Run every unfinished cell of a grid file; finished cells are skipped.",
+    )
     p.add_argument("grid", help="YAML or TOML grid file")
     p.add_argument("--out", default=None, help="sweep directory (default runs/sweeps/<grid name>)")
     p.add_argument("--backend", choices=["local", "ray"], default="local")
-    p.add_argument("--workers", type=int, default=None, help="local: processes (default: cores / cpus per cell)")
-    p.add_argument("--address", default=None, help="ray: cluster address (default: start a local instance)")
-    p.add_argument("--max-retries", type=int, default=3, help="ray: retries of a cell whose worker died")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="local: processes (default: cores / cpus per cell)",
+    )
+    p.add_argument(
+        "--address", default=None, help="ray: cluster address (default: start a local instance)"
+    )
+    p.add_argument(
+        "--max-retries", type=int, default=3, help="ray: retries of a cell whose worker died"
+    )
     p.add_argument("--dry-run", action="store_true", help="validate the grid and list its cells")
-    p.add_argument("--max-cells", type=int, default=None, help="refuse larger grids (default 10,000)")
+    p.add_argument(
+        "--max-cells", type=int, default=None, help="refuse larger grids (default 10,000)"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=run_sweep_cmd)
 
-    r = sub.add_parser("sweep-report", help="aggregate a sweep into one table",
-                       description="Aggregate every finished cell: accuracy mean ± std over seeds per axis setting, and deposit flags.")
+    r = sub.add_parser(
+        "sweep-report",
+        help="aggregate a sweep into one table",
+        description="Aggregate every finished cell: accuracy mean ± std over seeds per axis setting, and deposit flags.",
+    )
     r.add_argument("sweep_dir")
-    r.add_argument("--by", nargs="*", default=None, help="axes to group by (default: the grid's axes)")
+    r.add_argument(
+        "--by", nargs="*", default=None, help="axes to group by (default: the grid's axes)"
+    )
     r.set_defaults(run=run_report_cmd)
 
 
@@ -52,11 +71,31 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / "sweeps" / grid.name)
     with sweep_lock(out):  # a second sweep, or another grid: one line before anything else is said
         claim(out, grid)
-        print(f"{grid.name}: {len(cells)} cells; probes: " + (", ".join(grid.probes) or "none"), file=sys.stderr, flush=True)
-        summary = run_sweep(grid, out, backend=args.backend, workers=args.workers, address=args.address,
-                            max_retries=args.max_retries, progress=not args.no_progress)
-    print(json.dumps({"sweep_dir": str(out), "done": len(summary.done), "skipped": len(summary.skipped),
-                      "failed": summary.failed, "recomputed": summary.recomputed}))
+        print(
+            f"{grid.name}: {len(cells)} cells; probes: " + (", ".join(grid.probes) or "none"),
+            file=sys.stderr,
+            flush=True,
+        )
+        summary = run_sweep(
+            grid,
+            out,
+            backend=args.backend,
+            workers=args.workers,
+            address=args.address,
+            max_retries=args.max_retries,
+            progress=not args.no_progress,
+        )
+    print(
+        json.dumps(
+            {
+                "sweep_dir": str(out),
+                "done": len(summary.done),
+                "skipped": len(summary.skipped),
+                "failed": summary.failed,
+                "recomputed": summary.recomputed,
+            }
+        )
+    )
     write_report(out, grid.varying)
     return 1 if summary.failed else 0
 
@@ -70,7 +109,9 @@ def check_local_devices(cells, source) -> None:
         try:
             check_device(device)
         except ValueError as err:
-            raise ValueError(f"{source}: {err} (the grid's cells ask for it; --dry-run validates it anyway)") from None
+            raise ValueError(
+                f"{source}: {err} (the grid's cells ask for it; --dry-run validates it anyway)"
+            ) from None
 
 
 def write_report(sweep_dir: Path, axes: list[str]) -> str:
@@ -99,7 +140,11 @@ def run_report_cmd(args: argparse.Namespace) -> int:
 
     sweep_dir = Path(args.sweep_dir)
     if not sweep_dir.is_dir():
-        raise ValueError(f"{sweep_dir}: no such directory" if not sweep_dir.exists() else f"{sweep_dir}: not a directory")
+        raise ValueError(
+            f"{sweep_dir}: no such directory"
+            if not sweep_dir.exists()
+            else f"{sweep_dir}: not a directory"
+        )
     grid_file = sweep_dir / "grid.json"
     if not grid_file.is_file():
         raise ValueError(f"{grid_file}: not a sweep directory (no grid.json)")

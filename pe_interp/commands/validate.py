@@ -28,13 +28,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "every probe that localises on them, and count per family how often each names a planted route or gives "
         "the verdict the construction implies (k of n cells, Wilson intervals).",
     )
-    p.add_argument("--grid", default=str(GRID), help="the planted grid (default grids/planted_quick.yaml)")
+    p.add_argument(
+        "--grid", default=str(GRID), help="the planted grid (default grids/planted_quick.yaml)"
+    )
     p.add_argument("--out", default=None, help="sweep directory (default runs/sweeps/<grid name>)")
-    p.add_argument("--workers", type=int, default=None, help="cells trained at once (default: one per core)")
-    p.add_argument("--readme", default=None, help="write the table between <!-- study:planted-quick --> markers")
+    p.add_argument(
+        "--workers", type=int, default=None, help="cells trained at once (default: one per core)"
+    )
+    p.add_argument(
+        "--readme",
+        default=None,
+        help="write the table between <!-- study:planted-quick --> markers",
+    )
     p.add_argument("--no-train", action="store_true", help="score only what is trained or recorded")
-    p.add_argument("--no-circuits", action="store_true",
-                   help="leave out circuit --faithful 0.9 (about a minute a model on 2 cores)")
+    p.add_argument(
+        "--no-circuits",
+        action="store_true",
+        help="leave out circuit --faithful 0.9 (about a minute a model on 2 cores)",
+    )
     p.set_defaults(run=run)
 
 
@@ -47,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
 
     grid = load_grid(args.grid)
     if grid.findings is None:
-        raise ValueError(f"{args.grid}: a planted grid needs 'findings' (where validation.json is kept)")
+        raise ValueError(
+            f"{args.grid}: a planted grid needs 'findings' (where validation.json is kept)"
+        )
     sweep_dir = Path(args.out or f"runs/sweeps/{grid.name}")
     if not args.no_train:
         run_sweep(grid, sweep_dir, workers=args.workers)
@@ -56,14 +69,23 @@ def run(args: argparse.Namespace) -> int:
     records: list[dict[str, Any]] = []
     path.parent.mkdir(parents=True, exist_ok=True)
 
-    def add(record: dict[str, Any]) -> None:  # saved after every model: a stopped call keeps what it scored
+    def add(
+        record: dict[str, Any],
+    ) -> None:  # saved after every model: a stopped call keeps what it scored
         records.append(record)
-        atomic_write_text(path, dumps(records + [r for i, r in kept.items() if i not in {x["id"] for x in records}]))
+        atomic_write_text(
+            path,
+            dumps(records + [r for i, r in kept.items() if i not in {x["id"] for x in records}]),
+        )
 
     for cell in grid.cells():
         run_dir = sweep_dir / "cells" / cell.id / "run"
-        if (run_dir / "model.safetensors").is_file() and (sweep_dir / "cells" / cell.id / "result.json").is_file():
-            record = _record_of(cell.id, cell.kwargs, run_dir, kept.get(cell.id), not args.no_circuits)
+        if (run_dir / "model.safetensors").is_file() and (
+            sweep_dir / "cells" / cell.id / "result.json"
+        ).is_file():
+            record = _record_of(
+                cell.id, cell.kwargs, run_dir, kept.get(cell.id), not args.no_circuits
+            )
             add(record)
             if record["family"].startswith("single_yes"):
                 mirrored = sweep_dir / "derived" / f"{cell.id}__mirror" / "run"
@@ -71,28 +93,44 @@ def run(args: argparse.Namespace) -> int:
                     from pe_interp.validate import mirror_head
 
                     mirror_head(run_dir, mirrored, *MIRROR)
-                add(_record_of(f"{cell.id}__mirror", cell.kwargs, mirrored, kept.get(f"{cell.id}__mirror"),
-                               not args.no_circuits))
+                add(
+                    _record_of(
+                        f"{cell.id}__mirror",
+                        cell.kwargs,
+                        mirrored,
+                        kept.get(f"{cell.id}__mirror"),
+                        not args.no_circuits,
+                    )
+                )
         elif cell.id in kept and has_finding(grid, cell):
             records.append(kept[cell.id])
             if f"{cell.id}__mirror" in kept:
                 records.append(kept[f"{cell.id}__mirror"])
     if not records:
-        raise ValueError(f"{sweep_dir}: no planted model is trained or recorded yet (run without --no-train)")
+        raise ValueError(
+            f"{sweep_dir}: no planted model is trained or recorded yet (run without --no-train)"
+        )
     atomic_write_text(path, dumps(records))
     tasks = " and ".join(sorted({r["task"] for r in records}))
     block = validation_markdown(records, tasks)
     print(block)
     if args.readme:
         if not update_readme(args.readme, "planted-quick", block):
-            raise ValueError(f"{args.readme}: no <!-- study:planted-quick begin --> / <!-- study:planted-quick end --> markers")
+            raise ValueError(
+                f"{args.readme}: no <!-- study:planted-quick begin --> / <!-- study:planted-quick end --> markers"
+            )
         print(f"wrote {args.readme}")
     print(f"wrote {path} ({len(records)} models)")
     return 0
 
 
-def _record_of(cell_id: str, params: dict[str, Any], run_dir: Path, kept: dict[str, Any] | None,
-               circuits: bool = True) -> dict[str, Any]:
+def _record_of(
+    cell_id: str,
+    params: dict[str, Any],
+    run_dir: Path,
+    kept: dict[str, Any] | None,
+    circuits: bool = True,
+) -> dict[str, Any]:
     """A cell's validation record: its routes, family, accuracy, every probe's ranking grid and
     every verdict (kept when it was computed from the same weights)."""
     from pe_interp.checkpoint import load_run
@@ -109,37 +147,76 @@ def _record_of(cell_id: str, params: dict[str, Any], run_dir: Path, kept: dict[s
         if not circuits or not routes.any() or {"circuit", "aligned_circuit"} <= set(kept):
             return kept
         if "circuit" in kept:  # scored before the σ-aligned circuit existed: add it alone
-            return {**kept, "aligned_circuit": _circuit_record(model, task, run, routes, aligned=True)}
+            return {
+                **kept,
+                "aligned_circuit": _circuit_record(model, task, run, routes, aligned=True),
+            }
     test = run.examples("test", 2000)
     a = ablate_heads(model, test.tokens, test.labels, pad_mask=test.pad_mask)
-    attribution = ablate_heads(model, test.tokens[:500], test.labels[:500], pad_mask=test.pad_mask[:500],
-                               engine="attribution", verify_top=1, n_bootstrap=0)
-    rankings = {"exact ablation: top head": a.drops, "attribution ranking: top head": attribution.drops}
-    for kind, label in (("position", "position pairs"), ("content", "content pairs"), ("both", "both changed")):
+    attribution = ablate_heads(
+        model,
+        test.tokens[:500],
+        test.labels[:500],
+        pad_mask=test.pad_mask[:500],
+        engine="attribution",
+        verify_top=1,
+        n_bootstrap=0,
+    )
+    rankings = {
+        "exact ablation: top head": a.drops,
+        "attribution ranking: top head": attribution.drops,
+    }
+    for kind, label in (
+        ("position", "position pairs"),
+        ("content", "content pairs"),
+        ("both", "both changed"),
+    ):
         pairs = task.counterfactuals(256, kind=kind, seed=seed + 7919)
         if bool((pairs.clean.labels != pairs.corrupt.labels).any()):
-            p = patch(model, pairs.clean.tokens, pairs.corrupt.tokens, site="z", pad_mask=pairs.clean.pad_mask,
-                      clean_labels=pairs.clean.labels, corrupt_labels=pairs.corrupt.labels, n_bootstrap=0)
+            p = patch(
+                model,
+                pairs.clean.tokens,
+                pairs.corrupt.tokens,
+                site="z",
+                pad_mask=pairs.clean.pad_mask,
+                clean_labels=pairs.clean.labels,
+                corrupt_labels=pairs.corrupt.labels,
+                n_bootstrap=0,
+            )
             rankings[f"head patching, {label}: top head"] = p.values.abs().numpy()
     scores = positional_scores(model, test.tokens[:128], pad_mask=test.pad_mask[:128])
     rankings["decomposition: most positional head"] = scores.scores
     rankings["decomposition: where position enters"] = scores.direct
     pairs = task.counterfactuals(512, kind="position", seed=seed + PAIRS_SEED_OFFSET)
-    shares = route_shares(model, pairs.clean.tokens, pairs.corrupt.tokens, pairs.clean.labels, pairs.corrupt.labels,
-                          pad_mask=pairs.clean.pad_mask)
+    shares = route_shares(
+        model,
+        pairs.clean.tokens,
+        pairs.corrupt.tokens,
+        pairs.clean.labels,
+        pairs.corrupt.labels,
+        pad_mask=pairs.clean.pad_mask,
+    )
     if routes.any():
         rankings["positional routes: top route"] = shares.shares
     concentrated = find_concentrations(a).layer(0).is_concentrated
     record = {
-        "id": cell_id, "params": params, "task": task.name, "seed": seed, "sha256": run.provenance["sha256"],
+        "id": cell_id,
+        "params": params,
+        "task": task.name,
+        "seed": seed,
+        "sha256": run.provenance["sha256"],
         "test_acc": float(run.metrics()[-1]["test_acc"]) if run.metrics() else a.baseline,
-        "routes": routes.astype(int).tolist(), "family": family_of(params, routes),
+        "routes": routes.astype(int).tolist(),
+        "family": family_of(params, routes),
         "blind_ceiling": float(getattr(task, "content_only_accuracy", task.length_only_accuracy)()),
         "rankings": {k: [[float(x) for x in row] for row in v] for k, v in rankings.items()},
-        "verdicts": {"single-head deposit (paper)": "yes" if dominance(a).single else "no",
-                     "positional deposit": positional_dominance(shares).verdict,
-                     "layer-0 concentration": "yes" if concentrated else "no"},
-        "top_drop": float(dominance(a).drop), "positional_effect": shares.effect,
+        "verdicts": {
+            "single-head deposit (paper)": "yes" if dominance(a).single else "no",
+            "positional deposit": positional_dominance(shares).verdict,
+            "layer-0 concentration": "yes" if concentrated else "no",
+        },
+        "top_drop": float(dominance(a).drop),
+        "positional_effect": shares.effect,
     }
     if circuits and routes.any():
         record["circuit"] = _circuit_record(model, task, run, routes)
@@ -156,5 +233,10 @@ def _circuit_record(model, task, run, routes, aligned: bool = False) -> dict[str
     c, _ = circuit_run(model, task, run, faithful=0.9, **how)
     planted = {f"L{a}H{b}" for a, b in zip(*routes.nonzero())}
     heads = sorted({w for w, _ in c.edges if w.startswith("L")})
-    return {"recall": len(planted & set(c.nodes)) / len(planted), "edges": len(c.edges), "total_edges": c.total_edges,
-            "faithfulness": (c.faithfulness or {}).get("kept"), "heads": heads}
+    return {
+        "recall": len(planted & set(c.nodes)) / len(planted),
+        "edges": len(c.edges),
+        "total_edges": c.total_edges,
+        "faithfulness": (c.faithfulness or {}).get("kept"),
+        "heads": heads,
+    }

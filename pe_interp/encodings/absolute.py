@@ -42,11 +42,15 @@ class Sinusoidal(Encoding):
         super().__init__(cfg)
         check_number("sinusoidal", "base", base, above=1)
         if layout not in ("interleaved", "concat"):
-            raise ValueError(f"sinusoidal: layout must be 'interleaved' or 'concat', got {layout!r}")
+            raise ValueError(
+                f"sinusoidal: layout must be 'interleaved' or 'concat', got {layout!r}"
+            )
         if cfg.d_model % 2:
             raise ValueError(f"sinusoidal: d_model must be even, got {cfg.d_model}")
         self.base, self.layout = base, layout
-        self.register_buffer("table", sinusoidal_table(cfg.n_ctx, cfg.d_model, base, layout), persistent=False)
+        self.register_buffer(
+            "table", sinusoidal_table(cfg.n_ctx, cfg.d_model, base, layout), persistent=False
+        )
 
     def residual(self, n_pos: int):
         return self.table[:n_pos]

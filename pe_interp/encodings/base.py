@@ -78,7 +78,9 @@ class RotarySpan:
     def pairs(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The two coordinates of every pair of this span in ``x [..., d]``: ``[..., dim // 2]`` each."""
         seg, half = x[..., self.start : self.start + self.dim], self.dim // 2
-        return (seg[..., :half], seg[..., half:]) if self.halves else (seg[..., 0::2], seg[..., 1::2])
+        return (
+            (seg[..., :half], seg[..., half:]) if self.halves else (seg[..., 0::2], seg[..., 1::2])
+        )
 
     def turn(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """This span of ``x [..., d]`` with every pair rotated by the angle whose cosine and sine
@@ -215,7 +217,9 @@ class Encoding(nn.Module):
         return f"kind={self.kind}"
 
 
-def check_number(enc: str, name: str, value: Any, *, integer: bool = False, above: float | None = None) -> None:
+def check_number(
+    enc: str, name: str, value: Any, *, integer: bool = False, above: float | None = None
+) -> None:
     """Raise ValueError unless ``value`` is a finite real (an int when ``integer``) > ``above``."""
     kinds = (int,) if integer else (int, float)
     ok = isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
@@ -273,7 +277,11 @@ class Composite(Encoding):
         return tuple(spans)
 
     def head_parameters(self) -> dict[str, HeadAxes]:
-        return {f"parts.{i}.{name}": axes for i, p in enumerate(self.parts) for name, axes in p.head_parameters().items()}
+        return {
+            f"parts.{i}.{name}": axes
+            for i, p in enumerate(self.parts)
+            for name, axes in p.head_parameters().items()
+        }
 
     def residual(self, n_pos: int):
         terms = [r for p in self.parts if (r := p.residual(n_pos)) is not None]

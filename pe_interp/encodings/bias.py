@@ -73,7 +73,9 @@ class T5Bias(Encoding):
     def fused(self, layer: int, n_pos: int) -> FusedPE:
         from pe_interp.kernels import RelBiasSpec
 
-        return FusedPE(rel_bias=RelBiasSpec(self.rel_bias[layer], self.bucket_index[:n_pos, :n_pos]))
+        return FusedPE(
+            rel_bias=RelBiasSpec(self.rel_bias[layer], self.bucket_index[:n_pos, :n_pos])
+        )
 
 
 def alibi_slopes(n_heads: int, style: str = "standard") -> Tensor:

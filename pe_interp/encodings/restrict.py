@@ -31,18 +31,29 @@ def check_indices(enc: str, name: str, value: Any, count: int) -> tuple[int, ...
     what = "head" if name == "heads" else "layer"
     if isinstance(value, int) and not isinstance(value, bool):
         value = (value,)
-    if not isinstance(value, tuple | list) or any(isinstance(v, bool) or not isinstance(v, int) for v in value):
-        raise ValueError(f"{enc}: {name} must be a list of {what} indices (e.g. {name}=(0,)), got {value!r}")
+    if not isinstance(value, tuple | list) or any(
+        isinstance(v, bool) or not isinstance(v, int) for v in value
+    ):
+        raise ValueError(
+            f"{enc}: {name} must be a list of {what} indices (e.g. {name}=(0,)), got {value!r}"
+        )
     if not value or any(not 0 <= v < count for v in value) or len(set(value)) != len(value):
-        raise ValueError(f"{enc}: {name} must be distinct {what} indices in 0..{count - 1}, got {tuple(value)}")
+        raise ValueError(
+            f"{enc}: {name} must be distinct {what} indices in 0..{count - 1}, got {tuple(value)}"
+        )
     return tuple(sorted(value))
 
 
 class Restricted(Encoding):
     """``inner`` acting on ``heads`` of ``layers`` only (None: all of them)."""
 
-    def __init__(self, cfg: ModelShape, inner: Encoding, heads: tuple[int, ...] | None = None,
-                 layers: tuple[int, ...] | None = None):
+    def __init__(
+        self,
+        cfg: ModelShape,
+        inner: Encoding,
+        heads: tuple[int, ...] | None = None,
+        layers: tuple[int, ...] | None = None,
+    ):
         super().__init__(cfg)
         name = inner.registry_name or type(inner).__name__
         self.inner = inner
@@ -95,7 +106,9 @@ class Restricted(Encoding):
         b = self.inner.bias(n_q, n_k, layer)
         if b is None or self.heads is None:
             return b
-        return torch.where(self.head_mask[:, None, None], b, torch.zeros((), dtype=b.dtype, device=b.device))
+        return torch.where(
+            self.head_mask[:, None, None], b, torch.zeros((), dtype=b.dtype, device=b.device)
+        )
 
     def rotary_spans(self, layer: int) -> tuple[RotarySpan, ...] | None:
         spans = self.inner.rotary_spans(layer)

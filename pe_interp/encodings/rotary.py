@@ -32,7 +32,11 @@ __all__ = ["DecoupledRoPE", "RoPE", "apply_rope", "rope_angles"]
 def _out_dtype(q: torch.Tensor) -> torch.dtype | None:
     """Under CPU autocast, half-precision q/k leave the rotation in fp32 (where it was computed):
     the attention either runs in fp32 or casts them once (pe_interp.attn_routes)."""
-    if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and torch.is_autocast_enabled("cpu"):
+    if (
+        q.device.type == "cpu"
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and torch.is_autocast_enabled("cpu")
+    ):
         return torch.float32
     return None
 
@@ -66,7 +70,9 @@ class RoPE(Encoding):
             raise ValueError(f"rope: heads must be a list of head indices, got {heads!r}")
         dim = cfg.d_head if rotary_dim is None else rotary_dim
         if not (0 < dim <= cfg.d_head) or dim % 2:
-            raise ValueError(f"rope: rotary_dim must be even and in (0, d_head={cfg.d_head}], got {dim}")
+            raise ValueError(
+                f"rope: rotary_dim must be even and in (0, d_head={cfg.d_head}], got {dim}"
+            )
         self.base, self.rotary_dim, self.heads = base, dim, heads
         cos, sin = rope_angles(cfg.n_ctx, dim, base)
         self.register_buffer("cos", cos, persistent=False)
@@ -76,7 +82,9 @@ class RoPE(Encoding):
         else:
             bad = [h for h in heads if not 0 <= h < cfg.n_heads]
             if bad or not heads:
-                raise ValueError(f"rope: heads must be a non-empty subset of 0..{cfg.n_heads - 1}, got {heads}")
+                raise ValueError(
+                    f"rope: heads must be a non-empty subset of 0..{cfg.n_heads - 1}, got {heads}"
+                )
             mask = torch.zeros(cfg.n_heads, dtype=torch.bool)
             mask[list(heads)] = True
             self.register_buffer("head_mask", mask, persistent=False)
@@ -115,7 +123,9 @@ class DecoupledRoPE(Encoding):
         check_number("decoupled_rope", "d_rope", d_rope, integer=True)
         check_number("decoupled_rope", "base", base, above=1)
         if d_rope <= 0 or d_rope % 2:
-            raise ValueError(f"decoupled_rope: d_rope must be a positive even integer, got {d_rope}")
+            raise ValueError(
+                f"decoupled_rope: d_rope must be a positive even integer, got {d_rope}"
+            )
         self.d_rope, self.base = d_rope, base
         self.W_QR = nn.Parameter(torch.empty(cfg.n_layers, cfg.d_model, cfg.n_heads, d_rope))
         self.W_KR = nn.Parameter(torch.empty(cfg.n_layers, cfg.d_model, d_rope))
@@ -155,10 +165,14 @@ class DecoupledRoPE(Encoding):
 
     def rotate(self, q, k, layer):
         start, out = q.shape[-1] - self.d_rope, _out_dtype(q)
-        return (apply_rope(q, self.cos, self.sin, start, out_dtype=out),
-                apply_rope(k, self.cos, self.sin, start, out_dtype=out))
+        return (
+            apply_rope(q, self.cos, self.sin, start, out_dtype=out),
+            apply_rope(k, self.cos, self.sin, start, out_dtype=out),
+        )
 
     def fused(self, layer: int, n_pos: int) -> FusedPE:
         from pe_interp.kernels import RopeSpec
 
-        return FusedPE(rope=RopeSpec(self.cos[:n_pos], self.sin[:n_pos], self.d_head, self.d_rope, None))
+        return FusedPE(
+            rope=RopeSpec(self.cos[:n_pos], self.sin[:n_pos], self.d_head, self.d_rope, None)
+        )

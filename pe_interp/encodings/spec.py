@@ -32,7 +32,10 @@ class EncodingSpec:
         return dict(self.params)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, **{k: list(v) if isinstance(v, tuple) else v for k, v in self.params}}
+        return {
+            "name": self.name,
+            **{k: list(v) if isinstance(v, tuple) else v for k, v in self.params},
+        }
 
     def __str__(self) -> str:
         if not self.params:
@@ -50,7 +53,9 @@ def register_encoding(name: str):
 
     def wrap(cls: type[Encoding]) -> type[Encoding]:
         if not (isinstance(cls, type) and issubclass(cls, Encoding)):
-            raise TypeError(f"register_encoding({name!r}) expects an Encoding subclass, got {cls!r}")
+            raise TypeError(
+                f"register_encoding({name!r}) expects an Encoding subclass, got {cls!r}"
+            )
         if not name or "+" in name or "(" in name:
             raise ValueError(f"encoding name {name!r} must be non-empty and contain no '+' or '('")
         if cls.kind not in KINDS:
@@ -78,7 +83,11 @@ def get_encoding_class(name: str) -> type[Encoding]:
 
 def _hyperparameters(cls: type[Encoding]) -> dict[str, inspect.Parameter]:
     sig = inspect.signature(cls.__init__)
-    return {n: p for n, p in list(sig.parameters.items())[2:] if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD}
+    return {
+        n: p
+        for n, p in list(sig.parameters.items())[2:]
+        if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
+    }
 
 
 def _freeze(value: Any) -> Any:
@@ -95,8 +104,10 @@ def make_spec(name: str, params: dict[str, Any] | None = None) -> EncodingSpec:
     for key in params:
         if key in RESTRICTIONS and key not in allowed:
             if not per_head(cls):
-                raise ValueError(f"encoding {name!r}: {key}= has no meaning: it enters the residual stream once, before "
-                                 "any head; restrict an encoding that acts per head (rope, alibi, t5, decoupled_rope)")
+                raise ValueError(
+                    f"encoding {name!r}: {key}= has no meaning: it enters the residual stream once, before "
+                    "any head; restrict an encoding that acts per head (rope, alibi, t5, decoupled_rope)"
+                )
             continue
         if key not in allowed:
             extra = [r for r in RESTRICTIONS if r not in allowed] if per_head(cls) else []
@@ -104,7 +115,8 @@ def make_spec(name: str, params: dict[str, Any] | None = None) -> EncodingSpec:
                 f"encoding {name!r}: unknown parameter {key!r}; allowed: {', '.join([*allowed, *extra]) or 'none'}"
             )
     kept = tuple(
-        (k, _freeze(v)) for k, v in sorted(params.items())
+        (k, _freeze(v))
+        for k, v in sorted(params.items())
         if v != (allowed[k].default if k in allowed else None)
     )
     return EncodingSpec(name, kept)
@@ -113,7 +125,11 @@ def make_spec(name: str, params: dict[str, Any] | None = None) -> EncodingSpec:
 def per_head(cls: type[Encoding]) -> bool:
     """Whether an encoding class acts per head (rotates q/k or adds a logit bias), so that
     ``heads=``/``layers=`` can restrict it."""
-    return cls.rotate is not Encoding.rotate or cls.extend is not Encoding.extend or cls.bias is not Encoding.bias
+    return (
+        cls.rotate is not Encoding.rotate
+        or cls.extend is not Encoding.extend
+        or cls.bias is not Encoding.bias
+    )
 
 
 def parse_encoding(value: Any) -> tuple[EncodingSpec, ...]:
@@ -128,12 +144,16 @@ def check_composition(specs: tuple[EncodingSpec, ...]) -> tuple[EncodingSpec, ..
     encoding (no position and some position at once); a one-line ValueError otherwise."""
     names = [s.name for s in specs]
     if len(names) > 1 and "nope" in names:
-        raise ValueError(f"encoding: {'+'.join(names)} joins 'nope' (no positional encoding) to another encoding; "
-                         "give the other alone")
+        raise ValueError(
+            f"encoding: {'+'.join(names)} joins 'nope' (no positional encoding) to another encoding; "
+            "give the other alone"
+        )
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        raise ValueError(f"encoding: {'+'.join(names)} applies {repeated[0]!r} twice; give it once (restrict it with "
-                         "heads=/layers= to act on some heads)")
+        raise ValueError(
+            f"encoding: {'+'.join(names)} applies {repeated[0]!r} twice; give it once (restrict it with "
+            "heads=/layers= to act on some heads)"
+        )
     return specs
 
 
@@ -154,7 +174,9 @@ def _parse(value: Any) -> tuple[EncodingSpec, ...]:
             try:
                 decoded = json.loads(text)
             except json.JSONDecodeError as err:
-                raise ValueError(f"encoding: invalid JSON {value!r} ({err.msg} at column {err.colno})") from None
+                raise ValueError(
+                    f"encoding: invalid JSON {value!r} ({err.msg} at column {err.colno})"
+                ) from None
             return _parse(decoded)
         parts = _split_top(text, "+", value)
         if any(not p for p in parts):
@@ -213,7 +235,9 @@ def _parse_part(part: str, whole: str) -> EncodingSpec:
     """One part of a composition: ``name`` or ``name(key=value, ...)``."""
     match = re.fullmatch(r"([^()\s]+)\s*(?:\((.*)\))?", part, flags=re.S)
     if match is None:
-        raise ValueError(f"encoding: cannot read {part!r} in {whole!r}; write name or name(key=value, ...)")
+        raise ValueError(
+            f"encoding: cannot read {part!r} in {whole!r}; write name or name(key=value, ...)"
+        )
     name, inner = match.group(1), match.group(2)
     params: dict[str, Any] = {}
     for item in _split_top(inner, ",", whole) if inner and inner.strip() else []:

@@ -74,16 +74,32 @@ def _rope_coeffs(pos, d, S, rope_start, rope_dim, rot_on, COS, SIN, s_cs):
 
 @triton.jit
 def _load_qk_tile(
-    BASE, pos, d, s_s, s_d, S, D, rot_on, rope_start, rope_dim, COS, SIN, s_cs,
+    BASE,
+    pos,
+    d,
+    s_s,
+    s_d,
+    S,
+    D,
+    rot_on,
+    rope_start,
+    rope_dim,
+    COS,
+    SIN,
+    s_cs,
     HAS_ROPE: tl.constexpr,
 ):
     """Load a [len(pos), len(d)] q or k tile (zero padded), rotated if HAS_ROPE, in input dtype."""
     pmask = (pos < S)[:, None]
-    x = tl.load(BASE + pos[:, None] * s_s + d[None, :] * s_d, mask=pmask & (d < D)[None, :], other=0.0)
+    x = tl.load(
+        BASE + pos[:, None] * s_s + d[None, :] * s_d, mask=pmask & (d < D)[None, :], other=0.0
+    )
     if HAS_ROPE:
         in_r, partner, c, s = _rope_coeffs(pos, d, S, rope_start, rope_dim, rot_on, COS, SIN, s_cs)
         xp = tl.load(
-            BASE + pos[:, None] * s_s + partner[None, :] * s_d, mask=pmask & in_r[None, :], other=0.0
+            BASE + pos[:, None] * s_s + partner[None, :] * s_d,
+            mask=pmask & in_r[None, :],
+            other=0.0,
         )
         x = (x.to(tl.float32) * c + xp.to(tl.float32) * s).to(x.dtype)
     return x
@@ -100,8 +116,23 @@ def _unrotate(g, pos, d, S, rot_on, rope_start, rope_dim, COS, SIN, s_cs):
 
 @triton.jit
 def _bias_and_mask(
-    s, i2, j2, b, h, S, KV, s_kvb, slope, TABLE, s_th, BUCKETS, s_bi,
-    CAUSAL: tl.constexpr, HAS_KV: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_REL: tl.constexpr,
+    s,
+    i2,
+    j2,
+    b,
+    h,
+    S,
+    KV,
+    s_kvb,
+    slope,
+    TABLE,
+    s_th,
+    BUCKETS,
+    s_bi,
+    CAUSAL: tl.constexpr,
+    HAS_KV: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_REL: tl.constexpr,
 ):
     """Add position biases (log2 units; host pre-multiplies slopes/table by log2 e) and apply
     the mask. i2 / j2 are broadcastable 2-D query / key index tensors (either orientation)."""
@@ -122,17 +153,57 @@ def _bias_and_mask(
 
 @triton.jit
 def _attn_fwd(
-    Q, K, V, OUT, LSE, KV, COS, SIN, HEADS, SLOPES, TABLE, BUCKETS,
-    s_qb, s_qh, s_qs, s_qd,
-    s_kb, s_kh, s_ks, s_kd,
-    s_vb, s_vh, s_vs, s_vd,
-    s_ob, s_oh, s_os, s_od,
-    s_kvb, s_cs, s_th, s_bi,
-    H, S, DQK, DV, rope_start, rope_dim, qk_scale,
-    CAUSAL: tl.constexpr, HAS_KV: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_HEADS: tl.constexpr,
-    HAS_ALIBI: tl.constexpr, HAS_REL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQK_P: tl.constexpr, DV_P: tl.constexpr,
-    DOT_PREC: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    Q,
+    K,
+    V,
+    OUT,
+    LSE,
+    KV,
+    COS,
+    SIN,
+    HEADS,
+    SLOPES,
+    TABLE,
+    BUCKETS,
+    s_qb,
+    s_qh,
+    s_qs,
+    s_qd,
+    s_kb,
+    s_kh,
+    s_ks,
+    s_kd,
+    s_vb,
+    s_vh,
+    s_vs,
+    s_vd,
+    s_ob,
+    s_oh,
+    s_os,
+    s_od,
+    s_kvb,
+    s_cs,
+    s_th,
+    s_bi,
+    H,
+    S,
+    DQK,
+    DV,
+    rope_start,
+    rope_dim,
+    qk_scale,
+    CAUSAL: tl.constexpr,
+    HAS_KV: tl.constexpr,
+    HAS_ROPE: tl.constexpr,
+    HAS_HEADS: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_REL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DQK_P: tl.constexpr,
+    DV_P: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
@@ -152,8 +223,9 @@ def _attn_fwd(
     if HAS_ALIBI:
         slope = tl.load(SLOPES + h)
 
-    q = _load_qk_tile(Qb, offs_m, dqk, s_qs, s_qd, S, DQK, rot_on, rope_start, rope_dim,
-                      COS, SIN, s_cs, HAS_ROPE)
+    q = _load_qk_tile(
+        Qb, offs_m, dqk, s_qs, s_qd, S, DQK, rot_on, rope_start, rope_dim, COS, SIN, s_cs, HAS_ROPE
+    )
 
     m_i = tl.full([BLOCK_M], NEG_BIG, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -164,13 +236,47 @@ def _attn_fwd(
         hi = tl.minimum(S, (pid_m + 1) * BLOCK_M)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k = _load_qk_tile(Kb, offs_n, dqk, s_ks, s_kd, S, DQK, rot_on, rope_start, rope_dim,
-                          COS, SIN, s_cs, HAS_ROPE)
-        v = tl.load(Vb + offs_n[:, None] * s_vs + dv[None, :] * s_vd,
-                    mask=(offs_n < S)[:, None] & (dv < DV)[None, :], other=0.0)
+        k = _load_qk_tile(
+            Kb,
+            offs_n,
+            dqk,
+            s_ks,
+            s_kd,
+            S,
+            DQK,
+            rot_on,
+            rope_start,
+            rope_dim,
+            COS,
+            SIN,
+            s_cs,
+            HAS_ROPE,
+        )
+        v = tl.load(
+            Vb + offs_n[:, None] * s_vs + dv[None, :] * s_vd,
+            mask=(offs_n < S)[:, None] & (dv < DV)[None, :],
+            other=0.0,
+        )
         qk = _dot(q, tl.trans(k), DOT_PREC, DOT_UPCAST) * qk_scale
-        qk = _bias_and_mask(qk, offs_m[:, None], offs_n[None, :], b, h, S, KV, s_kvb, slope,
-                            TABLE, s_th, BUCKETS, s_bi, CAUSAL, HAS_KV, HAS_ALIBI, HAS_REL)
+        qk = _bias_and_mask(
+            qk,
+            offs_m[:, None],
+            offs_n[None, :],
+            b,
+            h,
+            S,
+            KV,
+            s_kvb,
+            slope,
+            TABLE,
+            s_th,
+            BUCKETS,
+            s_bi,
+            CAUSAL,
+            HAS_KV,
+            HAS_ALIBI,
+            HAS_REL,
+        )
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(qk - m_new[:, None])
@@ -182,27 +288,81 @@ def _attn_fwd(
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
     rmask = offs_m < S
-    tl.store(OUT + b * s_ob + h * s_oh + offs_m[:, None] * s_os + dv[None, :] * s_od,
-             out.to(OUT.dtype.element_ty), mask=rmask[:, None] & (dv < DV)[None, :])
+    tl.store(
+        OUT + b * s_ob + h * s_oh + offs_m[:, None] * s_os + dv[None, :] * s_od,
+        out.to(OUT.dtype.element_ty),
+        mask=rmask[:, None] & (dv < DV)[None, :],
+    )
     lse = (m_i + tl.math.log2(l_safe)) * LN2
     tl.store(LSE + (b * H + h) * S + offs_m, lse, mask=rmask)
 
 
 @triton.jit
 def _attn_bwd_dkdv(
-    Q, K, V, DO, LSE, DELTA, DK, DVG, KV, COS, SIN, HEADS, SLOPES, TABLE, BUCKETS,
-    s_qb, s_qh, s_qs, s_qd,
-    s_kb, s_kh, s_ks, s_kd,
-    s_vb, s_vh, s_vs, s_vd,
-    s_dob, s_doh, s_dos, s_dod,
-    s_dkb, s_dkh, s_dks, s_dkd,
-    s_dvb, s_dvh, s_dvs, s_dvd,
-    s_kvb, s_cs, s_th, s_bi,
-    H, S, DQK, DV, rope_start, rope_dim, qk_scale, sm_scale,
-    CAUSAL: tl.constexpr, HAS_KV: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_HEADS: tl.constexpr,
-    HAS_ALIBI: tl.constexpr, HAS_REL: tl.constexpr, UNROTATE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQK_P: tl.constexpr, DV_P: tl.constexpr,
-    DOT_PREC: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DVG,
+    KV,
+    COS,
+    SIN,
+    HEADS,
+    SLOPES,
+    TABLE,
+    BUCKETS,
+    s_qb,
+    s_qh,
+    s_qs,
+    s_qd,
+    s_kb,
+    s_kh,
+    s_ks,
+    s_kd,
+    s_vb,
+    s_vh,
+    s_vs,
+    s_vd,
+    s_dob,
+    s_doh,
+    s_dos,
+    s_dod,
+    s_dkb,
+    s_dkh,
+    s_dks,
+    s_dkd,
+    s_dvb,
+    s_dvh,
+    s_dvs,
+    s_dvd,
+    s_kvb,
+    s_cs,
+    s_th,
+    s_bi,
+    H,
+    S,
+    DQK,
+    DV,
+    rope_start,
+    rope_dim,
+    qk_scale,
+    sm_scale,
+    CAUSAL: tl.constexpr,
+    HAS_KV: tl.constexpr,
+    HAS_ROPE: tl.constexpr,
+    HAS_HEADS: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_REL: tl.constexpr,
+    UNROTATE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DQK_P: tl.constexpr,
+    DV_P: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     """One program per key block: dK, dV by streaming query blocks (transposed scores)."""
     pid_n = tl.program_id(0)
@@ -224,10 +384,27 @@ def _attn_bwd_dkdv(
         slope = tl.load(SLOPES + h)
 
     nmask = offs_n < S
-    k = _load_qk_tile(K + b * s_kb + h * s_kh, offs_n, dqk, s_ks, s_kd, S, DQK, rot_on,
-                      rope_start, rope_dim, COS, SIN, s_cs, HAS_ROPE)
-    v = tl.load(V + b * s_vb + h * s_vh + offs_n[:, None] * s_vs + dv[None, :] * s_vd,
-                mask=nmask[:, None] & (dv < DV)[None, :], other=0.0)
+    k = _load_qk_tile(
+        K + b * s_kb + h * s_kh,
+        offs_n,
+        dqk,
+        s_ks,
+        s_kd,
+        S,
+        DQK,
+        rot_on,
+        rope_start,
+        rope_dim,
+        COS,
+        SIN,
+        s_cs,
+        HAS_ROPE,
+    )
+    v = tl.load(
+        V + b * s_vb + h * s_vh + offs_n[:, None] * s_vs + dv[None, :] * s_vd,
+        mask=nmask[:, None] & (dv < DV)[None, :],
+        other=0.0,
+    )
     dk = tl.zeros([BLOCK_N, DQK_P], tl.float32)
     dv_acc = tl.zeros([BLOCK_N, DV_P], tl.float32)
 
@@ -237,15 +414,49 @@ def _attn_bwd_dkdv(
     for start_m in range(lo, S, BLOCK_M):
         offs_m = start_m + offs_m0
         mmask = offs_m < S
-        q = _load_qk_tile(Qb, offs_m, dqk, s_qs, s_qd, S, DQK, rot_on, rope_start, rope_dim,
-                          COS, SIN, s_cs, HAS_ROPE)
-        do = tl.load(DOb + offs_m[:, None] * s_dos + dv[None, :] * s_dod,
-                     mask=mmask[:, None] & (dv < DV)[None, :], other=0.0)
+        q = _load_qk_tile(
+            Qb,
+            offs_m,
+            dqk,
+            s_qs,
+            s_qd,
+            S,
+            DQK,
+            rot_on,
+            rope_start,
+            rope_dim,
+            COS,
+            SIN,
+            s_cs,
+            HAS_ROPE,
+        )
+        do = tl.load(
+            DOb + offs_m[:, None] * s_dos + dv[None, :] * s_dod,
+            mask=mmask[:, None] & (dv < DV)[None, :],
+            other=0.0,
+        )
         lse2 = tl.load(LSE + row + offs_m, mask=mmask, other=0.0) * LOG2E
         delta = tl.load(DELTA + row + offs_m, mask=mmask, other=0.0)
         qkT = _dot(k, tl.trans(q), DOT_PREC, DOT_UPCAST) * qk_scale
-        qkT = _bias_and_mask(qkT, offs_m[None, :], offs_n[:, None], b, h, S, KV, s_kvb, slope,
-                             TABLE, s_th, BUCKETS, s_bi, CAUSAL, HAS_KV, HAS_ALIBI, HAS_REL)
+        qkT = _bias_and_mask(
+            qkT,
+            offs_m[None, :],
+            offs_n[:, None],
+            b,
+            h,
+            S,
+            KV,
+            s_kvb,
+            slope,
+            TABLE,
+            s_th,
+            BUCKETS,
+            s_bi,
+            CAUSAL,
+            HAS_KV,
+            HAS_ALIBI,
+            HAS_REL,
+        )
         pT = tl.math.exp2(qkT - lse2[None, :])
         dv_acc += _dot(pT.to(do.dtype), do, DOT_PREC, DOT_UPCAST)
         dpT = _dot(v, tl.trans(do), DOT_PREC, DOT_UPCAST)
@@ -255,27 +466,82 @@ def _attn_bwd_dkdv(
     if UNROTATE:
         dk = _unrotate(dk, offs_n, dqk, S, rot_on, rope_start, rope_dim, COS, SIN, s_cs)
     dk = dk * sm_scale
-    tl.store(DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dks + dqk[None, :] * s_dkd,
-             dk.to(DK.dtype.element_ty), mask=nmask[:, None] & (dqk < DQK)[None, :])
-    tl.store(DVG + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + dv[None, :] * s_dvd,
-             dv_acc.to(DVG.dtype.element_ty), mask=nmask[:, None] & (dv < DV)[None, :])
+    tl.store(
+        DK + b * s_dkb + h * s_dkh + offs_n[:, None] * s_dks + dqk[None, :] * s_dkd,
+        dk.to(DK.dtype.element_ty),
+        mask=nmask[:, None] & (dqk < DQK)[None, :],
+    )
+    tl.store(
+        DVG + b * s_dvb + h * s_dvh + offs_n[:, None] * s_dvs + dv[None, :] * s_dvd,
+        dv_acc.to(DVG.dtype.element_ty),
+        mask=nmask[:, None] & (dv < DV)[None, :],
+    )
 
 
 @triton.jit
 def _attn_bwd_dq(
-    Q, K, V, DO, LSE, DELTA, DQ, DBIAS, KV, COS, SIN, HEADS, SLOPES, TABLE, BUCKETS,
-    s_qb, s_qh, s_qs, s_qd,
-    s_kb, s_kh, s_ks, s_kd,
-    s_vb, s_vh, s_vs, s_vd,
-    s_dob, s_doh, s_dos, s_dod,
-    s_dqb, s_dqh, s_dqs, s_dqd,
-    s_kvb, s_cs, s_th, s_bi,
-    H, S, DQK, DV, rope_start, rope_dim, qk_scale, sm_scale,
-    CAUSAL: tl.constexpr, HAS_KV: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_HEADS: tl.constexpr,
-    HAS_ALIBI: tl.constexpr, HAS_REL: tl.constexpr, UNROTATE: tl.constexpr,
-    BIAS_GRAD: tl.constexpr, BIAS_ATOMIC: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DQK_P: tl.constexpr, DV_P: tl.constexpr,
-    DOT_PREC: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    DBIAS,
+    KV,
+    COS,
+    SIN,
+    HEADS,
+    SLOPES,
+    TABLE,
+    BUCKETS,
+    s_qb,
+    s_qh,
+    s_qs,
+    s_qd,
+    s_kb,
+    s_kh,
+    s_ks,
+    s_kd,
+    s_vb,
+    s_vh,
+    s_vs,
+    s_vd,
+    s_dob,
+    s_doh,
+    s_dos,
+    s_dod,
+    s_dqb,
+    s_dqh,
+    s_dqs,
+    s_dqd,
+    s_kvb,
+    s_cs,
+    s_th,
+    s_bi,
+    H,
+    S,
+    DQK,
+    DV,
+    rope_start,
+    rope_dim,
+    qk_scale,
+    sm_scale,
+    CAUSAL: tl.constexpr,
+    HAS_KV: tl.constexpr,
+    HAS_ROPE: tl.constexpr,
+    HAS_HEADS: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_REL: tl.constexpr,
+    UNROTATE: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    BIAS_ATOMIC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DQK_P: tl.constexpr,
+    DV_P: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
 ):
     """One program per query block: dQ by streaming key blocks; optionally dBias[h, i, j]
     (summed over the batch: fp32 atomics when B > 1, plain stores when B == 1)."""
@@ -298,10 +564,27 @@ def _attn_bwd_dq(
         slope = tl.load(SLOPES + h)
 
     mmask = offs_m < S
-    q = _load_qk_tile(Q + b * s_qb + h * s_qh, offs_m, dqk, s_qs, s_qd, S, DQK, rot_on,
-                      rope_start, rope_dim, COS, SIN, s_cs, HAS_ROPE)
-    do = tl.load(DO + b * s_dob + h * s_doh + offs_m[:, None] * s_dos + dv[None, :] * s_dod,
-                 mask=mmask[:, None] & (dv < DV)[None, :], other=0.0)
+    q = _load_qk_tile(
+        Q + b * s_qb + h * s_qh,
+        offs_m,
+        dqk,
+        s_qs,
+        s_qd,
+        S,
+        DQK,
+        rot_on,
+        rope_start,
+        rope_dim,
+        COS,
+        SIN,
+        s_cs,
+        HAS_ROPE,
+    )
+    do = tl.load(
+        DO + b * s_dob + h * s_doh + offs_m[:, None] * s_dos + dv[None, :] * s_dod,
+        mask=mmask[:, None] & (dv < DV)[None, :],
+        other=0.0,
+    )
     lse2 = tl.load(LSE + row + offs_m, mask=mmask, other=0.0) * LOG2E
     delta = tl.load(DELTA + row + offs_m, mask=mmask, other=0.0)
     dq = tl.zeros([BLOCK_M, DQK_P], tl.float32)
@@ -313,13 +596,47 @@ def _attn_bwd_dq(
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         nmask = offs_n < S
-        k = _load_qk_tile(Kb, offs_n, dqk, s_ks, s_kd, S, DQK, rot_on, rope_start, rope_dim,
-                          COS, SIN, s_cs, HAS_ROPE)
-        v = tl.load(Vb + offs_n[:, None] * s_vs + dv[None, :] * s_vd,
-                    mask=nmask[:, None] & (dv < DV)[None, :], other=0.0)
+        k = _load_qk_tile(
+            Kb,
+            offs_n,
+            dqk,
+            s_ks,
+            s_kd,
+            S,
+            DQK,
+            rot_on,
+            rope_start,
+            rope_dim,
+            COS,
+            SIN,
+            s_cs,
+            HAS_ROPE,
+        )
+        v = tl.load(
+            Vb + offs_n[:, None] * s_vs + dv[None, :] * s_vd,
+            mask=nmask[:, None] & (dv < DV)[None, :],
+            other=0.0,
+        )
         qk = _dot(q, tl.trans(k), DOT_PREC, DOT_UPCAST) * qk_scale
-        qk = _bias_and_mask(qk, offs_m[:, None], offs_n[None, :], b, h, S, KV, s_kvb, slope,
-                            TABLE, s_th, BUCKETS, s_bi, CAUSAL, HAS_KV, HAS_ALIBI, HAS_REL)
+        qk = _bias_and_mask(
+            qk,
+            offs_m[:, None],
+            offs_n[None, :],
+            b,
+            h,
+            S,
+            KV,
+            s_kvb,
+            slope,
+            TABLE,
+            s_th,
+            BUCKETS,
+            s_bi,
+            CAUSAL,
+            HAS_KV,
+            HAS_ALIBI,
+            HAS_REL,
+        )
         p = tl.math.exp2(qk - lse2[:, None])
         dp = _dot(do, tl.trans(v), DOT_PREC, DOT_UPCAST)
         ds = p * (dp - delta[:, None])
@@ -335,17 +652,36 @@ def _attn_bwd_dq(
     if UNROTATE:
         dq = _unrotate(dq, offs_m, dqk, S, rot_on, rope_start, rope_dim, COS, SIN, s_cs)
     dq = dq * sm_scale
-    tl.store(DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqs + dqk[None, :] * s_dqd,
-             dq.to(DQ.dtype.element_ty), mask=mmask[:, None] & (dqk < DQK)[None, :])
+    tl.store(
+        DQ + b * s_dqb + h * s_dqh + offs_m[:, None] * s_dqs + dqk[None, :] * s_dqd,
+        dq.to(DQ.dtype.element_ty),
+        mask=mmask[:, None] & (dqk < DQK)[None, :],
+    )
 
 
 @triton.jit
 def _rope_rotate(
-    X, Y, COS, SIN, HEADS,
-    s_xb, s_xh, s_xs, s_xd,
-    s_yb, s_yh, s_ys, s_yd,
-    s_cs, S, D, rope_start, rope_dim,
-    HAS_HEADS: tl.constexpr, BLOCK: tl.constexpr, D_P: tl.constexpr,
+    X,
+    Y,
+    COS,
+    SIN,
+    HEADS,
+    s_xb,
+    s_xh,
+    s_xs,
+    s_xd,
+    s_yb,
+    s_yh,
+    s_ys,
+    s_yd,
+    s_cs,
+    S,
+    D,
+    rope_start,
+    rope_dim,
+    HAS_HEADS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    D_P: tl.constexpr,
 ):
     """Y = rot(X) for a [BLOCK, D] tile per program (same rounding as the on-load rotation).
 
@@ -359,7 +695,24 @@ def _rope_rotate(
     rot_on = 1
     if HAS_HEADS:
         rot_on = tl.load(HEADS + h).to(tl.int32)
-    x = _load_qk_tile(X + b * s_xb + h * s_xh, pos, d, s_xs, s_xd, S, D, rot_on, rope_start,
-                      rope_dim, COS, SIN, s_cs, True)
-    tl.store(Y + b * s_yb + h * s_yh + pos[:, None] * s_ys + d[None, :] * s_yd, x,
-             mask=(pos < S)[:, None] & (d < D)[None, :])
+    x = _load_qk_tile(
+        X + b * s_xb + h * s_xh,
+        pos,
+        d,
+        s_xs,
+        s_xd,
+        S,
+        D,
+        rot_on,
+        rope_start,
+        rope_dim,
+        COS,
+        SIN,
+        s_cs,
+        True,
+    )
+    tl.store(
+        Y + b * s_yb + h * s_yh + pos[:, None] * s_ys + d[None, :] * s_yd,
+        x,
+        mask=(pos < S)[:, None] & (d < D)[None, :],
+    )

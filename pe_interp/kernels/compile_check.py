@@ -54,8 +54,11 @@ def _ptxas_report(ptx: str, arch: int) -> tuple[int | None, int | None]:
         f.write(ptx)
     try:
         suffix = "a" if arch >= 90 else ""
-        res = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{arch}{suffix}", f.name, "-o", os.devnull],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            [ptxas, "-v", f"--gpu-name=sm_{arch}{suffix}", f.name, "-o", os.devnull],
+            capture_output=True,
+            text=True,
+        )
     finally:
         os.unlink(f.name)
     regs = re.findall(r"Used (\d+) registers", res.stderr)
@@ -64,7 +67,11 @@ def _ptxas_report(ptx: str, arch: int) -> tuple[int | None, int | None]:
 
 
 def compile_kernels(
-    *, arch: int = 90, dtype: str = "bf16", head_dim: int = 64, flags: dict | None = None,
+    *,
+    arch: int = 90,
+    dtype: str = "bf16",
+    head_dim: int = 64,
+    flags: dict | None = None,
     kinds: tuple[str, ...] = ("fwd", "dkdv", "dq", "rotate"),
 ) -> list[dict]:
     """Compile the kernels with the block configs ``fused_attention`` would use on GPU.
@@ -81,7 +88,9 @@ def compile_kernels(
 
     if K.INTERPRET:
         raise RuntimeError("compile_check needs TRITON_INTERPRET unset (kernels are interpreted)")
-    flags = dict.fromkeys(_FLAGS, True) if flags is None else {f: bool(flags.get(f)) for f in _FLAGS}
+    flags = (
+        dict.fromkeys(_FLAGS, True) if flags is None else {f: bool(flags.get(f)) for f in _FLAGS}
+    )
     d = _next_pow2(head_dim)
     fp32 = dtype == "fp32"
     heavy = flags["HAS_ROPE"] or flags["HAS_REL"]
@@ -96,8 +105,14 @@ def compile_kernels(
             cfg = gpu_config(kind, d, d, fp32=fp32, heavy=heavy)
             opts = dict(num_warps=cfg.pop("num_warps"), num_stages=cfg.pop("num_stages"))
             fn = {"fwd": K._attn_fwd, "dkdv": K._attn_bwd_dkdv, "dq": K._attn_bwd_dq}[kind]
-            consts = dict(flags, **cfg, DQK_P=d, DV_P=d, DOT_UPCAST=False,
-                          DOT_PREC="tf32x3" if fp32 else "tf32")
+            consts = dict(
+                flags,
+                **cfg,
+                DQK_P=d,
+                DV_P=d,
+                DOT_UPCAST=False,
+                DOT_PREC="tf32x3" if fp32 else "tf32",
+            )
             if kind != "fwd":  # backward runs on pre-rotated q/k (flash.BWD_PREROTATE)
                 consts.update(HAS_ROPE=False, UNROTATE=flags["HAS_ROPE"])
             if kind == "dq":
@@ -107,8 +122,18 @@ def compile_kernels(
         compiled = triton.compile(src, target=target, options=opts)
         secs = time.perf_counter() - t0
         regs, spills = _ptxas_report(compiled.asm["ptx"], arch)
-        out.append(dict(kernel=kind, dtype=dtype, head_dim=d, seconds=round(secs, 2),
-                        shared=compiled.metadata.shared, regs=regs, spills=spills, **opts))
+        out.append(
+            dict(
+                kernel=kind,
+                dtype=dtype,
+                head_dim=d,
+                seconds=round(secs, 2),
+                shared=compiled.metadata.shared,
+                regs=regs,
+                spills=spills,
+                **opts,
+            )
+        )
     return out
 
 

@@ -97,7 +97,9 @@ def gpu_config(
         else:
             bm, bn, w, st = 128, 32, 8, 2
     elif kind == "dkdv":
-        bm, bn, w, st = (32, 128, 4, 2) if d <= 32 else ((32, 64, 4, 2) if d <= 64 else (32, 64, 8, 2))
+        bm, bn, w, st = (
+            (32, 128, 4, 2) if d <= 32 else ((32, 64, 4, 2) if d <= 64 else (32, 64, 8, 2))
+        )
     elif kind == "dq":
         bm, bn, w, st = (64, 32, 4, 2) if d <= 64 else (64, 32, 8, 2)
     else:
@@ -135,8 +137,13 @@ class _Prepared:
 
     def common_args(self, table2: Tensor | None) -> tuple[list[Any], list[Any]]:
         tensors = [
-            self.ptr(self.kv), self.ptr(self.cos), self.ptr(self.sin), self.ptr(self.heads),
-            self.ptr(self.slopes2), self.ptr(table2), self.ptr(self.buckets),
+            self.ptr(self.kv),
+            self.ptr(self.cos),
+            self.ptr(self.sin),
+            self.ptr(self.heads),
+            self.ptr(self.slopes2),
+            self.ptr(table2),
+            self.ptr(self.buckets),
         ]
         strides = [
             self.kv.stride(0) if self.kv is not None else 0,
@@ -195,10 +202,26 @@ def _fwd(q: Tensor, k: Tensor, v: Tensor, table2: Tensor | None, pp: _Prepared):
     tensors, strides = pp.common_args(table2)
     grid = (triton_cdiv(S, cfg["BLOCK_M"]), H, B)
     kern._attn_fwd[grid](
-        q, k, v, o, lse, *tensors,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(o), *strides,
-        H, S, Dqk, Dv, pp.rope_start, pp.rope_dim, pp.scale * _LOG2E,
-        **pp.flags(table2 is not None), **cfg,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        *tensors,
+        *_strides(q),
+        *_strides(k),
+        *_strides(v),
+        *_strides(o),
+        *strides,
+        H,
+        S,
+        Dqk,
+        Dv,
+        pp.rope_start,
+        pp.rope_dim,
+        pp.scale * _LOG2E,
+        **pp.flags(table2 is not None),
+        **cfg,
     )
     return o, lse
 
@@ -220,21 +243,53 @@ def _bwd(q, k, v, o, lse, do, table2, pp: _Prepared, want_table_grad: bool):
     cfg = pp.config("dkdv")
     grid = (triton_cdiv(S, cfg["BLOCK_N"]), H, B)
     kern._attn_bwd_dkdv[grid](
-        q, k, v, do, lse, delta, dk, dv, *tensors,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
-        *strides, *scalars, **flags, **cfg,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dk,
+        dv,
+        *tensors,
+        *_strides(q),
+        *_strides(k),
+        *_strides(v),
+        *_strides(do),
+        *_strides(dk),
+        *_strides(dv),
+        *strides,
+        *scalars,
+        **flags,
+        **cfg,
     )
 
     bias_grad = want_table_grad and table2 is not None
     # dBias[h, i, j] summed over the batch; zero-filled because causal programs skip blocks.
-    dbias = (torch.zeros(H, S, S, dtype=torch.float32, device=q.device) if bias_grad
-             else pp.dummy)
+    dbias = torch.zeros(H, S, S, dtype=torch.float32, device=q.device) if bias_grad else pp.dummy
     cfg = pp.config("dq")
     grid = (triton_cdiv(S, cfg["BLOCK_M"]), H, B)
     kern._attn_bwd_dq[grid](
-        q, k, v, do, lse, delta, dq, dbias, *tensors,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
-        *strides, *scalars, **flags, BIAS_GRAD=bias_grad, BIAS_ATOMIC=B > 1, **cfg,
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dq,
+        dbias,
+        *tensors,
+        *_strides(q),
+        *_strides(k),
+        *_strides(v),
+        *_strides(do),
+        *_strides(dq),
+        *strides,
+        *scalars,
+        **flags,
+        BIAS_GRAD=bias_grad,
+        BIAS_ATOMIC=B > 1,
+        **cfg,
     )
     dtable = None
     if bias_grad:
@@ -252,9 +307,22 @@ def _rotate(x: Tensor, pp: _Prepared) -> Tensor:
     block = INTERPRET_CONFIG["fwd"]["BLOCK_M"] if pp.interpret else rotate_block(_next_pow2(D))
     grid = (triton_cdiv(S, block), H, B)
     kern._rope_rotate[grid](
-        x, y, pp.cos, pp.sin, pp.ptr(pp.heads), *_strides(x), *_strides(y), pp.cos.stride(0),
-        S, D, pp.rope_start, pp.rope_dim, HAS_HEADS=pp.heads is not None, BLOCK=block,
-        D_P=_next_pow2(D), num_warps=4,
+        x,
+        y,
+        pp.cos,
+        pp.sin,
+        pp.ptr(pp.heads),
+        *_strides(x),
+        *_strides(y),
+        pp.cos.stride(0),
+        S,
+        D,
+        pp.rope_start,
+        pp.rope_dim,
+        HAS_HEADS=pp.heads is not None,
+        BLOCK=block,
+        D_P=_next_pow2(D),
+        num_warps=4,
     )
     return y
 
@@ -305,13 +373,26 @@ def _prepare(q, v, scale, causal, key_valid, rope, alibi_slopes, rel_bias, inter
     else:
         dot_prec = "tf32"  # ignored for bf16 / fp16 operands
     pp = _Prepared(
-        scale=float(scale), causal=bool(causal),
-        dqk_p=_next_pow2(q.shape[-1]), dv_p=_next_pow2(v.shape[-1]),
-        dot_prec=dot_prec, fp32=fp32, interpret=interpret,
-        dot_upcast=interpret and q.dtype == torch.bfloat16, bwd_prerotate=BWD_PREROTATE,
+        scale=float(scale),
+        causal=bool(causal),
+        dqk_p=_next_pow2(q.shape[-1]),
+        dv_p=_next_pow2(v.shape[-1]),
+        dot_prec=dot_prec,
+        fp32=fp32,
+        interpret=interpret,
+        dot_upcast=interpret and q.dtype == torch.bfloat16,
+        bwd_prerotate=BWD_PREROTATE,
         dummy=torch.zeros(1, dtype=torch.float32, device=dev),
-        kv=None, cos=None, sin=None, rope_start=0, rope_dim=0, heads=None, slopes2=None,
-        buckets=None, buckets_long=None, num_buckets=0,
+        kv=None,
+        cos=None,
+        sin=None,
+        rope_start=0,
+        rope_dim=0,
+        heads=None,
+        slopes2=None,
+        buckets=None,
+        buckets_long=None,
+        num_buckets=0,
     )
     if key_valid is not None:
         pp.kv = key_valid.to(torch.uint8).contiguous()
@@ -371,8 +452,16 @@ def fused_attention(
     before the first call); bucket ranges are only checked for CPU tensors.
     """
     validate_attention_args(
-        q, k, v, scale=scale, causal=causal, key_valid=key_valid, rope=rope,
-        alibi_slopes=alibi_slopes, rel_bias=rel_bias, dtypes=KERNEL_DTYPES,
+        q,
+        k,
+        v,
+        scale=scale,
+        causal=causal,
+        key_valid=key_valid,
+        rope=rope,
+        alibi_slopes=alibi_slopes,
+        rel_bias=rel_bias,
+        dtypes=KERNEL_DTYPES,
         max_head_dim=MAX_HEAD_DIM,
     )
     kern = _kernels()
@@ -384,7 +473,9 @@ def fused_attention(
                 "(slow) interpreter, or move the tensors to CUDA."
             )
     elif q.device.type != "cuda":
-        raise ValueError(f"fused_attention supports CUDA tensors (or CPU under the interpreter), got {q.device}")
+        raise ValueError(
+            f"fused_attention supports CUDA tensors (or CPU under the interpreter), got {q.device}"
+        )
     pp = _prepare(q, v, scale, causal, key_valid, rope, alibi_slopes, rel_bias, kern.INTERPRET)
     table = rel_bias.table if rel_bias is not None else None
     o, lse = _FusedAttentionFn.apply(q, k, v, table, pp)

@@ -28,7 +28,15 @@ def apply_rope(x: Tensor, rope: RopeSpec | None) -> Tensor:
     """
     if rope is None:
         return x
-    return rotate(x, rope.cos, rope.sin, rope.start, rope.heads, heads_first=True, compute_dtype=_compute_dtype(x.dtype))
+    return rotate(
+        x,
+        rope.cos,
+        rope.sin,
+        rope.start,
+        rope.heads,
+        heads_first=True,
+        compute_dtype=_compute_dtype(x.dtype),
+    )
 
 
 def allowed_mask(S: int, device, *, causal: bool, key_valid: Tensor | None) -> Tensor:
@@ -125,7 +133,9 @@ def rebuild_pattern(
     Plain torch; returned in float32 (float64 if ``lse`` is float64).
     """
     if lse.shape != q.shape[:3]:
-        raise ValueError(f"attention: lse must be [B, H, S] = {tuple(q.shape[:3])}, got {tuple(lse.shape)}")
+        raise ValueError(
+            f"attention: lse must be [B, H, S] = {tuple(q.shape[:3])}, got {tuple(lse.shape)}"
+        )
     kw = dict(
         scale=scale,
         causal=causal,

@@ -79,7 +79,9 @@ def apply_rope(
         rotated = torch.where(mask, rotated, span.to(out_dtype))
     if start == 0 and dim == x.shape[-1]:
         return rotated
-    return torch.cat([x[..., :start].to(out_dtype), rotated, x[..., start + dim :].to(out_dtype)], dim=-1)
+    return torch.cat(
+        [x[..., :start].to(out_dtype), rotated, x[..., start + dim :].to(out_dtype)], dim=-1
+    )
 
 
 def _as_complex(span: Tensor) -> Tensor:

@@ -158,7 +158,9 @@ def validate_attention_args(
         same_device("rel_bias.table", tab)
         same_device("rel_bias.buckets", bk)
         # Range check only where it is free (host tensors); on GPU it would force a sync.
-        if bk.device.type == "cpu" and bk.numel() and (
-            int(bk.min()) < 0 or int(bk.max()) >= tab.shape[1]
+        if (
+            bk.device.type == "cpu"
+            and bk.numel()
+            and (int(bk.min()) < 0 or int(bk.max()) >= tab.shape[1])
         ):
             raise _err(f"rel_bias.buckets values must lie in [0, NB = {tab.shape[1]})")

@@ -26,8 +26,12 @@ from pe_interp.report.study import is_study, study_table
 from pe_interp.report.summary import build_summary
 
 
-def write_report(out_dir: str | Path, preset: str = "quick", title: str | None = None,
-                 link_with: dict[str, str | Path] | None = None) -> Path:
+def write_report(
+    out_dir: str | Path,
+    preset: str = "quick",
+    title: str | None = None,
+    link_with: dict[str, str | Path] | None = None,
+) -> Path:
     """Write ``summary.md``, ``summary.json`` and ``report.html`` into ``out_dir``; returns the
     path of ``report.html``. Where runs stored ``generalization.json``, the length-generalisation
     tables, the concentration table and their link are added; ``link_with`` (``{source: sweep
@@ -36,7 +40,9 @@ def write_report(out_dir: str | Path, preset: str = "quick", title: str | None =
     if not out_dir.is_dir():
         raise ValueError(f"{out_dir}: reproduce directory not found")
     cells, errors = load_cells(out_dir)
-    summary = build_summary(out_dir, preset, gradients=gradient_evidence(out_dir), cells=cells, errors=errors)
+    summary = build_summary(
+        out_dir, preset, gradients=gradient_evidence(out_dir), cells=cells, errors=errors
+    )
     if is_study(out_dir):  # a grid of one-factor variants: the study table, by condition
         summary.tables["study"] = study_table(out_dir)
     points = load_points(cells, preset) + points_from(link_with or {})

@@ -61,35 +61,50 @@ def attention_section(cells: list[CellInfo], widgets: InlineWidgets) -> str:
     parts = []
     for p in picks:
         c = p.cell
-        title = (f"{html.escape(c.label)} · {html.escape(c.task)} · seed {c.seed} · layer {p.layer}, "
-                 f"head {p.head} ({html.escape(p.why)})")
+        title = (
+            f"{html.escape(c.label)} · {html.escape(c.task)} · seed {c.seed} · layer {p.layer}, "
+            f"head {p.head} ({html.escape(p.why)})"
+        )
         parts.append(f"<h4>{title}</h4>")
         stored = c.attention
         if stored is None or stored.layer != p.layer:
-            parts.append("<p class='warn'>the sweep stored no attention patterns of this layer "
-                         "(attention.json; rerun `pe-interp reproduce` to add them)</p>")
+            parts.append(
+                "<p class='warn'>the sweep stored no attention patterns of this layer "
+                "(attention.json; rerun `pe-interp reproduce` to add them)</p>"
+            )
             continue
         drops = np.nan_to_num(c.ablation.drops[p.layer], nan=-np.inf)
         for ex in stored.examples:
             others = sorted((h for layer, h in ex.heads if h != p.head), key=lambda h: -drops[h])
             heads = [(p.layer, h) for h in [p.head, *others] if (p.layer, h) in ex.heads]
             if not heads or heads[0] != (p.layer, p.head):
-                parts.append(f"<p class='warn'>example {ex.example}: no stored pattern of head {p.head}</p>")
+                parts.append(
+                    f"<p class='warn'>example {ex.example}: no stored pattern of head {p.head}</p>"
+                )
                 continue
-            caption = (f"held-out example {ex.example}: label {ex.label}, {ex.n} tokens; heads "
-                       f"{', '.join(f'L{a}H{b}' for a, b in heads)} (the first is the chosen one); T1/T2 = "
-                       f"the distance triggers, T = a counted trigger, @ = position")
+            caption = (
+                f"held-out example {ex.example}: label {ex.label}, {ex.n} tokens; heads "
+                f"{', '.join(f'L{a}H{b}' for a, b in heads)} (the first is the chosen one); T1/T2 = "
+                f"the distance triggers, T = a counted trigger, @ = position"
+            )
             block = None
             if not widgets.error:
                 # Bidirectional attention has weights above the diagonal: do not grey them out.
-                props = {"maskUpperTri": (c.config or {}).get("model", {}).get("attention_dir") == "causal"}
+                props = {
+                    "maskUpperTri": (c.config or {}).get("model", {}).get("attention_dir")
+                    == "causal"
+                }
                 block = widgets.add(patterns_html(ex, heads), props=props)
             if block is None:
-                block = (f"<img alt='attention pattern' src='"
-                         f"{attention_image(ex.head(p.layer, p.head), list(ex.tokens), f'L{p.layer}H{p.head}, example {ex.example}')}'>")
+                block = (
+                    f"<img alt='attention pattern' src='"
+                    f"{attention_image(ex.head(p.layer, p.head), list(ex.tokens), f'L{p.layer}H{p.head}, example {ex.example}')}'>"
+                )
             parts.append(f"<p class='caption'>{html.escape(caption)}</p>{block}")
     head = ""
     if widgets.error:
-        head = (f"<p class='warn'>Interactive circuitsvis widgets are unavailable "
-                f"({html.escape(widgets.error)}); static images of the chosen head are shown instead.</p>")
+        head = (
+            f"<p class='warn'>Interactive circuitsvis widgets are unavailable "
+            f"({html.escape(widgets.error)}); static images of the chosen head are shown instead.</p>"
+        )
     return head + "\n".join(parts)

@@ -25,7 +25,10 @@ def _route_line(c: Circuit) -> str:
     route = c.meta.get("route") or {}
     parts = []
     for kind, comps in route.get("exact", {}).items():
-        best = max(((abs(v), comp, s, v) for comp, ss in comps.items() for s, v in ss.items()), default=None)
+        best = max(
+            ((abs(v), comp, s, v) for comp, ss in comps.items() for s, v in ss.items()),
+            default=None,
+        )
         if best:
             parts.append(f"{kind}: largest {best[2]} → {best[1]} ({best[3]:+.3f})")
     return "; ".join(parts)
@@ -45,16 +48,21 @@ def circuits_section(cells: list) -> str:
         title = f"{cell.label} · {cell.task} · seed {cell.seed}: top head {top}"
         parts.append(circuit_html(c, title=title, highlight=top, width=860, height=420))
         spans = f"; kept per span: {span_counts(c)}" if c.positional else ""
-        parts.append(f"<p class='note'>{html.escape(circuit_summary(c) + spans)}. Exact path patching into "
-                     f"{html.escape(top)}: {html.escape(_route_line(c))}</p>")  # fmt: skip
+        parts.append(
+            f"<p class='note'>{html.escape(circuit_summary(c) + spans)}. Exact path patching into "
+            f"{html.escape(top)}: {html.escape(_route_line(c))}</p>"
+        )
     if not parts:
-        return ("<p class='note'>No circuits in these runs: <code>pe-interp circuit RUN_DIR</code> writes "
-                "<code>circuit.json</code> into a run directory, and this section shows it.</p>")
-    return ("<p class='note'>Edges of the residual-stream graph scored on position-only and content-only "
-            "counterfactuals, each kept edge on a path from the embedding to the logits; a position-aware circuit "
-            "keeps an edge per span of the examples (dashes: the span; colour: the positional share; width: the "
-            "score; hover for the numbers).</p>"
-            + "".join(parts))
+        return (
+            "<p class='note'>No circuits in these runs: <code>pe-interp circuit RUN_DIR</code> writes "
+            "<code>circuit.json</code> into a run directory, and this section shows it.</p>"
+        )
+    return (
+        "<p class='note'>Edges of the residual-stream graph scored on position-only and content-only "
+        "counterfactuals, each kept edge on a path from the embedding to the logits; a position-aware circuit "
+        "keeps an edge per span of the examples (dashes: the span; colour: the positional share; width: the "
+        "score; hover for the numbers).</p>" + "".join(parts)
+    )
 
 
 __all__ = ["circuits_section"]

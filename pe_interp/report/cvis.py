@@ -122,9 +122,15 @@ class InlineWidgets:
             return None
         self._ids.add(part.div_id)
         self.count += 1
-        call = part.call if decimals is None and not props else rewrite_props(part.call, decimals, props)
-        return (f'<div id="{html.escape(part.div_id)}" class="cv-widget" style="margin: 15px 0;"></div>\n'
-                f'<script type="module">\n{call}\n</script>\n')
+        call = (
+            part.call
+            if decimals is None and not props
+            else rewrite_props(part.call, decimals, props)
+        )
+        return (
+            f'<div id="{html.escape(part.div_id)}" class="cv-widget" style="margin: 15px 0;"></div>\n'
+            f'<script type="module">\n{call}\n</script>\n'
+        )
 
     def bundle_html(self) -> str:
         """The one script that loads the bundle (empty if no widget was added)."""

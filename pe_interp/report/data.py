@@ -30,7 +30,11 @@ from probes.deposit import LayerDeposit, dynamics_arrays, layer_stats, load_dyna
 from probes.deposit.dominance import GRANULE_TOL, LARGE_DROP, SMALL_DROP, Dominance, dominance
 
 TASK_ORDER = ("distance", "count", "retrieve")
-TASK_TITLES = {"distance": "Task 1 (distance)", "count": "Task 2 (count)", "retrieve": "Task 3 (retrieve)"}
+TASK_TITLES = {
+    "distance": "Task 1 (distance)",
+    "count": "Task 2 (count)",
+    "retrieve": "Task 3 (retrieve)",
+}
 KIND_ORDER = ("none", "additive", "multiplicative", "hybrid")
 # A claim's verdict (see claims.py).
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURED = "reproduced", "not reproduced", "not measured"
@@ -44,7 +48,9 @@ STATUSES = (REPRODUCED, NOT_REPRODUCED, NOT_MEASURED, SANITY_CHECK)
 # ------------------------------------------------------------------------------------------------
 def layer_deposit(a: AblationResult, layer: int) -> LayerDeposit | None:
     """One layer's deposit statistics (:func:`probes.deposit.layer_stats`)."""
-    return layer_stats(a.drops[layer], a.ci_low[layer], a.ci_high[layer], layer=layer, require_separation=False)
+    return layer_stats(
+        a.drops[layer], a.ci_low[layer], a.ci_high[layer], layer=layer, require_separation=False
+    )
 
 
 def top(a: AblationResult) -> tuple[int, int, float]:
@@ -74,7 +80,10 @@ def max_other(a: AblationResult, layer: int, head: int) -> float:
 
 def margins(a: AblationResult) -> list[float]:
     """Each layer's top-minus-runner-up drop (:attr:`probes.deposit.LayerDeposit.margin`)."""
-    return [s.margin if (s := layer_deposit(a, layer)) is not None else math.nan for layer in range(a.n_layers)]
+    return [
+        s.margin if (s := layer_deposit(a, layer)) is not None else math.nan
+        for layer in range(a.n_layers)
+    ]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -167,8 +176,14 @@ def load_cell(r: dict[str, Any], out_dir: Path, varying: list[str]) -> CellInfo:
     config = read_json(run_dir / "config.json") if (run_dir / "config.json").is_file() else None
     abl = r.get("ablation")
     ablation = AblationResult.from_dict(abl["ablation"]) if abl else None
-    attention = AttentionRecord.load(run_dir / ATTENTION) if (run_dir / ATTENTION).is_file() else None
-    decomposition = read_json(run_dir / DECOMPOSITION) if r.get("decomposition") and (run_dir / DECOMPOSITION).is_file() else None
+    attention = (
+        AttentionRecord.load(run_dir / ATTENTION) if (run_dir / ATTENTION).is_file() else None
+    )
+    decomposition = (
+        read_json(run_dir / DECOMPOSITION)
+        if r.get("decomposition") and (run_dir / DECOMPOSITION).is_file()
+        else None
+    )
     return CellInfo(
         id=str(r["id"]),
         label=cell_label(params, varying),
@@ -201,7 +216,9 @@ def load_run_cell(run_dir: str | Path, step: int | None = None) -> CellInfo:
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     task = config["task"]["name"]
     spec = config["model"]["encoding"]
-    spec = spec[0] if isinstance(spec, list) and len(spec) == 1 and set(spec[0]) == {"name"} else spec
+    spec = (
+        spec[0] if isinstance(spec, list) and len(spec) == 1 and set(spec[0]) == {"name"} else spec
+    )
     spec = spec["name"] if isinstance(spec, dict) and set(spec) == {"name"} else spec
     if isinstance(spec, list) and all(isinstance(s, dict) and set(s) == {"name"} for s in spec):
         spec = "+".join(s["name"] for s in spec)
@@ -236,7 +253,9 @@ def load_run_cell(run_dir: str | Path, step: int | None = None) -> CellInfo:
         ablation=ablation if ablation is not None and ablation.is_grid else None,
         deposits=deposits,
         patching=PatchResult.load(results / "patching.json") if fresh("patching.json") else None,
-        positional=PositionalScores.load(results / "positional.json") if fresh("positional.json") else None,
+        positional=PositionalScores.load(results / "positional.json")
+        if fresh("positional.json")
+        else None,
         attention=AttentionRecord.load(results / ATTENTION) if fresh(ATTENTION) else None,
         decomposition=decomposition,
         extra={"stale": stale} if stale else {},
@@ -260,8 +279,11 @@ def label_order(cells: list[CellInfo]) -> list[str]:
     def key(label: str) -> tuple[int, int, str]:
         base = label.split(" [")[0]
         k = kind_of.get(label, "none")
-        return (KIND_ORDER.index(k) if k in KIND_ORDER else len(KIND_ORDER),
-                known.index(base) if base in known else len(known), label)
+        return (
+            KIND_ORDER.index(k) if k in KIND_ORDER else len(KIND_ORDER),
+            known.index(base) if base in known else len(known),
+            label,
+        )
 
     return sorted(labels, key=key)
 
@@ -274,8 +296,12 @@ def task_order(cells: list[CellInfo]) -> list[str]:
 @functools.lru_cache(maxsize=64)
 def _baselines(task_json: str) -> dict[str, float]:
     task = task_from_dict(json.loads(task_json))
-    return {"chance": task.chance_accuracy(), "length_only": task.length_only_accuracy(),
-            "n_classes": task.n_classes, "max_len": task.max_len}
+    return {
+        "chance": task.chance_accuracy(),
+        "length_only": task.length_only_accuracy(),
+        "n_classes": task.n_classes,
+        "max_len": task.max_len,
+    }
 
 
 def cell_baselines(cell: CellInfo) -> dict[str, float] | None:
@@ -293,8 +319,11 @@ def task_baselines(cells: list[CellInfo]) -> dict[str, dict[str, float]]:
     :func:`cell_baselines`."""
     out: dict[str, dict[str, float]] = {}
     for t in task_order(cells):
-        configs = {json.dumps(c.config["task"], sort_keys=True) for c in cells
-                   if c.task == t and c.config and "task" in c.config}
+        configs = {
+            json.dumps(c.config["task"], sort_keys=True)
+            for c in cells
+            if c.task == t and c.config and "task" in c.config
+        }
         if len(configs) == 1:
             out[t] = dict(_baselines(configs.pop()))
     return out
@@ -315,7 +344,9 @@ def acc_stats(cells: list[CellInfo]) -> dict[tuple[str, str], AccStat]:
         if not math.isnan(c.test_acc):
             groups.setdefault((c.label, c.task), []).append(c.test_acc)
     return {
-        k: AccStat(statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v), tuple(v))
+        k: AccStat(
+            statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v), tuple(v)
+        )
         for k, v in groups.items()
     }
 

@@ -17,7 +17,12 @@ from pe_interp.report.labels import paper_acc
 from pe_interp.sweep.probing import ROTARY_KINDS
 from probes import AblationResult
 
-KIND_COLORS = {"none": "#7f7f7f", "additive": "#1f77b4", "multiplicative": "#d62728", "hybrid": "#9467bd"}
+KIND_COLORS = {
+    "none": "#7f7f7f",
+    "additive": "#1f77b4",
+    "multiplicative": "#d62728",
+    "hybrid": "#9467bd",
+}
 
 
 def new_figure(w: float, h: float):
@@ -65,7 +70,9 @@ def _paper_number(label: str, task: str) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------------
-def accuracy_bars(cells: list[CellInfo], acc: dict, baselines: dict[str, dict[str, float]]) -> str | None:
+def accuracy_bars(
+    cells: list[CellInfo], acc: dict, baselines: dict[str, dict[str, float]]
+) -> str | None:
     tasks = task_order(cells)
     labels = label_order(cells)
     if not tasks or not labels:
@@ -79,17 +86,35 @@ def accuracy_bars(cells: list[CellInfo], acc: dict, baselines: dict[str, dict[st
             s = acc.get((label, task))
             if s is None:
                 continue
-            ax.bar(x, 100 * s.mean, color=KIND_COLORS.get(kind_of[label], "#333"), alpha=0.85,
-                   yerr=100 * s.std if s.n > 1 else None, capsize=3)
+            ax.bar(
+                x,
+                100 * s.mean,
+                color=KIND_COLORS.get(kind_of[label], "#333"),
+                alpha=0.85,
+                yerr=100 * s.std if s.n > 1 else None,
+                capsize=3,
+            )
             ax.scatter([x] * s.n, [100 * v for v in s.values], s=8, color="black", zorder=3)
             p = _paper_number(label, task)
             if p is not None:
-                ax.scatter([x], [100 * p], marker="D", s=28, facecolor="none", edgecolor="black", zorder=4,
-                           label="paper [S]" if "paper [S]" not in ax.get_legend_handles_labels()[1] else None)
+                ax.scatter(
+                    [x],
+                    [100 * p],
+                    marker="D",
+                    s=28,
+                    facecolor="none",
+                    edgecolor="black",
+                    zorder=4,
+                    label="paper [S]"
+                    if "paper [S]" not in ax.get_legend_handles_labels()[1]
+                    else None,
+                )
         b = baselines.get(task)
         if b:
             ax.axhline(100 * b["chance"], color="black", ls=":", lw=1, label="chance")
-            ax.axhline(100 * b["length_only"], color="black", ls="--", lw=1, label="length-only ceiling")
+            ax.axhline(
+                100 * b["length_only"], color="black", ls="--", lw=1, label="length-only ceiling"
+            )
         ax.set_xticks(xs, labels, rotation=45, ha="right", fontsize=8)
         ax.set_ylim(0, 100)
         ax.set_ylabel("held-out accuracy %")
@@ -98,7 +123,9 @@ def accuracy_bars(cells: list[CellInfo], acc: dict, baselines: dict[str, dict[st
     from matplotlib.patches import Patch
 
     handles = [Patch(color=KIND_COLORS[k], label=k) for k in KIND_ORDER if k in kind_of.values()]
-    fig.legend(handles=handles, loc="outside upper center", ncol=len(handles), fontsize=8, frameon=False)
+    fig.legend(
+        handles=handles, loc="outside upper center", ncol=len(handles), fontsize=8, frameon=False
+    )
     return to_data_uri(fig)
 
 
@@ -110,9 +137,18 @@ def mean_drops(models: list[CellInfo]) -> np.ndarray | None:
         return np.nanmean(np.stack(grids), axis=0)
 
 
-def grid_heatmap(values: np.ndarray, title: str, cbar: str, cmap: str = "viridis",
-                 xlabel: str = "head", ylabel: str = "layer", center: bool = False,
-                 vmin: float | None = None, vmax: float | None = None, yticks: list | None = None) -> str:
+def grid_heatmap(
+    values: np.ndarray,
+    title: str,
+    cbar: str,
+    cmap: str = "viridis",
+    xlabel: str = "head",
+    ylabel: str = "layer",
+    center: bool = False,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    yticks: list | None = None,
+) -> str:
     """A layers x heads (or any 2-D) heatmap at a readable size: cells of about 0.6 inch, the
     values written in them (up to 128 cells), the title wrapped to the figure's width."""
     v = np.asarray(values, dtype=np.float64)
@@ -137,10 +173,23 @@ def grid_heatmap(values: np.ndarray, title: str, cbar: str, cmap: str = "viridis
         norm = im.norm
         for (y, x), val in np.ndenumerate(v):
             if not math.isnan(val):
-                shade = float(norm(val))  # dark cells (either end of a diverging map) get white text
-                dark = (shade < 0.2 or shade > 0.8) if center else shade < (0.45 if cmap == "viridis" else 0.0)
-                ax.text(x, y, f"{val:.2f}", ha="center", va="center", fontsize=8,
-                        color="white" if dark else "black")
+                shade = float(
+                    norm(val)
+                )  # dark cells (either end of a diverging map) get white text
+                dark = (
+                    (shade < 0.2 or shade > 0.8)
+                    if center
+                    else shade < (0.45 if cmap == "viridis" else 0.0)
+                )
+                ax.text(
+                    x,
+                    y,
+                    f"{val:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white" if dark else "black",
+                )
     fig.colorbar(im, ax=ax, shrink=0.9).set_label(cbar, fontsize=9)
     return to_data_uri(fig)
 
@@ -159,8 +208,11 @@ def attention_image(pattern: np.ndarray, tokens: list[str], title: str) -> str:
 
 
 def rotary_task1_labels(cells: list[CellInfo]) -> list[str]:
-    return [lab for lab in label_order(cells)
-            if any(c.label == lab and c.task == "distance" and c.kind in ROTARY_KINDS for c in cells)]
+    return [
+        lab
+        for lab in label_order(cells)
+        if any(c.label == lab and c.task == "distance" and c.kind in ROTARY_KINDS for c in cells)
+    ]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -181,7 +233,10 @@ def mean_result(models: list[CellInfo]) -> AblationResult | None:
             baseline=float(np.mean([r.baseline for r in results])),
             values=np.nanmean(np.stack([r.values for r in results]), 0),
             drops=np.nanmean(np.stack([r.drops for r in results]), 0),
-            ci_low=nan, ci_high=nan, per_example=None, baseline_per_example=None,
+            ci_low=nan,
+            ci_high=nan,
+            per_example=None,
+            baseline_per_example=None,
         )
 
 
@@ -195,7 +250,11 @@ def model_heatmap(models: list[CellInfo], title: str, vmax: float | None = None)
     if result is None:
         return None
     flagged = sorted({h for c in models for h in c.flagged})
-    fig = pp.plot_drop_heatmap(result, deposits=flagged, title=wrapped(title, max(4.0, 0.55 * result.drops.shape[1] + 2.0), 9))
+    fig = pp.plot_drop_heatmap(
+        result,
+        deposits=flagged,
+        title=wrapped(title, max(4.0, 0.55 * result.drops.shape[1] + 2.0), 9),
+    )
     if vmax is not None and fig.axes and fig.axes[0].images:
         ax = fig.axes[0]
         ax.images[0].set_clim(-vmax, vmax)
@@ -242,7 +301,13 @@ def logit_terms_figure(record: dict, title: str) -> str | None:
         return None
     region = np.asarray(record["region"], dtype=bool)
     arrays = {k: np.where(region, np.asarray(v, dtype=np.float64), np.nan) for k, v in mats.items()}
-    vmax = max((float(np.nanmax(np.abs(a))) for a in arrays.values() if np.isfinite(a).any()), default=1.0) or 1.0
+    vmax = (
+        max(
+            (float(np.nanmax(np.abs(a))) for a in arrays.values() if np.isfinite(a).any()),
+            default=1.0,
+        )
+        or 1.0
+    )
     cols = min(4, len(arrays))
     rows = -(-len(arrays) // cols)
     w = 3.3 * cols + 0.8
@@ -253,12 +318,19 @@ def logit_terms_figure(record: dict, title: str) -> str | None:
     for ax, (name, a) in zip(axes, arrays.items()):
         im = ax.imshow(a, cmap="RdBu_r", vmin=-vmax, vmax=vmax, interpolation="nearest")
         share = shares.get(name)
-        ax.set_title(name + (f" ({100 * share:.0f}% of var.)" if isinstance(share, float) and math.isfinite(share) else ""),
-                     fontsize=9)
+        ax.set_title(
+            name
+            + (
+                f" ({100 * share:.0f}% of var.)"
+                if isinstance(share, float) and math.isfinite(share)
+                else ""
+            ),
+            fontsize=9,
+        )
         ax.set_xlabel("key position", fontsize=8)
         ax.set_ylabel("query position", fontsize=8)
         ax.tick_params(labelsize=7)
-    for ax in axes[len(arrays):]:
+    for ax in axes[len(arrays) :]:
         ax.set_visible(False)
     fig.colorbar(im, ax=list(axes[: len(arrays)]), shrink=0.8).set_label("logit", fontsize=9)
     fig.suptitle(wrapped(title, w, 10), fontsize=10)

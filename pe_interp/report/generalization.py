@@ -58,8 +58,12 @@ class Concentration:
     top: tuple[int, int, float]  # the model's top head (layer, head, drop)
 
     def value(self, name: str) -> float:
-        return {"top L0 drop": self.drop, "top L0 share": self.share, "L0 cost": self.layer0_cost,
-                "top L0 positional": self.positional}[name]
+        return {
+            "top L0 drop": self.drop,
+            "top L0 share": self.share,
+            "L0 cost": self.layer0_cost,
+            "top L0 positional": self.positional,
+        }[name]
 
 
 def layer0_cost(layers: AblationResult | None, n_heads: int) -> float:
@@ -73,8 +77,9 @@ def layer0_cost(layers: AblationResult | None, n_heads: int) -> float:
     return math.nan
 
 
-def concentration(ablation: AblationResult, layers: AblationResult | None = None,
-                  positional: Any | None = None) -> Concentration:
+def concentration(
+    ablation: AblationResult, layers: AblationResult | None = None, positional: Any | None = None
+) -> Concentration:
     """:class:`Concentration` from a single-head ablation grid (and, where stored, the
     whole-layer ablation and the positional scores)."""
     drops0 = np.nan_to_num(ablation.drops[0], nan=-math.inf)
@@ -84,8 +89,15 @@ def concentration(ablation: AblationResult, layers: AblationResult | None = None
     share = float(pos[head] / pos.sum()) if pos.sum() > 0 else math.nan
     score = math.nan if positional is None else float(positional.scores[0, head])
     d = dominance(ablation)
-    return Concentration(head, drop, share, layer0_cost(layers, ablation.n_heads), score, d.single,
-                         (d.layer, d.head, d.drop))
+    return Concentration(
+        head,
+        drop,
+        share,
+        layer0_cost(layers, ablation.n_heads),
+        score,
+        d.single,
+        (d.layer, d.head, d.drop),
+    )
 
 
 @dataclass(frozen=True)
@@ -133,8 +145,14 @@ def _fresh(cell: CellInfo, name: str) -> bool:
 def load_points(cells: list[CellInfo], source: str) -> list[ModelPoint]:
     points = []
     for c in cells:
-        layers = AblationResult.load(c.run_dir / LAYER_ABLATION) if _fresh(c, LAYER_ABLATION) else None
-        gen = GeneralizationResult.load(c.run_dir / GENERALIZATION) if _fresh(c, GENERALIZATION) else None
+        layers = (
+            AblationResult.load(c.run_dir / LAYER_ABLATION) if _fresh(c, LAYER_ABLATION) else None
+        )
+        gen = (
+            GeneralizationResult.load(c.run_dir / GENERALIZATION)
+            if _fresh(c, GENERALIZATION)
+            else None
+        )
         conc = concentration(c.ablation, layers, c.positional) if c.ablation is not None else None
         points.append(ModelPoint(source, c, conc, gen))
     return points
@@ -186,33 +204,60 @@ def generalization_tables(points: list[ModelPoint]) -> list[Table]:
         if not cols:
             continue
         g0 = pts[0].gen
-        head = [f"{f} +{e}" if f != TRAINED else f"in range (≤ {g0.trained.max_len})" for f, e in cols]
+        head = [
+            f"{f} +{e}" if f != TRAINED else f"in range (≤ {g0.trained.max_len})" for f, e in cols
+        ]
         rows, records = [], []
         for source, label in _settings(pts):
-            group = sorted((p for p in pts if (p.source, p.cell.label) == (source, label)), key=lambda p: p.cell.seed)
+            group = sorted(
+                (p for p in pts if (p.source, p.cell.label) == (source, label)),
+                key=lambda p: p.cell.seed,
+            )
             row = [label, group[0].source, str(len(group))]
-            rec: dict[str, Any] = {"task": task, "label": label, "source": group[0].source,
-                                   "seeds": [p.cell.seed for p in group]}
+            rec: dict[str, Any] = {
+                "task": task,
+                "label": label,
+                "source": group[0].source,
+                "seeds": [p.cell.seed for p in group],
+            }
             for (f, e), name in zip(cols, head):
                 accs = [p.gen.condition(f, e).accuracy for p in group]
                 row.append(_pm(accs))
                 rec[name] = accs
             unrepresentable = any(p.gen.unrepresentable for p in group)
-            row.append("not evaluated beyond n_ctx (a trained parameter per position)" if unrepresentable else "")
+            row.append(
+                "not evaluated beyond n_ctx (a trained parameter per position)"
+                if unrepresentable
+                else ""
+            )
             rows.append(row)
             records.append(rec)
         conds = {(c.family, c.extra): c for c in g0.conditions}
         base = conds[(TRAINED, 0)]
-        notes = [f"Chance {100 * base.chance:.2f}%, length-only ceiling {100 * base.length_only:.2f}% "
-                 "(exact, of the trained task; the same for every condition"
-                 + ("" if all(abs(c.length_only - base.length_only) < 1e-12 for c in g0.conditions)
-                    else " except where the lengths change the joint law") + "). "
-                 f"{g0.meta.get('n', '?')} fresh rows per condition per model, none of them a training row. "
-                 "`shift +k`: k more fillers before the decisive tokens (translated by k); `sides +k`: k/2 "
-                 "before and k/2 after; `right +k`: k after; `length +k`: k more tokens, counts in the trained "
-                 "range. `—`: not evaluated (the encoding has a trained parameter per position)."]
-        tables.append(Table(f"generalization-{task}", f"Length generalisation: {TASK_TITLES.get(task, task)}",
-                            ["encoding", "source", "seeds", *head, "note"], rows, records, notes))
+        notes = [
+            f"Chance {100 * base.chance:.2f}%, length-only ceiling {100 * base.length_only:.2f}% "
+            "(exact, of the trained task; the same for every condition"
+            + (
+                ""
+                if all(abs(c.length_only - base.length_only) < 1e-12 for c in g0.conditions)
+                else " except where the lengths change the joint law"
+            )
+            + "). "
+            f"{g0.meta.get('n', '?')} fresh rows per condition per model, none of them a training row. "
+            "`shift +k`: k more fillers before the decisive tokens (translated by k); `sides +k`: k/2 "
+            "before and k/2 after; `right +k`: k after; `length +k`: k more tokens, counts in the trained "
+            "range. `—`: not evaluated (the encoding has a trained parameter per position)."
+        ]
+        tables.append(
+            Table(
+                f"generalization-{task}",
+                f"Length generalisation: {TASK_TITLES.get(task, task)}",
+                ["encoding", "source", "seeds", *head, "note"],
+                rows,
+                records,
+                notes,
+            )
+        )
     return tables
 
 
@@ -222,33 +267,81 @@ def concentration_table(points: list[ModelPoint]) -> Table:
     cells = [p.cell for p in points]
     for task in task_order(cells):
         for source, label in _settings([p for p in points if p.cell.task == task]):
-            group = sorted((p for p in points if p.cell.task == task and (p.source, p.cell.label) == (source, label)
-                            and p.conc), key=lambda p: p.cell.seed)
+            group = sorted(
+                (
+                    p
+                    for p in points
+                    if p.cell.task == task
+                    and (p.source, p.cell.label) == (source, label)
+                    and p.conc
+                ),
+                key=lambda p: p.cell.seed,
+            )
             if not group:
                 continue
             cs = [p.conc for p in group]
             tops = ", ".join(f"L{c.top[0]}H{c.top[1]} ({100 * c.top[2]:.1f})" for c in cs)
             flagged = sum(bool(p.cell.flagged) for p in group)
-            rows.append([TASK_TITLES.get(task, task), label, group[0].source, str(len(group)),
-                         _pm([p.cell.test_acc for p in group]), _rate(sum(c.single for c in cs), len(cs)), tops,
-                         _pm([c.drop for c in cs]), _pm([c.share for c in cs]), _pm([c.layer0_cost for c in cs]),
-                         _pm([c.positional for c in cs], 1.0, 2), f"{flagged} of {len(group)}"])
-            records.append({"task": task, "label": label, "seeds": [p.cell.seed for p in group],
-                            "acc": [p.cell.test_acc for p in group], "single": [c.single for c in cs],
-                            "top": [list(c.top) for c in cs], "top_l0_drop": [c.drop for c in cs],
-                            "top_l0_share": [c.share for c in cs], "l0_cost": [c.layer0_cost for c in cs],
-                            "top_l0_positional": [c.positional for c in cs]})
-    notes = ["Drops in accuracy points on held-out data. Single-head deposit: the project's one definition "
-             "(exactly one head of the model ≥ 50 points, every other ≤ 5), k of n seeds with a 95% Wilson interval. Top head: the model's "
-             "most harmful head per seed (drop). Share: the top layer-0 head's part of layer 0's summed positive "
-             "single-head drops. L0 cost: all of layer 0 ablated together. Positional: the top layer-0 head's "
-             "positional score (split-half R² of a position-only logit template). Layer concentration: seeds with a "
-             "concentrated layer, any layer (`probes.find_concentrations`: top head ≥ 20 points, ≥ 50% of its layer, "
-             "CI-separated)."]
-    return Table("concentration", "Concentration per encoding (held-out ablation)",
-                 ["task", "encoding", "source", "seeds", "acc %", "single-head deposit", "top head (drop, pts)",
-                  "top L0 drop (pts)", "top L0 share %", "L0 cost (pts)", "top L0 positional", "layer concentration"],
-                 rows, records, notes)
+            rows.append(
+                [
+                    TASK_TITLES.get(task, task),
+                    label,
+                    group[0].source,
+                    str(len(group)),
+                    _pm([p.cell.test_acc for p in group]),
+                    _rate(sum(c.single for c in cs), len(cs)),
+                    tops,
+                    _pm([c.drop for c in cs]),
+                    _pm([c.share for c in cs]),
+                    _pm([c.layer0_cost for c in cs]),
+                    _pm([c.positional for c in cs], 1.0, 2),
+                    f"{flagged} of {len(group)}",
+                ]
+            )
+            records.append(
+                {
+                    "task": task,
+                    "label": label,
+                    "seeds": [p.cell.seed for p in group],
+                    "acc": [p.cell.test_acc for p in group],
+                    "single": [c.single for c in cs],
+                    "top": [list(c.top) for c in cs],
+                    "top_l0_drop": [c.drop for c in cs],
+                    "top_l0_share": [c.share for c in cs],
+                    "l0_cost": [c.layer0_cost for c in cs],
+                    "top_l0_positional": [c.positional for c in cs],
+                }
+            )
+    notes = [
+        "Drops in accuracy points on held-out data. Single-head deposit: the project's one definition "
+        "(exactly one head of the model ≥ 50 points, every other ≤ 5), k of n seeds with a 95% Wilson interval. Top head: the model's "
+        "most harmful head per seed (drop). Share: the top layer-0 head's part of layer 0's summed positive "
+        "single-head drops. L0 cost: all of layer 0 ablated together. Positional: the top layer-0 head's "
+        "positional score (split-half R² of a position-only logit template). Layer concentration: seeds with a "
+        "concentrated layer, any layer (`probes.find_concentrations`: top head ≥ 20 points, ≥ 50% of its layer, "
+        "CI-separated)."
+    ]
+    return Table(
+        "concentration",
+        "Concentration per encoding (held-out ablation)",
+        [
+            "task",
+            "encoding",
+            "source",
+            "seeds",
+            "acc %",
+            "single-head deposit",
+            "top head (drop, pts)",
+            "top L0 drop (pts)",
+            "top L0 share %",
+            "L0 cost (pts)",
+            "top L0 positional",
+            "layer concentration",
+        ],
+        rows,
+        records,
+        notes,
+    )
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
@@ -269,13 +362,16 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def spearman_ci(x: np.ndarray, y: np.ndarray, n_bootstrap: int = N_BOOTSTRAP, ci: float = CI,
-                seed: int = 0) -> tuple[float, float, float]:
+def spearman_ci(
+    x: np.ndarray, y: np.ndarray, n_bootstrap: int = N_BOOTSTRAP, ci: float = CI, seed: int = 0
+) -> tuple[float, float, float]:
     """(rho, low, high): Spearman's rho and a percentile bootstrap interval over pairs."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     rho = spearman(x, y)
     rng = np.random.default_rng(seed)
-    reps = [spearman(x[i], y[i]) for i in (rng.integers(0, len(x), len(x)) for _ in range(n_bootstrap))]
+    reps = [
+        spearman(x[i], y[i]) for i in (rng.integers(0, len(x), len(x)) for _ in range(n_bootstrap))
+    ]
     reps = np.array([r for r in reps if not math.isnan(r)])
     if len(x) < 4 or len(reps) < n_bootstrap // 2:
         return rho, math.nan, math.nan
@@ -283,7 +379,9 @@ def spearman_ci(x: np.ndarray, y: np.ndarray, n_bootstrap: int = N_BOOTSTRAP, ci
     return rho, float(np.quantile(reps, a)), float(np.quantile(reps, 1 - a))
 
 
-def link_pairs(points: list[ModelPoint], task: str, conc: str, measure: str) -> list[tuple[float, float, ModelPoint]]:
+def link_pairs(
+    points: list[ModelPoint], task: str, conc: str, measure: str
+) -> list[tuple[float, float, ModelPoint]]:
     out = []
     for p in points:
         if p.cell.task != task or p.conc is None or not p.room:
@@ -294,7 +392,9 @@ def link_pairs(points: list[ModelPoint], task: str, conc: str, measure: str) -> 
     return out
 
 
-def _link_row(task: str, group: str, measure: str, conc: str, pairs: list) -> tuple[list[str], dict[str, Any]]:
+def _link_row(
+    task: str, group: str, measure: str, conc: str, pairs: list
+) -> tuple[list[str], dict[str, Any]]:
     x, y = np.array([a for a, _, _ in pairs]), np.array([b for _, b, _ in pairs])
     rho, lo, hi = spearman_ci(x, y)
     settings = len({(p.source, p.cell.label) for _, _, p in pairs})
@@ -304,10 +404,26 @@ def _link_row(task: str, group: str, measure: str, conc: str, pairs: list) -> tu
         verdict = f"{'positive' if rho > 0 else 'negative'} (the interval excludes 0)"
     else:
         verdict = "none detected (the interval includes 0)"
-    row = [TASK_TITLES.get(task, task), group, measure, conc, f"{len(pairs)} ({settings} settings)",
-           "—" if math.isnan(rho) else f"{rho:+.2f}", "—" if math.isnan(lo) else f"[{lo:+.2f}, {hi:+.2f}]", verdict]
-    record = {"task": task, "group": group, "measure": measure, "concentration": conc, "n": len(pairs), "rho": rho,
-              "ci": [lo, hi], "points": [[a, b, p.source, p.cell.label, p.cell.seed] for a, b, p in pairs]}
+    row = [
+        TASK_TITLES.get(task, task),
+        group,
+        measure,
+        conc,
+        f"{len(pairs)} ({settings} settings)",
+        "—" if math.isnan(rho) else f"{rho:+.2f}",
+        "—" if math.isnan(lo) else f"[{lo:+.2f}, {hi:+.2f}]",
+        verdict,
+    ]
+    record = {
+        "task": task,
+        "group": group,
+        "measure": measure,
+        "concentration": conc,
+        "n": len(pairs),
+        "rho": rho,
+        "ci": [lo, hi],
+        "points": [[a, b, p.source, p.cell.label, p.cell.seed] for a, b, p in pairs],
+    }
     return row, record
 
 
@@ -332,19 +448,45 @@ def link_table(points: list[ModelPoint]) -> Table:
         if len(rows) == before:  # say so, rather than leave the task out
             mine = [p for p in points if p.cell.task == task]
             learned = sum(p.room for p in mine)
-            rows.append([TASK_TITLES.get(task, task), ", ".join(sources), "—", "—", f"{learned} of {len(mine)} learned",
-                         "—", "—", "not measured: fewer than 4 models that learned the task (in-range accuracy ≥ 50%) "
-                         "have both measures"])
-    notes = [f"Spearman's rank correlation over models that learned their task (in-range accuracy ≥ 50%), with a "
-             f"{int(100 * CI)}% percentile bootstrap interval over models ({N_BOOTSTRAP} resamples, seed 0). "
-             "Retention: accuracy on the longer inputs divided by in-range accuracy on the same stream; "
-             "`translated`: mean over the primary family's extras (tasks 1 and 3: shift; task 2: length); `2x "
-             "length`: the sides condition at twice the training length (task 2: length). Encodings whose "
-             "parameters have one entry per position are not evaluated beyond n_ctx and are not in this "
-             "table. Across encodings, a correlation can reflect the encodings rather than concentration."]
-    return Table("link", "Does concentration predict length generalisation?",
-                 ["task", "models", "generalisation", "concentration", "n", "Spearman ρ", "95% CI", "verdict"],
-                 rows, records, notes)
+            rows.append(
+                [
+                    TASK_TITLES.get(task, task),
+                    ", ".join(sources),
+                    "—",
+                    "—",
+                    f"{learned} of {len(mine)} learned",
+                    "—",
+                    "—",
+                    "not measured: fewer than 4 models that learned the task (in-range accuracy ≥ 50%) "
+                    "have both measures",
+                ]
+            )
+    notes = [
+        f"Spearman's rank correlation over models that learned their task (in-range accuracy ≥ 50%), with a "
+        f"{int(100 * CI)}% percentile bootstrap interval over models ({N_BOOTSTRAP} resamples, seed 0). "
+        "Retention: accuracy on the longer inputs divided by in-range accuracy on the same stream; "
+        "`translated`: mean over the primary family's extras (tasks 1 and 3: shift; task 2: length); `2x "
+        "length`: the sides condition at twice the training length (task 2: length). Encodings whose "
+        "parameters have one entry per position are not evaluated beyond n_ctx and are not in this "
+        "table. Across encodings, a correlation can reflect the encodings rather than concentration."
+    ]
+    return Table(
+        "link",
+        "Does concentration predict length generalisation?",
+        [
+            "task",
+            "models",
+            "generalisation",
+            "concentration",
+            "n",
+            "Spearman ρ",
+            "95% CI",
+            "verdict",
+        ],
+        rows,
+        records,
+        notes,
+    )
 
 
 def link_scatter(link: Table, task: str = "distance") -> str | None:
@@ -365,8 +507,15 @@ def link_scatter(link: Table, task: str = "distance") -> str | None:
         ax = fig.add_subplot(1, len(panels), i + 1)
         for x, y, source, label, _seed in r["points"]:
             lab = label.split(" [")[0]
-            ax.scatter(x, y, color=colors[lab], marker=markers.get(source, "s"), s=28, alpha=0.85,
-                       label=f"{lab} ({source})")
+            ax.scatter(
+                x,
+                y,
+                color=colors[lab],
+                marker=markers.get(source, "s"),
+                s=28,
+                alpha=0.85,
+                label=f"{lab} ({source})",
+            )
         lo, hi = r["ci"]
         ci = "" if lo is None or math.isnan(lo) else f" [{lo:+.2f}, {hi:+.2f}]"
         ax.set_title(f"ρ = {r['rho']:+.2f}{ci}, n = {r['n']}", fontsize=8)
@@ -393,6 +542,19 @@ def points_from(dirs: dict[str, str | Path]) -> list[ModelPoint]:
     return points
 
 
-__all__ = ["CONCENTRATION", "MEASURES", "Concentration", "ModelPoint", "concentration", "concentration_table",
-           "generalization_tables", "layer0_cost", "link_scatter", "link_table", "load_points", "points_from",
-           "spearman", "spearman_ci"]
+__all__ = [
+    "CONCENTRATION",
+    "MEASURES",
+    "Concentration",
+    "ModelPoint",
+    "concentration",
+    "concentration_table",
+    "generalization_tables",
+    "layer0_cost",
+    "link_scatter",
+    "link_table",
+    "load_points",
+    "points_from",
+    "spearman",
+    "spearman_ci",
+]

@@ -49,8 +49,10 @@ def gradient_evidence(out_dir: str | Path) -> dict[str, Any]:
 
 def layer0_max(record: dict[str, Any]) -> tuple[float, float]:
     """Mean and std over seeds of the largest layer-0 head coherence."""
-    vals = [max((v for v in seed_vals[0] if v is not None and not math.isnan(v)), default=math.nan)
-            for seed_vals in record["values"]]
+    vals = [
+        max((v for v in seed_vals[0] if v is not None and not math.isnan(v)), default=math.nan)
+        for seed_vals in record["values"]
+    ]
     mean = sum(vals) / len(vals)
     std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
     return mean, std
@@ -61,18 +63,27 @@ def judge(results: dict[str, Any], n: int) -> dict[str, Any]:
     thr = threshold(n)
     stats = {enc: layer0_max(r) for enc, r in results.items()}
     parts = [f"{enc}: {m:.3f} ± {s:.3f}" for enc, (m, s) in stats.items()]
-    if "rope" not in stats or "alibi" not in stats or math.isnan(stats["rope"][0] + stats["alibi"][0]):
+    if (
+        "rope" not in stats
+        or "alibi" not in stats
+        or math.isnan(stats["rope"][0] + stats["alibi"][0])
+    ):
         status = NOT_MEASURED
     else:
-        status = REPRODUCED if stats["rope"][0] >= thr and stats["alibi"][0] < thr else NOT_REPRODUCED
+        status = (
+            REPRODUCED if stats["rope"][0] >= thr and stats["alibi"][0] < thr else NOT_REPRODUCED
+        )
     seeds = next(iter(results.values()))["seeds"] if results else []
     return {
         "available": True,
         "status": status,
         "criterion": criterion(n),
         "n": n,
-        "evidence": (f"largest layer-0 head coherence (mean ± std over init seeds {seeds}, n={n}): "
-                     + "; ".join(parts) + f"; 2/√n = {thr:.3f}"),
+        "evidence": (
+            f"largest layer-0 head coherence (mean ± std over init seeds {seeds}, n={n}): "
+            + "; ".join(parts)
+            + f"; 2/√n = {thr:.3f}"
+        ),
         "layer0_max": {enc: {"mean": m, "std": s} for enc, (m, s) in stats.items()},
         "results": results,
     }

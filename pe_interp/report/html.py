@@ -63,12 +63,18 @@ def table_html(t: Table, status_col: str | None = None) -> str:
         for i, x in enumerate(row):
             cls = ""
             if i == si:
-                cls = " class='status-" + re.sub(r"[^a-z]+", "-", x.replace("*", "").lower()).strip("-") + "'"
+                cls = (
+                    " class='status-"
+                    + re.sub(r"[^a-z]+", "-", x.replace("*", "").lower()).strip("-")
+                    + "'"
+                )
             cells.append(f"<td{cls}>{inline_md(x)}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     notes = "".join(f"<p class='note'>{inline_md(n)}</p>" for n in t.notes)
-    return (f"<h3>{inline_md(t.title)}</h3><table><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table>{notes}")
+    return (
+        f"<h3>{inline_md(t.title)}</h3><table><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>{notes}"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -82,7 +88,9 @@ def colored_tokens(values: np.ndarray, tokens: list[str] | None, title: str) -> 
         a = min(1.0, abs(x) / lim)
         color = f"rgba(214,39,40,{a:.2f})" if x >= 0 else f"rgba(31,119,180,{a:.2f})"
         tok = tokens[i] if tokens and i < len(tokens) else f"p{i}"
-        spans.append(f"<span class='tok' style='background:{color}' title='{x:.3f}'>{html.escape(str(tok))}</span>")
+        spans.append(
+            f"<span class='tok' style='background:{color}' title='{x:.3f}'>{html.escape(str(tok))}</span>"
+        )
     return f"<p class='caption'>{html.escape(title)}</p><div>{''.join(spans)}</div>"
 
 
@@ -107,25 +115,44 @@ def patching_section(cells: list[CellInfo]) -> str:
         layers = list(r.layers)
         desc = f"{r.site}: site {r.site}, {r.direction}, {r.metric_name}, {r.n_examples} pairs"
         if axes == ["layer", "head"]:
-            parts.append(img(grid_heatmap(vals, desc, r.metric_name, center=True, yticks=layers), desc))
+            parts.append(
+                img(grid_heatmap(vals, desc, r.metric_name, center=True, yticks=layers), desc)
+            )
         elif axes == ["layer", "pos", "head"]:
             for li, layer in enumerate(layers):
                 row = vals[li]
                 h = int(np.nanargmax(np.abs(np.nan_to_num(row)).max(0)))
-                parts.append(colored_tokens(row[:, h], None, f"{desc}; layer {layer}, head {h} (largest), by position"))
+                parts.append(
+                    colored_tokens(
+                        row[:, h], None, f"{desc}; layer {layer}, head {h} (largest), by position"
+                    )
+                )
         elif axes == ["layer", "pos"]:
             for li, layer in enumerate(layers):
                 parts.append(colored_tokens(vals[li], None, f"{desc}; layer {layer}, by position"))
         elif axes == ["layer", "head", "dest_pos"]:
-            parts.append(img(grid_heatmap(np.nanmean(vals, -1), desc + " (mean over positions)", r.metric_name,
-                                          center=True), desc))
+            parts.append(
+                img(
+                    grid_heatmap(
+                        np.nanmean(vals, -1),
+                        desc + " (mean over positions)",
+                        r.metric_name,
+                        center=True,
+                    ),
+                    desc,
+                )
+            )
         elif vals.ndim == 2:
-            parts.append(img(grid_heatmap(vals, desc, r.metric_name, center=True, xlabel=axes[-1]), desc))
+            parts.append(
+                img(grid_heatmap(vals, desc, r.metric_name, center=True, xlabel=axes[-1]), desc)
+            )
     if not parts:
         return "<p class='note'>No patching results (patching runs on task-1 models with a rotary part).</p>"
-    return ("<p class='note'>Activation patching with distance counterfactuals (lowest seed of each model): "
-            "with the default normalised logit difference, 1 means patching the activation (clean into "
-            "corrupt) fully restores the clean answer and 0 means no effect.</p>" + "".join(parts))
+    return (
+        "<p class='note'>Activation patching with distance counterfactuals (lowest seed of each model): "
+        "with the default normalised logit difference, 1 means patching the activation (clean into "
+        "corrupt) fully restores the clean answer and 0 means no effect.</p>" + "".join(parts)
+    )
 
 
 def positional_section(cells: list[CellInfo]) -> str:
@@ -133,11 +160,20 @@ def positional_section(cells: list[CellInfo]) -> str:
     for c in lowest_seeds(cells, lambda c: c.positional is not None):
         scores = c.positional.scores.double().numpy()
         title = f"{c.label} · {c.task} · seed {c.seed}: positional score per head"
-        parts.append(img(grid_heatmap(scores, title, "position-only R²", cmap="viridis", vmin=0.0, vmax=1.0), title))
+        parts.append(
+            img(
+                grid_heatmap(scores, title, "position-only R²", cmap="viridis", vmin=0.0, vmax=1.0),
+                title,
+            )
+        )
     if not parts:
         return ""
-    return (f"<h3>Positional scores (lowest seed of each model)</h3><p class='note'>{html.escape(DEFINITION)}</p>"
-            + "<div class='figs'>" + "".join(parts) + "</div>")
+    return (
+        f"<h3>Positional scores (lowest seed of each model)</h3><p class='note'>{html.escape(DEFINITION)}</p>"
+        + "<div class='figs'>"
+        + "".join(parts)
+        + "</div>"
+    )
 
 
 def generalization_section(summary: Summary) -> str:
@@ -151,9 +187,11 @@ def generalization_section(summary: Summary) -> str:
         uri = link_scatter(tables["link"], task)
         if uri:
             out += img(uri, f"retention against concentration, {task}")
-            out += (f"<p class='caption'>{html.escape(task)}: each point a model (circles: quick; triangles: "
-                    "mid), retention on translated inputs against each concentration measure; ρ: Spearman, "
-                    "with its bootstrap interval.</p>")
+            out += (
+                f"<p class='caption'>{html.escape(task)}: each point a model (circles: quick; triangles: "
+                "mid), retention on translated inputs against each concentration measure; ρ: Spearman, "
+                "with its bootstrap interval.</p>"
+            )
     return out
 
 
@@ -161,22 +199,39 @@ def generalization_section(summary: Summary) -> str:
 def render_html(summary: Summary, report_title: str | None = None) -> str:
     cells = summary.cells
     acc = acc_stats(cells)
-    baselines = {r["task"]: {"chance": r["chance"] / 100, "length_only": r["length_only"] / 100}
-                 for r in summary.tables["baselines"].records}
+    baselines = {
+        r["task"]: {"chance": r["chance"] / 100, "length_only": r["length_only"] / 100}
+        for r in summary.tables["baselines"].records
+    }
     sections: list[tuple[str, str, str]] = []
 
-    header = "<ul>" + "".join(f"<li>{inline_md(line.lstrip('- ').strip())}</li>"
-                              for line in summary.header_lines() if not line.startswith("  ")) + "</ul>"
+    header = (
+        "<ul>"
+        + "".join(
+            f"<li>{inline_md(line.lstrip('- ').strip())}</li>"
+            for line in summary.header_lines()
+            if not line.startswith("  ")
+        )
+        + "</ul>"
+    )
     if summary.failed:
-        header += "<ul>" + "".join(f"<li><code>{html.escape(f['id'])}</code>: {html.escape(f['error'])}</li>"
-                                   for f in summary.failed) + "</ul>"
+        header += (
+            "<ul>"
+            + "".join(
+                f"<li><code>{html.escape(f['id'])}</code>: {html.escape(f['error'])}</li>"
+                for f in summary.failed
+            )
+            + "</ul>"
+        )
     header += f"<p class='note'>{inline_md(SOURCE_NOTE)}</p>"
     header += "".join(f"<p class='warn'>{inline_md(n)}</p>" for n in summary.notes)
 
     acc_html = img(accuracy_bars(cells, acc, baselines), "accuracy by encoding")
-    acc_html += ("<p class='note'>Bars: mean held-out accuracy over seeds (error bar: std; dots: seeds), "
-                 "coloured by encoding kind. Diamonds: the paper's number where the summaries give one [S]. "
-                 "Dotted: chance; dashed: length-only ceiling.</p>")
+    acc_html += (
+        "<p class='note'>Bars: mean held-out accuracy over seeds (error bar: std; dots: seeds), "
+        "coloured by encoding kind. Diamonds: the paper's number where the summaries give one [S]. "
+        "Dotted: chance; dashed: length-only ceiling.</p>"
+    )
     acc_html += table_html(summary.tables["accuracy"]) + table_html(summary.tables["baselines"])
     sections.append(("accuracy", "Accuracy", acc_html))
 
@@ -188,66 +243,114 @@ def render_html(summary: Summary, report_title: str | None = None) -> str:
         vmax = common_vmax(cells, task)
         figs = []
         for label in label_order(cells):
-            models = sorted((c for c in cells if c.label == label and c.task == task and c.ablation is not None),
-                            key=lambda c: c.seed)
+            models = sorted(
+                (
+                    c
+                    for c in cells
+                    if c.label == label and c.task == task and c.ablation is not None
+                ),
+                key=lambda c: c.seed,
+            )
             if not models:
                 continue
             base = sum(c.ablation.baseline for c in models) / len(models)
-            title = (f"{label} · {task} · " + (f"mean of {len(models)} seeds" if len(models) > 1 else f"seed {models[0].seed}")
-                     + f" · baseline {100 * base:.1f}%")
+            title = (
+                f"{label} · {task} · "
+                + (f"mean of {len(models)} seeds" if len(models) > 1 else f"seed {models[0].seed}")
+                + f" · baseline {100 * base:.1f}%"
+            )
             figs.append(model_heatmap(models, title, vmax=vmax))
         if figs:
-            dep += (f"<h3>{html.escape(task)}: accuracy drop per ablated head (heads of a concentrated layer outlined; "
-                    f"one colour scale, ±{100 * vmax:.0f} points)</h3>"
-                    "<div class='figs'>" + "".join(img(f, "ablation heatmap") for f in figs) + "</div>")
+            dep += (
+                f"<h3>{html.escape(task)}: accuracy drop per ablated head (heads of a concentrated layer outlined; "
+                f"one colour scale, ±{100 * vmax:.0f} points)</h3>"
+                "<div class='figs'>" + "".join(img(f, "ablation heatmap") for f in figs) + "</div>"
+            )
     lines = ""
     for label in rotary_task1_labels(cells):
-        models = sorted((c for c in cells if c.label == label and c.task == "distance" and c.ablation is not None),
-                        key=lambda c: c.seed)
+        models = sorted(
+            (
+                c
+                for c in cells
+                if c.label == label and c.task == "distance" and c.ablation is not None
+            ),
+            key=lambda c: c.seed,
+        )
         if models:
             c = models[0]
-            lines += img(model_layer_lines(c, f"{label} · task 1 · seed {c.seed}: accuracy with one head ablated"),
-                         f"per-layer ablation {label}")
+            lines += img(
+                model_layer_lines(
+                    c, f"{label} · task 1 · seed {c.seed}: accuracy with one head ablated"
+                ),
+                f"per-layer ablation {label}",
+            )
     if lines:
-        dep += ("<h3>Per-layer head ablation of task-1 models with a rotary part (the paper's plots; lowest "
-                "seed)</h3>" + lines)
-    sections.append(("deposits", "Single-head deposits and layer concentration: head ablation", dep))
+        dep += (
+            "<h3>Per-layer head ablation of task-1 models with a rotary part (the paper's plots; lowest "
+            "seed)</h3>" + lines
+        )
+    sections.append(
+        ("deposits", "Single-head deposits and layer concentration: head ablation", dep)
+    )
     if "study" in summary.tables:
         t = summary.tables["study"]
         sections.append(("study", t.title, table_html(t)))
     if "link" in summary.tables:
-        sections.append(("generalization", "Length generalisation and concentration", generalization_section(summary)))
+        sections.append(
+            (
+                "generalization",
+                "Length generalisation and concentration",
+                generalization_section(summary),
+            )
+        )
 
     dyn_html = ""
     for label in label_order(cells):
-        for c in sorted((c for c in cells if c.label == label and c.task == "distance"), key=lambda c: c.seed)[:1]:
+        for c in sorted(
+            (c for c in cells if c.label == label and c.task == "distance"), key=lambda c: c.seed
+        )[:1]:
             uri = model_dynamics(c, f"{label} · task 1 · seed {c.seed}: deposit dynamics, layer 0")
             if uri:
                 dyn_html += img(uri, f"dynamics {label}")
     if not dyn_html:
         dyn_html = "<p class='note'>No deposit dynamics recorded (deposit_dynamics.jsonl) in these runs.</p>"
     else:
-        dyn_html = ("<p class='note'>Single-head ablation drops of layer 0 measured during training on the "
-                    "first held-out examples (`probes.deposit.DepositDynamics`): each head's drop, and the margin between "
-                    "the first and second head (C16), lowest seed of each task-1 model.</p>" + dyn_html)
+        dyn_html = (
+            "<p class='note'>Single-head ablation drops of layer 0 measured during training on the "
+            "first held-out examples (`probes.deposit.DepositDynamics`): each head's drop, and the margin between "
+            "the first and second head (C16), lowest seed of each task-1 model.</p>" + dyn_html
+        )
     sections.append(("dynamics", "Deposit dynamics", dyn_html))
 
-    sections.append(("patching", "Patching, positional heads and logit terms",
-                     patching_section(cells) + positional_section(cells) + decomposition_section(cells)))
+    sections.append(
+        (
+            "patching",
+            "Patching, positional heads and logit terms",
+            patching_section(cells) + positional_section(cells) + decomposition_section(cells),
+        )
+    )
     sections.append(("circuits", "Circuits: position and content edges", circuits_section(cells)))
 
     widgets = InlineWidgets()
     att = attention_section(cells, widgets)
-    att = ("<p class='note'>Attention patterns (circuitsvis) on held-out examples: the chosen head first, "
-           "then the other heads of its layer in order of ablation drop. Hover or click a head in the "
-           "widget to compare.</p>"
-           + widgets.bundle_html() + att)
+    att = (
+        "<p class='note'>Attention patterns (circuitsvis) on held-out examples: the chosen head first, "
+        "then the other heads of its layer in order of ablation drop. Hover or click a head in the "
+        "widget to compare.</p>" + widgets.bundle_html() + att
+    )
     sections.append(("attention", "Attention patterns of the top heads", att))
     # The claims come after the figures: the first screen answers the main question instead.
-    sections.append(("claims", "Claims C1–C17", table_html(summary.tables["claims"], status_col="Status")))
+    sections.append(
+        ("claims", "Claims C1–C17", table_html(summary.tables["claims"], status_col="Status"))
+    )
 
-    nav = "<nav>" + "".join(f"<a href='#{k}'>{html.escape(t)}</a>" for k, t, _ in sections) + "</nav>"
-    body = "".join(f"<section id='{k}'><h2>{html.escape(t)}</h2>{content}</section>" for k, t, content in sections)
+    nav = (
+        "<nav>" + "".join(f"<a href='#{k}'>{html.escape(t)}</a>" for k, t, _ in sections) + "</nav>"
+    )
+    body = "".join(
+        f"<section id='{k}'><h2>{html.escape(t)}</h2>{content}</section>"
+        for k, t, content in sections
+    )
     title = html.escape(report_title or f"pe-interp reproduction report: preset {summary.preset}")
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

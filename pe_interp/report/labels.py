@@ -33,14 +33,20 @@ def encoding_label(spec: Any) -> str:
 # label -> task -> what the summaries report (digest §5).
 PAPER_ACC: dict[str, dict[str, str]] = {
     "rope": {"distance": "92.64", "count": "69.43"},
-    "sinusoidal+rope": {"distance": "92.64 (if the paper's RoPE is the authors' APE+RoPE)",
-                        "count": "69.43 (same caveat)"},
+    "sinusoidal+rope": {
+        "distance": "92.64 (if the paper's RoPE is the authors' APE+RoPE)",
+        "count": "69.43 (same caveat)",
+    },
     "decoupled_rope": {"distance": "88.34 (MLA)", "count": "97.41 (MLA)"},
     "nope": {"distance": "“fails” (qualitative)", "count": "77.69"},
-    "sinusoidal": {"distance": "“second best” (qualitative, “Absolute”)",
-                   "count": "“moderate” (qualitative, “Absolute”)"},
-    "learned": {"distance": "not reported (“Absolute” may mean this)",
-                "count": "not reported (“Absolute” may mean this)"},
+    "sinusoidal": {
+        "distance": "“second best” (qualitative, “Absolute”)",
+        "count": "“moderate” (qualitative, “Absolute”)",
+    },
+    "learned": {
+        "distance": "not reported (“Absolute” may mean this)",
+        "count": "not reported (“Absolute” may mean this)",
+    },
     "alibi": {"distance": "“fails” (qualitative)", "count": "“worst” (qualitative)"},
     "t5": {"distance": "not reported", "count": "not reported"},
     "rope (1 head)": {"distance": "≈90 (qualitative)", "count": "not reported"},

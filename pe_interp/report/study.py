@@ -34,7 +34,18 @@ from pe_interp.report.data import (
 from pe_interp.report.summary import Table
 from pe_interp.sweep.grid import condition_name
 
-__all__ = ["Condition", "StudyRow", "conditions", "group_conditions", "is_study", "rows_of", "study_markdown", "study_rows", "study_table", "study_verdict"]
+__all__ = [
+    "Condition",
+    "StudyRow",
+    "conditions",
+    "group_conditions",
+    "is_study",
+    "rows_of",
+    "study_markdown",
+    "study_rows",
+    "study_table",
+    "study_verdict",
+]
 
 STUDY_CLAIMS = (c7, c8, c14, c16)
 
@@ -87,16 +98,21 @@ def group_conditions(cells: list[CellInfo], grid: dict[str, Any]) -> list[Condit
         name = condition_name(c.params, base)
         groups.setdefault(name, []).append(c)
         changes[name] = {k: v for k, v in sorted(c.params.items()) if base.get(k) != v} | {
-            k: None for k in base if k not in c.params}
+            k: None for k in base if k not in c.params
+        }
     order = ["base"]
     for v in grid.get("variants", []):
         order.append(condition_name({**base, **{k: x for k, x in v.items() if k != "seeds"}}, base))
     rank = {name: i for i, name in enumerate(dict.fromkeys(order))}
-    return [Condition(n, changes[n], tuple(sorted(groups[n], key=lambda c: c.seed)))
-            for n in sorted(groups, key=lambda n: (rank.get(n, len(rank)), n))]
+    return [
+        Condition(n, changes[n], tuple(sorted(groups[n], key=lambda c: c.seed)))
+        for n in sorted(groups, key=lambda n: (rank.get(n, len(rank)), n))
+    ]
 
 
-def _claims(cells: tuple[CellInfo, ...], baselines: dict[str, dict[str, float]]) -> tuple[dict[str, str], dict[str, str]]:
+def _claims(
+    cells: tuple[CellInfo, ...], baselines: dict[str, dict[str, float]]
+) -> tuple[dict[str, str], dict[str, str]]:
     """C7, C8, C14, C16 on these task-1 cells, as if they were the `rope` model of a reproduction."""
     as_rope = [dataclasses.replace(c, label="rope") for c in cells if c.task == "distance"]
     if not as_rope:
@@ -122,23 +138,25 @@ def rows_of(conds: list[Condition]) -> list[StudyRow]:
         room = [(c, d) for c, d in doms if d.room]
         accs = [c.test_acc for c in cond.cells]
         status, evidence = _claims(tuple(ablated), baselines)
-        rows.append(StudyRow(
-            condition=cond.name,
-            task=cond.cells[0].task,
-            n=len(cond.cells),
-            acc_mean=statistics.fmean(accs),
-            acc_std=statistics.stdev(accs) if len(accs) > 1 else 0.0,
-            n_room=len(room),
-            n_single=sum(d.single for _, d in room),
-            top=tuple(f"L{d.layer}H{d.head}" for _, d in doms),
-            top_drop=tuple(d.drop for _, d in doms),
-            runner_up=tuple(d.runner_up for _, d in doms),
-            share=tuple(d.share for _, d in doms),
-            top_ci=tuple(ci_of(c.ablation, d.layer, d.head) for c, d in doms),
-            flagged=sum(bool(c.flagged) for c in ablated),
-            claims=status,
-            evidence=evidence,
-        ))
+        rows.append(
+            StudyRow(
+                condition=cond.name,
+                task=cond.cells[0].task,
+                n=len(cond.cells),
+                acc_mean=statistics.fmean(accs),
+                acc_std=statistics.stdev(accs) if len(accs) > 1 else 0.0,
+                n_room=len(room),
+                n_single=sum(d.single for _, d in room),
+                top=tuple(f"L{d.layer}H{d.head}" for _, d in doms),
+                top_drop=tuple(d.drop for _, d in doms),
+                runner_up=tuple(d.runner_up for _, d in doms),
+                share=tuple(d.share for _, d in doms),
+                top_ci=tuple(ci_of(c.ablation, d.layer, d.head) for c, d in doms),
+                flagged=sum(bool(c.flagged) for c in ablated),
+                claims=status,
+                evidence=evidence,
+            )
+        )
     return rows
 
 
@@ -152,9 +170,21 @@ def _mean_pts(xs: tuple[float, ...]) -> str:
 
 
 STUDY_COLUMNS = [
-    "condition", "task", "seeds", "held-out acc %", "single-head deposit (of seeds with room)", "top head per seed",
-    "top drop (pts)", "runner-up drop (pts)", "top share %", "top CI (pts)", "layer concentration",
-    "C7", "C8", "C14", "C16",
+    "condition",
+    "task",
+    "seeds",
+    "held-out acc %",
+    "single-head deposit (of seeds with room)",
+    "top head per seed",
+    "top drop (pts)",
+    "runner-up drop (pts)",
+    "top share %",
+    "top CI (pts)",
+    "layer concentration",
+    "C7",
+    "C8",
+    "C14",
+    "C16",
 ]
 
 
@@ -163,9 +193,11 @@ def study_verdict(rows: list[StudyRow]) -> str:
     total_room = sum(r.n_room for r in rows if r.task == "distance")
     total_single = sum(r.n_single for r in rows if r.task == "distance")
     with_deposit = [r.condition for r in rows if r.n_single]
-    return (f"Single-head deposit (exactly one head with a drop ≥ {100 * LARGE_DROP:.0f} points, every "
-            f"other within {100 * SMALL_DROP:.0f} either way): {total_single} of {total_room} task-1 models with room for such "
-            "a drop, " + (f"in: {', '.join(with_deposit)}." if with_deposit else "in no condition."))
+    return (
+        f"Single-head deposit (exactly one head with a drop ≥ {100 * LARGE_DROP:.0f} points, every "
+        f"other within {100 * SMALL_DROP:.0f} either way): {total_single} of {total_room} task-1 models with room for such "
+        "a drop, " + (f"in: {', '.join(with_deposit)}." if with_deposit else "in no condition.")
+    )
 
 
 def study_table(sweep_dir: str | Path, rows: list[StudyRow] | None = None) -> Table:
@@ -174,15 +206,33 @@ def study_table(sweep_dir: str | Path, rows: list[StudyRow] | None = None) -> Ta
     rows = study_rows(sweep_dir) if rows is None else rows
     body = []
     for r in rows:
-        cis = "; ".join("n/a" if ci is None else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" for ci in r.top_ci)
-        body.append([
-            r.condition, r.task, str(r.n), f"{100 * r.acc_mean:.1f} ± {100 * r.acc_std:.1f}",
-            f"{r.n_single}/{r.n_room}", ", ".join(r.top), _mean_pts(r.top_drop), _mean_pts(r.runner_up),
-            _mean_pts(r.share), cis, f"{r.flagged}/{len(r.top)}",
-            *(r.claims.get(k, "—") for k in ("C7", "C8", "C14", "C16")),
-        ])
-    return Table(key="study", title="The deposit study, by condition", columns=STUDY_COLUMNS, rows=body,
-                 records=[r.to_dict() for r in rows], notes=[study_verdict(rows)])
+        cis = "; ".join(
+            "n/a" if ci is None else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" for ci in r.top_ci
+        )
+        body.append(
+            [
+                r.condition,
+                r.task,
+                str(r.n),
+                f"{100 * r.acc_mean:.1f} ± {100 * r.acc_std:.1f}",
+                f"{r.n_single}/{r.n_room}",
+                ", ".join(r.top),
+                _mean_pts(r.top_drop),
+                _mean_pts(r.runner_up),
+                _mean_pts(r.share),
+                cis,
+                f"{r.flagged}/{len(r.top)}",
+                *(r.claims.get(k, "—") for k in ("C7", "C8", "C14", "C16")),
+            ]
+        )
+    return Table(
+        key="study",
+        title="The deposit study, by condition",
+        columns=STUDY_COLUMNS,
+        rows=body,
+        records=[r.to_dict() for r in rows],
+        notes=[study_verdict(rows)],
+    )
 
 
 def is_study(sweep_dir: str | Path) -> bool:

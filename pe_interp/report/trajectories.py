@@ -22,10 +22,20 @@ import numpy as np
 from pe_interp.report.figures import new_figure, save_png
 from probes.metrics import wilson
 
-CRITERIA = (("single_head", "single-head deposit"), ("layer0", "layer-0 concentration"),
-            ("positional", "positional deposit"))
+CRITERIA = (
+    ("single_head", "single-head deposit"),
+    ("layer0", "layer-0 concentration"),
+    ("positional", "positional deposit"),
+)
 
-__all__ = ["CRITERIA", "has_snapshots", "seed_row", "trajectory_figure", "trajectory_markdown", "trajectory_rows"]
+__all__ = [
+    "CRITERIA",
+    "has_snapshots",
+    "seed_row",
+    "trajectory_figure",
+    "trajectory_markdown",
+    "trajectory_rows",
+]
 
 
 def has_snapshots(findings: list[dict[str, Any]]) -> bool:
@@ -41,15 +51,23 @@ def seed_row(f: dict[str, Any]) -> dict[str, Any]:
     recs = sorted(f["snapshots"], key=lambda r: r["step"])
     steps = [r["step"] for r in recs]
     drops = [np.nan_to_num(np.asarray(r["drops"], dtype=float), nan=0.0) for r in recs]
-    row: dict[str, Any] = {"condition": f["condition"], "seed": f["seed"], "test_acc": f.get("test_acc"),
-                           "steps": steps}
+    row: dict[str, Any] = {
+        "condition": f["condition"],
+        "seed": f["seed"],
+        "test_acc": f.get("test_acc"),
+        "steps": steps,
+    }
     for key, _ in CRITERIA:
         verdicts = [r["verdicts"].get(key, {}).get("verdict") for r in recs]
         held = [i for i, v in enumerate(verdicts) if v == "yes"]
         row[key] = {
-            "holds": bool(held), "undecided": sum(v == "undecided" for v in verdicts),
-            "onset": steps[held[0]] if held else None, "last": steps[held[-1]] if held else None,
-            "lifetime": (steps[min(held[-1] + 1, len(steps) - 1)] - steps[held[0]]) if held else None,
+            "holds": bool(held),
+            "undecided": sum(v == "undecided" for v in verdicts),
+            "onset": steps[held[0]] if held else None,
+            "last": steps[held[-1]] if held else None,
+            "lifetime": (steps[min(held[-1] + 1, len(steps) - 1)] - steps[held[0]])
+            if held
+            else None,
             "at": [steps[i] for i in held],
         }
     l0 = [d[0] for d in drops]
@@ -63,15 +81,23 @@ def seed_row(f: dict[str, Any]) -> dict[str, Any]:
     def later(i: int) -> float:
         return float(np.clip(drops[i][1:], 0, None).sum())
 
-    row["l0_peak"] = {"step": steps[peak], "head": f"L0H{head}", "drop": float(l0[peak][head]),
-                      "final": float(l0[end][head]), "lead_final": float(l0[end].max()),
-                      "lead_final_head": f"L0H{int(np.argmax(l0[end]))}", "to_l0_others": others(end) - others(peak),
-                      "to_later_layers": later(end) - later(peak)}
+    row["l0_peak"] = {
+        "step": steps[peak],
+        "head": f"L0H{head}",
+        "drop": float(l0[peak][head]),
+        "final": float(l0[end][head]),
+        "lead_final": float(l0[end].max()),
+        "lead_final_head": f"L0H{int(np.argmax(l0[end]))}",
+        "to_l0_others": others(end) - others(peak),
+        "to_later_layers": later(end) - later(peak),
+    }
     row["l0_lead"] = [float(x.max()) for x in l0]
     return row
 
 
-def trajectory_rows(findings: list[dict[str, Any]], order: list[str] | None = None) -> list[dict[str, Any]]:
+def trajectory_rows(
+    findings: list[dict[str, Any]], order: list[str] | None = None
+) -> list[dict[str, Any]]:
     """One row per condition: its seeds' rows (``seeds``) and the counts over them."""
     seeds = [seed_row(f) for f in findings if f.get("snapshots")]
     names = list(dict.fromkeys([*(order or []), *(s["condition"] for s in seeds)]))
@@ -97,8 +123,11 @@ def trajectory_markdown(rows: list[dict[str, Any]], source: str) -> str:
     """The README's table of the dynamics study, and its notes."""
     head = ["condition", "seeds", "final held-out acc %"]
     head += [f"{label} at some step, k of n [95% CI]" for _, label in CRITERIA]
-    head += ["layer-0 concentration: onset / last / lifetime (steps, median)", "layer-0 lead: peak (pts) at step → final",
-             "after the peak: Δ layer-0 others / Δ later layers (pts, median)"]
+    head += [
+        "layer-0 concentration: onset / last / lifetime (steps, median)",
+        "layer-0 lead: peak (pts) at step → final",
+        "after the peak: Δ layer-0 others / Δ later layers (pts, median)",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         g = r["seeds"]
@@ -108,28 +137,41 @@ def trajectory_markdown(rows: list[dict[str, Any]], source: str) -> str:
             k, (lo, hi) = r[key]["k"], r[key]["ci"]
             cells.append(f"{k} of {r['n']} [{100 * lo:.0f}, {100 * hi:.0f}]%")
         c = [s["layer0"] for s in g]
-        cells.append(f"{_med([x['onset'] for x in c])} / {_med([x['last'] for x in c])} / "
-                     f"{_med([x['lifetime'] for x in c])}")
+        cells.append(
+            f"{_med([x['onset'] for x in c])} / {_med([x['last'] for x in c])} / "
+            f"{_med([x['lifetime'] for x in c])}"
+        )
         p = [s["l0_peak"] for s in g]
-        cells.append(f"{_med([100 * x['drop'] for x in p], '{:.1f}')} at {_med([x['step'] for x in p])} → "
-                     f"{_med([100 * x['final'] for x in p], '{:.1f}')}")
-        cells.append(f"{_med([100 * x['to_l0_others'] for x in p], '{:+.1f}')} / "
-                     f"{_med([100 * x['to_later_layers'] for x in p], '{:+.1f}')}")
+        cells.append(
+            f"{_med([100 * x['drop'] for x in p], '{:.1f}')} at {_med([x['step'] for x in p])} → "
+            f"{_med([100 * x['final'] for x in p], '{:.1f}')}"
+        )
+        cells.append(
+            f"{_med([100 * x['to_l0_others'] for x in p], '{:+.1f}')} / "
+            f"{_med([100 * x['to_later_layers'] for x in p], '{:+.1f}')}"
+        )
         lines.append("| " + " | ".join(cells) + " |")
     total = sum(r["n"] for r in rows)
     sums = {key: sum(r[key]["k"] for r in rows) for key, _ in CRITERIA}
-    notes = "; ".join(f"{label} at some snapshot in {sums[key]} of {total} runs "
-                      f"(Wilson 95% {100 * wilson(sums[key], total)[0]:.0f}–{100 * wilson(sums[key], total)[1]:.0f}%)"
-                      for key, label in CRITERIA)
+    notes = "; ".join(
+        f"{label} at some snapshot in {sums[key]} of {total} runs "
+        f"(Wilson 95% {100 * wilson(sums[key], total)[0]:.0f}–{100 * wilson(sums[key], total)[1]:.0f}%)"
+        for key, label in CRITERIA
+    )
     undecided = sum(s[key]["undecided"] for r in rows for s in r["seeds"] for key, _ in CRITERIA)
-    lines += ["", f"Over all conditions: {notes}. Verdicts are decided on bootstrap intervals at every snapshot "
-              f"({undecided} snapshot verdicts stayed undecided after confirmation). From `{source}` ({total} runs; "
-              f"`pe-interp study {source} --readme README.md` regenerates this table and "
-              f"`{source}/study/dynamics.png`)."]
+    lines += [
+        "",
+        f"Over all conditions: {notes}. Verdicts are decided on bootstrap intervals at every snapshot "
+        f"({undecided} snapshot verdicts stayed undecided after confirmation). From `{source}` ({total} runs; "
+        f"`pe-interp study {source} --readme README.md` regenerates this table and "
+        f"`{source}/study/dynamics.png`).",
+    ]
     return "\n".join(lines)
 
 
-def trajectory_figure(rows: list[dict[str, Any]], findings: list[dict[str, Any]], path: str | Path) -> Path | None:
+def trajectory_figure(
+    rows: list[dict[str, Any]], findings: list[dict[str, Any]], path: str | Path
+) -> Path | None:
     """Per condition, every seed's top head (solid) and layer-0 top head (dotted) over training,
     with a marker at each snapshot where a criterion holds."""
     if not rows:
@@ -138,7 +180,9 @@ def trajectory_figure(rows: list[dict[str, Any]], findings: list[dict[str, Any]]
     axes = fig.subplots(1, len(rows), squeeze=False)[0]
     marks = {"single_head": ("v", "C3"), "layer0": ("o", "C0"), "positional": ("s", "C2")}
     for ax, row in zip(axes, rows):
-        for j, f in enumerate(x for x in findings if x["condition"] == row["condition"] and x.get("snapshots")):
+        for j, f in enumerate(
+            x for x in findings if x["condition"] == row["condition"] and x.get("snapshots")
+        ):
             recs = sorted(f["snapshots"], key=lambda r: r["step"])
             steps = [r["step"] for r in recs]
             d = [np.nan_to_num(np.asarray(r["drops"], dtype=float), nan=0.0) for r in recs]
@@ -146,8 +190,11 @@ def trajectory_figure(rows: list[dict[str, Any]], findings: list[dict[str, Any]]
             ax.plot(steps, [100 * x.max() for x in d], color=color, lw=1.2)
             ax.plot(steps, [100 * x[0].max() for x in d], color=color, lw=0.8, ls=":")
             for key, (marker, c) in marks.items():
-                held = [(s, 100 * x.max()) for s, x, r in zip(steps, d, recs)
-                        if r["verdicts"].get(key, {}).get("verdict") == "yes"]
+                held = [
+                    (s, 100 * x.max())
+                    for s, x, r in zip(steps, d, recs)
+                    if r["verdicts"].get(key, {}).get("verdict") == "yes"
+                ]
                 if held:
                     ax.scatter(*zip(*held), marker=marker, s=14, color=c, zorder=3)
         ax.axhline(50, color="grey", lw=0.6, ls="--")
@@ -155,7 +202,10 @@ def trajectory_figure(rows: list[dict[str, Any]], findings: list[dict[str, Any]]
         ax.set_xlabel("step", fontsize=8)
         ax.set_ylabel("drop when zero-ablated (pts)", fontsize=8)
         ax.tick_params(labelsize=7)
-    fig.suptitle("Top head (solid) and layer-0 top head (dotted) per seed, zero-ablated on held-out examples\n"
-                 "markers where a criterion holds: single-head deposit (▼), layer-0 concentration (●), "
-                 "positional deposit (■)", fontsize=8)
+    fig.suptitle(
+        "Top head (solid) and layer-0 top head (dotted) per seed, zero-ablated on held-out examples\n"
+        "markers where a criterion holds: single-head deposit (▼), layer-0 concentration (●), "
+        "positional deposit (■)",
+        fontsize=8,
+    )
     return save_png(fig, path)

@@ -46,8 +46,17 @@ def _pts(x: float) -> str:
 def _models(cells: list[CellInfo], task: str) -> list[tuple[str, list[CellInfo]]]:
     out = []
     for label in label_order(cells):
-        models = sorted((c for c in cells if c.label == label and c.task == task
-                         and c.ablation is not None and c.deposits is not None), key=lambda c: c.seed)
+        models = sorted(
+            (
+                c
+                for c in cells
+                if c.label == label
+                and c.task == task
+                and c.ablation is not None
+                and c.deposits is not None
+            ),
+            key=lambda c: c.seed,
+        )
         if models:
             out.append((label, models))
     return out
@@ -68,7 +77,9 @@ def _why_not(d: Dominance) -> str:
     if d.n_large > 1:
         why.append(f"{d.n_large} heads cost ≥ {100 * LARGE_DROP:.0f} points")
     if not d.others_small:
-        why.append(f"another head moves accuracy by {_pts(d.others_max_abs)} (> {100 * SMALL_DROP:.0f})")
+        why.append(
+            f"another head moves accuracy by {_pts(d.others_max_abs)} (> {100 * SMALL_DROP:.0f})"
+        )
     return "; ".join(why) or "no criterion met"
 
 
@@ -77,8 +88,11 @@ def _concentration(models: list[CellInfo]) -> str:
     flagged = [c for c in models if c.found]
     if not flagged:
         return " Layer concentration: none."
-    where = ", ".join(f"seed {c.seed}: L{c.deposits.first[0]}H{c.deposits.first[1]} "
-                      f"({100 * c.deposits.layer(c.deposits.first[0]).share:.0f}% of its layer)" for c in flagged)
+    where = ", ".join(
+        f"seed {c.seed}: L{c.deposits.first[0]}H{c.deposits.first[1]} "
+        f"({100 * c.deposits.layer(c.deposits.first[0]).share:.0f}% of its layer)"
+        for c in flagged
+    )
     return f" Layer concentration in {len(flagged)} of {len(models)} seed(s) ({where})."
 
 
@@ -92,49 +106,81 @@ def model_line(label: str, models: list[CellInfo]) -> tuple[bool, str]:
     if singles:
         c, d = singles[0]
         where = ", ".join(f"seed {m.seed}: L{e.layer}H{e.head}" for m, e in singles)
-        return True, (f"**{label}** ({_acc(models)}): **single-head deposit at L{d.layer}H{d.head}** in {len(singles)} of "
-                      f"{n} seed(s) ({where}). Ablating it costs {_pts(d.drop)}; every other head moves accuracy by "
-                      f"at most {_pts(d.others_max_abs)}." + _concentration(models))
+        return True, (
+            f"**{label}** ({_acc(models)}): **single-head deposit at L{d.layer}H{d.head}** in {len(singles)} of "
+            f"{n} seed(s) ({where}). Ablating it costs {_pts(d.drop)}; every other head moves accuracy by "
+            f"at most {_pts(d.others_max_abs)}." + _concentration(models)
+        )
     c, d = doms[0]
     seeds = f"{n} seeds" if n > 1 else f"seed {c.seed}"
     others = ""
     if n > 1:
-        others = " Other seeds' top heads: " + ", ".join(
-            f"L{e.layer}H{e.head} ({_pts(e.drop)}, runner-up {_pts(e.runner_up)})" for _, e in doms[1:]) + "."
-    return False, (f"**{label}** ({_acc(models)}): no single-head deposit ({seeds}). Top head L{d.layer}H{d.head}"
-                   f"{f' (seed {c.seed})' if n > 1 else ''}: {_pts(d.drop)} ({_why_not(d)}); runner-up "
-                   f"{_pts(d.runner_up)}.{others}" + _concentration(models))
+        others = (
+            " Other seeds' top heads: "
+            + ", ".join(
+                f"L{e.layer}H{e.head} ({_pts(e.drop)}, runner-up {_pts(e.runner_up)})"
+                for _, e in doms[1:]
+            )
+            + "."
+        )
+    return False, (
+        f"**{label}** ({_acc(models)}): no single-head deposit ({seeds}). Top head L{d.layer}H{d.head}"
+        f"{f' (seed {c.seed})' if n > 1 else ''}: {_pts(d.drop)} ({_why_not(d)}); runner-up "
+        f"{_pts(d.runner_up)}.{others}" + _concentration(models)
+    )
 
 
 def criterion(cells: list[CellInfo]) -> str:
     report = next((c.deposits for c in cells if c.deposits is not None), None)
-    text = (f"A single-head deposit: exactly one head of the model costs ≥ {100 * LARGE_DROP:.0f} accuracy points "
-            f"when zero-ablated alone, and every other head moves accuracy by ≤ {100 * SMALL_DROP:.0f} points either "
-            "way (claims C7/C8).")
+    text = (
+        f"A single-head deposit: exactly one head of the model costs ≥ {100 * LARGE_DROP:.0f} accuracy points "
+        f"when zero-ablated alone, and every other head moves accuracy by ≤ {100 * SMALL_DROP:.0f} points either "
+        "way (claims C7/C8)."
+    )
     if report is None:
         return text
-    sep = ", and the lower end of its bootstrap CI lies above the runner-up's drop" if report.require_separation else ""
-    return text + (f" Layer concentration (looser, per layer): ablating a layer's top head ({report.method}-ablation, "
-                   f"{report.metric}) costs ≥ {100 * report.min_drop:.0f} points and ≥ {100 * report.min_share:.0f}% of "
-                   f"the layer's summed drop{sep}.")
+    sep = (
+        ", and the lower end of its bootstrap CI lies above the runner-up's drop"
+        if report.require_separation
+        else ""
+    )
+    return text + (
+        f" Layer concentration (looser, per layer): ablating a layer's top head ({report.method}-ablation, "
+        f"{report.metric}) costs ≥ {100 * report.min_drop:.0f} points and ≥ {100 * report.min_share:.0f}% of "
+        f"the layer's summed drop{sep}."
+    )
 
 
 def evidence_lines(cells: list[CellInfo], task: str) -> list[str]:
     """One line of head patching and one of the logit decomposition per model (lowest seed)."""
     lines = []
     for label, _ in _models(cells, task) or [(lab, []) for lab in label_order(cells)]:
-        mine = sorted((c for c in cells if c.label == label and c.task == task), key=lambda c: c.seed)
-        pc = next((c for c in mine if c.patching is not None and tuple(c.patching.axis_names) == ("layer", "head")), None)
+        mine = sorted(
+            (c for c in cells if c.label == label and c.task == task), key=lambda c: c.seed
+        )
+        pc = next(
+            (
+                c
+                for c in mine
+                if c.patching is not None and tuple(c.patching.axis_names) == ("layer", "head")
+            ),
+            None,
+        )
         if pc is not None:
             top = pc.patching.top(2, by_abs=False)
             parts = [f"L{cell['layer']}H{cell['head']} {value:+.2f}" for cell, value in top]
-            lines.append(f"Head patching, **{label}** (seed {pc.seed}, {pc.patching.n_examples} distance "
-                         f"counterfactual pairs; 1 = the clean answer fully restored): {', '.join(parts)}.")
+            lines.append(
+                f"Head patching, **{label}** (seed {pc.seed}, {pc.patching.n_examples} distance "
+                f"counterfactual pairs; 1 = the clean answer fully restored): {', '.join(parts)}."
+            )
         dc = next((c for c in mine if c.decomposition), None)
         if dc is not None:
             d = dc.decomposition
-            shares = {k: v for k, v in d.get("grouped_variance_shares", {}).items()
-                      if isinstance(v, float) and math.isfinite(v)}
+            shares = {
+                k: v
+                for k, v in d.get("grouped_variance_shares", {}).items()
+                if isinstance(v, float) and math.isfinite(v)
+            }
             best = sorted(shares.items(), key=lambda kv: -kv[1])[:2]
             text = ", ".join(f"{k} {100 * v:.0f}%" for k, v in best)
             rope = d.get("summary", {}).get("rope")
@@ -145,8 +191,10 @@ def evidence_lines(cells: list[CellInfo], task: str) -> list[str]:
             tz = d.get("summary", {}).get("toeplitz", {}).get("total")
             if isinstance(tz, float) and math.isfinite(tz):
                 text += f"; the logits are {100 * tz:.0f}% a function of the offset j − i (Toeplitz score)"
-            lines.append(f"Logit terms of **{label}**'s top head L{d['layer']}H{d['head']} (seed {dc.seed}, held-out "
-                         f"example {d['example']}): share of the logit variance {text}.")
+            lines.append(
+                f"Logit terms of **{label}**'s top head L{d['layer']}H{d['head']} (seed {dc.seed}, held-out "
+                f"example {d['example']}): share of the logit variance {text}."
+            )
     return lines
 
 
@@ -166,13 +214,18 @@ def deposit_answer(cells: list[CellInfo], task: str) -> tuple[str, list[tuple[bo
     if not models:
         return f"**Not measured**: no {title} model has a head-ablation sweep.", []
     if with_deposit:
-        answer = (f"**Yes**: a single-head deposit in {len(with_deposit)} of {len(models)} model(s) on {title}: "
-                  + ", ".join(with_deposit) + ".")
+        answer = (
+            f"**Yes**: a single-head deposit in {len(with_deposit)} of {len(models)} model(s) on {title}: "
+            + ", ".join(with_deposit)
+            + "."
+        )
     else:
         runs = f", {n_runs} runs" if n_runs > len(models) else ""
         which = "this model" if len(models) == 1 else f"any of the {len(models)} models"
-        answer = (f"**No**: no single-head deposit in {which} on {title}{runs}: no one head costs ≥ "
-                  f"{100 * LARGE_DROP:.0f} points while every other stays within {100 * SMALL_DROP:.0f}.")
+        answer = (
+            f"**No**: no single-head deposit in {which} on {title}{runs}: no one head costs ≥ "
+            f"{100 * LARGE_DROP:.0f} points while every other stays within {100 * SMALL_DROP:.0f}."
+        )
     return answer, verdicts
 
 
@@ -185,14 +238,23 @@ def positional_lines(cells: list[CellInfo], task: str) -> list[str]:
     out = []
     for c in cells:
         a = c.ablation
-        if c.task == task and a is not None and a.metric == "accuracy" and not np.isnan(a.ci_low).any():
-            out.append(f"**{c.label}** (seed {c.seed}), single-head deposit on its bootstrap intervals: "
-                       + decide_single(a).text())
+        if (
+            c.task == task
+            and a is not None
+            and a.metric == "accuracy"
+            and not np.isnan(a.ci_low).any()
+        ):
+            out.append(
+                f"**{c.label}** (seed {c.seed}), single-head deposit on its bootstrap intervals: "
+                + decide_single(a).text()
+            )
         path = Path(c.run_dir) / "routes.json"
         if c.task == task and path.is_file():
             p = positional_dominance(RouteShares.load(path))
-            out.append(f"**{c.label}** (seed {c.seed}), positional deposit (where position enters): "
-                       + p.text().removeprefix("positional deposit: "))
+            out.append(
+                f"**{c.label}** (seed {c.seed}), positional deposit (where position enters): "
+                + p.text().removeprefix("positional deposit: ")
+            )
     return out
 
 
@@ -204,8 +266,10 @@ def first_screen(cells: list[CellInfo]) -> str:
     models = _models(cells, task)
     title = TASK_TITLES.get(task, task)
     if not models:
-        return (f"<div class='verdict'><p class='answer'><b>Not measured.</b> No {html.escape(title)} model has a "
-                "head-ablation sweep (run the <code>ablation</code> probe, or <code>pe-interp ablate RUN_DIR</code>).</p></div>")
+        return (
+            f"<div class='verdict'><p class='answer'><b>Not measured.</b> No {html.escape(title)} model has a "
+            "head-ablation sweep (run the <code>ablation</code> probe, or <code>pe-interp ablate RUN_DIR</code>).</p></div>"
+        )
     answer, verdicts = deposit_answer(cells, task)
     body = "".join(f"<li>{inline_md(line)}</li>" for _, line in verdicts)
     body += "".join(f"<li>{inline_md(line)}</li>" for line in positional_lines(cells, task))
@@ -214,14 +278,25 @@ def first_screen(cells: list[CellInfo]) -> str:
     for label, ms in models:
         base = sum(c.ablation.baseline for c in ms) / len(ms)
         what = f"mean of {len(ms)} seeds" if len(ms) > 1 else f"seed {ms[0].seed}"
-        figs.append(img(model_heatmap(ms, f"{label}: accuracy drop per ablated head ({what}; baseline {100 * base:.1f}%)",
-                                      vmax=vmax), f"ablation heatmap {label}"))
+        figs.append(
+            img(
+                model_heatmap(
+                    ms,
+                    f"{label}: accuracy drop per ablated head ({what}; baseline {100 * base:.1f}%)",
+                    vmax=vmax,
+                ),
+                f"ablation heatmap {label}",
+            )
+        )
     lines = evidence_lines(cells, task)
     for c in cells:
         if CHECKPOINT_KEY in c.params:
             command = (c.config or {}).get("command")
-            lines.append(f"**{c.label}** is the committed run `checkpoints/{c.params[CHECKPOINT_KEY]}`, trained by this "
-                         "package from its recorded config and seed" + (f"; re-create it with `{command}`." if command else "."))
+            lines.append(
+                f"**{c.label}** is the committed run `checkpoints/{c.params[CHECKPOINT_KEY]}`, trained by this "
+                "package from its recorded config and seed"
+                + (f"; re-create it with `{command}`." if command else ".")
+            )
     evidence = "".join(f"<li>{inline_md(line)}</li>" for line in lines)
     return (
         "<div class='verdict' id='verdict'>"
@@ -239,24 +314,42 @@ def decomposition_section(cells: list[CellInfo]) -> str:
     """The top head's attention-logit terms (lowest seed of each task-1 model)."""
     parts = []
     for label in label_order(cells):
-        mine = sorted((c for c in cells if c.label == label and c.decomposition), key=lambda c: (c.task, c.seed))
+        mine = sorted(
+            (c for c in cells if c.label == label and c.decomposition),
+            key=lambda c: (c.task, c.seed),
+        )
         if not mine:
             continue
         c = mine[0]
         d = c.decomposition
-        title = (f"{label} · {c.task} · seed {c.seed}: logit terms of L{d['layer']}H{d['head']} ({d['why']}), "
-                 f"held-out example {d['example']} (label {d['label']})")
+        title = (
+            f"{label} · {c.task} · seed {c.seed}: logit terms of L{d['layer']}H{d['head']} ({d['why']}), "
+            f"held-out example {d['example']} (label {d['label']})"
+        )
         parts.append(img(logit_terms_figure(d, title), f"logit terms {label}"))
         err = d.get("summary", {}).get("max_error")
         if isinstance(err, float):
-            parts.append(f"<p class='caption'>The terms sum to the model's logits within {err:.1e}.</p>")
+            parts.append(
+                f"<p class='caption'>The terms sum to the model's logits within {err:.1e}.</p>"
+            )
     if not parts:
         return ""
-    return ("<h3>Logit decomposition of the top head</h3><p class='note'>The top head's pre-softmax logits on one "
-            "held-out example split into terms (<code>probes.decomposition.logit_terms</code>, grouped as in the paper): "
-            "content–content, content–position, position–content and position–position Gram terms and the offset at "
-            "layer 0 (<code>qk</code> deeper), the relative bias, their sum and the model's actual logits. Titles give "
-            "each term's share of the logit variance.</p>" + "".join(parts))
+    return (
+        "<h3>Logit decomposition of the top head</h3><p class='note'>The top head's pre-softmax logits on one "
+        "held-out example split into terms (<code>probes.decomposition.logit_terms</code>, grouped as in the paper): "
+        "content–content, content–position, position–content and position–position Gram terms and the offset at "
+        "layer 0 (<code>qk</code> deeper), the relative bias, their sum and the model's actual logits. Titles give "
+        "each term's share of the logit variance.</p>" + "".join(parts)
+    )
 
 
-__all__ = ["CSS", "criterion", "decomposition_section", "deposit_answer", "evidence_lines", "first_screen", "first_task", "model_line"]
+__all__ = [
+    "CSS",
+    "criterion",
+    "decomposition_section",
+    "deposit_answer",
+    "evidence_lines",
+    "first_screen",
+    "first_task",
+    "model_line",
+]

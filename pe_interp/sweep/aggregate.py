@@ -24,10 +24,19 @@ def collect(sweep_dir: str | Path) -> tuple[list[dict[str, Any]], list[dict[str,
     for d in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
         if (d / RESULT).is_file():
             result = read_json(d / RESULT)
-            status, why = weights_status(d / "run", result) if (d / "run" / WEIGHTS).is_file() else (CURRENT, "")
+            status, why = (
+                weights_status(d / "run", result)
+                if (d / "run" / WEIGHTS).is_file()
+                else (CURRENT, "")
+            )
             if status == STALE:
-                errors.append({"id": result.get("id", d.name), "error": f"stale results: {why}; rerun the sweep to "
-                               "recompute them", "stale": True})
+                errors.append(
+                    {
+                        "id": result.get("id", d.name),
+                        "error": f"stale results: {why}; rerun the sweep to recompute them",
+                        "stale": True,
+                    }
+                )
             else:
                 results.append(result)
         elif (d / ERROR).is_file():
@@ -91,6 +100,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             return f"{100 * row['acc_mean']:.1f} ± {100 * row['acc_std']:.1f}"
         v = row.get(c, "")
         return f"{v:.3f}" if isinstance(v, float) else str(v)
+
     cols = [c for c in cols if c != "acc_std"]
     head = "| " + " | ".join("acc % (mean ± std)" if c == "acc_mean" else c for c in cols) + " |"
     sep = "|" + "---|" * len(cols)

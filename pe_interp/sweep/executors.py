@@ -47,7 +47,9 @@ def missing_probes(result: dict[str, Any], probes: tuple[str, ...]) -> list[str]
     return [name for name in probes if name in PROBES and name not in done]
 
 
-def _run_probes(run: Any, names: list[str], result: dict[str, Any], options: dict[str, dict[str, Any]]) -> None:
+def _run_probes(
+    run: Any, names: list[str], result: dict[str, Any], options: dict[str, dict[str, Any]]
+) -> None:
     seconds = result.setdefault("seconds", {})
     used = result.setdefault(OPTIONS_RUN, {})
     for name in names:
@@ -94,19 +96,36 @@ def run_cell(
                 _run_probes(run, redo, result, options)
                 atomic_write_json(cell_dir / RESULT, result)
             return result
-        atomic_write_json(cell_dir / CELL, {"id": cell.id, "params": cell.kwargs, "seed": cell.seed})
+        atomic_write_json(
+            cell_dir / CELL, {"id": cell.id, "params": cell.kwargs, "seed": cell.seed}
+        )
         (cell_dir / ERROR).unlink(missing_ok=True)
         kwargs = cell.kwargs
-        callbacks = [CALLBACKS[name](cell, **options.get(name, {})) for name in probes if name in CALLBACKS]
+        callbacks = [
+            CALLBACKS[name](cell, **options.get(name, {})) for name in probes if name in CALLBACKS
+        ]
         t0 = time.time()
         # resume the cell's own run if an earlier attempt started it (a killed worker), else start it
         resume = (run_dir / "config.json").is_file()
-        train(seed=cell.seed, out=run_dir, resume=resume, progress=False, callbacks=callbacks, **kwargs)
+        train(
+            seed=cell.seed,
+            out=run_dir,
+            resume=resume,
+            progress=False,
+            callbacks=callbacks,
+            **kwargs,
+        )
         seconds = {"train": round(time.time() - t0, 1)}  # this process's share, after any resume
         run = load_run(run_dir)
         final = run.metrics()[-1]
-        result: dict[str, Any] = {"id": cell.id, "params": kwargs, "seed": cell.seed, "final": final,
-                                  "seconds": seconds, "machine": machine()}
+        result: dict[str, Any] = {
+            "id": cell.id,
+            "params": kwargs,
+            "seed": cell.seed,
+            "final": final,
+            "seconds": seconds,
+            "machine": machine(),
+        }
         _run_probes(run, [name for name in PROBES if name in probes], result, options)
         atomic_write_json(cell_dir / RESULT, result)
         return result
@@ -116,7 +135,11 @@ CHAOS_ENV = "PE_INTERP_CHAOS_KILL_ONCE"
 
 
 def _safe_run_cell(
-    cell: Cell, sweep_dir: str, probes: tuple[str, ...], threads: int | None, options: dict | None = None
+    cell: Cell,
+    sweep_dir: str,
+    probes: tuple[str, ...],
+    threads: int | None,
+    options: dict | None = None,
 ) -> dict[str, Any]:
     """run_cell, turning an exception into an error.json record (so the sweep goes on).
 
@@ -140,10 +163,16 @@ def _safe_run_cell(
         return run_cell(cell, sweep_dir, probes, threads, options)
     except interrupts.Interrupted as err:
         if WORKER["in_worker"]:
-            os._exit(interrupts.exit_code(err.signum))  # the checkpoint is saved; the lock goes with the process
+            os._exit(
+                interrupts.exit_code(err.signum)
+            )  # the checkpoint is saved; the lock goes with the process
         raise
     except Exception as err:  # noqa: BLE001 - recorded, reported, not swallowed
-        record = {"id": cell.id, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        record = {
+            "id": cell.id,
+            "error": f"{type(err).__name__}: {err}",
+            "traceback": traceback.format_exc(),
+        }
         atomic_write_json(Path(sweep_dir) / "cells" / cell.id / ERROR, record)
         return record
 
@@ -151,8 +180,12 @@ def _safe_run_cell(
 def sweep_lock(sweep_dir: str | Path):
     """The sweep directory's lock (:func:`pe_interp.io.dir_lock`), re-entrant: a command may take
     it before :func:`run_sweep` does, to refuse before it prints anything."""
-    return dir_lock(sweep_dir, "sweep directory", hint="wait for it to end (two sweeps into one directory would "
-                    "train every cell twice), or use another --out")
+    return dir_lock(
+        sweep_dir,
+        "sweep directory",
+        hint="wait for it to end (two sweeps into one directory would "
+        "train every cell twice), or use another --out",
+    )
 
 
 @dataclass(frozen=True)
@@ -184,7 +217,9 @@ def run_sweep(
         raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
     sweep_dir = Path(sweep_dir)
     if sweep_dir.exists() and not sweep_dir.is_dir():
-        raise ValueError(f"{sweep_dir}: exists and is not a directory; choose another sweep directory")
+        raise ValueError(
+            f"{sweep_dir}: exists and is not a directory; choose another sweep directory"
+        )
     with interrupts.sigterm_raises(), sweep_lock(sweep_dir):
         try:
             return _sweep(grid, sweep_dir, backend, workers, address, max_retries, progress)
@@ -193,11 +228,20 @@ def run_sweep(
             n = sum(1 for c in grid.cells() if (sweep_dir / "cells" / c.id / RESULT).is_file())
             raise interrupts.Interrupted(
                 f"stopped by {interrupts.signal_name(signum)}: {n} of {len(grid.cells())} cells finished, the running "
-                f"ones saved their checkpoints in {sweep_dir}; rerun the same command to resume", signum) from None
+                f"ones saved their checkpoints in {sweep_dir}; rerun the same command to resume",
+                signum,
+            ) from None
 
 
-def _sweep(grid: Grid, sweep_dir: Path, backend: str, workers: int | None, address: str | None, max_retries: int,
-           progress: bool) -> SweepSummary:
+def _sweep(
+    grid: Grid,
+    sweep_dir: Path,
+    backend: str,
+    workers: int | None,
+    address: str | None,
+    max_retries: int,
+    progress: bool,
+) -> SweepSummary:
     stored = claim(sweep_dir, grid)
     cells = grid.cells()
     finished = [c for c in cells if (sweep_dir / "cells" / c.id / RESULT).is_file()]
@@ -208,25 +252,38 @@ def _sweep(grid: Grid, sweep_dir: Path, backend: str, workers: int | None, addre
     for c in finished:
         run_dir = sweep_dir / "cells" / c.id / "run"
         now = weights_provenance(run_dir) if (run_dir / WEIGHTS).is_file() else None
-        if names := probes_to_rerun(read_json(sweep_dir / "cells" / c.id / RESULT), grid.probes, grid.probe_options, now):
+        if names := probes_to_rerun(
+            read_json(sweep_dir / "cells" / c.id / RESULT), grid.probes, grid.probe_options, now
+        ):
             redo[c.id] = names
     complete = {c.id for c in finished if c.id not in redo}
     exported = _export_findings(grid, [c for c in finished if c.id in complete], sweep_dir)
     # a cell whose finding is committed is finished on any machine, its run directory or not
-    found = {c.id for c in cells if c.id not in complete and c.id not in redo and has_finding(grid, c)}
+    found = {
+        c.id for c in cells if c.id not in complete and c.id not in redo and has_finding(grid, c)
+    }
     skipped = [c.id for c in cells if c.id in complete | found]
     todo = [c for c in cells if c.id not in set(skipped)]
     cpus = os.cpu_count() or 1
     threads = int(grid.resources.get("cpus", 1)) or 1
     if progress:
-        print(f"{grid.name}: {len(cells)} cells, {len(skipped)} already finished"
-              + (f" ({len(found)} of them by their findings in {grid.findings})" if found else "")
-              + (f", {exported} finding(s) written" if exported else "") + f", {len(todo)} to run", file=sys.stderr)
+        print(
+            f"{grid.name}: {len(cells)} cells, {len(skipped)} already finished"
+            + (f" ({len(found)} of them by their findings in {grid.findings})" if found else "")
+            + (f", {exported} finding(s) written" if exported else "")
+            + f", {len(todo)} to run",
+            file=sys.stderr,
+        )
     if redo:  # said whatever --no-progress: results change
         why = option_changes(stored, grid)
         names = [n for n in PROBES if any(n in v for v in redo.values())]
-        reasons = "; ".join(why[n] for n in names if n in why) or "their results came from other weights"
-        print(f"{grid.name}: recomputing {', '.join(names)} in {len(redo)} finished cell(s) ({reasons})", file=sys.stderr)
+        reasons = (
+            "; ".join(why[n] for n in names if n in why) or "their results came from other weights"
+        )
+        print(
+            f"{grid.name}: recomputing {', '.join(names)} in {len(redo)} finished cell(s) ({reasons})",
+            file=sys.stderr,
+        )
 
     def record(outcome: dict[str, Any]) -> None:
         """A cell has ended: its finding, when the grid keeps them."""
@@ -236,7 +293,16 @@ def _sweep(grid: Grid, sweep_dir: Path, backend: str, workers: int | None, addre
 
     if backend == "local":
         workers = workers or max(1, cpus // threads)
-        outcomes = _run_local(todo, str(sweep_dir), grid.probes, workers, threads, progress, grid.probe_options, record)
+        outcomes = _run_local(
+            todo,
+            str(sweep_dir),
+            grid.probes,
+            workers,
+            threads,
+            progress,
+            grid.probe_options,
+            record,
+        )
     else:
         outcomes = _run_ray(todo, str(sweep_dir), grid, address, max_retries, progress, record)
     failed = {o["id"]: o["error"] for o in outcomes if "error" in o}
@@ -246,8 +312,12 @@ def _sweep(grid: Grid, sweep_dir: Path, backend: str, workers: int | None, addre
         results, _ = collect(sweep_dir)
         for probe in sweep_probes:
             probe(sweep_dir, results)
-    return SweepSummary(done=done, skipped=skipped, failed=failed,
-                        recomputed={k: v for k, v in redo.items() if k in done})
+    return SweepSummary(
+        done=done,
+        skipped=skipped,
+        failed=failed,
+        recomputed={k: v for k, v in redo.items() if k in done},
+    )
 
 
 def _export_findings(grid: Grid, cells: list[Cell], sweep_dir: Path) -> int:
@@ -258,12 +328,19 @@ def _export_findings(grid: Grid, cells: list[Cell], sweep_dir: Path) -> int:
     written = 0
     for cell in cells:
         if not has_finding(grid, cell):
-            write_finding(grid, cell, read_json(sweep_dir / "cells" / cell.id / RESULT), sweep_dir / "cells" / cell.id / "run")
+            write_finding(
+                grid,
+                cell,
+                read_json(sweep_dir / "cells" / cell.id / RESULT),
+                sweep_dir / "cells" / cell.id / "run",
+            )
             written += 1
     return written
 
 
-def _run_local(cells, sweep_dir, probes, workers, threads, progress, options=None, record=None) -> list[dict[str, Any]]:
+def _run_local(
+    cells, sweep_dir, probes, workers, threads, progress, options=None, record=None
+) -> list[dict[str, Any]]:
     bar = Progress(len(cells), workers, progress)
     outcomes = []
 
@@ -282,16 +359,24 @@ def _run_local(cells, sweep_dir, probes, workers, threads, progress, options=Non
     from concurrent.futures.process import BrokenProcessPool
 
     ctx = mp.get_context("spawn")  # no forked torch thread pools
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),))
+    pool = ProcessPoolExecutor(
+        max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),)
+    )
     try:
-        pending = {pool.submit(_safe_run_cell, c, sweep_dir, probes, threads, options): c for c in cells}
+        pending = {
+            pool.submit(_safe_run_cell, c, sweep_dir, probes, threads, options): c for c in cells
+        }
         while pending:
-            finished, _ = wait(pending, timeout=min(30.0, bar.heartbeat), return_when=FIRST_COMPLETED)
+            finished, _ = wait(
+                pending, timeout=min(30.0, bar.heartbeat), return_when=FIRST_COMPLETED
+            )
             for fut in finished:
                 cell = pending.pop(fut)
                 try:
                     done(fut.result())
-                except BrokenProcessPool:  # a worker died (SIGKILL, out of memory): every running cell is lost
+                except (
+                    BrokenProcessPool
+                ):  # a worker died (SIGKILL, out of memory): every running cell is lost
                     done(_lost(cell, sweep_dir))
             bar.tick()
     except BaseException:  # Ctrl-C or SIGTERM here: stop the workers, each at a checkpoint
@@ -302,13 +387,18 @@ def _run_local(cells, sweep_dir, probes, workers, threads, progress, options=Non
 
 
 def _lost(cell: Cell, sweep_dir: str) -> dict[str, Any]:
-    record = {"id": cell.id, "error": "its worker process died (killed, or out of memory); rerun the sweep to "
-                                      "resume the cell from its last checkpoint"}
+    record = {
+        "id": cell.id,
+        "error": "its worker process died (killed, or out of memory); rerun the sweep to "
+        "resume the cell from its last checkpoint",
+    }
     atomic_write_json(Path(sweep_dir) / "cells" / cell.id / ERROR, record)
     return record
 
 
-def _run_ray(cells, sweep_dir, grid: Grid, address, max_retries, progress, record=None) -> list[dict[str, Any]]:
+def _run_ray(
+    cells, sweep_dir, grid: Grid, address, max_retries, progress, record=None
+) -> list[dict[str, Any]]:
     try:  # an optional extra: the error says how to install it
         import ray
     except ImportError:
@@ -316,14 +406,21 @@ def _run_ray(cells, sweep_dir, grid: Grid, address, max_retries, progress, recor
     started = False
     if not ray.is_initialized():
         env = {k: v for k, v in os.environ.items() if k.startswith("PE_INTERP_")}
-        ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": env} if env else None)
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": env} if env else None,
+        )
         started = True
     try:
         cpus = float(grid.resources.get("cpus", 1))
         gpus = float(grid.resources.get("gpus", 0))
         remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries)(_safe_run_cell)
-        pending = [remote.remote(c, sweep_dir, grid.probes, max(1, int(cpus)), grid.probe_options) for c in cells]
+        pending = [
+            remote.remote(c, sweep_dir, grid.probes, max(1, int(cpus)), grid.probe_options)
+            for c in cells
+        ]
         slots = max(1, int(ray.cluster_resources().get("CPU", 1) // max(cpus, 1e-9)))
         bar = Progress(len(cells), slots, progress)
         outcomes = []

@@ -28,14 +28,46 @@ from pe_interp.io import atomic_write_json, read_json, read_jsonl
 from pe_interp.sweep.grid import Cell, Grid
 from probes import AblationResult
 
-__all__ = ["FINDING_KEYS", "ablation_of", "finding_path", "has_finding", "layer_ablation_of", "load_findings",
-           "summarize", "write_finding"]
+__all__ = [
+    "FINDING_KEYS",
+    "ablation_of",
+    "finding_path",
+    "has_finding",
+    "layer_ablation_of",
+    "load_findings",
+    "summarize",
+    "write_finding",
+]
 
 FORMAT = 1
-FINDING_KEYS = ("condition", "seed", "test_acc", "drops", "ci_low", "ci_high", "layer_drops", "dynamics", "weights")
+FINDING_KEYS = (
+    "condition",
+    "seed",
+    "test_acc",
+    "drops",
+    "ci_low",
+    "ci_high",
+    "layer_drops",
+    "dynamics",
+    "weights",
+)
 # ablation fields stored flat (the AblationResult is rebuilt from them by ablation_of)
-_ABLATION_FIELDS = ("baseline", "values", "drops", "ci_low", "ci_high", "method", "metric", "higher_is_better",
-                    "n_examples", "n_layers", "n_heads", "n_bootstrap", "ci", "seed")
+_ABLATION_FIELDS = (
+    "baseline",
+    "values",
+    "drops",
+    "ci_low",
+    "ci_high",
+    "method",
+    "metric",
+    "higher_is_better",
+    "n_examples",
+    "n_layers",
+    "n_heads",
+    "n_bootstrap",
+    "ci",
+    "seed",
+)
 
 
 def finding_path(grid: Grid, cell: Cell) -> Path | None:
@@ -44,7 +76,10 @@ def finding_path(grid: Grid, cell: Cell) -> Path | None:
 
 def _recipe(grid: Grid) -> dict[str, Any]:
     """What a finding must have been made with to count for this grid."""
-    return {"probes": sorted(grid.probes), "probe_options": json.loads(json.dumps(grid.probe_options, sort_keys=True))}
+    return {
+        "probes": sorted(grid.probes),
+        "probe_options": json.loads(json.dumps(grid.probe_options, sort_keys=True)),
+    }
 
 
 def has_finding(grid: Grid, cell: Cell) -> bool:
@@ -53,7 +88,9 @@ def has_finding(grid: Grid, cell: Cell) -> bool:
     if path is None or not path.is_file():
         return False
     found = read_json(path)
-    return found.get("params") == json.loads(json.dumps(cell.kwargs)) and found.get("recipe") == _recipe(grid)
+    return found.get("params") == json.loads(json.dumps(cell.kwargs)) and found.get(
+        "recipe"
+    ) == _recipe(grid)
 
 
 def _sha256(path: Path) -> str:
@@ -70,7 +107,11 @@ def summarize(grid: Grid, cell: Cell, result: dict[str, Any], run_dir: Path) -> 
     ablation = (result.get("ablation") or {}).get("ablation") or {}
     layers = (result.get("ablation") or {}).get("layers")
     metrics = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
-    dynamics = read_jsonl(run_dir / "deposit_dynamics.jsonl") if (run_dir / "deposit_dynamics.jsonl").is_file() else []
+    dynamics = (
+        read_jsonl(run_dir / "deposit_dynamics.jsonl")
+        if (run_dir / "deposit_dynamics.jsonl").is_file()
+        else []
+    )
     final = result.get("final", {})
     out: dict[str, Any] = {
         "format": FORMAT,
@@ -88,13 +129,20 @@ def summarize(grid: Grid, cell: Cell, result: dict[str, Any], run_dir: Path) -> 
         "layer_ci_low": None if layers is None else layers["ci_low"],
         "layer_ci_high": None if layers is None else layers["ci_high"],
         "layer_values": None if layers is None else layers["values"],
-        "dynamics": [{k: r[k] for k in ("step", "layer", "baseline", "drops", "n_probe", "metric")} for r in dynamics],
-        "history": [{k: m.get(k) for k in ("step", "test_acc", "test_loss", "train_loss", "lr")} for m in metrics],
+        "dynamics": [
+            {k: r[k] for k in ("step", "layer", "baseline", "drops", "n_probe", "metric")}
+            for r in dynamics
+        ],
+        "history": [
+            {k: m.get(k) for k in ("step", "test_acc", "test_loss", "train_loss", "lr")}
+            for m in metrics
+        ],
         "positional": (result.get("positional") or {}).get("scores"),
         "routes": _routes(result.get("routes")),
         "snapshots": _rounded((result.get("snapshot_dynamics") or {}).get("records")),
         "weights": {"sha256": _sha256(run_dir / "model.safetensors"), "step": final.get("step")}
-        if (run_dir / "model.safetensors").is_file() else None,
+        if (run_dir / "model.safetensors").is_file()
+        else None,
         "seconds": result.get("seconds"),
         "machine": result.get("machine"),
     }
@@ -105,8 +153,21 @@ def _routes(r: dict[str, Any] | None) -> dict[str, Any] | None:
     """The positional criterion of a cell (``routes`` probe): its verdict and the numbers behind it."""
     if not r:
         return None
-    keep = ("verdict", "why", "top", "effect", "effect_ci", "shares", "ci_low", "ci_high", "embed", "embed_ci",
-            "counterfactual_effect", "identity_gap", "n_examples")
+    keep = (
+        "verdict",
+        "why",
+        "top",
+        "effect",
+        "effect_ci",
+        "shares",
+        "ci_low",
+        "ci_high",
+        "embed",
+        "embed_ci",
+        "counterfactual_effect",
+        "identity_gap",
+        "n_examples",
+    )
     return _rounded({k: r.get(k) for k in keep})
 
 
@@ -138,7 +199,9 @@ def load_findings(directory: str | Path) -> list[dict[str, Any]]:
     found = [read_json(p) for p in sorted(directory.glob("*.json"))]
     bad = [f.get("id", "?") for f in found if not isinstance(f, dict) or f.get("format") != FORMAT]
     if bad:
-        raise ValueError(f"{directory}: {len(bad)} file(s) are not findings of format {FORMAT} (e.g. {bad[0]})")
+        raise ValueError(
+            f"{directory}: {len(bad)} file(s) are not findings of format {FORMAT} (e.g. {bad[0]})"
+        )
     return sorted(found, key=lambda f: (f["condition"], f["seed"]))
 
 
@@ -147,7 +210,9 @@ def ablation_of(finding: dict[str, Any]) -> AblationResult | None:
     if finding.get("drops") is None:
         return None
     d = {k: finding[k] for k in _ABLATION_FIELDS if k != "seed"}
-    return AblationResult.from_dict({**d, "seed": finding.get("bootstrap_seed", 0), "head_sets": None})
+    return AblationResult.from_dict(
+        {**d, "seed": finding.get("bootstrap_seed", 0), "head_sets": None}
+    )
 
 
 def layer_ablation_of(finding: dict[str, Any]) -> AblationResult | None:
@@ -156,11 +221,22 @@ def layer_ablation_of(finding: dict[str, Any]) -> AblationResult | None:
         return None
     n_layers, n_heads = int(finding["n_layers"]), int(finding["n_heads"])
     sets = [[[layer, h] for h in range(n_heads)] for layer in range(n_layers)]
-    return AblationResult.from_dict({
-        "baseline": finding["baseline"], "values": finding["layer_values"], "drops": finding["layer_drops"],
-        "ci_low": finding["layer_ci_low"], "ci_high": finding["layer_ci_high"], "method": finding["method"],
-        "metric": finding["metric"], "higher_is_better": finding["higher_is_better"],
-        "n_examples": finding["n_examples"], "n_layers": n_layers, "n_heads": n_heads,
-        "n_bootstrap": finding["n_bootstrap"], "ci": finding["ci"], "seed": finding.get("bootstrap_seed", 0),
-        "head_sets": sets,
-    })
+    return AblationResult.from_dict(
+        {
+            "baseline": finding["baseline"],
+            "values": finding["layer_values"],
+            "drops": finding["layer_drops"],
+            "ci_low": finding["layer_ci_low"],
+            "ci_high": finding["layer_ci_high"],
+            "method": finding["method"],
+            "metric": finding["metric"],
+            "higher_is_better": finding["higher_is_better"],
+            "n_examples": finding["n_examples"],
+            "n_layers": n_layers,
+            "n_heads": n_heads,
+            "n_bootstrap": finding["n_bootstrap"],
+            "ci": finding["ci"],
+            "seed": finding.get("bootstrap_seed", 0),
+            "head_sets": sets,
+        }
+    )

@@ -22,7 +22,9 @@ GRADIENT_BATCH_SEED = 15  # the batch is task.sample(GRADIENT_N, seed=GRADIENT_B
 GRADIENTS = "gradients.json"
 
 
-def _gradients_key(sweep_dir: Path, results: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def _gradients_key(
+    sweep_dir: Path, results: list[dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """(what the gradients depend on, the first task-1 run's config), or None without one."""
     for r in results:
         config = sweep_dir / "cells" / str(r.get("id")) / "run" / "config.json"
@@ -32,8 +34,14 @@ def _gradients_key(sweep_dir: Path, results: list[dict[str, Any]]) -> tuple[dict
             cfg.pop("encoding", None)
             cfg["encoding"] = "rope"
             seeds = sorted({int(x.get("seed", 0)) for x in results})
-            key = {"model": cfg, "task": run_config["task"], "seeds": seeds, "n": GRADIENT_N,
-                   "batch_seed": GRADIENT_BATCH_SEED, "encodings": list(GRADIENT_ENCODINGS)}
+            key = {
+                "model": cfg,
+                "task": run_config["task"],
+                "seeds": seeds,
+                "n": GRADIENT_N,
+                "batch_seed": GRADIENT_BATCH_SEED,
+                "encodings": list(GRADIENT_ENCODINGS),
+            }
             return json.loads(json.dumps(key)), run_config
     return None
 
@@ -60,9 +68,13 @@ def sweep_gradients(sweep_dir: str | Path, results: list[dict[str, Any]]) -> Non
         batch = task_from_dict(key["task"]).sample(GRADIENT_N, seed=GRADIENT_BATCH_SEED)
         coherence = {}
         for enc in GRADIENT_ENCODINGS:
-            coherence[enc] = gradient_coherence(base.replace(encoding=enc), batch, init_seeds=key["seeds"])
+            coherence[enc] = gradient_coherence(
+                base.replace(encoding=enc), batch, init_seeds=key["seeds"]
+            )
     except Exception as err:  # noqa: BLE001 - recorded; the report says why C15 is not measured
-        atomic_write_json(path, {"key": key, "error": f"probes.gradients failed: {type(err).__name__}: {err}"})
+        atomic_write_json(
+            path, {"key": key, "error": f"probes.gradients failed: {type(err).__name__}: {err}"}
+        )
         return
     save_coherence(path, coherence, key=key)
 
@@ -72,8 +84,10 @@ def load_gradients(sweep_dir: str | Path) -> tuple[dict[str, Any] | None, str | 
     :class:`~probes.CoherenceResult` as a dict), or ``(None, why)`` when there are none."""
     path = Path(sweep_dir) / GRADIENTS
     if not path.is_file():
-        return None, ("needs a task-1 run (its model size and task); the sweep writes gradients.json "
-                      "(rerun `pe-interp reproduce` on a directory from before it did)")
+        return None, (
+            "needs a task-1 run (its model size and task); the sweep writes gradients.json "
+            "(rerun `pe-interp reproduce` on a directory from before it did)"
+        )
     stored = read_json(path)
     if "error" in stored:
         return None, stored["error"]
@@ -81,4 +95,11 @@ def load_gradients(sweep_dir: str | Path) -> tuple[dict[str, Any] | None, str | 
     return {enc: r.to_dict() for enc, r in coherence.items()}, None
 
 
-__all__ = ["GRADIENTS", "GRADIENT_BATCH_SEED", "GRADIENT_ENCODINGS", "GRADIENT_N", "load_gradients", "sweep_gradients"]
+__all__ = [
+    "GRADIENTS",
+    "GRADIENT_BATCH_SEED",
+    "GRADIENT_ENCODINGS",
+    "GRADIENT_N",
+    "load_gradients",
+    "sweep_gradients",
+]

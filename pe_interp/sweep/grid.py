@@ -20,11 +20,34 @@ from pe_interp.presets import build_run_configs
 from pe_interp.sweep.probing import CALLBACKS, PROBE_OPTIONS, PROBES, SWEEP_PROBES
 from pe_interp.tasks import TASKS
 
-__all__ = ["CELL", "ERROR", "GRID_KEYS", "MAX_CELLS", "PROBES_RUN", "RESULT", "RUN_KEYS", "Cell", "Grid", "condition_name", "count_cells",
-           "load_grid", "parse_grid"]
+__all__ = [
+    "CELL",
+    "ERROR",
+    "GRID_KEYS",
+    "MAX_CELLS",
+    "PROBES_RUN",
+    "RESULT",
+    "RUN_KEYS",
+    "Cell",
+    "Grid",
+    "condition_name",
+    "count_cells",
+    "load_grid",
+    "parse_grid",
+]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-GRID_KEYS = {"name", "base", "axes", "variants", "seeds", "probes", "probe_options", "resources", "findings"}
+GRID_KEYS = {
+    "name",
+    "base",
+    "axes",
+    "variants",
+    "seeds",
+    "probes",
+    "probe_options",
+    "resources",
+    "findings",
+}
 RUN_KEYS = {"task", "encoding", "preset", "authors_quirks"}
 # A cell's directory, SWEEP_DIR/cells/<id>/: its settings, then its result or its error.
 RESULT, ERROR, CELL = "result.json", "error.json", "cell.json"
@@ -32,7 +55,9 @@ PROBES_RUN = "probes_run"  # result.json: the per-cell probes that have run on t
 
 
 def _allowed_fields() -> set[str]:
-    fields = set(ModelConfig.__dataclass_fields__) | set(TrainConfig.__dataclass_fields__) | RUN_KEYS
+    fields = (
+        set(ModelConfig.__dataclass_fields__) | set(TrainConfig.__dataclass_fields__) | RUN_KEYS
+    )
     for cls in TASKS.values():
         fields |= {f.name for f in dataclasses.fields(cls)}
     return fields - {"seed", "n_ctx", "n_classes"}  # seeds are their own key; sizes follow the task
@@ -65,7 +90,10 @@ class Cell:
     def id(self) -> str:
         def fmt(v: Any) -> str:
             if isinstance(v, dict):  # an encoding spec: name plus parameters
-                v = "_".join([str(v.get("name", ""))] + [f"{k}{fmt(x)}" for k, x in sorted(v.items()) if k != "name"])
+                v = "_".join(
+                    [str(v.get("name", ""))]
+                    + [f"{k}{fmt(x)}" for k, x in sorted(v.items()) if k != "name"]
+                )
             elif isinstance(v, list | tuple):
                 v = "-".join(fmt(x) for x in v)
             return re.sub(r"[^A-Za-z0-9.+-]", "_", str(v).lower())
@@ -115,7 +143,10 @@ class Grid:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self) | {
-            "seeds": list(self.seeds), "probes": list(self.probes), "variants": list(self.variants), "varying": self.varying,
+            "seeds": list(self.seeds),
+            "probes": list(self.probes),
+            "variants": list(self.variants),
+            "varying": self.varying,
         }
 
 
@@ -149,16 +180,30 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
     if not isinstance(base, dict):
         raise ValueError(f"{source}: 'base' must be a mapping of settings, got {base!r:.60}")
     if not isinstance(axes, dict):
-        raise ValueError(f"{source}: 'axes' must be a mapping of setting -> list of values, got {axes!r:.60}")
-    if not isinstance(variants, list) or not variants or not all(isinstance(v, dict) for v in variants):
-        raise ValueError(f"{source}: 'variants' must be a non-empty list of mappings (e.g. [{{}}, {{kv_source: embed}}]), "
-                         f"got {variants!r:.60}")
+        raise ValueError(
+            f"{source}: 'axes' must be a mapping of setting -> list of values, got {axes!r:.60}"
+        )
+    if (
+        not isinstance(variants, list)
+        or not variants
+        or not all(isinstance(v, dict) for v in variants)
+    ):
+        raise ValueError(
+            f"{source}: 'variants' must be a non-empty list of mappings (e.g. [{{}}, {{kv_source: embed}}]), "
+            f"got {variants!r:.60}"
+        )
     if "name" in data and not (isinstance(data["name"], str) and data["name"].strip()):
         raise ValueError(f"{source}: 'name' must be a non-empty string, got {data['name']!r}")
-    if "name" in data and not _NAME.fullmatch(data["name"]):  # the default sweep directory is runs/sweeps/<name>
-        raise ValueError(f"{source}: 'name' must be letters, digits, '.', '_' or '-' (it names the sweep's "
-                         f"directory, runs/sweeps/<name>), got {data['name']!r}")
-    sections = [("base", base), ("axes", axes)] + [(f"variants[{i}]", v) for i, v in enumerate(variants)]
+    if "name" in data and not _NAME.fullmatch(
+        data["name"]
+    ):  # the default sweep directory is runs/sweeps/<name>
+        raise ValueError(
+            f"{source}: 'name' must be letters, digits, '.', '_' or '-' (it names the sweep's "
+            f"directory, runs/sweeps/<name>), got {data['name']!r}"
+        )
+    sections = [("base", base), ("axes", axes)] + [
+        (f"variants[{i}]", v) for i, v in enumerate(variants)
+    ]
     for section, mapping in sections:
         for key in mapping:
             if key == "seeds" and section.startswith("variants"):
@@ -166,7 +211,9 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
                 continue
             if key not in allowed:
                 close = sorted(allowed, key=lambda a: _distance(a, key))[:3]
-                raise ValueError(f"{source}: {section}.{key} is not a setting; did you mean {', '.join(close)}?")
+                raise ValueError(
+                    f"{source}: {section}.{key} is not a setting; did you mean {', '.join(close)}?"
+                )
     for key, values in axes.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"{source}: axes.{key} must be a non-empty list, got {values!r}")
@@ -174,7 +221,9 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
     probes = [] if data.get("probes") is None else data["probes"]
     known = sorted(PROBES) + sorted(CALLBACKS) + sorted(SWEEP_PROBES)
     if not isinstance(probes, list):
-        raise ValueError(f"{source}: probes must be a list of probe names (e.g. [ablation]), got {probes!r}; allowed: {known}")
+        raise ValueError(
+            f"{source}: probes must be a list of probe names (e.g. [ablation]), got {probes!r}; allowed: {known}"
+        )
     for p in probes:
         if p not in known:
             raise ValueError(f"{source}: probes: unknown probe {p!r}; allowed: {known}")
@@ -186,8 +235,10 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
     n_cells = count_cells({**data, "seeds": seeds, "axes": axes, "variants": variants})
     if n_cells > max_cells:
         shape = " x ".join(f"{len(v)} {k}" for k, v in axes.items()) or "no axes"
-        raise ValueError(f"{source}: the grid has {n_cells:,} cells ({shape}, {len(variants)} variant(s), with their seeds); "
-                         f"the limit is {max_cells:,}: split it into smaller grids or raise the limit (--max-cells)")
+        raise ValueError(
+            f"{source}: the grid has {n_cells:,} cells ({shape}, {len(variants)} variant(s), with their seeds); "
+            f"the limit is {max_cells:,}: split it into smaller grids or raise the limit (--max-cells)"
+        )
     grid = Grid(
         name=str(data.get("name", Path(source).stem)),
         base=dict(base),
@@ -202,7 +253,9 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
     cells = grid.cells()
     ids = [c.id for c in cells]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"{source}: two cells have the same settings (a repeated axis value or variant)")
+        raise ValueError(
+            f"{source}: two cells have the same settings (a repeated axis value or variant)"
+        )
     # Build each setting's configs now (once, not once per seed), so that a bad value fails
     # before any training starts.
     checked: set[str] = set()
@@ -224,10 +277,14 @@ def _check_resources(resources: Any, source: str) -> dict[str, float]:
     if resources is None:
         return {}
     if not isinstance(resources, dict):
-        raise ValueError(f"{source}: resources must be a mapping such as {{cpus: 4, gpus: 1}}, got {resources!r}")
+        raise ValueError(
+            f"{source}: resources must be a mapping such as {{cpus: 4, gpus: 1}}, got {resources!r}"
+        )
     for key, value in resources.items():
         if key not in RESOURCE_KEYS:
-            raise ValueError(f"{source}: resources.{key} is not a resource; allowed: {', '.join(RESOURCE_KEYS)}")
+            raise ValueError(
+                f"{source}: resources.{key} is not a resource; allowed: {', '.join(RESOURCE_KEYS)}"
+            )
         low_ok = value > 0 if key == "cpus" else value >= 0
         if isinstance(value, bool) or not isinstance(value, int | float) or not low_ok:
             bound = "> 0" if key == "cpus" else ">= 0"
@@ -238,7 +295,11 @@ def _check_resources(resources: Any, source: str) -> dict[str, float]:
 def _check_seeds(seeds: Any, where: str, allow_count: bool) -> list[int]:
     if allow_count and isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
         return list(range(seeds))
-    ok = isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
+    ok = (
+        isinstance(seeds, list)
+        and seeds
+        and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
+    )
     if not ok:
         what = "a count or a non-empty list" if allow_count else "a non-empty list"
         raise ValueError(f"{where} must be {what} of integers >= 0, got {seeds!r}")
@@ -251,16 +312,22 @@ def _check_probe_options(options: Any, source: str) -> dict[str, dict[str, Any]]
         raise ValueError(f"{source}: probe_options must be a mapping of probe name to options")
     for probe, opts in options.items():
         if probe not in PROBE_OPTIONS:
-            raise ValueError(f"{source}: probe_options.{probe}: not a probe with options; allowed: {sorted(PROBE_OPTIONS)}")
+            raise ValueError(
+                f"{source}: probe_options.{probe}: not a probe with options; allowed: {sorted(PROBE_OPTIONS)}"
+            )
         if not isinstance(opts, dict):
             raise ValueError(f"{source}: probe_options.{probe} must be a mapping, got {opts!r}")
         bad = sorted(set(opts) - PROBE_OPTIONS[probe])
         if bad:
-            raise ValueError(f"{source}: probe_options.{probe}: unknown option(s) {bad}; allowed: {sorted(PROBE_OPTIONS[probe])}")
+            raise ValueError(
+                f"{source}: probe_options.{probe}: unknown option(s) {bad}; allowed: {sorted(PROBE_OPTIONS[probe])}"
+            )
         for key, value in opts.items():  # checked here, not after every cell has trained
             what = _option_error(key, value)
             if what:
-                raise ValueError(f"{source}: probe_options.{probe}.{key} must be {what}, got {value!r}")
+                raise ValueError(
+                    f"{source}: probe_options.{probe}.{key} must be {what}, got {value!r}"
+                )
     return {k: dict(v) for k, v in options.items()}
 
 
@@ -309,7 +376,11 @@ class _YAML12Loader(yaml.SafeLoader):
             try:
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r} (first given on line {seen[key] + 1})", key_node.start_mark)
+                        None,
+                        None,
+                        f"duplicate key {key!r} (first given on line {seen[key] + 1})",
+                        key_node.start_mark,
+                    )
                 seen[key] = key_node.start_mark.line
             except TypeError:  # an unhashable key: PyYAML's own error follows
                 break
@@ -320,8 +391,9 @@ _YAML12Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_YAML12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                                    list("tTfF"))
+_YAML12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 def _yaml_error(err: yaml.YAMLError) -> str:
@@ -330,8 +402,11 @@ def _yaml_error(err: yaml.YAMLError) -> str:
     mark = getattr(err, "problem_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     context, cmark = getattr(err, "context", None), getattr(err, "context_mark", None)
-    extra = f" ({context} that starts on line {cmark.line + 1})" if context and cmark is not None and mark is not None \
-        and cmark.line != mark.line else ""
+    extra = (
+        f" ({context} that starts on line {cmark.line + 1})"
+        if context and cmark is not None and mark is not None and cmark.line != mark.line
+        else ""
+    )
     return f"invalid YAML at {where}{problem}{extra}"
 
 
@@ -353,6 +428,8 @@ def load_grid(path: str | Path, max_cells: int = MAX_CELLS) -> Grid:
     except Exception as err:  # tomllib.TOMLDecodeError: its message names the line and column
         raise ValueError(f"{path}: invalid TOML: {str(err).splitlines()[0]}") from None
     grid = parse_grid(data, str(path), max_cells=max_cells)
-    if grid.findings is not None:  # relative to the grid file, so that any working directory finds it
+    if (
+        grid.findings is not None
+    ):  # relative to the grid file, so that any working directory finds it
         grid = dataclasses.replace(grid, findings=str((path.parent / grid.findings).resolve()))
     return grid

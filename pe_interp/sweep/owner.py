@@ -23,8 +23,16 @@ from pe_interp.io import atomic_write_json, read_json
 from pe_interp.sweep.grid import PROBES_RUN, RESULT, Grid
 from pe_interp.sweep.probing import CALLBACKS, PROBES
 
-__all__ = ["DEPENDS", "GRID_FILE", "IDENTITY", "OPTIONS_RUN", "claim", "option_changes", "probes_to_rerun",
-           "record_options"]
+__all__ = [
+    "DEPENDS",
+    "GRID_FILE",
+    "IDENTITY",
+    "OPTIONS_RUN",
+    "claim",
+    "option_changes",
+    "probes_to_rerun",
+    "record_options",
+]
 
 GRID_FILE = "grid.json"
 IDENTITY = ("name", "base", "axes", "variants", "seeds")
@@ -50,8 +58,11 @@ def _differs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         if a == b:
             continue
         if isinstance(a, dict) and isinstance(b, dict):
-            out += [f"{key}.{k}: {json.dumps(a.get(k))[:50]} -> {json.dumps(b.get(k))[:50]}"
-                    for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            out += [
+                f"{key}.{k}: {json.dumps(a.get(k))[:50]} -> {json.dumps(b.get(k))[:50]}"
+                for k in sorted(set(a) | set(b))
+                if a.get(k) != b.get(k)
+            ]
         else:
             out.append(f"{key}: {json.dumps(a)[:50]} -> {json.dumps(b)[:50]}")
     return out
@@ -67,7 +78,9 @@ def option_changes(old: dict[str, Any] | None, grid: Grid) -> dict[str, str]:
         if name not in had:
             out[name] = f"{name} added to probes"
         elif before.get(name, {}) != after.get(name, {}):
-            out[name] = f"probe_options.{name} {json.dumps(before.get(name, {}))} -> {json.dumps(after.get(name, {}))}"
+            out[name] = (
+                f"probe_options.{name} {json.dumps(before.get(name, {}))} -> {json.dumps(after.get(name, {}))}"
+            )
     return out
 
 
@@ -77,24 +90,32 @@ def claim(sweep_dir: Path, grid: Grid) -> dict[str, Any] | None:
     path = sweep_dir / GRID_FILE
     if not path.is_file():
         if (sweep_dir / "config.json").is_file():
-            raise ValueError(f"{sweep_dir}: a run directory (config.json), not a sweep directory; use another --out")
+            raise ValueError(
+                f"{sweep_dir}: a run directory (config.json), not a sweep directory; use another --out"
+            )
         return None
     try:
         stored = read_json(path)
     except ValueError as err:
-        raise ValueError(f"{err}; this sweep directory's owner record is unreadable: restore it or use another --out") from None
+        raise ValueError(
+            f"{err}; this sweep directory's owner record is unreadable: restore it or use another --out"
+        ) from None
     if not isinstance(stored, dict):
         raise ValueError(f"{path}: not a grid record (a JSON object expected); use another --out")
     diff = _differs(_identity(stored), _identity(grid.to_dict()))
     if diff:
         shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")
-        raise ValueError(f"{sweep_dir} belongs to grid {stored.get('name')!r} ({GRID_FILE}), and this grid differs "
-                         f"({shown}): use another --out, or the grid that made it")
+        raise ValueError(
+            f"{sweep_dir} belongs to grid {stored.get('name')!r} ({GRID_FILE}), and this grid differs "
+            f"({shown}): use another --out, or the grid that made it"
+        )
     trained = [d for d in (sweep_dir / "cells").glob("*/run") if (d / "config.json").is_file()]
     for name, why in option_changes(stored, grid).items():
         if name in CALLBACKS and trained:
-            raise ValueError(f"{sweep_dir}: {why}, but {name} records while a cell trains and {len(trained)} cell(s) "
-                             "have trained; use another --out (or the previous options)")
+            raise ValueError(
+                f"{sweep_dir}: {why}, but {name} records while a cell trains and {len(trained)} cell(s) "
+                "have trained; use another --out (or the previous options)"
+            )
     return stored
 
 
@@ -111,17 +132,27 @@ def record_options(cell_dir: Path, stored: dict[str, Any] | None) -> None:
     atomic_write_json(path, result)
 
 
-def probes_to_rerun(result: dict[str, Any], probes: tuple[str, ...], options: dict[str, dict[str, Any]],
-                    weights: dict[str, Any] | None) -> list[str]:
+def probes_to_rerun(
+    result: dict[str, Any],
+    probes: tuple[str, ...],
+    options: dict[str, dict[str, Any]],
+    weights: dict[str, Any] | None,
+) -> list[str]:
     """The per-cell probes of ``probes`` to (re)run on a finished cell, in dependency order:
     not run yet, run with other options, depending on one of those, or every one when the
     cell's weights now (``weights``) are not those its result records."""
     wanted = [name for name in PROBES if name in probes]
     recorded = result.get(WEIGHTS_KEY)
-    if weights is not None and isinstance(recorded, dict) and recorded.get("sha256") != weights["sha256"]:
+    if (
+        weights is not None
+        and isinstance(recorded, dict)
+        and recorded.get("sha256") != weights["sha256"]
+    ):
         return wanted
     ran = set(result.get(PROBES_RUN, [k for k in result if k in PROBES]))
     used = result.get(OPTIONS_RUN) or {}
-    redo = {n for n in wanted if n not in ran or _plain(used.get(n, {})) != _plain(options.get(n, {}))}
+    redo = {
+        n for n in wanted if n not in ran or _plain(used.get(n, {})) != _plain(options.get(n, {}))
+    }
     redo |= {n for n in wanted if any(d in redo for d in DEPENDS.get(n, ()))}
     return [n for n in wanted if n in redo]

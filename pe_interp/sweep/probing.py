@@ -40,8 +40,14 @@ if TYPE_CHECKING:
     from pe_interp.checkpoint import Run
 
 ABLATION, DEPOSITS, PATCHING, POSITIONAL, ATTENTION, LAYER_ABLATION, GENERALIZATION, ROUTES = (
-    "ablation.json", "deposits.json", "patching.json", "positional.json", "attention.json", "layer_ablation.json",
-    "generalization.json", "routes.json",
+    "ablation.json",
+    "deposits.json",
+    "patching.json",
+    "positional.json",
+    "attention.json",
+    "layer_ablation.json",
+    "generalization.json",
+    "routes.json",
 )
 SNAPSHOT_DYNAMICS = "dynamics.json"  # what `pe-interp dynamics` writes too
 ROTARY_KINDS = ("multiplicative", "hybrid")
@@ -59,12 +65,16 @@ __all__ = [
 
 
 # ---- per cell -------------------------------------------------------------------------------
-def _probe_ablation(run: Run, n: int = 2000, on: str = "test", whole_layers: bool = False) -> dict[str, Any]:
+def _probe_ablation(
+    run: Run, n: int = 2000, on: str = "test", whole_layers: bool = False
+) -> dict[str, Any]:
     """Zero-ablation of every head on the held-out split (``on="all"``: train + test, the
     authors' protocol), and deposit detection. ``whole_layers``: also every layer's heads
     ablated together, on the same examples (``layer_ablation.json``, ``"layers"`` in the record)."""
     test = run.examples(on, n)
-    result = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, method="zero")
+    result = ablate_heads(
+        run.model, test.tokens, test.labels, pad_mask=test.pad_mask, method="zero"
+    )
     report = find_deposits(result)
     save_result(run.run_dir / ABLATION, result, run.provenance, per_example=False)
     save_result(run.run_dir / DEPOSITS, report, run.provenance)
@@ -72,7 +82,14 @@ def _probe_ablation(run: Run, n: int = 2000, on: str = "test", whole_layers: boo
     if whole_layers:
         cfg = run.model.cfg
         sets = [[(layer, h) for h in range(cfg.n_heads)] for layer in range(cfg.n_layers)]
-        layers = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, method="zero", head_sets=sets)
+        layers = ablate_heads(
+            run.model,
+            test.tokens,
+            test.labels,
+            pad_mask=test.pad_mask,
+            method="zero",
+            head_sets=sets,
+        )
         save_result(run.run_dir / LAYER_ABLATION, layers, run.provenance, per_example=False)
         record["layers"] = layers.to_dict(per_example=False)
     return record
@@ -88,8 +105,13 @@ def _probe_patching(run: Run, n: int = 256) -> dict[str, Any] | None:
         return None
     pairs = run.task.counterfactual_pairs(n, seed=run.train_cfg.seed + 7919)
     result = patch(
-        run.model, pairs.clean.tokens, pairs.corrupt.tokens, site="z", pad_mask=pairs.clean.pad_mask,
-        clean_labels=pairs.clean.labels, corrupt_labels=pairs.corrupt.labels,
+        run.model,
+        pairs.clean.tokens,
+        pairs.corrupt.tokens,
+        site="z",
+        pad_mask=pairs.clean.pad_mask,
+        clean_labels=pairs.clean.labels,
+        corrupt_labels=pairs.corrupt.labels,
     )
     save_result(run.run_dir / PATCHING, result, run.provenance)
     return result.to_dict()
@@ -105,17 +127,29 @@ def _probe_positional(run: Run, n: int = 128, every_model: bool = False) -> dict
     return result.to_dict()
 
 
-def _probe_generalization(run: Run, n: int = 1000, extras: list[int] | None = None) -> dict[str, Any] | None:
+def _probe_generalization(
+    run: Run, n: int = 1000, extras: list[int] | None = None
+) -> dict[str, Any] | None:
     """Length generalisation (:func:`probes.length_generalization`) on fresh rows that are not in
     the run's training set; None for a task that cannot lengthen its inputs."""
     if not run.task.extensions:
         return None
     train, _ = run.task.splits(run.train_cfg.n_train, run.train_cfg.n_test, seed=run.train_cfg.seed)
-    result = length_generalization(run.model, run.task, n=n, extras=extras, exclude=train,
-                                   ignore_index=run.train_cfg.ignore_index, seed=run.train_cfg.seed)
+    result = length_generalization(
+        run.model,
+        run.task,
+        n=n,
+        extras=extras,
+        exclude=train,
+        ignore_index=run.train_cfg.ignore_index,
+        seed=run.train_cfg.seed,
+    )
     save_result(run.run_dir / GENERALIZATION, result, run.provenance)
-    return {"file": GENERALIZATION, "trained": result.trained.accuracy,
-            **{f: result.family_mean(f) for f in result.families}}
+    return {
+        "file": GENERALIZATION,
+        "trained": result.trained.accuracy,
+        **{f: result.family_mean(f) for f in result.families},
+    }
 
 
 # Attention patterns for the report's widgets: on this many held-out examples; all heads of the
@@ -127,7 +161,9 @@ MAX_WEIGHTS = 60_000
 DECIMALS = 3
 
 
-RESULT_KIND = register_result("attention record", "AttentionRecord.load", ("layer", "head", "why", "examples"))
+RESULT_KIND = register_result(
+    "attention record", "AttentionRecord.load", ("layer", "head", "why", "examples")
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,13 +178,21 @@ class AttentionRecord:
     examples: tuple[AttentionPatterns, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.layer, "head": self.head, "why": self.why,
-                "examples": [e.to_dict() for e in self.examples]}
+        return {
+            "layer": self.layer,
+            "head": self.head,
+            "why": self.why,
+            "examples": [e.to_dict() for e in self.examples],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AttentionRecord:
-        return cls(int(d["layer"]), int(d["head"]), str(d["why"]),
-                   tuple(AttentionPatterns.from_dict(e) for e in d["examples"]))
+        return cls(
+            int(d["layer"]),
+            int(d["head"]),
+            str(d["why"]),
+            tuple(AttentionPatterns.from_dict(e) for e in d["examples"]),
+        )
 
     def save(self, path: str | Path) -> Path:
         return write_result(path, RESULT_KIND, self.to_dict(), indent=None)
@@ -158,7 +202,9 @@ class AttentionRecord:
         return load_result(path, RESULT_KIND, cls.from_dict)
 
 
-def choose_head(ablation: AblationResult, deposits: DepositReport, task: str, kind: str) -> tuple[int, int, str] | None:
+def choose_head(
+    ablation: AblationResult, deposits: DepositReport, task: str, kind: str
+) -> tuple[int, int, str] | None:
     """The head whose attention the report shows for a cell: the top head of its concentrated layer (the
     shallowest), else for a task-1 model with a rotary part the layer-0 head whose ablation hurts
     most; None otherwise."""
@@ -167,7 +213,11 @@ def choose_head(ablation: AblationResult, deposits: DepositReport, task: str, ki
         return layer, head, "top head of a concentrated layer"
     if task == "distance" and kind in ROTARY_KINDS:
         top = deposits.layer(0)
-        return 0, top.top_head, f"no layer concentration; top layer-0 head (drop {100 * top.top_drop:.1f} pts)"
+        return (
+            0,
+            top.top_head,
+            f"no layer concentration; top layer-0 head (drop {100 * top.top_drop:.1f} pts)",
+        )
     return None
 
 
@@ -178,8 +228,12 @@ def _probe_attention(run: Run) -> dict[str, Any] | None:
     ablation = AblationResult.load(run.run_dir / ABLATION)
     if not ablation.is_grid:
         return None
-    picked = choose_head(ablation, DepositReport.load(run.run_dir / DEPOSITS), run.task.name,
-                         run.model.cfg.encoding_kind)
+    picked = choose_head(
+        ablation,
+        DepositReport.load(run.run_dir / DEPOSITS),
+        run.task.name,
+        run.model.cfg.encoding_kind,
+    )
     if picked is None:
         return None
     layer, head, why = picked
@@ -191,10 +245,18 @@ def _probe_attention(run: Run) -> dict[str, Any] | None:
     for i in range(len(test)):
         n = int(test.pad_mask[i].sum()) if model.cfg.mask_padding else test.tokens.shape[1]
         shown = [head] + (others if H * n * n <= MAX_WEIGHTS else others[:3])
-        examples.append(attention_patterns(
-            model, test.tokens, [(layer, h) for h in shown], example=i, pad_mask=test.pad_mask, task=run.task,
-            labels=test.labels, decimals=DECIMALS,
-        ))
+        examples.append(
+            attention_patterns(
+                model,
+                test.tokens,
+                [(layer, h) for h in shown],
+                example=i,
+                pad_mask=test.pad_mask,
+                task=run.task,
+                labels=test.labels,
+                decimals=DECIMALS,
+            )
+        )
     record = AttentionRecord(layer, head, why, tuple(examples))
     save_result(run.run_dir / ATTENTION, record, run.provenance, indent=None)
     return {"file": ATTENTION, "layer": layer, "head": head, "why": why}
@@ -211,7 +273,11 @@ def top_head(ablation: AblationResult, deposits: DepositReport) -> tuple[int, in
         return layer, head, "top head of a concentrated layer"
     filled = np.nan_to_num(ablation.drops, nan=-np.inf)
     layer, head = (int(i) for i in np.unravel_index(int(np.argmax(filled)), filled.shape))
-    return layer, head, f"top head by ablation (drop {100 * float(ablation.drops[layer, head]):.1f} pts)"
+    return (
+        layer,
+        head,
+        f"top head by ablation (drop {100 * float(ablation.drops[layer, head]):.1f} pts)",
+    )
 
 
 def _probe_decomposition(run: Run, example: int = 0) -> dict[str, Any] | None:
@@ -225,7 +291,9 @@ def _probe_decomposition(run: Run, example: int = 0) -> dict[str, Any] | None:
         return None
     layer, head, why = top_head(ablation, DepositReport.load(run.run_dir / DEPOSITS))
     test = run.test_set(example + 1)
-    terms = logit_terms(run.model, test.tokens, layer, head, pad_mask=test.pad_mask, example=example)
+    terms = logit_terms(
+        run.model, test.tokens, layer, head, pad_mask=test.pad_mask, example=example
+    )
     n = int(terms.query_valid.sum())
     mats = dict(terms.grouped())
     mats["sum of terms"], mats["actual"] = terms.total, terms.actual
@@ -234,7 +302,11 @@ def _probe_decomposition(run: Run, example: int = 0) -> dict[str, Any] | None:
         return np.round(t[:n, :n].detach().double().cpu().numpy(), 4).tolist()
 
     record = {
-        "layer": layer, "head": head, "why": why, "example": example, "label": int(test.labels[example]),
+        "layer": layer,
+        "head": head,
+        "why": why,
+        "example": example,
+        "label": int(test.labels[example]),
         "summary": terms.to_dict(),
         "grouped_variance_shares": _shares(terms, mats),
         "matrices": {k: rounded(v) for k, v in mats.items()},
@@ -248,8 +320,11 @@ def _shares(terms, mats: dict[str, Any]) -> dict[str, float]:
     """Each grouped term's variance over the valid entries as a share of the total's."""
     region = terms.region
     total = terms.total[region].double().var(unbiased=False)
-    return {k: float(v[region].double().var(unbiased=False) / total) if total > 0 else float("nan")
-            for k, v in mats.items() if k not in ("sum of terms", "actual")}
+    return {
+        k: float(v[region].double().var(unbiased=False) / total) if total > 0 else float("nan")
+        for k, v in mats.items()
+        if k not in ("sum of terms", "actual")
+    }
 
 
 def _probe_routes(run: Run, n: int = 512) -> dict[str, Any] | None:
@@ -263,18 +338,29 @@ def _probe_routes(run: Run, n: int = 512) -> dict[str, Any] | None:
         route_shares,
     )
 
-    pairs = run.task.counterfactuals(n, kind="position", seed=run.train_cfg.seed + PAIRS_SEED_OFFSET)
-    if not can_move_positions(run.model) or not bool((pairs.clean.labels != pairs.corrupt.labels).any()):
+    pairs = run.task.counterfactuals(
+        n, kind="position", seed=run.train_cfg.seed + PAIRS_SEED_OFFSET
+    )
+    if not can_move_positions(run.model) or not bool(
+        (pairs.clean.labels != pairs.corrupt.labels).any()
+    ):
         return None
-    result = route_shares(run.model, pairs.clean.tokens, pairs.corrupt.tokens, pairs.clean.labels, pairs.corrupt.labels,
-                          pad_mask=pairs.clean.pad_mask)
+    result = route_shares(
+        run.model,
+        pairs.clean.tokens,
+        pairs.corrupt.tokens,
+        pairs.clean.labels,
+        pairs.corrupt.labels,
+        pad_mask=pairs.clean.pad_mask,
+    )
     save_result(run.run_dir / ROUTES, result, run.provenance)
     verdict = positional_dominance(result)
     return {**result.to_dict(), "verdict": verdict.verdict, "why": verdict.why, "top": verdict.top}
 
 
-def _probe_snapshot_dynamics(run: Run, n: int = 128, n_confirm: int = 1000, n_pairs: int = 128,
-                             positional: bool = True) -> dict[str, Any] | None:
+def _probe_snapshot_dynamics(
+    run: Run, n: int = 128, n_confirm: int = 1000, n_pairs: int = 128, positional: bool = True
+) -> dict[str, Any] | None:
     """Every deposit criterion at every snapshot of the cell's run (``snapshots: log`` in the
     grid; None without snapshots): ``dynamics.json`` in the run, written after each snapshot so
     that a stopped sweep resumes the probe where it was."""
@@ -284,15 +370,26 @@ def _probe_snapshot_dynamics(run: Run, n: int = 128, n_confirm: int = 1000, n_pa
     path = run.run_dir / SNAPSHOT_DYNAMICS
     if not snapshot_steps(run.run_dir):
         return None
-    result = snapshot_dynamics(run.run_dir, n=n, n_confirm=n_confirm, n_pairs=n_pairs, positional=positional,
-                               done=SnapshotDynamics.load(path) if path.is_file() else None, progress=False,
-                               on_record=lambda r: save_result(path, r, None, indent=None))
+    result = snapshot_dynamics(
+        run.run_dir,
+        n=n,
+        n_confirm=n_confirm,
+        n_pairs=n_pairs,
+        positional=positional,
+        done=SnapshotDynamics.load(path) if path.is_file() else None,
+        progress=False,
+        on_record=lambda r: save_result(path, r, None, indent=None),
+    )
     save_result(path, result, None, indent=None)
     return {"file": SNAPSHOT_DYNAMICS, **result.to_dict()}
 
 
 def _dynamics_callback(
-    cell: Any, points: int = 20, n_probe: int = 512, layers: tuple[int, ...] = (0,), every: int = 0,
+    cell: Any,
+    points: int = 20,
+    n_probe: int = 512,
+    layers: tuple[int, ...] = (0,),
+    every: int = 0,
 ) -> DepositDynamics:
     """Deposit dynamics of ``layers`` (default layer 0) on the first ``n_probe`` held-out
     examples, recorded every ``every`` steps, or (``every=0``) about ``points`` times over
@@ -327,4 +424,6 @@ PROBE_OPTIONS: dict[str, set[str]] = {
 }
 
 
-SWEEP_PROBES: dict[str, Callable[[Path, list[dict[str, Any]]], None]] = {"gradients": sweep_gradients}  # gradients.py
+SWEEP_PROBES: dict[str, Callable[[Path, list[dict[str, Any]]], None]] = {
+    "gradients": sweep_gradients
+}  # gradients.py

@@ -23,7 +23,15 @@ class Progress:
     elapsed time over the rounds begun so far (the first cell to finish says how long its whole
     round takes, not a third of it), and the ETA is the time the last round ends at that rate."""
 
-    def __init__(self, total: int, workers: int, enabled: bool, clock=time.time, stream=None, heartbeat: float = 120.0):
+    def __init__(
+        self,
+        total: int,
+        workers: int,
+        enabled: bool,
+        clock=time.time,
+        stream=None,
+        heartbeat: float = 120.0,
+    ):
         self.total, self.workers, self.enabled = total, max(1, min(workers, total or 1)), enabled
         self.clock, self.stream, self.done, self.heartbeat = clock, stream, 0, heartbeat
         self.t0 = self.last = clock()
@@ -39,12 +47,24 @@ class Progress:
     def line(self, outcome: dict[str, Any]) -> str:
         elapsed, per_cell, eta = self.estimate()
         acc = outcome.get("final", {}).get("test_acc")
-        status = "FAILED: " + str(outcome["error"])[:80] if "error" in outcome else (
-            f"held-out acc {acc:.3f}" if isinstance(acc, float) else "done")
-        left = "" if self.done == self.total else (
-            f"ETA {_dur(eta, 0)}" if eta >= 1 else "ETA soon (the cells still running started with this one)")
-        return (f"[{self.done}/{self.total}] {outcome.get('id', '?')}: {status}; "
-                f"{_dur(elapsed)} elapsed, {_dur(per_cell)}/cell" + (f", {left}" if left else ""))
+        status = (
+            "FAILED: " + str(outcome["error"])[:80]
+            if "error" in outcome
+            else (f"held-out acc {acc:.3f}" if isinstance(acc, float) else "done")
+        )
+        left = (
+            ""
+            if self.done == self.total
+            else (
+                f"ETA {_dur(eta, 0)}"
+                if eta >= 1
+                else "ETA soon (the cells still running started with this one)"
+            )
+        )
+        return (
+            f"[{self.done}/{self.total}] {outcome.get('id', '?')}: {status}; "
+            f"{_dur(elapsed)} elapsed, {_dur(per_cell)}/cell" + (f", {left}" if left else "")
+        )
 
     def update(self, outcome: dict[str, Any]) -> None:
         self.done += 1
@@ -59,6 +79,13 @@ class Progress:
             return
         self.last = now
         running = min(self.workers, self.total - self.done)
-        est = "" if not self.done else f", {_dur(self.estimate()[1])}/cell, ETA {_dur(self.estimate()[2], 0)}"
-        print(f"[{self.done}/{self.total}] {running} cell(s) running; {_dur(now - self.t0)} elapsed{est}",
-              file=self.stream or sys.stderr, flush=True)
+        est = (
+            ""
+            if not self.done
+            else f", {_dur(self.estimate()[1])}/cell, ETA {_dur(self.estimate()[2], 0)}"
+        )
+        print(
+            f"[{self.done}/{self.total}] {running} cell(s) running; {_dur(now - self.t0)} elapsed{est}",
+            file=self.stream or sys.stderr,
+            flush=True,
+        )

@@ -31,7 +31,9 @@ def worker_init(parent: int) -> None:
         try:
             import ctypes
 
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(
+                1, int(signal.SIGTERM)
+            )  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
     if os.getppid() != parent:  # the parent died before prctl took effect

@@ -21,7 +21,11 @@ from pe_interp.tasks.count import CountTask
 from pe_interp.tasks.distance import DistanceTask
 from pe_interp.tasks.retrieve import RetrieveTask
 
-TASKS: dict[str, type[SyntheticTask]] = {"distance": DistanceTask, "count": CountTask, "retrieve": RetrieveTask}
+TASKS: dict[str, type[SyntheticTask]] = {
+    "distance": DistanceTask,
+    "count": CountTask,
+    "retrieve": RetrieveTask,
+}
 
 
 def make_task(name: str, **kwargs: Any) -> SyntheticTask:

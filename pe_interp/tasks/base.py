@@ -43,7 +43,9 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def check_int(owner: str, name: str, value: Any, low: int, high: int | None = None, why: str = "") -> None:
+def check_int(
+    owner: str, name: str, value: Any, low: int, high: int | None = None, why: str = ""
+) -> None:
     """Raise ValueError naming ``owner.name`` and the allowed range unless ``value`` is in it."""
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
     ok = ok and (high is None or value <= high)
@@ -101,7 +103,9 @@ class SyntheticTask(ABC):
         """``n`` clean/corrupt pairs, vectorised over the batch."""
 
     @abstractmethod
-    def _counterfactual_family(self, n: int, kind: str, gen: torch.Generator) -> CounterfactualPairs:
+    def _counterfactual_family(
+        self, n: int, kind: str, gen: torch.Generator
+    ) -> CounterfactualPairs:
         """``n`` pairs of one family of :meth:`counterfactuals` (``kind`` already checked),
         vectorised over the batch."""
 
@@ -152,7 +156,9 @@ class SyntheticTask(ABC):
         refill_round = 0
         while len(test) < n_test and refill_round < _MAX_REFILL_ROUNDS:
             need = n_test - len(test)
-            extra = self._generate(max(2 * need, 64), self.generator("test-refill", seed, refill_round))
+            extra = self._generate(
+                max(2 * need, 64), self.generator("test-refill", seed, refill_round)
+            )
             extra = extra[~torch.isin(row_hashes(extra.tokens), train_keys)][:need]
             test = Batch.cat([test, extra])
             refill_round += 1
@@ -173,7 +179,9 @@ class SyntheticTask(ABC):
         while not bool(keep.all()) and refill_round < _MAX_REFILL_ROUNDS:
             train = train[keep]
             need = n_train - len(train)
-            extra = self._generate(max(2 * need, 64), self.generator("train-refill", seed, refill_round))
+            extra = self._generate(
+                max(2 * need, 64), self.generator("train-refill", seed, refill_round)
+            )
             extra = extra[~torch.isin(row_hashes(extra.tokens), row_hashes(train.tokens))]
             train = Batch.cat([train, extra[first_occurrences(row_hashes(extra.tokens))][:need]])
             keep = first_occurrences(row_hashes(train.tokens))
@@ -291,7 +299,9 @@ def extend_sides(task: Any, family: str, extra: int) -> Any:
     ``max_len`` fields (fillers before and after its segments)."""
     left = {"shift": extra, "sides": extra // 2, "right": 0}[family]
     return dataclasses.replace(
-        task, extra_left=task.extra_left + left, extra_right=task.extra_right + extra - left,
+        task,
+        extra_left=task.extra_left + left,
+        extra_right=task.extra_right + extra - left,
         max_len=task.max_len + extra,
     )
 

@@ -44,8 +44,12 @@ class Batch:
         for name in ("tokens", "labels", "pad_mask"):
             value = getattr(self, name)
             if not isinstance(value, Tensor):
-                kind = "a numpy array" if type(value).__module__ == "numpy" else type(value).__name__
-                raise ValueError(f"Batch.{name} must be a torch tensor, got {kind}; convert it with torch.as_tensor()")
+                kind = (
+                    "a numpy array" if type(value).__module__ == "numpy" else type(value).__name__
+                )
+                raise ValueError(
+                    f"Batch.{name} must be a torch tensor, got {kind}; convert it with torch.as_tensor()"
+                )
         if self.tokens.dim() != 2 or self.tokens.dtype != torch.long:
             raise ValueError(
                 f"Batch.tokens must be a 2-D int64 tensor, got {self.tokens.dtype} "

@@ -51,12 +51,19 @@ class CountTask(SyntheticTask):
         check_bool(owner, "dedup", self.dedup)
         check_int(owner, "n_triggers", self.n_triggers, 1)
         check_int(
-            owner, "d_vocab", self.d_vocab, self.n_triggers + 2,
+            owner,
+            "d_vocab",
+            self.d_vocab,
+            self.n_triggers + 2,
             why="PAD + n_triggers triggers + at least 1 filler",
         )
         check_int(owner, "length", self.length, 1)
         check_int(
-            owner, "max_count", self.max_count, 2 if self.ignore_zero else 1, self.length,
+            owner,
+            "max_count",
+            self.max_count,
+            2 if self.ignore_zero else 1,
+            self.length,
             why="at least 2 classes, and at most `length` triggers fit",
         )
         check_int(owner, "seed", self.seed, 0)
@@ -155,7 +162,9 @@ class CountTask(SyntheticTask):
         corrupt = Batch(corrupt_tokens, clean.labels - k, clean.pad_mask.clone())
         return CounterfactualPairs(clean, corrupt)
 
-    def _counterfactual_family(self, n: int, kind: str, gen: torch.Generator) -> CounterfactualPairs:
+    def _counterfactual_family(
+        self, n: int, kind: str, gen: torch.Generator
+    ) -> CounterfactualPairs:
         """The three families of :meth:`~pe_interp.tasks.base.SyntheticTask.counterfactuals`.
 
         The count does not depend on where the triggers are, so here position keeps the label and
@@ -193,7 +202,9 @@ class CountTask(SyntheticTask):
                 moved = tokens.gather(1, order)
                 corrupt_tokens = torch.where(redo[:, None], moved, corrupt_tokens)
                 redo = (torch.isin(corrupt_tokens, self.trigger_ids) == is_trigger).all(dim=1)
-            return CounterfactualPairs(clean, Batch(corrupt_tokens, clean.labels.clone(), clean.pad_mask.clone()))
+            return CounterfactualPairs(
+                clean, Batch(corrupt_tokens, clean.labels.clone(), clean.pad_mask.clone())
+            )
 
         counts = torch.randint(self.min_count, self.max_count + 1, (n,), generator=gen)
         clean = self._with_counts(counts, gen)

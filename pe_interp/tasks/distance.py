@@ -68,7 +68,10 @@ class DistanceTask(SyntheticTask):
         check_int(owner, "extra_right", self.extra_right, 0)
         need = self.extra_left + self.max_side + self.max_between + 2
         check_int(
-            owner, "max_len", self.max_len, need,
+            owner,
+            "max_len",
+            self.max_len,
+            need,
             why=f"extra_left + max_side + max_between + 2 = {need}, so truncation never cuts the second trigger",
         )
         check_int(owner, "seed", self.seed, 0)
@@ -114,7 +117,14 @@ class DistanceTask(SyntheticTask):
         return d - 2
 
     # ----------------------------------------------------------------- spans
-    span_names: ClassVar[tuple[str, ...]] = ("prefix", "trigger1", "between", "trigger2", "suffix", "padding")
+    span_names: ClassVar[tuple[str, ...]] = (
+        "prefix",
+        "trigger1",
+        "between",
+        "trigger2",
+        "suffix",
+        "padding",
+    )
 
     def spans(self, batch: Batch) -> Int[Tensor, "batch pos"]:
         """Each position's part of its example: the left fillers (``prefix``), ``t1``
@@ -131,7 +141,9 @@ class DistanceTask(SyntheticTask):
         pair = (tokens == t1) & (ahead == t2) & (pos[None] + d < width)
         if not bool(pair.any(1).all()):
             row = int((~pair.any(1)).nonzero()[0, 0])
-            raise ValueError(f"{self.name}: row {row} holds no t1 followed by t2 at its labelled distance")
+            raise ValueError(
+                f"{self.name}: row {row} holds no t1 followed by t2 at its labelled distance"
+            )
         first = pair.to(torch.int8).argmax(1)[:, None]
         second = first + d
         out = torch.full_like(tokens, 2)  # between
@@ -161,7 +173,9 @@ class DistanceTask(SyntheticTask):
         tokens = torch.where(pad_mask, tokens, PAD_ID)
         return Batch(tokens, between - 1, pad_mask), first, second
 
-    def _distinct_segments(self, n: int, first: Tensor, second: Tensor, gen: torch.Generator) -> Tensor:
+    def _distinct_segments(
+        self, n: int, first: Tensor, second: Tensor, gen: torch.Generator
+    ) -> Tensor:
         """Fillers with no repeat inside each of the three segments (positions ``< first``,
         between the triggers, ``> second``); the trigger slots are overwritten by the caller."""
         ids = self.filler_ids
@@ -224,9 +238,13 @@ class DistanceTask(SyntheticTask):
             have += int(ok.sum())
             if have >= n:
                 return CounterfactualPairs(Batch.cat(cleans)[:n], Batch.cat(corrupts)[:n])
-        raise RuntimeError(f"{self}: could not build {n} counterfactual pairs (vocabulary too small)")
+        raise RuntimeError(
+            f"{self}: could not build {n} counterfactual pairs (vocabulary too small)"
+        )
 
-    def _counterfactual_family(self, n: int, kind: str, gen: torch.Generator) -> CounterfactualPairs:
+    def _counterfactual_family(
+        self, n: int, kind: str, gen: torch.Generator
+    ) -> CounterfactualPairs:
         """The three families of :meth:`~pe_interp.tasks.base.SyntheticTask.counterfactuals`.
 
         Every corrupt row has the clean row's length and ``pad_mask``; ``t1`` comes before
@@ -295,14 +313,18 @@ class DistanceTask(SyntheticTask):
             pos = torch.arange(self.max_len)
             free = ~torch.isin(clean.tokens, torch.tensor(self.triggers))
             free |= (pos == first[:, None]) | (pos == second[:, None])
-            at_second = free.gather(1, seconds.clamp(max=self.max_len - 1).view(1, -1).expand(n, -1))
+            at_second = free.gather(
+                1, seconds.clamp(max=self.max_len - 1).view(1, -1).expand(n, -1)
+            )
             valid &= free[:, lefts][:, :, None] & at_second.view(n, side, most)
         valid = valid.reshape(n, side * most)
         pick = torch.rand(valid.shape, generator=gen).masked_fill(~valid, -1.0).argmax(dim=1)
         new_first = lefts[pick // most]
         return new_first, new_first + distances[pick % most], valid.any(dim=1)
 
-    def _move_triggers(self, tokens: Tensor, first: Tensor, second: Tensor, new_first: Tensor, new_second: Tensor) -> Tensor:
+    def _move_triggers(
+        self, tokens: Tensor, first: Tensor, second: Tensor, new_first: Tensor, new_second: Tensor
+    ) -> Tensor:
         """``t1`` swaps with the token at ``new_first``, then ``t2`` with the one at ``new_second``."""
         rows = torch.arange(tokens.shape[0])
 
@@ -317,7 +339,9 @@ class DistanceTask(SyntheticTask):
         second_now = torch.where(new_first == second, first, second)  # t2 moved if t1 took its slot
         return swap(tokens, second_now, new_second)
 
-    def _segments_distinct(self, tokens: Tensor, first: Tensor, second: Tensor, pad_mask: Tensor) -> Tensor:
+    def _segments_distinct(
+        self, tokens: Tensor, first: Tensor, second: Tensor, pad_mask: Tensor
+    ) -> Tensor:
         """Whether no filler id repeats within a segment (before, between, after the triggers)."""
         pos = torch.arange(self.max_len)[None, :]
         segment = (pos > first[:, None]).long() + (pos > second[:, None]).long()
@@ -325,7 +349,9 @@ class DistanceTask(SyntheticTask):
         keys = torch.where(is_filler, segment * self.d_vocab + tokens, -1 - pos).sort(dim=1).values
         return ~((keys[:, 1:] == keys[:, :-1]) & (keys[:, 1:] >= 0)).any(dim=1)
 
-    def _unused_fillers(self, clean: Batch, first: Tensor, second: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    def _unused_fillers(
+        self, clean: Batch, first: Tensor, second: Tensor, gen: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
         """Rows with ``t1`` at ``first``, ``t2`` at ``second`` and fillers drawn from the filler
         ids absent from the clean row (by the generator's rule), and whether each row could."""
         n, vocab = len(clean), self.d_vocab
@@ -336,6 +362,7 @@ class DistanceTask(SyntheticTask):
         available = pool.sum(dim=1)
         pos = torch.arange(self.max_len)[None, :]
         if self.distinct_fillers:
+
             def segment(size: int) -> Tensor:  # [n, size]; the first `available` are pool ids
                 keys = torch.rand(n, vocab, generator=gen).masked_fill(~pool, -1.0)
                 return keys.topk(size, dim=1).indices
@@ -353,7 +380,9 @@ class DistanceTask(SyntheticTask):
             tokens = torch.where(pos > second[:, None], after, tokens)
         else:
             pool_first = torch.argsort((~pool).to(torch.int8), dim=1, stable=True)
-            index = torch.rand(n, self.max_len, generator=gen, dtype=torch.float64) * available[:, None]
+            index = (
+                torch.rand(n, self.max_len, generator=gen, dtype=torch.float64) * available[:, None]
+            )
             tokens = pool_first.gather(1, index.long().clamp(max=vocab - 1))
             fits = available >= 1
         t1, t2 = self.triggers
@@ -378,7 +407,8 @@ class DistanceTask(SyntheticTask):
         cls = (between - 1).expand_as(length)
         counts = torch.zeros(self.max_len + 1, most, dtype=torch.long)
         counts.index_put_(
-            (length.reshape(-1), cls.reshape(-1)), ways[:, None].expand_as(length).reshape(-1),
+            (length.reshape(-1), cls.reshape(-1)),
+            ways[:, None].expand_as(length).reshape(-1),
             accumulate=True,
         )
         return counts

@@ -63,10 +63,20 @@ class RetrieveTask(SyntheticTask):
         check_int(owner, "extra_left", self.extra_left, 0)
         check_int(owner, "extra_right", self.extra_right, 0)
         need = self.extra_left + self.max_side + 1 + self.max_after + self.extra_right
-        check_int(owner, "max_len", self.max_len, need,
-                  why=f"extra_left + max_side + 1 + max_after + extra_right = {need}, the longest row")
-        check_int(owner, "d_vocab", self.d_vocab, self.max_len + 2,
-                  why=f"PAD, the marker and max_len = {self.max_len} distinct values")
+        check_int(
+            owner,
+            "max_len",
+            self.max_len,
+            need,
+            why=f"extra_left + max_side + 1 + max_after + extra_right = {need}, the longest row",
+        )
+        check_int(
+            owner,
+            "d_vocab",
+            self.d_vocab,
+            self.max_len + 2,
+            why=f"PAD, the marker and max_len = {self.max_len} distinct values",
+        )
         check_int(owner, "seed", self.seed, 0)
 
     # ----------------------------------------------------------------- vocabulary
@@ -105,7 +115,14 @@ class RetrieveTask(SyntheticTask):
         return extend_sides(self, family, extra)
 
     # ----------------------------------------------------------------- spans
-    span_names: ClassVar[tuple[str, ...]] = ("prefix", "marker", "gap", "target", "suffix", "padding")
+    span_names: ClassVar[tuple[str, ...]] = (
+        "prefix",
+        "marker",
+        "gap",
+        "target",
+        "suffix",
+        "padding",
+    )
 
     def spans(self, batch: Batch) -> Int[Tensor, "batch pos"]:
         """Each position's part of its example: the values before the marker (``prefix``), the
@@ -127,7 +144,9 @@ class RetrieveTask(SyntheticTask):
         return torch.where(batch.pad_mask.to(tokens.device), out, 5)
 
     # ----------------------------------------------------------------- generation
-    def _draw_values(self, n: int, gen: torch.Generator, exclude: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def _draw_values(
+        self, n: int, gen: torch.Generator, exclude: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """``[n, max_len]`` distinct value ids per row (uniform ordered samples without
         replacement), avoiding ``exclude [n, d_vocab]`` where given, and how many each row had."""
         keys = torch.rand(n, self.n_values, generator=gen)
@@ -152,7 +171,9 @@ class RetrieveTask(SyntheticTask):
 
     def _draw(self, n: int, gen: torch.Generator) -> tuple[Batch, Tensor]:
         left = torch.randint(1, self.max_side + 1, (n,), generator=gen) + self.extra_left
-        after = torch.randint(self.offset, self.max_after + 1, (n,), generator=gen) + self.extra_right
+        after = (
+            torch.randint(self.offset, self.max_after + 1, (n,), generator=gen) + self.extra_right
+        )
         length = left + 1 + after
         values, _ = self._draw_values(n, gen)
         tokens = self._layout(values, left, length)
@@ -166,7 +187,9 @@ class RetrieveTask(SyntheticTask):
         """The ``"position"`` family of :meth:`counterfactuals`: the marker moved."""
         return self._counterfactual_family(n, "position", gen)
 
-    def _counterfactual_family(self, n: int, kind: str, gen: torch.Generator) -> CounterfactualPairs:
+    def _counterfactual_family(
+        self, n: int, kind: str, gen: torch.Generator
+    ) -> CounterfactualPairs:
         """The three families of :meth:`~pe_interp.tasks.base.SyntheticTask.counterfactuals`.
 
         Every corrupt row has the clean row's length and ``pad_mask``; here every family changes
@@ -201,7 +224,9 @@ class RetrieveTask(SyntheticTask):
                 tokens[rows, marker_at] = clean.tokens[rows, new_at]
                 tokens[rows, new_at] = self.marker
             else:
-                used = torch.zeros(n, self.d_vocab, dtype=torch.bool).scatter_(1, clean.tokens, True)
+                used = torch.zeros(n, self.d_vocab, dtype=torch.bool).scatter_(
+                    1, clean.tokens, True
+                )
                 values, available = self._draw_values(n, gen, exclude=used)
                 ok &= available >= length - 1
                 tokens = self._layout(values, new_at, length)
@@ -218,12 +243,16 @@ class RetrieveTask(SyntheticTask):
             "lengths, or too few values)"
         )
 
-    def _new_place(self, marker_at: Tensor, length: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    def _new_place(
+        self, marker_at: Tensor, length: Tensor, gen: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
         """A uniform new marker position per row that the generator could produce at the row's
         length, other than the current one, and whether the row has one."""
         places = torch.arange(1, self.max_side + 1) + self.extra_left  # [side]
         after = length[:, None] - 1 - places[None, :]
-        valid = (after >= self.offset + self.extra_right) & (after <= self.max_after + self.extra_right)
+        valid = (after >= self.offset + self.extra_right) & (
+            after <= self.max_after + self.extra_right
+        )
         valid &= places[None, :] != marker_at[:, None]
         pick = torch.rand(valid.shape, generator=gen).masked_fill(~valid, -1.0).argmax(dim=1)
         return places[pick], valid.any(dim=1)

@@ -58,8 +58,19 @@ def acdc(
     t0 = time.perf_counter()
     names = unit_span_names(spans, span_names, "acdc")
     S = max(1, len(names))
-    ev = _Evaluator(model, clean, corrupt, ablation="corrupt", metric=metric, reference=None, seed=0,
-                    batch_size=batch_size or 256 * 4, spans=spans, n_spans=S, who="acdc")  # fmt: skip
+    ev = _Evaluator(
+        model,
+        clean,
+        corrupt,
+        ablation="corrupt",
+        metric=metric,
+        reference=None,
+        seed=0,
+        batch_size=batch_size or 256 * 4,
+        spans=spans,
+        n_spans=S,
+        who="acdc",
+    )
     graph = ev.graph
     units = ev.units()
     full, empty = ev.ends()
@@ -78,7 +89,12 @@ def acdc(
         used = _backward(graph, keep, False)[r]  # [S]: whether the reader still reaches the logits
         before = int(keep[r].sum())
         keep[r] &= used[None, :]
-        cands = [(r, w, s) for w in reversed(range(len(graph.writers))) for s in range(S) if keep[r, w, s]]
+        cands = [
+            (r, w, s)
+            for w in reversed(range(len(graph.writers)))
+            for s in range(S)
+            if keep[r, w, s]
+        ]
         if bar is not None:
             bar.update(before - len(cands))  # no longer connected: removed without a forward
         i = 0
@@ -112,25 +128,59 @@ def acdc(
     keep = prune(graph, keep)
     final = float(ev(keep[None]).mean())
     seconds = time.perf_counter() - t0
-    meta = {"acdc": {"tau": float(tau), "threshold": threshold, "forwards": forwards + 1, "seconds": seconds,
-                     "n_pairs": len(ev.c)}, "encoding": model.cfg.encoding_name}  # fmt: skip
-    c = circuit_from_mask(graph, keep, names, scores={"acdc": effect}, rank=np.abs(effect), total=int(units.sum()),
-                          method="acdc", metric=resolve(metric)[0], meta=meta)  # fmt: skip
+    meta = {
+        "acdc": {
+            "tau": float(tau),
+            "threshold": threshold,
+            "forwards": forwards + 1,
+            "seconds": seconds,
+            "n_pairs": len(ev.c),
+        },
+        "encoding": model.cfg.encoding_name,
+    }
+    c = circuit_from_mask(
+        graph,
+        keep,
+        names,
+        scores={"acdc": effect},
+        rank=np.abs(effect),
+        total=int(units.sum()),
+        method="acdc",
+        metric=resolve(metric)[0],
+        meta=meta,
+    )
     recovered = (final - empty) / (full - empty) if has_gap(full, empty) else float("nan")
-    return Circuit(**{**c.__dict__, "faithfulness": {"kept": recovered, "size": len(c.edges), "metric_kept": final,
-                                                      "full": full, "empty": empty, "total_edges": int(units.sum())}})
+    return Circuit(
+        **{
+            **c.__dict__,
+            "faithfulness": {
+                "kept": recovered,
+                "size": len(c.edges),
+                "metric_kept": final,
+                "full": full,
+                "empty": empty,
+                "total_edges": int(units.sum()),
+            },
+        }
+    )
 
 
 def overlap(found: Circuit, reference: Circuit) -> dict[str, float]:
     """Precision (the share of ``found``'s units in ``reference``) and recall (the share of
     ``reference``'s units in ``found``), units compared as (writer, reader, span)."""
+
     def units(c: Circuit) -> set:
         return {(w, r, c.spans[i] if c.positional else None) for i, (w, r) in enumerate(c.edges)}
 
     a, b = units(found), units(reference)
     both = len(a & b)
-    return {"precision": both / len(a) if a else float("nan"), "recall": both / len(b) if b else float("nan"),
-            "found": len(a), "reference": len(b), "common": both}  # fmt: skip
+    return {
+        "precision": both / len(a) if a else float("nan"),
+        "recall": both / len(b) if b else float("nan"),
+        "found": len(a),
+        "reference": len(b),
+        "common": both,
+    }
 
 
 __all__ = ["acdc", "overlap"]

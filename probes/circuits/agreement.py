@@ -40,8 +40,13 @@ def agreement(estimate, exact, k: int = 5, ranking=None) -> dict[str, float]:
     exact = np.asarray(exact, dtype=np.float64)
     rank = np.abs(estimate) if ranking is None else np.asarray(ranking, dtype=np.float64)
     n = int((~(np.isnan(estimate) | np.isnan(exact))).sum())
-    return {"spearman": spearman(estimate, exact), "spearman_abs": spearman(rank, np.abs(exact)),
-            "top_k": top_k(rank, np.abs(exact), k), "k": int(min(k, n)), "n": n}  # fmt: skip
+    return {
+        "spearman": spearman(estimate, exact),
+        "spearman_abs": spearman(rank, np.abs(exact)),
+        "top_k": top_k(rank, np.abs(exact), k),
+        "k": int(min(k, n)),
+        "n": n,
+    }
 
 
 __all__ = ["agreement", "spearman", "top_k"]

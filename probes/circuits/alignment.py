@@ -15,7 +15,9 @@ def moved(clean: Run, corrupt: Run | None, who: str) -> Tensor:
     """``σ [n, pos]`` of a position-only pair (``corrupt[b, σ[b, i]]`` is ``clean[b, i]``), for
     σ-aligned scores; a one-line error for any other pair."""
     if corrupt is None:
-        raise ValueError(f"{who}: aligned=True compares each token with itself moved; it needs position-only pairs")
+        raise ValueError(
+            f"{who}: aligned=True compares each token with itself moved; it needs position-only pairs"
+        )
     try:
         return position_permutation(clean.tokens, corrupt.tokens)
     except ValueError as err:
@@ -27,7 +29,10 @@ def align(acts: dict[str, Tensor], sigma: Tensor | None) -> dict[str, Tensor]:
     ``σ[b, i]`` (the corrupt run's value of the clean token at ``i``). ``σ`` None: unchanged."""
     if sigma is None:
         return acts
-    return {n: a.gather(1, sigma.view(*sigma.shape, *[1] * (a.ndim - 2)).expand_as(a)) for n, a in acts.items()}
+    return {
+        n: a.gather(1, sigma.view(*sigma.shape, *[1] * (a.ndim - 2)).expand_as(a))
+        for n, a in acts.items()
+    }
 
 
 __all__ = ["align", "moved"]

@@ -90,7 +90,9 @@ def _binned(x: Tensor, bins: tuple[Tensor, int] | None) -> Tensor:
     return flat.new_zeros((k, *x.shape[2:])).index_add_(0, ids.reshape(-1), flat).movedim(0, -1)
 
 
-def _node_by_pos(graph: Graph, delta: dict[str, Tensor], grads: dict[str, Tensor], bins=None) -> Tensor:
+def _node_by_pos(
+    graph: Graph, delta: dict[str, Tensor], grads: dict[str, Tensor], bins=None
+) -> Tensor:
     """``[writers, pos or span]`` sums over the chunk of ``delta . grad`` at each writer's hook."""
     e = graph.embed_hook
     rows = [_binned((delta[e] * grads[e]).sum(-1).double(), bins)[None]]
@@ -123,7 +125,16 @@ def _edge_by_pos(graph: Graph, contrib: Tensor, grads: dict[str, Tensor], bins=N
     return out
 
 
-def _qk_fix(model, graph: Graph, base: Run, acts: dict, contrib: Tensor, gpat: list[dict], sign: float, rows: int):
+def _qk_fix(
+    model,
+    graph: Graph,
+    base: Run,
+    acts: dict,
+    contrib: Tensor,
+    gpat: list[dict],
+    sign: float,
+    rows: int,
+):
     """Edges into q/k inputs with the softmax recomputed: ``{(layer, c): [variants, nw, H]}``, each
     ``sign * sum_b sum (A(x + sign * delta_w) - A(x)) . dm/dA``."""
     out = {}
@@ -132,16 +143,34 @@ def _qk_fix(model, graph: Graph, base: Run, acts: dict, contrib: Tensor, gpat: l
         resid = acts[f"blocks.{layer}.hook_resid_pre"]
         kv_in = acts["blocks.0.hook_resid_pre"] if model.cfg.kv_source == "embed" else None
         # the unperturbed pattern by the same code path as the perturbed ones
-        base_pattern = attend_with(model, layer, base, resid, kv_in, "q", torch.zeros_like(resid), ["hook_pattern"])["hook_pattern"]
+        base_pattern = attend_with(
+            model, layer, base, resid, kv_in, "q", torch.zeros_like(resid), ["hook_pattern"]
+        )["hook_pattern"]
         for c in "qk":
-            nw = 1 if (graph.kv_embed and c == "k") else 1 + layer * (graph.n_heads + int(graph.has_mlp))
-            total = torch.zeros(len(gpat), nw, graph.n_heads, dtype=torch.float64, device=resid.device)
+            nw = (
+                1
+                if (graph.kv_embed and c == "k")
+                else 1 + layer * (graph.n_heads + int(graph.has_mlp))
+            )
+            total = torch.zeros(
+                len(gpat), nw, graph.n_heads, dtype=torch.float64, device=resid.device
+            )
             step = max(1, rows // b)
             for w0 in range(0, nw, step):
-                d = contrib[:, :, w0 : min(nw, w0 + step)].permute(2, 0, 1, 3) * sign  # [k, b, p, d]
+                d = (
+                    contrib[:, :, w0 : min(nw, w0 + step)].permute(2, 0, 1, 3) * sign
+                )  # [k, b, p, d]
                 k = d.shape[0]
-                seen = attend_with(model, layer, base, resid.repeat(k, 1, 1), kv_in, c,
-                                   d.reshape(-1, *d.shape[2:]), ["hook_pattern"])  # fmt: skip
+                seen = attend_with(
+                    model,
+                    layer,
+                    base,
+                    resid.repeat(k, 1, 1),
+                    kv_in,
+                    c,
+                    d.reshape(-1, *d.shape[2:]),
+                    ["hook_pattern"],
+                )
                 dA = seen["hook_pattern"].view(k, b, *base_pattern.shape[1:]) - base_pattern[None]
                 for v, g in enumerate(gpat):
                     gA = g[f"blocks.{layer}.attn.hook_pattern"]
@@ -150,8 +179,22 @@ def _qk_fix(model, graph: Graph, base: Run, acts: dict, contrib: Tensor, gpat: l
     return out
 
 
-def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, edges, steps, fn, rows, bins=None,
-           sigma=None):  # fmt: skip
+def _chunk(
+    model,
+    graph,
+    clean: Run,
+    other: Run | None,
+    means,
+    *,
+    mode,
+    method,
+    edges,
+    steps,
+    fn,
+    rows,
+    bins=None,
+    sigma=None,
+):
     """Summed (not yet averaged) scores of one chunk of examples, for each gradient variant.
     ``sigma``: the corrupt run read at each clean token's moved position (:func:`probes.circuits.alignment.align`)."""
     W = writer_hooks(graph)
@@ -161,7 +204,11 @@ def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, 
     base = other if mode == "denoise" else clean
     extra: list[str] = []
     if method == "atp*":
-        extra = [f"blocks.{layer}.{n}" for layer in range(graph.n_layers) for n in ("hook_resid_pre", "attn.hook_pattern")]
+        extra = [
+            f"blocks.{layer}.{n}"
+            for layer in range(graph.n_layers)
+            for n in ("hook_resid_pre", "attn.hook_pattern")
+        ]
 
     def metric(n_rep: int = 1):
         return lambda logits: fn(logits, good.repeat(n_rep), bad.repeat(n_rep))
@@ -169,30 +216,56 @@ def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, 
     a_clean = capture(model, clean, W)[0] if base is not clean else None
     if other is not None and base is not other:
         a_other = align(capture(model, other, W)[0], sigma)
-    variants = [()] + ([tuple(f"blocks.{layer}.{h}" for h in ("hook_attn_out", "hook_mlp_out")) for layer in range(graph.n_layers)]
-                       if method == "atp*" else [])  # fmt: skip
+    variants = [()] + (
+        [
+            tuple(f"blocks.{layer}.{h}" for h in ("hook_attn_out", "hook_mlp_out"))
+            for layer in range(graph.n_layers)
+        ]
+        if method == "atp*"
+        else []
+    )
     if method == "eap-ig":
         a_clean, a_other = capture(model, clean, W)[0], capture(model, other, W)[0]
         e_c, e_k = a_clean[graph.embed_hook], a_other[graph.embed_hook]
         summed: dict[str, Tensor] = {}
         per = max(1, rows // len(clean))
         for s0 in range(0, steps, per):
-            alpha = torch.arange(s0 + 1, min(steps, s0 + per) + 1, device=e_c.device, dtype=e_c.dtype) / steps
+            alpha = (
+                torch.arange(s0 + 1, min(steps, s0 + per) + 1, device=e_c.device, dtype=e_c.dtype)
+                / steps
+            )
             m = len(alpha)
-            interp = (e_k[None] + alpha[:, None, None, None] * (e_c - e_k)[None]).reshape(-1, *e_c.shape[1:])
-            _, g, _ = capture(model, other, [], metric=metric(m), grad_names=W + R, repeat=m,
-                              replace={graph.embed_hook: lambda x, interp=interp: interp})  # fmt: skip
+            interp = (e_k[None] + alpha[:, None, None, None] * (e_c - e_k)[None]).reshape(
+                -1, *e_c.shape[1:]
+            )
+            _, g, _ = capture(
+                model,
+                other,
+                [],
+                metric=metric(m),
+                grad_names=W + R,
+                repeat=m,
+                replace={graph.embed_hook: lambda x, interp=interp: interp},
+            )
             for n, t in g.items():
                 t = t.view(m, -1, *t.shape[1:]).sum(0)
                 summed[n] = t if n not in summed else summed[n] + t
         delta = {n: a_clean[n] - a_other[n] for n in W}
         with torch.no_grad():
-            return [_scores(graph, delta, {n: t / steps for n, t in summed.items()}, edges, model, bins)]
+            return [
+                _scores(graph, delta, {n: t / steps for n, t in summed.items()}, edges, model, bins)
+            ]
     results, patterns = [], []
     pattern_names = [n for n in extra if "pattern" in n]
     for drop in variants:  # one gradient at a time: the readers' gradients are large
-        acts, g, _ = capture(model, base, [] if drop else W + extra, metric=metric(), grad_names=W + R + pattern_names,
-                             detach=drop)  # fmt: skip
+        acts, g, _ = capture(
+            model,
+            base,
+            [] if drop else W + extra,
+            metric=metric(),
+            grad_names=W + R + pattern_names,
+            detach=drop,
+        )
         if not drop:
             base_acts = acts
             if base is clean:
@@ -200,8 +273,14 @@ def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, 
             else:
                 a_other, g = align(acts, sigma), align(g, sigma)
             if other is None:
-                a_other = {n: (torch.zeros_like(a_clean[n]) if mode == "zero"
-                               else means[n][None, : a_clean[n].shape[1]].expand_as(a_clean[n])) for n in W}  # fmt: skip
+                a_other = {
+                    n: (
+                        torch.zeros_like(a_clean[n])
+                        if mode == "zero"
+                        else means[n][None, : a_clean[n].shape[1]].expand_as(a_clean[n])
+                    )
+                    for n in W
+                }
             delta = {n: a_clean[n] - a_other[n] for n in W}
         patterns.append({n: g.pop(n) for n in pattern_names})
         with torch.no_grad():
@@ -213,7 +292,9 @@ def _chunk(model, graph, clean: Run, other: Run | None, means, *, mode, method, 
             qk = _qk_fix(model, graph, base, base_acts, contrib, patterns, sign, rows)
         for v, e in enumerate(results):  # replace the linearised q/k edges (positions summed)
             for (layer, c), t in qk.items():
-                idx = [graph.reader_index(f"{head_name(layer, h)}.{c}") for h in range(graph.n_heads)]
+                idx = [
+                    graph.reader_index(f"{head_name(layer, h)}.{c}") for h in range(graph.n_heads)
+                ]
                 e[idx, : t.shape[1]] = 0.0
                 e[idx, : t.shape[1], 0] = t[v].T
     return results
@@ -255,10 +336,16 @@ def attribute(
     activation is compared with the corrupt run's at that token's moved position, not at the same
     index, so that a unit blind to position scores 0 (module docstring). ``batch_size``:
     most rows per forward (examples x steps or x writers). See the module docstring."""
-    for name, value, allowed in (("method", method, METHODS), ("granularity", granularity, GRANULARITIES),
-                                 ("ablation", ablation, ABLATIONS), ("direction", direction, DIRECTIONS)):  # fmt: skip
+    for name, value, allowed in (
+        ("method", method, METHODS),
+        ("granularity", granularity, GRANULARITIES),
+        ("ablation", ablation, ABLATIONS),
+        ("direction", direction, DIRECTIONS),
+    ):
         if value not in allowed:
-            raise ValueError(f"attribute: {name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+            raise ValueError(
+                f"attribute: {name} must be one of {', '.join(map(repr, allowed))}; got {value!r}"
+            )
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"attribute: steps must be a positive integer, got {steps!r}")
     if batch_size is not None:
@@ -267,20 +354,32 @@ def attribute(
     graph = build_graph(model.cfg)
     c, k = as_pair(model, clean, corrupt, "attribute")
     if method == "eap-ig" and k is None:
-        raise ValueError("attribute: method='eap-ig' integrates from the corrupt input to the clean one; pass corrupt= (or use 'atp'/'atp*' for ablation)")
+        raise ValueError(
+            "attribute: method='eap-ig' integrates from the corrupt input to the clean one; pass corrupt= (or use 'atp'/'atp*' for ablation)"
+        )
     if method == "eap-ig" and not torch.equal(c.pad_mask, k.pad_mask):
-        raise ValueError("attribute: method='eap-ig' needs clean and corrupt rows with the same pad_mask")
+        raise ValueError(
+            "attribute: method='eap-ig' needs clean and corrupt rows with the same pad_mask"
+        )
     if method == "atp*" and (by_position or spans is not None):
-        raise ValueError("attribute: by_position and spans are not available with method='atp*' (its key fix patches every position at once)")
+        raise ValueError(
+            "attribute: by_position and spans are not available with method='atp*' (its key fix patches every position at once)"
+        )
     if by_position and spans is not None:
         raise ValueError("attribute: pass by_position or spans, not both")
-    ids, names = (None, ()) if spans is None else span_ids(spans, span_names, c.tokens.shape, "attribute")
+    ids, names = (
+        (None, ()) if spans is None else span_ids(spans, span_names, c.tokens.shape, "attribute")
+    )
     if aligned and method != "atp":
-        raise ValueError(f"attribute: aligned=True is for method='atp' (a position-only pair's aligned inputs are equal, "
-                         f"so there is no path for {method!r} to integrate or recompute)")
+        raise ValueError(
+            f"attribute: aligned=True is for method='atp' (a position-only pair's aligned inputs are equal, "
+            f"so there is no path for {method!r} to integrate or recompute)"
+        )
     sigma = moved(c, k, "attribute") if aligned else None
     if method == "atp*" and graph.n_layers < 2:
-        raise ValueError("attribute: method='atp*' (GradDrop over layers) needs a model with at least 2 layers")
+        raise ValueError(
+            "attribute: method='atp*' (GradDrop over layers) needs a model with at least 2 layers"
+        )
     mode = direction if k is not None else ablation
     metric_name, fn = resolve(metric)
     watch = FiniteWatch()  # every logit the metric sees, checked once at the end
@@ -289,23 +388,43 @@ def attribute(
     rows = batch_size or (256 if model.W_E.device.type == "cpu" else 4096)
     cfg = model.cfg
     # examples per chunk: the forked forward keeps ~[pos, heads, d_model] per reader hook and example
-    per_example = c.tokens.shape[1] * cfg.d_model * (3 * cfg.n_heads + 2) * cfg.n_layers * 8 if edges else 0
+    per_example = (
+        c.tokens.shape[1] * cfg.d_model * (3 * cfg.n_heads + 2) * cfg.n_layers * 8 if edges else 0
+    )
     chunk = max(1, min(rows, int(2e8 // per_example))) if edges else rows
     n, P = len(c), c.tokens.shape[1]
     with eval_mode(model), forks(model, on=edges):
         means = None
         if k is None and ablation == "mean":
-            ref = c if reference is None else as_run(model, reference, what="reference", who="attribute")
+            ref = (
+                c
+                if reference is None
+                else as_run(model, reference, what="reference", who="attribute")
+            )
             if ref.tokens.shape[1] < P:
-                raise ValueError(f"attribute: the reference is shorter ({ref.tokens.shape[1]}) than the examples ({P})")
+                raise ValueError(
+                    f"attribute: the reference is shorter ({ref.tokens.shape[1]}) than the examples ({P})"
+                )
             means = position_means(model, ref, writer_hooks(graph), rows)
         totals: list[Tensor] | None = None
         for c0 in range(0, n, chunk):
             sl = slice(c0, c0 + chunk)
             bins = None if ids is None else (ids[sl].to(c.tokens.device), len(names))
-            part = _chunk(model, graph, c.rows(sl), None if k is None else k.rows(sl), means, mode=mode,
-                          method=method, edges=edges, steps=steps, fn=fn, rows=rows, bins=bins,
-                          sigma=None if sigma is None else sigma[sl])  # fmt: skip
+            part = _chunk(
+                model,
+                graph,
+                c.rows(sl),
+                None if k is None else k.rows(sl),
+                means,
+                mode=mode,
+                method=method,
+                edges=edges,
+                steps=steps,
+                fn=fn,
+                rows=rows,
+                bins=bins,
+                sigma=None if sigma is None else sigma[sl],
+            )
             totals = part if totals is None else [a + b for a, b in zip(totals, part)]
         good, bad = pair_labels(c, k)
         m_clean = mean_metric(model, c, fn, good, bad, rows)
@@ -315,7 +434,9 @@ def attribute(
     if edges:
         mask = graph.valid[..., None]
         per_pos = [np.where(mask, t, np.nan) for t in per_pos]
-    summed = [t.sum(-1) if not edges else np.where(graph.valid, np.nansum(t, -1), np.nan) for t in per_pos]
+    summed = [
+        t.sum(-1) if not edges else np.where(graph.valid, np.nansum(t, -1), np.nan) for t in per_pos
+    ]
     magnitude = None
     if method == "atp*":
         norm = np.full((len(graph.readers), 1), graph.n_layers - 1.0)
@@ -328,14 +449,38 @@ def attribute(
         norm[0] = graph.n_layers  # the embedding is in no block
         magnitude = sum(np.abs(np.nansum(s, axis=0)) for s in summed[1:]) / norm
     return Attribution(
-        method=method, granularity=granularity, mode=mode, metric=metric_name, writers=graph.writers,
-        readers=graph.readers if granularity == "edge" else (), scores=scores, n_examples=n,
-        n_layers=graph.n_layers, n_heads=graph.n_heads, steps=steps if method == "eap-ig" else 1,
-        clean_metric=m_clean, corrupt_metric=m_corrupt, by_position=per_pos[0] if by_position else None,
-        span_names=tuple(names), by_span=per_pos[0] if ids is not None else None,
-        magnitude=magnitude, meta={"encoding": model.cfg.encoding_name, "kv_source": model.cfg.kv_source,
-                                   **({"aligned": True} if aligned else {})},
-    )  # fmt: skip
+        method=method,
+        granularity=granularity,
+        mode=mode,
+        metric=metric_name,
+        writers=graph.writers,
+        readers=graph.readers if granularity == "edge" else (),
+        scores=scores,
+        n_examples=n,
+        n_layers=graph.n_layers,
+        n_heads=graph.n_heads,
+        steps=steps if method == "eap-ig" else 1,
+        clean_metric=m_clean,
+        corrupt_metric=m_corrupt,
+        by_position=per_pos[0] if by_position else None,
+        span_names=tuple(names),
+        by_span=per_pos[0] if ids is not None else None,
+        magnitude=magnitude,
+        meta={
+            "encoding": model.cfg.encoding_name,
+            "kv_source": model.cfg.kv_source,
+            **({"aligned": True} if aligned else {}),
+        },
+    )
 
 
-__all__ = ["ABLATIONS", "DIRECTIONS", "GRANULARITIES", "METHODS", "Attribution", "attribute", "parse", "span_ids"]
+__all__ = [
+    "ABLATIONS",
+    "DIRECTIONS",
+    "GRANULARITIES",
+    "METHODS",
+    "Attribution",
+    "attribute",
+    "parse",
+    "span_ids",
+]

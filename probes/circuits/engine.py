@@ -47,7 +47,12 @@ def _margin(logits: Tensor, good: Tensor, bad: Tensor) -> Tensor:
     return own - others.max(1).values
 
 
-METRICS: dict[str, PerExample] = {"logit_diff": _logit_diff, "logprob": _logprob, "logit": _logit, "margin": _margin}
+METRICS: dict[str, PerExample] = {
+    "logit_diff": _logit_diff,
+    "logprob": _logprob,
+    "logit": _logit,
+    "margin": _margin,
+}
 
 
 def resolve(metric: str | PerExample) -> tuple[str, PerExample]:
@@ -55,7 +60,9 @@ def resolve(metric: str | PerExample) -> tuple[str, PerExample]:
     corrupt_labels) -> [n]``."""
     if isinstance(metric, str):
         if metric not in METRICS:
-            raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(METRICS)} or a callable")
+            raise ValueError(
+                f"unknown metric {metric!r}; expected one of {', '.join(METRICS)} or a callable"
+            )
         return metric, METRICS[metric]
     if callable(metric):
         return getattr(metric, "__name__", "custom"), metric
@@ -93,13 +100,18 @@ def as_run(model, x: Any, labels: Tensor | None = None, what: str = "clean", who
     elif isinstance(x, Tensor):
         tokens, pad_mask = x, None
     else:
-        raise ValueError(f"{who + ': ' if who else ''}{what} must be a Batch or a [batch, pos] token tensor, "
-                         f"got {type(x).__name__}")
+        raise ValueError(
+            f"{who + ': ' if who else ''}{what} must be a Batch or a [batch, pos] token tensor, "
+            f"got {type(x).__name__}"
+        )
     if getattr(tokens, "ndim", None) == 2 and tokens.shape[0] == 0:
-        raise ValueError(f"{who + ': ' if who else ''}{what}.tokens must be a non-empty [batch, pos] tensor, "
-                         f"got {tuple(tokens.shape)}")
-    tokens, labels, pad_mask = check_examples(model, tokens, labels, pad_mask, who=who, what=f"{what}.tokens",
-                                              label_name=f"{what}.labels")
+        raise ValueError(
+            f"{who + ': ' if who else ''}{what}.tokens must be a non-empty [batch, pos] tensor, "
+            f"got {tuple(tokens.shape)}"
+        )
+    tokens, labels, pad_mask = check_examples(
+        model, tokens, labels, pad_mask, who=who, what=f"{what}.tokens", label_name=f"{what}.labels"
+    )
     key_valid = model.check_inputs(tokens, pad_mask)[1]
     if labels is None:
         labels = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
@@ -111,7 +123,9 @@ def as_pair(model, clean: Any, corrupt: Any, who: str = "") -> tuple[Run, Run | 
     ``(tokens, tokens)`` or ``(Batch, None)`` (no corrupt run)."""
     if hasattr(clean, "clean") and hasattr(clean, "corrupt"):
         if corrupt is not None:
-            raise ValueError("pass CounterfactualPairs alone, or clean and corrupt batches, not both")
+            raise ValueError(
+                "pass CounterfactualPairs alone, or clean and corrupt batches, not both"
+            )
         clean, corrupt = clean.clean, clean.corrupt
     c = as_run(model, clean, who=who)
     if corrupt is None:
@@ -172,8 +186,16 @@ def no_forks(model) -> Iterator[None]:
                 getattr(model, f"set_use_{name}")(True)
 
 
-def attend_with(model, layer: int, run: Run, resid: Tensor, kv_input: Tensor | None, component: str,
-                delta: Tensor, names: Sequence[str]) -> dict[str, Tensor]:  # fmt: skip
+def attend_with(
+    model,
+    layer: int,
+    run: Run,
+    resid: Tensor,
+    kv_input: Tensor | None,
+    component: str,
+    delta: Tensor,
+    names: Sequence[str],
+) -> dict[str, Tensor]:
     """Layer ``layer``'s attention on ``resid`` (``[rows, pos, d]``; ``run``'s rows repeated to
     match) with ``delta`` added to the ``component`` input of every head, and only to it, by the
     block's own ``attention_inputs`` and ``attn``; returns the attention hooks ``names``
@@ -186,7 +208,9 @@ def attend_with(model, layer: int, run: Run, resid: Tensor, kv_input: Tensor | N
     tokens = run.tokens.repeat(reps, 1)
     kv = None if run.key_valid is None else run.key_valid.repeat(reps, 1)
     seen: dict[str, Tensor] = {}
-    hooks = [(f"blocks.{layer}.attn.{n}", lambda x, hook, n=n: seen.__setitem__(n, x)) for n in names]
+    hooks = [
+        (f"blocks.{layer}.attn.{n}", lambda x, hook, n=n: seen.__setitem__(n, x)) for n in names
+    ]
     if not getattr(model, "can_restart", True):
         return _attend_hooked(model, layer, tokens, kv, resid, component, delta, hooks, seen)
     kv_in = None if kv_input is None else kv_input.repeat(reps, 1, 1)
@@ -207,16 +231,23 @@ class _Stop(Exception):
     """Raised by a hook once everything wanted has been read: the rest of the forward is skipped."""
 
 
-def _attend_hooked(model, layer, tokens, kv, resid, component, delta, hooks, seen) -> dict[str, Tensor]:
+def _attend_hooked(
+    model, layer, tokens, kv, resid, component, delta, hooks, seen
+) -> dict[str, Tensor]:
     if not model.cfg.use_split_qkv_input:
-        raise RuntimeError("attend_with on a model without restart seams needs the per-head forks on (engine.forks)")
+        raise RuntimeError(
+            "attend_with on a model without restart seams needs the per-head forks on (engine.forks)"
+        )
 
     def stop_when_done(x, hook):
         raise _Stop
 
-    hooks = [(f"blocks.{layer}.hook_resid_pre", lambda x, hook: resid),
-             (f"blocks.{layer}.attn.hook_{component}_input", lambda x, hook: x + delta[:, :, None]),
-             *hooks, (f"blocks.{layer}.hook_resid_post", stop_when_done)]  # fmt: skip
+    hooks = [
+        (f"blocks.{layer}.hook_resid_pre", lambda x, hook: resid),
+        (f"blocks.{layer}.attn.hook_{component}_input", lambda x, hook: x + delta[:, :, None]),
+        *hooks,
+        (f"blocks.{layer}.hook_resid_post", stop_when_done),
+    ]
     try:
         with model.hooks(fwd_hooks=hooks):
             model.forward_unchecked(tokens, kv)
@@ -241,12 +272,24 @@ def reader_groups(graph: Graph) -> list[tuple[str, list[int], int, bool]]:
     out = []
     for layer in range(graph.n_layers):
         for c in COMPONENTS:
-            out.append((f"blocks.{layer}.attn.hook_{c}_input",
-                        [graph.reader_index(f"L{layer}H{h}.{c}") for h in range(graph.n_heads)], True))  # fmt: skip
+            out.append(
+                (
+                    f"blocks.{layer}.attn.hook_{c}_input",
+                    [graph.reader_index(f"L{layer}H{h}.{c}") for h in range(graph.n_heads)],
+                    True,
+                )
+            )
         if graph.has_mlp:
-            out.append((f"blocks.{layer}.{graph.mlp_in_hook}", [graph.reader_index(f"MLP{layer}")], False))
-    out.append((f"blocks.{graph.n_layers - 1}.hook_resid_post", [graph.reader_index("logits")], False))
-    return [(hook, idx, int(np.flatnonzero(graph.valid[idx].any(0)).max()) + 1, per_head) for hook, idx, per_head in out]
+            out.append(
+                (f"blocks.{layer}.{graph.mlp_in_hook}", [graph.reader_index(f"MLP{layer}")], False)
+            )
+    out.append(
+        (f"blocks.{graph.n_layers - 1}.hook_resid_post", [graph.reader_index("logits")], False)
+    )
+    return [
+        (hook, idx, int(np.flatnonzero(graph.valid[idx].any(0)).max()) + 1, per_head)
+        for hook, idx, per_head in out
+    ]
 
 
 def reader_hooks(graph: Graph) -> list[str]:
@@ -262,7 +305,9 @@ def writer_term(model, name: str, act: Tensor) -> Tensor:
     return act[:, :, None]
 
 
-def contributions(model, graph: Graph, acts: dict[str, Tensor], n_writers: int | None = None) -> Tensor:
+def contributions(
+    model, graph: Graph, acts: dict[str, Tensor], n_writers: int | None = None
+) -> Tensor:
     """The residual terms of the first ``n_writers`` writers, ``[batch, pos, writers, d_model]``,
     from activations at :func:`writer_hooks` (see :func:`writer_term`)."""
     out = torch.cat([writer_term(model, name, acts[name]) for name in writer_hooks(graph)], dim=2)
@@ -297,7 +342,9 @@ def capture(
     replace = replace or {}
     wanted = set(names) | set(grad_names) | set(replace) | set(detach)
 
-    def hook(x: Tensor, hook, name: str) -> Tensor:  # name: the one asked for (a bridge's hook.name is its own)
+    def hook(
+        x: Tensor, hook, name: str
+    ) -> Tensor:  # name: the one asked for (a bridge's hook.name is its own)
         if name in replace:
             x = replace[name](x)
         if name in grad_names:
@@ -311,7 +358,10 @@ def capture(
 
     tokens = run.tokens.repeat(repeat, 1)
     kv = None if run.key_valid is None else run.key_valid.repeat(repeat, 1)
-    with torch.set_grad_enabled(bool(grad_names)), model.hooks(fwd_hooks=[(n, partial(hook, name=n)) for n in sorted(wanted)]):
+    with (
+        torch.set_grad_enabled(bool(grad_names)),
+        model.hooks(fwd_hooks=[(n, partial(hook, name=n)) for n in sorted(wanted)]),
+    ):
         logits = model.forward_unchecked(tokens, kv)
         values = metric(logits) if metric is not None else logits.new_zeros(logits.shape[0])
         grads: dict[str, Tensor] = {}

@@ -47,7 +47,17 @@ from probes.metrics import resample_sources
 ABLATIONS = ("corrupt", "resample", "mean")
 
 
-def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn, good, bad, spans: Tensor | None = None) -> Tensor:
+def ablated_metric(
+    model,
+    graph: Graph,
+    run: Run,
+    repl: Tensor,
+    keep: Tensor,
+    fn,
+    good,
+    bad,
+    spans: Tensor | None = None,
+) -> Tensor:
     """Per-example metric ``[k, b]`` of ``k`` copies of ``run``, copy ``j`` keeping the edges where
     ``keep[j, reader, writer]`` and reading ``repl`` (``[b or 1, pos, writers, d]``) for the rest.
     Position-aware: ``keep[j, reader, writer, span]`` with ``spans`` (``[b, pos]`` span ids).
@@ -84,7 +94,9 @@ def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn
     def diff(name: str, c0: int, n: int) -> Tensor:
         """Replacement minus live term of one hook's writers, ``[k, b, P, n, d]``."""
         if name not in diffs:
-            diffs[name] = repl[:, :, c0 : c0 + n] - writer_term(model, name, live[name]).reshape(k, b, P, n, d)
+            diffs[name] = repl[:, :, c0 : c0 + n] - writer_term(model, name, live[name]).reshape(
+                k, b, P, n, d
+            )
         return diffs[name]
 
     def upto(w: int) -> Tensor:
@@ -95,7 +107,9 @@ def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn
 
     def fix(idx: list[int], per_head: bool):
         reads = graph.valid[idx]  # [readers, writers]
-        w = int(np.flatnonzero(reads.any(0)).max()) + 1  # writers 0..w-1: every one that writes here
+        w = (
+            int(np.flatnonzero(reads.any(0)).max()) + 1
+        )  # writers 0..w-1: every one that writes here
 
         def hook(x, hook):
             ex = excl[:, idx, :w]  # [k, readers, w, S]
@@ -105,7 +119,9 @@ def ablated_metric(model, graph: Graph, run: Run, repl: Tensor, keep: Tensor, fn
                 add = torch.einsum("kbpwd,krw->kbprd", upto(w), ex[..., 0])
             else:
                 add = torch.einsum("kbpwd,krwbp->kbprd", upto(w), ex[..., ids])
-            return x + (add.reshape(k * b, P, len(idx), d) if per_head else add.reshape(k * b, P, d))
+            return x + (
+                add.reshape(k * b, P, len(idx), d) if per_head else add.reshape(k * b, P, d)
+            )
 
         return hook
 
@@ -145,10 +161,26 @@ class _Evaluator:
     """Measures keep masks ``[k, readers, writers, spans]`` on fixed pairs: the mean metric of
     each, the clean run's (everything kept) and the corrupt one's (nothing kept)."""
 
-    def __init__(self, model, clean, corrupt, *, ablation, metric, reference, seed, batch_size, spans, n_spans,
-                 aligned: bool = False, who: str = "faithfulness"):
+    def __init__(
+        self,
+        model,
+        clean,
+        corrupt,
+        *,
+        ablation,
+        metric,
+        reference,
+        seed,
+        batch_size,
+        spans,
+        n_spans,
+        aligned: bool = False,
+        who: str = "faithfulness",
+    ):
         if ablation not in ABLATIONS:
-            raise ValueError(f"{who}: ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}")
+            raise ValueError(
+                f"{who}: ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}"
+            )
         if batch_size is not None:
             check_count(batch_size, "batch_size", 1, who)
         check_finite_model(model, who)
@@ -158,17 +190,23 @@ class _Evaluator:
         if ablation == "corrupt" and self.k is None:
             raise ValueError(f"{who}: ablation='corrupt' needs corrupt= (or CounterfactualPairs)")
         if aligned and ablation != "corrupt":
-            raise ValueError(f"{who}: aligned=True reads the corrupt run at each token's moved position; it needs "
-                             f"ablation='corrupt', got {ablation!r}")
+            raise ValueError(
+                f"{who}: aligned=True reads the corrupt run at each token's moved position; it needs "
+                f"ablation='corrupt', got {ablation!r}"
+            )
         self.sigma = moved(self.c, self.k, who) if aligned else None
         self.ids = None
         if n_spans > 1 or spans is not None:
             if spans is None:  # a circuit of spans, evaluated without them
-                raise ValueError("faithfulness: a position-aware circuit needs the evaluated examples' spans (spans=task or ids)")
+                raise ValueError(
+                    "faithfulness: a position-aware circuit needs the evaluated examples' spans (spans=task or ids)"
+                )
             raw = spans.spans(clean_batch) if hasattr(spans, "spans") else spans
             self.ids, _ = span_ids(raw, None, self.c.tokens.shape, "faithfulness")
             if int(self.ids.max()) >= n_spans:
-                raise ValueError(f"faithfulness: span ids go to {int(self.ids.max())}, the circuit has {n_spans} spans")
+                raise ValueError(
+                    f"faithfulness: span ids go to {int(self.ids.max())}, the circuit has {n_spans} spans"
+                )
         self.n_spans = n_spans
         _, self.fn = resolve(metric)
         self.good, self.bad = pair_labels(self.c, self.k)
@@ -178,10 +216,16 @@ class _Evaluator:
         self.repl_all = None
         if ablation == "mean":
             with eval_mode(model):
-                ref = self.c if reference is None else as_run(model, reference, what="reference", who=who)
+                ref = (
+                    self.c
+                    if reference is None
+                    else as_run(model, reference, what="reference", who=who)
+                )
                 means = position_means(model, ref, names, self.rows)
                 P = self.c.tokens.shape[1]
-                self.repl_all = contributions(model, self.graph, {n: m[None, :P] for n, m in means.items()}).detach()
+                self.repl_all = contributions(
+                    model, self.graph, {n: m[None, :P] for n, m in means.items()}
+                ).detach()
         self._full = self._empty = None
 
     def __call__(self, keeps: np.ndarray) -> np.ndarray:
@@ -198,24 +242,45 @@ class _Evaluator:
                 if self.repl_all is not None:
                     repl = self.repl_all
                 else:
-                    src = self.k.rows(sl) if self.ablation == "corrupt" else _resampled(c, sl, self.seed)
+                    src = (
+                        self.k.rows(sl)
+                        if self.ablation == "corrupt"
+                        else _resampled(c, sl, self.seed)
+                    )
                     with torch.no_grad():
                         acts = capture(model, src, names)[0]
-                        repl = contributions(model, graph, align(acts, None if self.sigma is None else self.sigma[sl]))
+                        repl = contributions(
+                            model,
+                            graph,
+                            align(acts, None if self.sigma is None else self.sigma[sl]),
+                        )
                 sp = None if self.ids is None else self.ids[sl].to(c.tokens.device)
                 for j0 in range(0, keep.shape[0], per):
-                    out[j0 : j0 + per, sl] = ablated_metric(model, graph, c.rows(sl), repl, keep[j0 : j0 + per], self.fn,
-                                                            self.good[sl], self.bad[sl], sp).cpu()  # fmt: skip
+                    out[j0 : j0 + per, sl] = ablated_metric(
+                        model,
+                        graph,
+                        c.rows(sl),
+                        repl,
+                        keep[j0 : j0 + per],
+                        self.fn,
+                        self.good[sl],
+                        self.bad[sl],
+                        sp,
+                    ).cpu()
         return out.numpy()
 
     def units(self) -> np.ndarray:
         """``[readers, writers, spans]``: the graph's edges at each span some example occupies
         (a span of pads only holds none where the model masks its pads)."""
-        units = np.broadcast_to(self.graph.valid[..., None], (*self.graph.valid.shape, self.n_spans)).copy()
+        units = np.broadcast_to(
+            self.graph.valid[..., None], (*self.graph.valid.shape, self.n_spans)
+        ).copy()
         if self.ids is not None:
             pads = self.c.pad_mask.cpu()
             real = pads if self.model.cfg.mask_padding else torch.ones_like(pads)
-            units &= np.array([bool(((self.ids == s) & real).any()) for s in range(self.n_spans)])[None, None]
+            units &= np.array([bool(((self.ids == s) & real).any()) for s in range(self.n_spans)])[
+                None, None
+            ]
         return units
 
     def ends(self) -> tuple[float, float]:
@@ -232,7 +297,9 @@ def _ranking(scores, *, select, positional, by) -> Ranking:
         return scores
     if isinstance(scores, Attribution | Mapping):
         return rank_edges(scores, select=select, positional=positional, by=by)
-    raise ValueError(f"expected an Attribution, a mapping of them, a Ranking or a Circuit, got {type(scores).__name__}")
+    raise ValueError(
+        f"expected an Attribution, a mapping of them, a Ranking or a Circuit, got {type(scores).__name__}"
+    )
 
 
 def _circuit_masks(c: Circuit, graph: Graph, sizes: Sequence[int]) -> np.ndarray:
@@ -240,17 +307,35 @@ def _circuit_masks(c: Circuit, graph: Graph, sizes: Sequence[int]) -> np.ndarray
     keeps = np.zeros((len(sizes), *graph.valid.shape, len(names)), dtype=bool)
     for j, s in enumerate(sizes):
         for i, (w, r) in enumerate(c.edges[:s]):
-            keeps[j, graph.reader_index(r), graph.writer_index(w), names.index(c.spans[i]) if c.positional else 0] = True
+            keeps[
+                j,
+                graph.reader_index(r),
+                graph.writer_index(w),
+                names.index(c.spans[i]) if c.positional else 0,
+            ] = True
     return keeps
 
 
 def _summary(ev: _Evaluator, sizes, kept, per, total) -> dict[str, Any]:
     full, empty = ev.ends()
     m = per.mean(1)
-    rec = ((m - empty) / (full - empty)).tolist() if has_gap(full, empty) else [float("nan")] * len(sizes)
-    return {"sizes": list(map(int, sizes)), "kept": list(map(int, kept)), "metric": m.tolist(), "full": full,
-            "empty": empty, "recovered": rec, "ablation": ev.ablation, "per_example": per, "total_edges": int(total),
-            "area": curve_area(kept, rec, total) if {0, total} <= set(kept) else float("nan")}  # fmt: skip
+    rec = (
+        ((m - empty) / (full - empty)).tolist()
+        if has_gap(full, empty)
+        else [float("nan")] * len(sizes)
+    )
+    return {
+        "sizes": list(map(int, sizes)),
+        "kept": list(map(int, kept)),
+        "metric": m.tolist(),
+        "full": full,
+        "empty": empty,
+        "recovered": rec,
+        "ablation": ev.ablation,
+        "per_example": per,
+        "total_edges": int(total),
+        "area": curve_area(kept, rec, total) if {0, total} <= set(kept) else float("nan"),
+    }
 
 
 def faithfulness_curve(
@@ -288,9 +373,20 @@ def faithfulness_curve(
     if isinstance(scores, Circuit):
         graph = build_graph(model.cfg)
         n_spans = len(scores.span_names) if scores.positional else 1
-        ev = _Evaluator(model, clean, corrupt, ablation=ablation, metric=metric, reference=reference, seed=seed,
-                        batch_size=batch_size, spans=spans if scores.positional else None, n_spans=n_spans,
-                        aligned=aligned, who="faithfulness_curve")  # fmt: skip
+        ev = _Evaluator(
+            model,
+            clean,
+            corrupt,
+            ablation=ablation,
+            metric=metric,
+            reference=reference,
+            seed=seed,
+            batch_size=batch_size,
+            spans=spans if scores.positional else None,
+            n_spans=n_spans,
+            aligned=aligned,
+            who="faithfulness_curve",
+        )
         sizes = list(sizes) if sizes is not None else [len(scores.edges)]
         if any(s < 0 or s > len(scores.edges) for s in sizes):
             raise ValueError(f"faithfulness_curve: sizes must be in 0..{len(scores.edges)}")
@@ -300,15 +396,30 @@ def faithfulness_curve(
         out["total_edges"] = graph.n_edges * n_spans
         return out
     r = _ranking(scores, select=select, positional=positional, by=by)
-    ev = _Evaluator(model, clean, corrupt, ablation=ablation, metric=metric, reference=reference, seed=seed,
-                    batch_size=batch_size, spans=spans if r.positional else None, n_spans=r.n_spans,
-                    aligned=aligned, who="faithfulness_curve")  # fmt: skip
+    ev = _Evaluator(
+        model,
+        clean,
+        corrupt,
+        ablation=ablation,
+        metric=metric,
+        reference=reference,
+        seed=seed,
+        batch_size=batch_size,
+        spans=spans if r.positional else None,
+        n_spans=r.n_spans,
+        aligned=aligned,
+        who="faithfulness_curve",
+    )
     if sizes is None:
         sizes = default_sizes(r.total)
     sizes = list(sizes)
     if any(s < 0 or s > r.total for s in sizes):
         raise ValueError(f"faithfulness_curve: sizes must be in 0..{r.total}")
-    keeps = np.stack([r.keep(r.prefix_for(s)) for s in sizes]) if sizes else np.zeros((0, *r.rank.shape), dtype=bool)
+    keeps = (
+        np.stack([r.keep(r.prefix_for(s)) for s in sizes])
+        if sizes
+        else np.zeros((0, *r.rank.shape), dtype=bool)
+    )
     out = _summary(ev, sizes, keeps.sum((1, 2, 3)), ev(keeps), r.total)
     out.update({"select": r.select, "positional": r.positional, "span_names": list(r.span_names)})
     return out
@@ -345,9 +456,20 @@ def minimal_circuit(
     if not isinstance(target, int | float) or not 0 < target <= 1:
         raise ValueError(f"minimal_circuit: target must be in (0, 1], got {target!r}")
     r = _ranking(scores, select=select, positional=positional, by=by)
-    ev = _Evaluator(model, clean, corrupt, ablation=ablation, metric=metric, reference=reference, seed=seed,
-                    batch_size=batch_size, spans=spans if r.positional else None, n_spans=r.n_spans,
-                    aligned=aligned, who="minimal_circuit")  # fmt: skip
+    ev = _Evaluator(
+        model,
+        clean,
+        corrupt,
+        ablation=ablation,
+        metric=metric,
+        reference=reference,
+        seed=seed,
+        batch_size=batch_size,
+        spans=spans if r.positional else None,
+        n_spans=r.n_spans,
+        aligned=aligned,
+        who="minimal_circuit",
+    )
     full, empty = ev.ends()
     seen: dict[int, tuple[int, float, float]] = {}  # size -> (kept, recovered, metric)
 
@@ -358,7 +480,11 @@ def minimal_circuit(
         keeps = np.stack([r.keep(n) for n in ns])
         m = ev(keeps).mean(1)
         for n, kk, v in zip(ns, keeps.sum((1, 2, 3)), m):
-            seen[n] = (int(kk), float((v - empty) / (full - empty)) if has_gap(full, empty) else float("nan"), float(v))
+            seen[n] = (
+                int(kk),
+                float((v - empty) / (full - empty)) if has_gap(full, empty) else float("nan"),
+                float(v),
+            )
 
     grid = default_sizes(r.total, points)
     measure(grid)
@@ -379,14 +505,36 @@ def minimal_circuit(
     kept = [seen[n][0] for n in sizes]
     rec = [seen[n][1] for n in sizes]
     c = r.circuit(hi)
-    faith = {"target": float(target), "kept": seen[hi][1], "size": seen[hi][0], "prefix": int(hi), "metric_kept": seen[hi][2],
-             "sizes": sizes, "kept_sizes": kept, "recovered": rec, "metric": [seen[n][2] for n in sizes], "full": full,
-             "empty": empty, "area": curve_area(kept, rec, r.total), "total_edges": r.total, "ablation": ablation,
-             "aligned": bool(aligned),
-             "select": r.select, "positional": r.positional, "n_pairs": len(ev.c)}  # fmt: skip
+    faith = {
+        "target": float(target),
+        "kept": seen[hi][1],
+        "size": seen[hi][0],
+        "prefix": int(hi),
+        "metric_kept": seen[hi][2],
+        "sizes": sizes,
+        "kept_sizes": kept,
+        "recovered": rec,
+        "metric": [seen[n][2] for n in sizes],
+        "full": full,
+        "empty": empty,
+        "area": curve_area(kept, rec, r.total),
+        "total_edges": r.total,
+        "ablation": ablation,
+        "aligned": bool(aligned),
+        "select": r.select,
+        "positional": r.positional,
+        "n_pairs": len(ev.c),
+    }
     c.meta["selection"].update({"target": float(target)})
     return Circuit(**{**c.__dict__, "faithfulness": faith})
 
 
-__all__ = ["ABLATIONS", "ablated_metric", "curve_area", "default_sizes", "faithfulness_curve", "minimal_circuit",
-           "unit_span_names"]
+__all__ = [
+    "ABLATIONS",
+    "ablated_metric",
+    "curve_area",
+    "default_sizes",
+    "faithfulness_curve",
+    "minimal_circuit",
+    "unit_span_names",
+]

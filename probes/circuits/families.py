@@ -11,7 +11,9 @@ from probes.circuits.attribution import Attribution, attribute
 from probes.circuits.graph import build_graph, parse
 
 
-def exact_edges(model, clean, corrupt=None, *, metric="margin", batch_size: int | None = None) -> Attribution:
+def exact_edges(
+    model, clean, corrupt=None, *, metric="margin", batch_size: int | None = None
+) -> Attribution:
     """Every edge's exact effect (:func:`probes.path_patch`, clean into corrupt) in the shape of an
     edge :class:`Attribution` (``method="path_patch"``), so that circuits and the agreement
     measures take exact and estimated scores alike."""
@@ -20,18 +22,44 @@ def exact_edges(model, clean, corrupt=None, *, metric="margin", batch_size: int 
     graph = build_graph(model.cfg)
     scores = np.full(graph.valid.shape, np.nan)
     for comp in "qkv":
-        receivers = [r for r in graph.readers if r.endswith(f".{comp}") or (comp == "q" and "." not in r)]
-        pp = path_patch(model, clean, corrupt, None, receivers, comp, metric=metric, batch_size=batch_size)
+        receivers = [
+            r for r in graph.readers if r.endswith(f".{comp}") or (comp == "q" and "." not in r)
+        ]
+        pp = path_patch(
+            model, clean, corrupt, None, receivers, comp, metric=metric, batch_size=batch_size
+        )
         for j, r in enumerate(pp.receivers):
-            scores[graph.reader_index(r), [graph.writer_index(w) for w in pp.senders]] = pp.effects[:, j]
-    return Attribution(method="path_patch", granularity="edge", mode="denoise", metric=pp.metric, writers=graph.writers,
-                       readers=graph.readers, scores=np.where(graph.valid, scores, np.nan), n_examples=pp.n_examples,
-                       n_layers=graph.n_layers, n_heads=graph.n_heads, clean_metric=pp.clean_metric,
-                       corrupt_metric=pp.corrupt_metric, meta=dict(pp.meta))  # fmt: skip
+            scores[graph.reader_index(r), [graph.writer_index(w) for w in pp.senders]] = pp.effects[
+                :, j
+            ]
+    return Attribution(
+        method="path_patch",
+        granularity="edge",
+        mode="denoise",
+        metric=pp.metric,
+        writers=graph.writers,
+        readers=graph.readers,
+        scores=np.where(graph.valid, scores, np.nan),
+        n_examples=pp.n_examples,
+        n_layers=graph.n_layers,
+        n_heads=graph.n_heads,
+        clean_metric=pp.clean_metric,
+        corrupt_metric=pp.corrupt_metric,
+        meta=dict(pp.meta),
+    )
 
 
-def family_attributions(model, task, n: int = 256, *, kinds: Sequence[str] = ("position", "content"), seed: int = 0,
-                        positional: bool = False, aligned: bool = False, **kwargs) -> dict[str, Attribution]:  # fmt: skip
+def family_attributions(
+    model,
+    task,
+    n: int = 256,
+    *,
+    kinds: Sequence[str] = ("position", "content"),
+    seed: int = 0,
+    positional: bool = False,
+    aligned: bool = False,
+    **kwargs,
+) -> dict[str, Attribution]:
     """One edge attribution per counterfactual family of ``task`` (``task.counterfactuals(n,
     kind, seed)``), with the same metric (default ``"margin"``) so that the families' scores share
     units; ``positional`` adds scores per span of the task (``task.spans`` of the clean rows);
@@ -43,17 +71,28 @@ def family_attributions(model, task, n: int = 256, *, kinds: Sequence[str] = ("p
     method = kwargs.pop("method", "atp")
     if method == "path_patch":  # exact
         if aligned:
-            raise ValueError("family_attributions: aligned scores are attribution estimates ('atp'); exact path patching "
-                             "patches at fixed indices")
+            raise ValueError(
+                "family_attributions: aligned scores are attribution estimates ('atp'); exact path patching "
+                "patches at fixed indices"
+            )
         if positional:
-            raise ValueError("family_attributions: exact scores (method='path_patch') are not per span; use 'atp' or 'eap-ig'")
-        return {kind: exact_edges(model, task.counterfactuals(n, kind=kind, seed=seed), **kwargs) for kind in kinds}
+            raise ValueError(
+                "family_attributions: exact scores (method='path_patch') are not per span; use 'atp' or 'eap-ig'"
+            )
+        return {
+            kind: exact_edges(model, task.counterfactuals(n, kind=kind, seed=seed), **kwargs)
+            for kind in kinds
+        }
     kwargs.setdefault("granularity", "edge")
     out = {}
     for kind in kinds:
         pairs = task.counterfactuals(n, kind=kind, seed=seed)
-        extra = dict(spans=task.spans(pairs.clean), span_names=task.span_names) if positional else {}
-        out[kind] = attribute(model, pairs, method=method, aligned=aligned and kind == "position", **extra, **kwargs)
+        extra = (
+            dict(spans=task.spans(pairs.clean), span_names=task.span_names) if positional else {}
+        )
+        out[kind] = attribute(
+            model, pairs, method=method, aligned=aligned and kind == "position", **extra, **kwargs
+        )
     return out
 
 

@@ -64,7 +64,9 @@ def parse(name: str) -> Site:
         return Site("input", int(m[1]), int(m[2]), m[3])
     if m := _MLP.match(name):
         return Site("mlp", int(m[1]))
-    raise ValueError(f"unknown node {name!r}; expected 'embed', 'L<l>H<h>', 'L<l>H<h>.q|k|v', 'MLP<l>' or 'logits'")
+    raise ValueError(
+        f"unknown node {name!r}; expected 'embed', 'L<l>H<h>', 'L<l>H<h>.q|k|v', 'MLP<l>' or 'logits'"
+    )
 
 
 def node_layer(name: str, n_layers: int) -> float:
@@ -103,13 +105,17 @@ class Graph:
         try:
             return self.writers.index(name)
         except ValueError:
-            raise ValueError(f"{name!r} is not a writer of this model ({len(self.writers)} writers)") from None
+            raise ValueError(
+                f"{name!r} is not a writer of this model ({len(self.writers)} writers)"
+            ) from None
 
     def reader_index(self, name: str) -> int:
         try:
             return self.readers.index(name)
         except ValueError:
-            raise ValueError(f"{name!r} is not a reader of this model ({len(self.readers)} readers)") from None
+            raise ValueError(
+                f"{name!r} is not a reader of this model ({len(self.readers)} readers)"
+            ) from None
 
     def edges(self) -> list[tuple[str, str]]:
         """Every ``(writer, reader)`` edge, readers in graph order."""
@@ -118,7 +124,11 @@ class Graph:
 
     def check_edge(self, writer: str, reader: str) -> None:
         if not self.valid[self.reader_index(reader), self.writer_index(writer)]:
-            why = " (kv_source='embed': keys and values read the layer-0 input)" if self.kv_embed else ""
+            why = (
+                " (kv_source='embed': keys and values read the layer-0 input)"
+                if self.kv_embed
+                else ""
+            )
             raise ValueError(f"no edge {writer} -> {reader} in this model{why}")
 
 
@@ -145,14 +155,18 @@ def build_graph(cfg) -> Graph:
         s = parse(r)
         if s.kind == "logits":
             valid[i] = True
-        elif s.kind == "mlp":  # the embed, heads of layers <= l (< l side by side), MLPs of layers < l
+        elif (
+            s.kind == "mlp"
+        ):  # the embed, heads of layers <= l (< l side by side), MLPs of layers < l
             valid[i] = depth < s.layer if parallel else depth <= s.layer
         elif kv_embed and s.component in ("k", "v"):
             valid[i, 0] = True
         else:
             valid[i] = depth < s.layer
     hooks = {k: getattr(cfg, k) for k in ("embed_hook", "mlp_in_hook") if hasattr(cfg, k)}
-    return Graph(tuple(writers), tuple(readers), valid, L, H, has_mlp, kv_embed, parallel=parallel, **hooks)
+    return Graph(
+        tuple(writers), tuple(readers), valid, L, H, has_mlp, kv_embed, parallel=parallel, **hooks
+    )
 
 
 def build_graph_from(scores) -> Graph:
@@ -162,7 +176,24 @@ def build_graph_from(scores) -> Graph:
     kv = [i for i, r in enumerate(scores.readers) if parse(r).component in ("k", "v")]
     kv_embed = bool(kv) and not valid[kv, 1:].any() and scores.n_layers > 1
     has_mlp = any(parse(w).kind == "mlp" for w in scores.writers)
-    return Graph(tuple(scores.writers), tuple(scores.readers), valid, scores.n_layers, scores.n_heads, has_mlp, kv_embed)
+    return Graph(
+        tuple(scores.writers),
+        tuple(scores.readers),
+        valid,
+        scores.n_layers,
+        scores.n_heads,
+        has_mlp,
+        kv_embed,
+    )
 
 
-__all__ = ["COMPONENTS", "Graph", "Site", "build_graph", "build_graph_from", "head_name", "node_layer", "parse"]
+__all__ = [
+    "COMPONENTS",
+    "Graph",
+    "Site",
+    "build_graph",
+    "build_graph_from",
+    "head_name",
+    "node_layer",
+    "parse",
+]

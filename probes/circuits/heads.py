@@ -70,17 +70,31 @@ def _others(model, tokens, pad_mask, method, reference, seed, rows) -> Any:
         ref = (tokens, pad_mask) if reference is None else reference
         P = tokens.shape[1]
         if ref[0].shape[1] < P:
-            raise ValueError(f"rank_heads: the mean's reference is shorter ({ref[0].shape[1]}) than the examples ({P})")
+            raise ValueError(
+                f"rank_heads: the mean's reference is shorter ({ref[0].shape[1]}) than the examples ({P})"
+            )
         run = _as_run(model, _Tok(*ref))
-        means = position_means(model, run, [f"blocks.{layer}.attn.hook_z" for layer in range(L)], rows)
-        return lambda sl, z: {layer: means[f"blocks.{layer}.attn.hook_z"][None, :P].expand_as(z[layer]) for layer in range(L)}
+        means = position_means(
+            model, run, [f"blocks.{layer}.attn.hook_z" for layer in range(L)], rows
+        )
+        return lambda sl, z: {
+            layer: means[f"blocks.{layer}.attn.hook_z"][None, :P].expand_as(z[layer])
+            for layer in range(L)
+        }
     rt, rp = (tokens, pad_mask) if reference is None else reference
-    src = resample_sources(len(tokens), None if reference is None else len(rt), seed).to(tokens.device)
+    src = resample_sources(len(tokens), None if reference is None else len(rt), seed).to(
+        tokens.device
+    )
 
     def other(sl, z):
         store: dict[int, Tensor] = {}
-        hooks = [(f"blocks.{layer}.attn.hook_z", lambda x, hook: store.__setitem__(int(hook.name.split(".")[1]), x))
-                 for layer in range(L)]  # fmt: skip
+        hooks = [
+            (
+                f"blocks.{layer}.attn.hook_z",
+                lambda x, hook: store.__setitem__(int(hook.name.split(".")[1]), x),
+            )
+            for layer in range(L)
+        ]
         idx = src[sl]
         with torch.no_grad():
             model.run_with_hooks(rt[idx], rp[idx], fwd_hooks=hooks)
@@ -93,7 +107,11 @@ class _Tok:
     """Tokens and a pad mask with the attributes :func:`probes.circuits.engine.as_run` reads."""
 
     def __init__(self, tokens: Tensor, pad_mask: Tensor):
-        self.tokens, self.pad_mask, self.labels = tokens, pad_mask, torch.zeros(len(tokens), dtype=torch.long)
+        self.tokens, self.pad_mask, self.labels = (
+            tokens,
+            pad_mask,
+            torch.zeros(len(tokens), dtype=torch.long),
+        )
 
 
 def rank_heads(
@@ -120,7 +138,9 @@ def rank_heads(
     "baseline" (the metric's clean mean), "surrogate", "steps", "path", "per_example_change"
     ([n, n_layers, n_heads])}``."""
     if not callable(surrogate) and surrogate not in SURROGATES:
-        raise ValueError(f"rank_heads: surrogate must be one of {', '.join(SURROGATES)} or a callable; got {surrogate!r}")
+        raise ValueError(
+            f"rank_heads: surrogate must be one of {', '.join(SURROGATES)} or a callable; got {surrogate!r}"
+        )
     if path not in PATHS:
         raise ValueError(f"rank_heads: path must be one of {', '.join(PATHS)}; got {path!r}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
@@ -141,14 +161,25 @@ def rank_heads(
             b = len(toks)
             with torch.no_grad():
                 live: dict[int, Tensor] = {}
-                hooks = [(f"blocks.{layer}.attn.hook_z", lambda x, hook, live=live: live.__setitem__(int(hook.name.split(".")[1]), x))
-                         for layer in range(L)]  # fmt: skip
+                hooks = [
+                    (
+                        f"blocks.{layer}.attn.hook_z",
+                        lambda x, hook, live=live: live.__setitem__(
+                            int(hook.name.split(".")[1]), x
+                        ),
+                    )
+                    for layer in range(L)
+                ]
                 logits = model.run_with_hooks(toks, pm, fwd_hooks=hooks)
                 base[sl] = _per_example(surrogate, logits, lab).double().cpu()
                 other = {k: v.detach() for k, v in other_of(sl, live).items()}
-            a = torch.tensor(alphas, dtype=model.W_E.dtype, device=toks.device).repeat_interleave(b)  # [steps * b]
+            a = torch.tensor(alphas, dtype=model.W_E.dtype, device=toks.device).repeat_interleave(
+                b
+            )  # [steps * b]
             for group in groups:
-                scale = {layer: a[:, None].expand(-1, H).clone().requires_grad_(True) for layer in group}
+                scale = {
+                    layer: a[:, None].expand(-1, H).clone().requires_grad_(True) for layer in group
+                }
 
                 def hook(z, hook, scale=scale, other=other):
                     layer = int(hook.name.split(".")[1])
@@ -156,10 +187,14 @@ def rank_heads(
                     return o + scale[layer][:, None, :, None] * (z - o)
 
                 fwd = [(f"blocks.{layer}.attn.hook_z", hook) for layer in group]
-                out = model.run_with_hooks(toks.repeat(steps, 1), pm.repeat(steps, 1), fwd_hooks=fwd)
+                out = model.run_with_hooks(
+                    toks.repeat(steps, 1), pm.repeat(steps, 1), fwd_hooks=fwd
+                )
                 m = _per_example(surrogate, out, lab.repeat(steps))
                 grads = torch.autograd.grad(m.sum(), [scale[layer] for layer in group])
-                w = torch.tensor(weights, dtype=torch.float64, device=toks.device).repeat_interleave(b)[:, None]
+                w = torch.tensor(
+                    weights, dtype=torch.float64, device=toks.device
+                ).repeat_interleave(b)[:, None]
                 for layer, g in zip(group, grads):
                     per = (g.double() * w).view(steps, b, H).sum(0)  # integral of dm/da over [0, 1]
                     change[sl, layer] = -per.cpu()
@@ -176,8 +211,15 @@ def rank_heads(
         estimate = -change.mean(0)
         baseline = float(base.mean())
     name = surrogate if isinstance(surrogate, str) else getattr(surrogate, "__name__", "custom")
-    return {"estimate": estimate.numpy(), "tiebreak": tiebreak.numpy(), "baseline": baseline, "surrogate": name,
-            "steps": steps, "path": path, "per_example_change": change.numpy()}  # fmt: skip
+    return {
+        "estimate": estimate.numpy(),
+        "tiebreak": tiebreak.numpy(),
+        "baseline": baseline,
+        "surrogate": name,
+        "steps": steps,
+        "path": path,
+        "per_example_change": change.numpy(),
+    }
 
 
 __all__ = ["PATHS", "SURROGATES", "rank_heads"]

@@ -97,20 +97,37 @@ def learn_ranking(
             raise ValueError(f"{who}: {name} must be a finite number >= {lo:g}, got {v!r}")
     check_count(steps, "steps", 1, who)
     if budget is not None and not (isinstance(budget, int | float) and 0 < budget < 1):
-        raise ValueError(f"{who}: budget must be a density strictly between 0 and 1, got {budget!r}")
+        raise ValueError(
+            f"{who}: budget must be a density strictly between 0 and 1, got {budget!r}"
+        )
     if not isinstance(anneal, int | float) or isinstance(anneal, bool) or not 0 <= anneal <= 1:
         raise ValueError(f"{who}: anneal must be a share of the steps in [0, 1], got {anneal!r}")
     if select not in SELECTIONS:
-        raise ValueError(f"{who}: select must be one of {', '.join(map(repr, SELECTIONS))}; got {select!r}")
+        raise ValueError(
+            f"{who}: select must be one of {', '.join(map(repr, SELECTIONS))}; got {select!r}"
+        )
     t0 = time.perf_counter()
     names = unit_span_names(spans, span_names, who)
     S = max(1, len(names))
-    ev = _Evaluator(model, clean, corrupt, ablation="corrupt", metric=metric, reference=None, seed=0,
-                    batch_size=batch_size, spans=spans, n_spans=S, who=who)  # fmt: skip
+    ev = _Evaluator(
+        model,
+        clean,
+        corrupt,
+        ablation="corrupt",
+        metric=metric,
+        reference=None,
+        seed=0,
+        batch_size=batch_size,
+        spans=spans,
+        n_spans=S,
+        who=who,
+    )
     graph = ev.graph
     full, empty = ev.ends()
     if not has_gap(full, empty):
-        raise ValueError(f"{who}: the clean and corrupt runs score the same ({full:.4g}); nothing to recover")
+        raise ValueError(
+            f"{who}: the clean and corrupt runs score the same ({full:.4g}); nothing to recover"
+        )
     units = ev.units()
     device = ev.c.tokens.device
     unit_t = torch.as_tensor(units, device=device)
@@ -118,10 +135,16 @@ def learn_ranking(
     history: dict[str, list[float]] = {"recovered": [], "density": [], "loss": []}
     if budget is not None:
         history["allowed"] = []
-    hold = int(anneal * steps) if budget is not None else 0  # with a budget the masks sharpen once it is reached
+    hold = (
+        int(anneal * steps) if budget is not None else 0
+    )  # with a budget the masks sharpen once it is reached
     alive = unit_t.clone()
-    dropped = torch.full(units.shape, -1, dtype=torch.long, device=device)  # the step a unit was last dropped at
-    theta = torch.full(units.shape, float(init), dtype=model.W_E.dtype, device=device, requires_grad=True)
+    dropped = torch.full(
+        units.shape, -1, dtype=torch.long, device=device
+    )  # the step a unit was last dropped at
+    theta = torch.full(
+        units.shape, float(init), dtype=model.W_E.dtype, device=device, requires_grad=True
+    )
     opt = torch.optim.Adam([theta], lr=lr)
     it = range(steps)
     if progress:
@@ -147,7 +170,9 @@ def learn_ranking(
                     dropped[alive & ~now] = step
                     dropped[now] = -1
                     alive = now
-                per = ablated_metric(model, graph, ev.c, repl, m[None], ev.fn, ev.good, ev.bad, ev.ids)
+                per = ablated_metric(
+                    model, graph, ev.c, repl, m[None], ev.fn, ev.good, ev.bad, ev.ids
+                )
                 rec = (per.mean() - empty) / (full - empty)
                 density = m[unit_t].mean()
                 loss = (1 - rec) ** 2 + (0.0 if budget is not None else sparsity * density)
@@ -171,18 +196,47 @@ def learn_ranking(
     if budget is None:
         rank = np.where(units, sig, np.nan)
     else:  # along the path: kept units in (1.5, 2), then dropped ones by step (ties by logit) in [0, 1]
-        drop = np.where(ended, -1, np.where(dropped.cpu().numpy() < 0, steps, dropped.cpu().numpy()))
+        drop = np.where(
+            ended, -1, np.where(dropped.cpu().numpy() < 0, steps, dropped.cpu().numpy())
+        )
         rank = np.where(units, np.where(drop < 0, 1 + sig, (drop + sig) / steps), np.nan)
         scores["dropped"] = np.where(units, drop, np.nan)
     order, value = order_units(graph, rank, units, select)
-    settings = {"sparsity": float(sparsity)} if budget is None else {"budget": float(budget), "anneal": float(anneal)}
-    meta = {"learned": {**settings, "steps": int(steps), "lr": float(lr), "beta": float(beta),
-                        "init": float(init), "size": int(ended.sum()), "recovered": history["recovered"][-1],
-                        "recovered_hard": (hard - empty) / (full - empty), "density": history["density"][-1],
-                        "history": history, "full": full, "empty": empty, "n_pairs": len(ev.c),
-                        "seconds": time.perf_counter() - t0}}  # fmt: skip
-    return Ranking(graph=graph, order=order, value=value, rank=rank, scores=scores,
-                   span_names=names, select=select, method="learned", metric=resolve(metric)[0], meta=meta)  # fmt: skip
+    settings = (
+        {"sparsity": float(sparsity)}
+        if budget is None
+        else {"budget": float(budget), "anneal": float(anneal)}
+    )
+    meta = {
+        "learned": {
+            **settings,
+            "steps": int(steps),
+            "lr": float(lr),
+            "beta": float(beta),
+            "init": float(init),
+            "size": int(ended.sum()),
+            "recovered": history["recovered"][-1],
+            "recovered_hard": (hard - empty) / (full - empty),
+            "density": history["density"][-1],
+            "history": history,
+            "full": full,
+            "empty": empty,
+            "n_pairs": len(ev.c),
+            "seconds": time.perf_counter() - t0,
+        }
+    }
+    return Ranking(
+        graph=graph,
+        order=order,
+        value=value,
+        rank=rank,
+        scores=scores,
+        span_names=names,
+        select=select,
+        method="learned",
+        metric=resolve(metric)[0],
+        meta=meta,
+    )
 
 
 def _budget_mask(x: torch.Tensor, density: float) -> tuple[torch.Tensor, torch.Tensor]:

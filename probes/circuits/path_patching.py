@@ -81,14 +81,29 @@ class PathPatch:
         return float(self.effects[self.senders.index(sender), self.receivers.index(receiver)])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"senders": list(self.senders), "receivers": list(self.receivers), "values": to_json(self.values),
-                "metric": self.metric, "clean_metric": self.clean_metric, "corrupt_metric": self.corrupt_metric,
-                "n_examples": self.n_examples, "meta": to_json(self.meta)}  # fmt: skip
+        return {
+            "senders": list(self.senders),
+            "receivers": list(self.receivers),
+            "values": to_json(self.values),
+            "metric": self.metric,
+            "clean_metric": self.clean_metric,
+            "corrupt_metric": self.corrupt_metric,
+            "n_examples": self.n_examples,
+            "meta": to_json(self.meta),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PathPatch:
-        return cls(tuple(d["senders"]), tuple(d["receivers"]), nan_array(d["values"]), d["metric"],
-                   float(d["clean_metric"]), float(d["corrupt_metric"]), int(d["n_examples"]), dict(d.get("meta") or {}))  # fmt: skip
+        return cls(
+            tuple(d["senders"]),
+            tuple(d["receivers"]),
+            nan_array(d["values"]),
+            d["metric"],
+            float(d["clean_metric"]),
+            float(d["corrupt_metric"]),
+            int(d["n_examples"]),
+            dict(d.get("meta") or {}),
+        )
 
     def save(self, path: str | Path) -> Path:
         return write_result(path, RESULT_KIND, self.to_dict(), indent=None, sort_keys=False)
@@ -144,7 +159,9 @@ def path_patch(
     readout. ``metric``: per example, as in :func:`probes.attribute`; values are means.
     """
     if component not in COMPONENTS:
-        raise ValueError(f"path_patch: component must be one of {', '.join(COMPONENTS)}; got {component!r}")
+        raise ValueError(
+            f"path_patch: component must be one of {', '.join(COMPONENTS)}; got {component!r}"
+        )
     if batch_size is not None:
         check_count(batch_size, "batch_size", 1, "path_patch")
     check_finite_model(model, "path_patch")
@@ -169,7 +186,16 @@ def path_patch(
         by_site.setdefault((layer, site.kind, site.component), []).append(j)
     W = writer_hooks(graph)
     hooked = not getattr(model, "can_restart", True)  # a bridge: no seam to restart a layer at
-    names = W if hooked else W + [f"blocks.{layer}.{h}" for layer in range(L) for h in ("hook_resid_pre", "hook_resid_mid")]
+    names = (
+        W
+        if hooked
+        else W
+        + [
+            f"blocks.{layer}.{h}"
+            for layer in range(L)
+            for h in ("hook_resid_pre", "hook_resid_mid")
+        ]
+    )
     names.append(f"blocks.{L - 1}.hook_resid_post")
     chunk = max(1, min(n, rows))
     with eval_mode(model), forks(model), torch.no_grad():
@@ -178,7 +204,9 @@ def path_patch(
             cc, kk = c.rows(sl), k.rows(sl)
             a_clean = capture(model, cc, W)[0]
             a_cor = capture(model, kk, names)[0]
-            delta = contributions(model, graph, {x: a_clean[x] - a_cor[x] for x in W})[:, :, s_idx]  # [b, p, S, d]
+            delta = contributions(model, graph, {x: a_clean[x] - a_cor[x] for x in W})[
+                :, :, s_idx
+            ]  # [b, p, S, d]
             g, b = good[sl], bad[sl]
             for (layer, kind, comp), cols in by_site.items():
                 ok = valid[:, cols].any(1).nonzero()[0]  # senders with an edge into some of these
@@ -186,20 +214,46 @@ def path_patch(
                     continue
                 receivers = [r_names[j] for j in cols]
                 if hooked:
-                    out = _site_hooked(model, graph, kk, delta, layer, kind, comp, receivers, ok, valid[np.ix_(ok, cols)],
-                                       fn, g, b, rows)  # fmt: skip
+                    out = _site_hooked(
+                        model,
+                        graph,
+                        kk,
+                        delta,
+                        layer,
+                        kind,
+                        comp,
+                        receivers,
+                        ok,
+                        valid[np.ix_(ok, cols)],
+                        fn,
+                        g,
+                        b,
+                        rows,
+                    )
                 else:
-                    out = _site(model, kk, a_cor, delta, layer, kind, comp, receivers, ok, fn, g, b, rows)
+                    out = _site(
+                        model, kk, a_cor, delta, layer, kind, comp, receivers, ok, fn, g, b, rows
+                    )
                 sums[np.ix_(ok, cols)] += out
         m_clean = mean_metric(model, c, fn, good, bad, rows)
         m_corrupt = mean_metric(model, k, fn, good, bad, rows)
     watch.check("path_patch")
     values = np.where(valid, sums / n, np.nan)
-    return PathPatch(tuple(s_names), tuple(r_names), values, metric_name, m_clean, m_corrupt, n,
-                     {"encoding": model.cfg.encoding_name, "kv_source": model.cfg.kv_source})  # fmt: skip
+    return PathPatch(
+        tuple(s_names),
+        tuple(r_names),
+        values,
+        metric_name,
+        m_clean,
+        m_corrupt,
+        n,
+        {"encoding": model.cfg.encoding_name, "kv_source": model.cfg.kv_source},
+    )
 
 
-def _site(model, run, acts, delta, layer, kind, comp, receivers, senders, fn, good, bad, rows) -> np.ndarray:
+def _site(
+    model, run, acts, delta, layer, kind, comp, receivers, senders, fn, good, bad, rows
+) -> np.ndarray:
     """Summed metric ``[len(senders), len(receivers)]`` for one receiver layer and kind."""
     b = len(run)
     out = np.zeros((len(senders), len(receivers)))
@@ -209,7 +263,9 @@ def _site(model, run, acts, delta, layer, kind, comp, receivers, senders, fn, go
         tokens = run.tokens.repeat(reps, 1)
         kv = None if run.key_valid is None else run.key_valid.repeat(reps, 1)
         with model.hooks(fwd_hooks=list(hooks)):
-            logits = model.forward_unchecked(tokens, kv, start_at_layer=start, residual=residual, start_at=at)
+            logits = model.forward_unchecked(
+                tokens, kv, start_at_layer=start, residual=residual, start_at=at
+            )
         return fn(logits, good.repeat(reps), bad.repeat(reps)).double().view(reps, b).sum(1)
 
     per = max(1, rows // b)
@@ -219,7 +275,9 @@ def _site(model, run, acts, delta, layer, kind, comp, receivers, senders, fn, go
             kk = d.shape[0]
             if kind == "logits":
                 final = acts[f"blocks.{L - 1}.hook_resid_post"]
-                out[s0 : s0 + kk, 0] = resume(L, (final[None] + d).reshape(-1, *final.shape[1:]), kk).cpu().numpy()
+                out[s0 : s0 + kk, 0] = (
+                    resume(L, (final[None] + d).reshape(-1, *final.shape[1:]), kk).cpu().numpy()
+                )
             else:
                 mid = acts[f"blocks.{layer}.hook_resid_mid"].repeat(kk, 1, 1)
                 add = (f"blocks.{layer}.hook_mlp_in", lambda x, hook, d=d: x + d.reshape(x.shape))
@@ -231,23 +289,40 @@ def _site(model, run, acts, delta, layer, kind, comp, receivers, senders, fn, go
     mid = acts[f"blocks.{layer}.hook_resid_mid"]
     kv_in = acts["blocks.0.hook_resid_pre"] if model.cfg.kv_source == "embed" else None
     # the unpatched z by the same code path as the patched ones
-    z_base = attend_with(model, layer, run, resid, kv_in, comp, torch.zeros_like(resid), ["hook_z"])["hook_z"]
+    z_base = attend_with(
+        model, layer, run, resid, kv_in, comp, torch.zeros_like(resid), ["hook_z"]
+    )["hook_z"]
     for s0 in range(0, len(senders), per):
         d = delta[:, :, list(senders[s0 : s0 + per])].permute(2, 0, 1, 3)
         kk = d.shape[0]
-        seen = attend_with(model, layer, run, resid.repeat(kk, 1, 1), kv_in, comp, d.reshape(-1, *d.shape[2:]), ["hook_z"])
+        seen = attend_with(
+            model,
+            layer,
+            run,
+            resid.repeat(kk, 1, 1),
+            kv_in,
+            comp,
+            d.reshape(-1, *d.shape[2:]),
+            ["hook_z"],
+        )
         z = seen["hook_z"].view(kk, b, *z_base.shape[1:])
-        change = torch.einsum("kbphd,hdm->khbpm", (z - z_base[None])[:, :, :, heads], attn.W_O[heads])  # [k, R, b, p, d]
+        change = torch.einsum(
+            "kbphd,hdm->khbpm", (z - z_base[None])[:, :, :, heads], attn.W_O[heads]
+        )  # [k, R, b, p, d]
         per_r = max(1, per // kk)
         for r0 in range(0, len(heads), per_r):
             ch = change[:, r0 : r0 + per_r]
             reps = ch.shape[0] * ch.shape[1]
-            res = resume(layer, (mid[None, None] + ch).reshape(-1, *mid.shape[1:]), reps, "resid_mid")
+            res = resume(
+                layer, (mid[None, None] + ch).reshape(-1, *mid.shape[1:]), reps, "resid_mid"
+            )
             out[s0 : s0 + kk, r0 : r0 + ch.shape[1]] = res.view(kk, -1).cpu().numpy()
     return out
 
 
-def _site_hooked(model, graph, run, delta, layer, kind, comp, receivers, senders, valid, fn, good, bad, rows) -> np.ndarray:
+def _site_hooked(
+    model, graph, run, delta, layer, kind, comp, receivers, senders, valid, fn, good, bad, rows
+) -> np.ndarray:
     """What :func:`_site` sums, for a model without restart seams (a bridge): each valid (sender,
     receiver) pair is one copy of the corrupt run, the sender's delta added at that receiver's
     input hook alone (its own head's fork, the MLP's input or the final residual)."""

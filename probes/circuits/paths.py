@@ -26,7 +26,13 @@ def _node_readers(graph: Graph) -> list[tuple[int, list[int], list[int]]]:
     for j, w in enumerate(graph.writers[1:], start=1):
         s = parse(w)
         if s.kind == "head":
-            out.append((j, [graph.reader_index(f"{w}.q")], [graph.reader_index(f"{w}.k"), graph.reader_index(f"{w}.v")]))
+            out.append(
+                (
+                    j,
+                    [graph.reader_index(f"{w}.q")],
+                    [graph.reader_index(f"{w}.k"), graph.reader_index(f"{w}.v")],
+                )
+            )
         else:
             out.append((j, [graph.reader_index(w)], []))
     return out
@@ -40,11 +46,13 @@ def _forward(graph: Graph, weight: np.ndarray, reach_max: bool) -> np.ndarray:
     up = np.full((W, S), neg, dtype=weight.dtype)
     up[0] = True if not reach_max else np.inf
     for j, same, every in _node_readers(graph):
+
         def into(r: int, j: int = j) -> np.ndarray:  # [S]: the best way into reader r at each span
             cols = np.flatnonzero(graph.valid[r, :j])
             if reach_max:
                 return np.minimum(weight[r, cols], up[cols]).max(0, initial=-np.inf)
             return (weight[r, cols] & up[cols]).any(0)
+
         vals = [into(r) for r in same]
         wide = [into(r) for r in every]
         if reach_max:

@@ -30,7 +30,9 @@ from probes.circuits.path_patching import path_patch
 from probes.circuits.scores import Attribution
 from probes.decomposition import logit_terms
 
-RESULT_KIND = register_result("head route", "HeadRoute.load", ("head", "metric", "n_examples", "exact", "layer0"))
+RESULT_KIND = register_result(
+    "head route", "HeadRoute.load", ("head", "metric", "n_examples", "exact", "layer0")
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,17 +56,41 @@ class HeadRoute:
             for comp, senders in comps.items():
                 for s, v in senders.items():
                     est = self.estimate.get(kind, {}).get(comp, {}).get(s)
-                    rows.append({"family": kind, "component": comp, "sender": s, "exact": v, "estimate": est})
+                    rows.append(
+                        {
+                            "family": kind,
+                            "component": comp,
+                            "sender": s,
+                            "exact": v,
+                            "estimate": est,
+                        }
+                    )
         return sorted(rows, key=lambda r: -abs(r["exact"]))
 
     def to_dict(self) -> dict[str, Any]:
-        return to_json({"head": self.head, "metric": self.metric, "n_examples": self.n_examples, "exact": self.exact,
-                        "estimate": self.estimate, "gaps": self.gaps, "layer0": self.layer0})  # fmt: skip
+        return to_json(
+            {
+                "head": self.head,
+                "metric": self.metric,
+                "n_examples": self.n_examples,
+                "exact": self.exact,
+                "estimate": self.estimate,
+                "gaps": self.gaps,
+                "layer0": self.layer0,
+            }
+        )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HeadRoute:
-        return cls(d["head"], d["metric"], int(d["n_examples"]), d["exact"], d.get("estimate") or {},
-                   d.get("gaps") or {}, d.get("layer0"))  # fmt: skip
+        return cls(
+            d["head"],
+            d["metric"],
+            int(d["n_examples"]),
+            d["exact"],
+            d.get("estimate") or {},
+            d.get("gaps") or {},
+            d.get("layer0"),
+        )
 
     def save(self, path: str | Path) -> Path:
         return write_result(path, RESULT_KIND, self.to_dict(), indent=1, sort_keys=False)
@@ -89,7 +115,9 @@ def layer0_terms(model, batch, head: int, n: int = 16) -> dict[str, Any]:
         grouped, region = t.grouped(), t.region
         total = t.total[region].double().var(unbiased=False)
         for name, m in grouped.items():
-            shares.setdefault(name, []).append(float(m[region].double().var(unbiased=False) / total))
+            shares.setdefault(name, []).append(
+                float(m[region].double().var(unbiased=False) / total)
+            )
             toeplitz.setdefault(name, []).append(float(toeplitz_score(m, region)))
         if t.rope is not None:
             freq.append(t.rope.frequency_share().double().numpy())
@@ -130,15 +158,23 @@ def head_route(
         exact[kind], estimate[kind] = {}, {}
         for comp in COMPONENTS:
             reader = f"{name}.{comp}"
-            senders = [w for w in graph.writers if graph.valid[graph.reader_index(reader), graph.writer_index(w)]]
-            pp = path_patch(model, pairs, None, senders, [reader], comp, metric=metric, batch_size=batch_size)
+            senders = [
+                w
+                for w in graph.writers
+                if graph.valid[graph.reader_index(reader), graph.writer_index(w)]
+            ]
+            pp = path_patch(
+                model, pairs, None, senders, [reader], comp, metric=metric, batch_size=batch_size
+            )
             exact[kind][comp] = {s: float(pp.effects[i, 0]) for i, s in enumerate(pp.senders)}
             gaps[kind] = pp.clean_metric - pp.corrupt_metric
             a = (attributions or {}).get(kind)
             if a is not None:
                 estimate[kind][comp] = {s: a.edge(s, reader) for s in senders}
     layer0 = None
-    if site.layer == 0 and getattr(model.encoding, "decomposes", True):  # not over a bridge's BLOOM (ALiBi unseen)
+    if site.layer == 0 and getattr(
+        model.encoding, "decomposes", True
+    ):  # not over a bridge's BLOOM (ALiBi unseen)
         layer0 = layer0_terms(model, task.sample(16, seed=seed), site.head)
     return HeadRoute(name, metric, n, exact, {k: v for k, v in estimate.items() if v}, gaps, layer0)
 

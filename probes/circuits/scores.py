@@ -21,7 +21,9 @@ from pe_interp.io import (
 )
 from probes.circuits.graph import head_name
 
-RESULT_KIND = register_result("attribution", "Attribution.load", ("method", "granularity", "writers", "readers", "scores"))
+RESULT_KIND = register_result(
+    "attribution", "Attribution.load", ("method", "granularity", "writers", "readers", "scores")
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,7 +66,12 @@ class Attribution:
     def head_scores(self) -> np.ndarray:
         """``[n_layers, n_heads]`` node scores of the heads."""
         nodes = self.node_scores()
-        return np.array([[nodes[head_name(layer, h)] for h in range(self.n_heads)] for layer in range(self.n_layers)])
+        return np.array(
+            [
+                [nodes[head_name(layer, h)] for h in range(self.n_heads)]
+                for layer in range(self.n_layers)
+            ]
+        )
 
     def edge(self, writer: str, reader: str) -> float:
         self._need_edges()
@@ -88,37 +95,60 @@ class Attribution:
 
     def _need_edges(self) -> None:
         if self.granularity != "edge":
-            raise ValueError("this Attribution holds node scores; run attribute(..., granularity='edge')")
+            raise ValueError(
+                "this Attribution holds node scores; run attribute(..., granularity='edge')"
+            )
 
     def to_dict(self, by_position: bool = False) -> dict[str, Any]:
         return {
-            "method": self.method, "granularity": self.granularity, "mode": self.mode, "metric": self.metric,
-            "writers": list(self.writers), "readers": list(self.readers), "scores": to_json(self.scores),
-            "n_examples": self.n_examples, "n_layers": self.n_layers, "n_heads": self.n_heads,
-            "steps": self.steps, "clean_metric": to_json(self.clean_metric),
+            "method": self.method,
+            "granularity": self.granularity,
+            "mode": self.mode,
+            "metric": self.metric,
+            "writers": list(self.writers),
+            "readers": list(self.readers),
+            "scores": to_json(self.scores),
+            "n_examples": self.n_examples,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "steps": self.steps,
+            "clean_metric": to_json(self.clean_metric),
             "corrupt_metric": to_json(self.corrupt_metric),
             "by_position": to_json(self.by_position) if by_position else None,
-            "magnitude": to_json(self.magnitude), "meta": to_json(self.meta),
-            "span_names": list(self.span_names), "by_span": to_json(self.by_span),
-        }  # fmt: skip
+            "magnitude": to_json(self.magnitude),
+            "meta": to_json(self.meta),
+            "span_names": list(self.span_names),
+            "by_span": to_json(self.by_span),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Attribution:
         nan = float("nan")
         return cls(
-            method=d["method"], granularity=d["granularity"], mode=d["mode"], metric=d["metric"],
-            writers=tuple(d["writers"]), readers=tuple(d["readers"]), scores=nan_array(d["scores"]),
-            n_examples=int(d["n_examples"]), n_layers=int(d["n_layers"]), n_heads=int(d["n_heads"]),
+            method=d["method"],
+            granularity=d["granularity"],
+            mode=d["mode"],
+            metric=d["metric"],
+            writers=tuple(d["writers"]),
+            readers=tuple(d["readers"]),
+            scores=nan_array(d["scores"]),
+            n_examples=int(d["n_examples"]),
+            n_layers=int(d["n_layers"]),
+            n_heads=int(d["n_heads"]),
             steps=int(d.get("steps", 1)),
             clean_metric=nan if d.get("clean_metric") is None else float(d["clean_metric"]),
             corrupt_metric=nan if d.get("corrupt_metric") is None else float(d["corrupt_metric"]),
-            by_position=nan_array(d.get("by_position")), magnitude=nan_array(d.get("magnitude")),
-            meta=dict(d.get("meta") or {}), span_names=tuple(d.get("span_names") or ()),
+            by_position=nan_array(d.get("by_position")),
+            magnitude=nan_array(d.get("magnitude")),
+            meta=dict(d.get("meta") or {}),
+            span_names=tuple(d.get("span_names") or ()),
             by_span=nan_array(d.get("by_span")),
-        )  # fmt: skip
+        )
 
     def save(self, path: str | Path, by_position: bool = False) -> Path:
-        return write_result(path, RESULT_KIND, self.to_dict(by_position), indent=None, sort_keys=False)
+        return write_result(
+            path, RESULT_KIND, self.to_dict(by_position), indent=None, sort_keys=False
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> Attribution:
@@ -129,13 +159,19 @@ def span_ids(spans: Any, names: Any, shape: tuple, who: str) -> tuple[Tensor, tu
     """Checked ``[n, pos]`` span ids and their names (default ``"span0"``, ``"span1"``, ...)."""
     ids = torch.as_tensor(spans)
     if ids.shape != tuple(shape) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise ValueError(f"{who}: spans must be integer span ids of the examples' shape {tuple(shape)}, got "
-                         f"{ids.dtype} {tuple(ids.shape)}")  # fmt: skip
+        raise ValueError(
+            f"{who}: spans must be integer span ids of the examples' shape {tuple(shape)}, got "
+            f"{ids.dtype} {tuple(ids.shape)}"
+        )
     ids = ids.long()
     k = int(ids.max()) + 1 if names is None else len(names)
     if int(ids.min()) < 0 or int(ids.max()) >= k:
-        raise ValueError(f"{who}: span ids must be in 0..{k - 1} (one per name), got {int(ids.min())}..{int(ids.max())}")
-    return ids, tuple(f"span{i}" for i in range(k)) if names is None else tuple(str(x) for x in names)
+        raise ValueError(
+            f"{who}: span ids must be in 0..{k - 1} (one per name), got {int(ids.min())}..{int(ids.max())}"
+        )
+    return ids, tuple(f"span{i}" for i in range(k)) if names is None else tuple(
+        str(x) for x in names
+    )
 
 
 __all__ = ["Attribution", "span_ids"]

@@ -52,7 +52,9 @@ from probes.circuits.scores import Attribution
 
 SELECTIONS = ("paths", "greedy", "top")
 
-RESULT_KIND = register_result("circuit", "Circuit.load", ("nodes", "edges", "scores", "ranking", "total_edges"))
+RESULT_KIND = register_result(
+    "circuit", "Circuit.load", ("nodes", "edges", "scores", "ranking", "total_edges")
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,25 +104,48 @@ class Circuit:
         names = self.span_names if self.positional else ("all",)
         keep = np.zeros((*graph.valid.shape, len(names)), dtype=bool)
         for i, (w, r) in enumerate(self.edges):
-            keep[graph.reader_index(r), graph.writer_index(w), names.index(self.spans[i]) if self.positional else 0] = True
+            keep[
+                graph.reader_index(r),
+                graph.writer_index(w),
+                names.index(self.spans[i]) if self.positional else 0,
+            ] = True
         return keep
 
     def to_dict(self) -> dict[str, Any]:
-        return {"nodes": list(self.nodes), "edges": [list(e) for e in self.edges],
-                "spans": None if self.spans is None else list(self.spans), "span_names": list(self.span_names),
-                "scores": {k: to_json(v) for k, v in self.scores.items()}, "ranking": to_json(self.ranking),
-                "n_layers": self.n_layers, "n_heads": self.n_heads, "total_edges": self.total_edges,
-                "method": self.method, "metric": self.metric, "faithfulness": to_json(self.faithfulness),
-                "meta": to_json(self.meta)}  # fmt: skip
+        return {
+            "nodes": list(self.nodes),
+            "edges": [list(e) for e in self.edges],
+            "spans": None if self.spans is None else list(self.spans),
+            "span_names": list(self.span_names),
+            "scores": {k: to_json(v) for k, v in self.scores.items()},
+            "ranking": to_json(self.ranking),
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "total_edges": self.total_edges,
+            "method": self.method,
+            "metric": self.metric,
+            "faithfulness": to_json(self.faithfulness),
+            "meta": to_json(self.meta),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Circuit:
         spans = d.get("spans")
-        return cls(tuple(d["nodes"]), tuple((a, b) for a, b in d["edges"]),
-                   {k: nan_array(v) for k, v in d["scores"].items()}, nan_array(d["ranking"]), int(d["n_layers"]),
-                   int(d["n_heads"]), int(d["total_edges"]), d.get("method", ""), d.get("metric", ""),
-                   d.get("faithfulness"), dict(d.get("meta") or {}), None if spans is None else tuple(spans),
-                   tuple(d.get("span_names") or ()))  # fmt: skip
+        return cls(
+            tuple(d["nodes"]),
+            tuple((a, b) for a, b in d["edges"]),
+            {k: nan_array(v) for k, v in d["scores"].items()},
+            nan_array(d["ranking"]),
+            int(d["n_layers"]),
+            int(d["n_heads"]),
+            int(d["total_edges"]),
+            d.get("method", ""),
+            d.get("metric", ""),
+            d.get("faithfulness"),
+            dict(d.get("meta") or {}),
+            None if spans is None else tuple(spans),
+            tuple(d.get("span_names") or ()),
+        )
 
     def save(self, path: str | Path) -> Path:
         return write_result(path, RESULT_KIND, self.to_dict(), indent=1, sort_keys=False)
@@ -202,33 +227,72 @@ class Ranking:
 
     def circuit(self, n: int) -> Circuit:
         """The circuit of the longest prefix with at most ``n`` units (:meth:`prefix_for`)."""
-        return self.circuit_of(self.keep(self.prefix_for(n)), {"select": self.select, "top_n": int(n)})
+        return self.circuit_of(
+            self.keep(self.prefix_for(n)), {"select": self.select, "top_n": int(n)}
+        )
 
     def circuit_of(self, keep: np.ndarray, selection: dict[str, Any] | None = None) -> Circuit:
         """The :class:`Circuit` of a ``[readers, writers, spans]`` mask, edges in this order."""
-        return circuit_from_mask(self.graph, keep, self.span_names, order=self.order, scores=self.scores, rank=self.rank,
-                                 total=self.total, method=self.method, metric=self.metric,
-                                 meta={"selection": {**(selection or {}), "by": self.meta.get("by")},
-                                       **self.meta.get("attribution", {})})  # fmt: skip
+        return circuit_from_mask(
+            self.graph,
+            keep,
+            self.span_names,
+            order=self.order,
+            scores=self.scores,
+            rank=self.rank,
+            total=self.total,
+            method=self.method,
+            metric=self.metric,
+            meta={
+                "selection": {**(selection or {}), "by": self.meta.get("by")},
+                **self.meta.get("attribution", {}),
+            },
+        )
 
 
-def circuit_from_mask(graph: Graph, keep: np.ndarray, span_names: tuple[str, ...], *, order: np.ndarray | None = None,
-                      scores: dict[str, np.ndarray] | None = None, rank: np.ndarray | None = None, total: int = 0,
-                      method: str = "", metric: str = "", meta: dict[str, Any] | None = None) -> Circuit:  # fmt: skip
+def circuit_from_mask(
+    graph: Graph,
+    keep: np.ndarray,
+    span_names: tuple[str, ...],
+    *,
+    order: np.ndarray | None = None,
+    scores: dict[str, np.ndarray] | None = None,
+    rank: np.ndarray | None = None,
+    total: int = 0,
+    method: str = "",
+    metric: str = "",
+    meta: dict[str, Any] | None = None,
+) -> Circuit:
     """A :class:`Circuit` of the units where ``keep`` (``[readers, writers, spans]``), listed in
     ``order`` (flat indices; default graph order), with each family's score and the rank."""
     W, S = keep.shape[1], keep.shape[2]
-    idx = np.flatnonzero(keep.ravel()) if order is None else order[np.flatnonzero(keep.ravel()[order])]
+    idx = (
+        np.flatnonzero(keep.ravel())
+        if order is None
+        else order[np.flatnonzero(keep.ravel()[order])]
+    )
     triples = [(int(i) // (W * S), (int(i) // S) % W, int(i) % S) for i in idx]
     edges = tuple((graph.writers[w], graph.readers[r]) for r, w, _ in triples)
-    nodes = sorted({w for w, _ in edges} | {r.split(".")[0] for _, r in edges}, key=lambda x: (node_layer(x, graph.n_layers), x))
+    nodes = sorted(
+        {w for w, _ in edges} | {r.split(".")[0] for _, r in edges},
+        key=lambda x: (node_layer(x, graph.n_layers), x),
+    )
     return Circuit(
-        nodes=tuple(nodes), edges=edges, scores={k: np.array([v[t] for t in triples]) for k, v in (scores or {}).items()},
-        ranking=np.array([rank[t] for t in triples]) if rank is not None else np.full(len(triples), np.nan),
-        n_layers=graph.n_layers, n_heads=graph.n_heads, total_edges=int(total), method=method, metric=metric,
-        meta=dict(meta or {}), spans=tuple(span_names[s] for _, _, s in triples) if span_names else None,
+        nodes=tuple(nodes),
+        edges=edges,
+        scores={k: np.array([v[t] for t in triples]) for k, v in (scores or {}).items()},
+        ranking=np.array([rank[t] for t in triples])
+        if rank is not None
+        else np.full(len(triples), np.nan),
+        n_layers=graph.n_layers,
+        n_heads=graph.n_heads,
+        total_edges=int(total),
+        method=method,
+        metric=metric,
+        meta=dict(meta or {}),
+        spans=tuple(span_names[s] for _, _, s in triples) if span_names else None,
         span_names=tuple(span_names),
-    )  # fmt: skip
+    )
 
 
 def _families(scores: Attribution | Mapping[str, Attribution], who: str) -> dict[str, Attribution]:
@@ -238,21 +302,30 @@ def _families(scores: Attribution | Mapping[str, Attribution], who: str) -> dict
     first = next(iter(fams.values()))
     for name, a in fams.items():
         if not isinstance(a, Attribution) or a.granularity != "edge":
-            raise ValueError(f"{who}: {name!r} must be an edge Attribution (attribute(..., granularity='edge'))")
+            raise ValueError(
+                f"{who}: {name!r} must be an edge Attribution (attribute(..., granularity='edge'))"
+            )
         if a.writers != first.writers or a.readers != first.readers:
             raise ValueError(f"{who}: {name!r} scores another graph than the others")
     return fams
 
 
-def rank_edges(scores: Attribution | Mapping[str, Attribution], *, select: str = "paths", positional: bool = False,
-               by: str | None = None) -> Ranking:  # fmt: skip
+def rank_edges(
+    scores: Attribution | Mapping[str, Attribution],
+    *,
+    select: str = "paths",
+    positional: bool = False,
+    by: str | None = None,
+) -> Ranking:
     """A :class:`Ranking` of the units of ``scores`` (one edge :class:`Attribution`, or one per
     counterfactual family). ``positional``: one unit per edge and span (the attributions need
     ``by_span``, from ``attribute(..., spans=...)``); spans where no unit scores anything in any
     family (no example has a position there, or the model never reads it, as a model that masks
     its pads) are not units. See the module docstring."""
     if select not in SELECTIONS:
-        raise ValueError(f"select must be one of {', '.join(map(repr, SELECTIONS))}; got {select!r}")
+        raise ValueError(
+            f"select must be one of {', '.join(map(repr, SELECTIONS))}; got {select!r}"
+        )
     fams = _families(scores, "rank_edges")
     if by is not None and by not in fams:
         raise ValueError(f"by={by!r} is not one of {', '.join(fams)}")
@@ -261,14 +334,23 @@ def rank_edges(scores: Attribution | Mapping[str, Attribution], *, select: str =
     if positional:
         for name, a in fams.items():
             if a.by_span is None:
-                raise ValueError(f"positional circuits need scores per span: {name!r} has none (attribute(..., spans=task.spans(pairs.clean)))")
+                raise ValueError(
+                    f"positional circuits need scores per span: {name!r} has none (attribute(..., spans=task.spans(pairs.clean)))"
+                )
             if a.span_names != first.span_names:
                 raise ValueError(f"{name!r} has other spans than the others")
         sig = {k: np.asarray(a.by_span, dtype=np.float64) for k, a in fams.items()}
         if any(a.magnitude is not None for a in fams.values()):
-            raise ValueError("positional circuits rank by |score| per span; 'atp*' has no scores per span")
+            raise ValueError(
+                "positional circuits rank by |score| per span; 'atp*' has no scores per span"
+            )
         mag = {k: np.abs(v) for k, v in sig.items()}
-        live = np.array([any(np.nansum(np.abs(v[..., s])) > 0 for v in sig.values()) for s in range(len(first.span_names))])
+        live = np.array(
+            [
+                any(np.nansum(np.abs(v[..., s])) > 0 for v in sig.values())
+                for s in range(len(first.span_names))
+            ]
+        )
         names = first.span_names
     else:
         sig = {k: np.asarray(a.scores, dtype=np.float64)[..., None] for k, a in fams.items()}
@@ -278,16 +360,29 @@ def rank_edges(scores: Attribution | Mapping[str, Attribution], *, select: str =
     units = graph.valid[..., None] & live[None, None, :]
     rank = np.where(units, rank, np.nan)
     order, value = order_units(graph, rank, units, select)
-    return Ranking(graph=graph, order=order, value=value, rank=rank, scores=sig, span_names=names, select=select,
-                   method=first.method, metric=first.metric,
-                   meta={"by": by, "attribution": dict(first.meta), "families": list(fams)})  # fmt: skip
+    return Ranking(
+        graph=graph,
+        order=order,
+        value=value,
+        rank=rank,
+        scores=sig,
+        span_names=names,
+        select=select,
+        method=first.method,
+        metric=first.metric,
+        meta={"by": by, "attribution": dict(first.meta), "families": list(fams)},
+    )
 
 
-def order_units(graph: Graph, rank: np.ndarray, units: np.ndarray, select: str) -> tuple[np.ndarray, np.ndarray]:
+def order_units(
+    graph: Graph, rank: np.ndarray, units: np.ndarray, select: str
+) -> tuple[np.ndarray, np.ndarray]:
     """The units (``units``, ``[readers, writers, spans]``) best first by ``select`` from their
     non-negative ``rank``: flat indices and the value that ordered each."""
     if select not in SELECTIONS:
-        raise ValueError(f"select must be one of {', '.join(map(repr, SELECTIONS))}; got {select!r}")
+        raise ValueError(
+            f"select must be one of {', '.join(map(repr, SELECTIONS))}; got {select!r}"
+        )
     rank = np.where(units, rank, np.nan)
     if select == "paths":
         value = widest_paths(graph, rank)
@@ -332,8 +427,17 @@ def circuit(
     return c
 
 
-__all__ = ["SELECTIONS", "Circuit", "Ranking", "circuit", "circuit_from_mask", "order_units", "prune", "rank_edges",
-           "widest_paths"]
+__all__ = [
+    "SELECTIONS",
+    "Circuit",
+    "Ranking",
+    "circuit",
+    "circuit_from_mask",
+    "order_units",
+    "prune",
+    "rank_edges",
+    "widest_paths",
+]
 
 
 # ---- sizes and areas of faithfulness curves (probes.circuits.faithfulness) ------------------------------
@@ -349,4 +453,6 @@ def curve_area(kept: Sequence[float], recovered: Sequence[float], total: int) ->
 
 def default_sizes(total: int, points: int = 16) -> list[int]:
     """0, about ``points`` sizes spaced geometrically from 1, and the whole graph."""
-    return sorted({0, *np.unique(np.geomspace(1, max(1, total), points).astype(int)).tolist(), total})
+    return sorted(
+        {0, *np.unique(np.geomspace(1, max(1, total), points).astype(int)).tolist(), total}
+    )

@@ -67,7 +67,9 @@ def _rank(name: str, n_layers: int) -> int:
     return int(round(2 * d + 2))  # embed 0, layer-l heads 2l+2, MLP l 2l+3, readout 2L+2
 
 
-def layout(nodes: list[str], n_layers: int, width: float, height: float, margin: float = 40.0) -> dict[str, tuple[float, float]]:
+def layout(
+    nodes: list[str], n_layers: int, width: float, height: float, margin: float = 40.0
+) -> dict[str, tuple[float, float]]:
     """Pixel positions: one row per layer (embedding at the bottom, the readout at the top)."""
     g = nx.Graph()
     for n in nodes:
@@ -92,19 +94,31 @@ def layout(nodes: list[str], n_layers: int, width: float, height: float, margin:
     return out
 
 
-def circuit_svg(c: Any, *, width: int = 900, height: int = 520, highlight: str | None = None,
-                families: tuple[str, str] = ("position", "content")) -> str:  # fmt: skip
+def circuit_svg(
+    c: Any,
+    *,
+    width: int = 900,
+    height: int = 520,
+    highlight: str | None = None,
+    families: tuple[str, str] = ("position", "content"),
+) -> str:
     """The SVG of a :class:`~probes.Circuit` (see the module docstring). With scores of both
     ``families`` an edge's colour runs from content (orange) to position (blue) by
     ``|position| / (|position| + |content|)``; with one score, red is positive and blue negative.
     Width is ``|score|`` (summed over the families) relative to the largest."""
     pos_fam, con_fam = families
     two = pos_fam in c.scores and con_fam in c.scores
-    mag = np.abs(c.scores[pos_fam]) + np.abs(c.scores[con_fam]) if two else np.abs(next(iter(c.scores.values())))
+    mag = (
+        np.abs(c.scores[pos_fam]) + np.abs(c.scores[con_fam])
+        if two
+        else np.abs(next(iter(c.scores.values())))
+    )
     top = float(np.nanmax(mag)) if len(mag) else 1.0
     nodes = list(c.nodes)
     xy = layout(nodes, c.n_layers, width, height)
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>"]
+    parts = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' viewBox='0 0 {width} {height}'>"
+    ]
     order = np.argsort(mag, kind="stable")  # thin edges first, so wide ones are on top
     spans = getattr(c, "spans", None)
     names = tuple(getattr(c, "span_names", ()) or ())
@@ -119,7 +133,9 @@ def circuit_svg(c: Any, *, width: int = 900, height: int = 520, highlight: str |
             k = names.index(spans[i])
             x0 += 2.5 * (k - (len(names) - 1) / 2)
             x1 += 1.5 * (k - (len(names) - 1) / 2)
-            dash = f" stroke-dasharray='{DASHES[k % len(DASHES)]}'" if DASHES[k % len(DASHES)] else ""
+            dash = (
+                f" stroke-dasharray='{DASHES[k % len(DASHES)]}'" if DASHES[k % len(DASHES)] else ""
+            )
         y0, y1 = y0 - 9, y1 + 9
         scores = {k: float(v[i]) for k, v in c.scores.items()}
         head = f"{w} -> {r}" + ("" if spans is None else f" @ {spans[i]}")
@@ -128,7 +144,7 @@ def circuit_svg(c: Any, *, width: int = 900, height: int = 520, highlight: str |
             color = _mix(CONTENT, POSITION, share)
             tip = f"{head}\n{pos_fam}: {scores[pos_fam]:+.4f}\n{con_fam}: {scores[con_fam]:+.4f}\n{pos_fam} share: {share:.2f}"
         else:
-            (name, v), = scores.items()
+            ((name, v),) = scores.items()
             color = _mix((255, 255, 255), POSITIVE if v >= 0 else NEGATIVE, 0.9)
             tip = f"{head}\n{name}: {v:+.4f}"
         tip += "".join(f"\n{k}: {v:+.4f}" for k, v in scores.items() if two and k not in families)
@@ -136,8 +152,10 @@ def circuit_svg(c: Any, *, width: int = 900, height: int = 520, highlight: str |
         dy = (y1 - y0) / 2
         d = f"M{x0:.1f},{y0:.1f} C{x0:.1f},{y0 + dy:.1f} {x1:.1f},{y1 - dy:.1f} {x1:.1f},{y1:.1f}"
         esc = html.escape(tip, quote=True)
-        parts.append(f"<path class='edge' d='{d}' stroke='{color}' stroke-width='{stroke:.2f}'{dash} data-tip='{esc}'>"
-                     f"<title>{html.escape(tip)}</title></path>")  # fmt: skip
+        parts.append(
+            f"<path class='edge' d='{d}' stroke='{color}' stroke-width='{stroke:.2f}'{dash} data-tip='{esc}'>"
+            f"<title>{html.escape(tip)}</title></path>"
+        )
     incoming: dict[str, float] = {}
     for (_, r), m in zip(c.edges, mag):
         incoming[r.split(".")[0]] = incoming.get(r.split(".")[0], 0.0) + float(m)
@@ -147,9 +165,11 @@ def circuit_svg(c: Any, *, width: int = 900, height: int = 520, highlight: str |
         fill = {"embed": "#e0e0e0", "head": "#fff7bc", "mlp": "#c7e9c0", "logits": "#d9d9d9"}[kind]
         tip = f"{n}\nscore into it: {incoming.get(n, 0.0):.4f}"
         cls = "node top" if n == highlight else "node"
-        parts.append(f"<g class='{cls}' data-tip='{html.escape(tip, quote=True)}'><title>{html.escape(tip)}</title>"
-                     f"<circle cx='{x:.1f}' cy='{y:.1f}' r='9' fill='{fill}'/>"
-                     f"<text x='{x:.1f}' y='{y - 13:.1f}' text-anchor='middle'>{html.escape(n)}</text></g>")  # fmt: skip
+        parts.append(
+            f"<g class='{cls}' data-tip='{html.escape(tip, quote=True)}'><title>{html.escape(tip)}</title>"
+            f"<circle cx='{x:.1f}' cy='{y:.1f}' r='9' fill='{fill}'/>"
+            f"<text x='{x:.1f}' y='{y - 13:.1f}' text-anchor='middle'>{html.escape(n)}</text></g>"
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -160,11 +180,18 @@ def circuit_summary(c: Any) -> str:
     kind = "position-aware edges (edge x span)" if c.positional else "edges"
     share = len(c.edges) / c.total_edges if c.total_edges else float("nan")
     sel = c.meta.get("selection", {})
-    what = (f"the smallest circuit with faithfulness >= {f['target']:g}" if "target" in f
-            else f"the first {sel.get('top_n')} by the {sel.get('select', 'top')} order")  # fmt: skip
+    what = (
+        f"the smallest circuit with faithfulness >= {f['target']:g}"
+        if "target" in f
+        else f"the first {sel.get('top_n')} by the {sel.get('select', 'top')} order"
+    )
     kept = f.get("kept")
     fam = c.meta.get("counterfactual")
-    pairs = f"{f['n_pairs']} held-out {fam + ' ' if fam else ''}pairs" if "n_pairs" in f else "its pairs"
+    pairs = (
+        f"{f['n_pairs']} held-out {fam + ' ' if fam else ''}pairs"
+        if "n_pairs" in f
+        else "its pairs"
+    )
     faith = "" if kept is None else f", faithfulness {kept:.3f} on {pairs}"
     return f"{what}: {len(c.edges)} of {c.total_edges} {kind} ({share:.1%}){faith}"
 
@@ -188,32 +215,53 @@ def circuit_html(c: Any, *, title: str = "", **kwargs: Any) -> str:
     uid = f"pe-circuit-{next(_ids)}"
     two = all(f in c.scores for f in kwargs.get("families", ("position", "content")))
     if two:
-        legend = (f"<span style='background:{_mix(CONTENT, POSITION, 0)}'></span>content"
-                  f"<span style='background:{_mix(CONTENT, POSITION, 0.5)}'></span>both"
-                  f"<span style='background:{_mix(CONTENT, POSITION, 1)}'></span>position")  # fmt: skip
+        legend = (
+            f"<span style='background:{_mix(CONTENT, POSITION, 0)}'></span>content"
+            f"<span style='background:{_mix(CONTENT, POSITION, 0.5)}'></span>both"
+            f"<span style='background:{_mix(CONTENT, POSITION, 1)}'></span>position"
+        )
     else:
-        legend = (f"<span style='background:{_mix((255, 255, 255), POSITIVE, 0.9)}'></span>positive"
-                  f"<span style='background:{_mix((255, 255, 255), NEGATIVE, 0.9)}'></span>negative")  # fmt: skip
+        legend = (
+            f"<span style='background:{_mix((255, 255, 255), POSITIVE, 0.9)}'></span>positive"
+            f"<span style='background:{_mix((255, 255, 255), NEGATIVE, 0.9)}'></span>negative"
+        )
     spans = getattr(c, "spans", None)
     if spans is not None:  # which dash is which span
-        legend += "<br>" + "".join(f"{_dash_sample(k)}{html.escape(name)} " for k, name in enumerate(c.span_names) if name in spans)
+        legend += "<br>" + "".join(
+            f"{_dash_sample(k)}{html.escape(name)} "
+            for k, name in enumerate(c.span_names)
+            if name in spans
+        )
     head = f"<p><b>{html.escape(title)}</b></p>" if title else ""
     kind = "position-aware edges (edge x span)" if spans is not None else "edges"
     faith = (c.faithfulness or {}).get("kept")
-    note = (f"{len(c.edges)} of {c.total_edges} {kind} ({html.escape(c.method)}, metric {html.escape(c.metric)})"
-            + ("" if faith is None else f", faithfulness {faith:.3f}")
-            + "; width: |score|; q, k, v enter a head left, middle, right; hover for the numbers")  # fmt: skip
-    return (f"<div class='pe-circuit' id='{uid}'><style>{STYLE}</style>{head}"
-            f"<div class='legend'>{legend}</div>{circuit_svg(c, **kwargs)}<div class='tip'></div>"
-            f"<p style='color:#555'>{note}</p><script>{SCRIPT % repr(uid)}</script></div>")  # fmt: skip
+    note = (
+        f"{len(c.edges)} of {c.total_edges} {kind} ({html.escape(c.method)}, metric {html.escape(c.metric)})"
+        + ("" if faith is None else f", faithfulness {faith:.3f}")
+        + "; width: |score|; q, k, v enter a head left, middle, right; hover for the numbers"
+    )
+    return (
+        f"<div class='pe-circuit' id='{uid}'><style>{STYLE}</style>{head}"
+        f"<div class='legend'>{legend}</div>{circuit_svg(c, **kwargs)}<div class='tip'></div>"
+        f"<p style='color:#555'>{note}</p><script>{SCRIPT % repr(uid)}</script></div>"
+    )
 
 
 def circuit_page(c: Any, *, title: str = "circuit", body: str = "", **kwargs: Any) -> str:
     """A whole offline HTML page: the graph, then ``body`` (already HTML)."""
     t = html.escape(title)
-    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{t}</title></head>"
-            f"<body style='margin:16px 28px;font-family:system-ui,sans-serif'><h1>{t}</h1>"
-            f"{circuit_html(c, **kwargs)}{body}</body></html>\n")
+    return (
+        f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{t}</title></head>"
+        f"<body style='margin:16px 28px;font-family:system-ui,sans-serif'><h1>{t}</h1>"
+        f"{circuit_html(c, **kwargs)}{body}</body></html>\n"
+    )
 
 
-__all__ = ["circuit_html", "circuit_page", "circuit_summary", "circuit_svg", "layout", "span_counts"]
+__all__ = [
+    "circuit_html",
+    "circuit_page",
+    "circuit_summary",
+    "circuit_svg",
+    "layout",
+    "span_counts",
+]

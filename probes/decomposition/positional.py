@@ -26,7 +26,9 @@ __all__ = ["PositionalScores", "positional_scores"]
 DEFINITION = "split-half R^2 of a position-only (query, key) template; toeplitz = mean per-example Toeplitz R^2"
 
 
-RESULT_KIND = register_result("positional scores", "PositionalScores.load", ("scores", "toeplitz", "n_examples"))
+RESULT_KIND = register_result(
+    "positional scores", "PositionalScores.load", ("scores", "toeplitz", "n_examples")
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,7 +99,9 @@ class PositionalScores:
             scores=torch.from_numpy(nan_array(d["scores"])).float(),
             toeplitz=torch.from_numpy(nan_array(d["toeplitz"])).float(),
             n_examples=int(d["n_examples"]),
-            direct=None if d.get("direct") is None else torch.from_numpy(nan_array(d["direct"])).float(),
+            direct=None
+            if d.get("direct") is None
+            else torch.from_numpy(nan_array(d["direct"])).float(),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -126,9 +130,13 @@ def positional_scores(
     enc = model.encoding
     # the encoding's own term needs its terms (not over a bridge's ALiBi: NaN there, the rest is measured)
     reads_direct = getattr(enc, "decomposes", True)
-    direct_names = [n for layer in range(L) for n in qk_hooks(layer) + [f"blocks.{layer}.attn.hook_pos_bias"]]
+    direct_names = [
+        n for layer in range(L) for n in qk_hooks(layer) + [f"blocks.{layer}.attn.hook_pos_bias"]
+    ]
     f64 = torch.float64
-    d_sums = torch.zeros(5, L, H, dtype=f64, device=device)  # sum d, d^2, s, s^2, count over valid entries
+    d_sums = torch.zeros(
+        5, L, H, dtype=f64, device=device
+    )  # sum d, d^2, s, s^2, count over valid entries
     # per half: sums and sums of squares per (layer, head, i, j), counts per (i, j)
     s1 = torch.zeros(2, L, H, n_pos, n_pos, dtype=f64, device=device)
     s2 = torch.zeros_like(s1)
@@ -150,9 +158,18 @@ def positional_scores(
                 finite = finite & qv[:, None, None, :, None]
             scores = torch.where(finite, scores, torch.zeros((), dtype=f64, device=device))
             valid = finite[:, 0, 0]  # [b, q, k]: the same for every head
-            direct = torch.stack([_direct(model, cache, layer, n_pos, reads_direct) for layer in range(L)], 1)
-            d_sums += torch.stack([(direct * finite).sum((0, 3, 4)), (direct**2 * finite).sum((0, 3, 4)),
-                                   scores.sum((0, 3, 4)), (scores**2).sum((0, 3, 4)), finite.to(f64).sum((0, 3, 4))])
+            direct = torch.stack(
+                [_direct(model, cache, layer, n_pos, reads_direct) for layer in range(L)], 1
+            )
+            d_sums += torch.stack(
+                [
+                    (direct * finite).sum((0, 3, 4)),
+                    (direct**2 * finite).sum((0, 3, 4)),
+                    scores.sum((0, 3, 4)),
+                    (scores**2).sum((0, 3, 4)),
+                    finite.to(f64).sum((0, 3, 4)),
+                ]
+            )
             t = toeplitz_score(scores, finite)
             ok = torch.isfinite(t)
             toep_sum += torch.where(ok, t, torch.zeros_like(t)).sum(0)
@@ -176,17 +193,33 @@ def positional_scores(
         ss_tot = sq_b - sum_b**2 / n_b.clamp(min=1)
         ss_res = (w * (s2[b] - 2 * t_a * s1[b] + cnt[b] * t_a**2)).sum((-2, -1))
         deg = ss_tot <= 1e-20 * sq_b.clamp(min=1e-300)
-        r2.append(torch.where(deg, torch.full_like(ss_tot, math.nan), 1 - ss_res / ss_tot.clamp(min=1e-300)))
+        r2.append(
+            torch.where(
+                deg, torch.full_like(ss_tot, math.nan), 1 - ss_res / ss_tot.clamp(min=1e-300)
+            )
+        )
     template = ((r2[0] + r2[1]) / 2).clamp(min=0.0, max=1.0)
-    toeplitz = torch.where(toep_n > 0, toep_sum / toep_n.clamp(min=1), torch.full_like(toep_sum, math.nan))
+    toeplitz = torch.where(
+        toep_n > 0, toep_sum / toep_n.clamp(min=1), torch.full_like(toep_sum, math.nan)
+    )
     m = d_sums[4].clamp(min=1)
     var_d = d_sums[1] / m - (d_sums[0] / m) ** 2
     var_s = d_sums[3] / m - (d_sums[2] / m) ** 2
-    direct = torch.where(var_s > 0, var_d.clamp(min=0) / var_s.clamp(min=1e-300), torch.full_like(var_s, math.nan))
-    if not reads_direct or (enc.rotates and any(enc.rotary_spans(layer) is None for layer in range(L))):
-        direct = torch.full_like(direct, math.nan)  # it rotates without saying how (or biases unseen): not measurable
-    return PositionalScores(scores=template.float().cpu(), toeplitz=toeplitz.float().cpu(), n_examples=n,
-                            direct=direct.float().cpu())
+    direct = torch.where(
+        var_s > 0, var_d.clamp(min=0) / var_s.clamp(min=1e-300), torch.full_like(var_s, math.nan)
+    )
+    if not reads_direct or (
+        enc.rotates and any(enc.rotary_spans(layer) is None for layer in range(L))
+    ):
+        direct = torch.full_like(
+            direct, math.nan
+        )  # it rotates without saying how (or biases unseen): not measurable
+    return PositionalScores(
+        scores=template.float().cpu(),
+        toeplitz=toeplitz.float().cpu(),
+        n_examples=n,
+        direct=direct.float().cpu(),
+    )
 
 
 def _direct(model, cache, layer: int, n_pos: int, reads: bool = True) -> Tensor:
@@ -203,15 +236,22 @@ def _direct(model, cache, layer: int, n_pos: int, reads: bool = True) -> Tensor:
             for span in model.encoding.rotary_spans(layer) or ():
                 cos = span.cos[:n_pos, None, :].double().to(q.device)  # [pos, 1, half]
                 sin = span.sin[:n_pos, None, :].double().to(q.device)
-                rotated = torch.ones(q.shape[2], dtype=torch.bool, device=q.device) if span.heads is None \
+                rotated = (
+                    torch.ones(q.shape[2], dtype=torch.bool, device=q.device)
+                    if span.heads is None
                     else span.heads.to(q.device)
+                )
                 part = slice(span.start, span.start + span.dim)
                 for t in (qu, ku):
-                    t[..., part] = torch.where(rotated[:, None], span.turn(t, cos, -sin), t[..., part])
+                    t[..., part] = torch.where(
+                        rotated[:, None], span.turn(t, cos, -sin), t[..., part]
+                    )
         else:
             qu, ku = (t.double() for t in plain)
         scale = attention_scale(model, layer)
-        out = (torch.einsum("bqhd,bkhd->bhqk", q, k) - torch.einsum("bqhd,bkhd->bhqk", qu, ku)) * scale
+        out = (
+            torch.einsum("bqhd,bkhd->bhqk", q, k) - torch.einsum("bqhd,bkhd->bhqk", qu, ku)
+        ) * scale
     if pre + "hook_pos_bias" in cache.cache_dict:
         bias = cache[pre + "hook_pos_bias"].double()
         out = bias.expand(like.shape[0], -1, -1, -1) if out is None else out + bias

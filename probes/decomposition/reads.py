@@ -33,7 +33,9 @@ def rotated_qk(model, cache, layer: int) -> tuple[Tensor, Tensor]:
     if pre + "hook_rot_q" in names:
         return _per_query_head(cache[pre + "hook_rot_q"], cache[pre + "hook_rot_k"])
     q, k = cache[pre + "hook_q"], cache[pre + "hook_k"]
-    return _per_query_head(*(model.encoding.rotate(q, k, layer) if model.encoding.rotates else (q, k)))
+    return _per_query_head(
+        *(model.encoding.rotate(q, k, layer) if model.encoding.rotates else (q, k))
+    )
 
 
 def unrotated_qk(model, cache, layer: int) -> tuple[Tensor, Tensor] | None:
@@ -68,8 +70,9 @@ def allowed(scores: Tensor) -> Tensor:
     return torch.isfinite(scores) & (scores > torch.finfo(scores.dtype).min / 2)
 
 
-def layer0_qk(model, tokens: Tensor, pad_mask: Tensor | None, x: Tensor, ln_scale: Tensor | None,
-              head: int) -> tuple[Tensor, Tensor]:
+def layer0_qk(
+    model, tokens: Tensor, pad_mask: Tensor | None, x: Tensor, ln_scale: Tensor | None, head: int
+) -> tuple[Tensor, Tensor]:
     """Layer 0's rotated q and k of ``head`` ``[pos, d]`` on the input ``x`` (a part of the real
     input, ``[1, pos, d_model]``) with ``ln1``'s scale frozen at ``ln_scale``: the model's own code,
     through our block's seams or, on a bridge, a forward whose ``blocks.0.hook_resid_pre`` is ``x``."""
@@ -92,9 +95,16 @@ def layer0_qk(model, tokens: Tensor, pad_mask: Tensor | None, x: Tensor, ln_scal
         q, k = got[names[0]], got[names[1]]
     else:  # a bridge: its forward with the layer's input replaced (only layer 0's q and k are read)
         hooks.append(("blocks.0.hook_resid_pre", lambda resid, hook: x.to(resid.dtype)))
-        hooks += [(f"blocks.0.attn.{n}", lambda t, hook, n=n: grab(t, hook, n)) for n in ("hook_q", "hook_k")]
-        with warnings.catch_warnings():  # the bridge warns that a hook edits hook_scale: that is the point
+        hooks += [
+            (f"blocks.0.attn.{n}", lambda t, hook, n=n: grab(t, hook, n))
+            for n in ("hook_q", "hook_k")
+        ]
+        with (
+            warnings.catch_warnings()
+        ):  # the bridge warns that a hook edits hook_scale: that is the point
             warnings.filterwarnings("ignore", message=".*edited hook_scale")
             model.run_with_hooks(tokens, pad_mask, fwd_hooks=hooks, stop_at_layer=1)
-        q, k = rotated_qk(model, {"blocks.0.attn.hook_q": got["hook_q"], "blocks.0.attn.hook_k": got["hook_k"]}, 0)
+        q, k = rotated_qk(
+            model, {"blocks.0.attn.hook_q": got["hook_q"], "blocks.0.attn.hook_k": got["hook_k"]}, 0
+        )
     return q[0, :, head], k[0, :, head]

@@ -41,7 +41,9 @@ def rope_spans(encoding, layer: int, head: int) -> list[RopeSpan] | None:
     for a in spans:
         for b in spans:
             if a is not b and a.start < b.start + b.dim and b.start < a.start + a.dim:
-                raise ValueError("rope_spans: overlapping rotations (two rotary encodings on the same dims)")
+                raise ValueError(
+                    "rope_spans: overlapping rotations (two rotary encodings on the same dims)"
+                )
     return spans
 
 
@@ -112,7 +114,10 @@ def rope_terms(rot_q: Tensor, rot_k: Tensor, spans: list[RopeSpan], scale: float
         gram = torch.einsum("qp,kp->pqk", zq, zk.conj())
         theta = sp.theta.to(q0.device)
         rel = pos_q[:, None] - pos_k[None, :]
-        kernel = torch.polar(torch.ones_like(rel)[None].expand(theta.shape[0], -1, -1), rel[None] * theta[:, None, None])
+        kernel = torch.polar(
+            torch.ones_like(rel)[None].expand(theta.shape[0], -1, -1),
+            rel[None] * theta[:, None, None],
+        )
         thetas.append(theta)
         pairs.append(pair)
         grams.append(gram)
@@ -127,4 +132,3 @@ def rope_terms(rot_q: Tensor, rot_k: Tensor, spans: list[RopeSpan], scale: float
         unrotated=unrot,
         scale=scale,
     )
-

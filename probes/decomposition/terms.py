@@ -62,7 +62,10 @@ class LogitTerms:
     @property
     def qk(self) -> Tensor:
         """``s * rot(q) . rot(k)``: everything but the relative bias."""
-        return sum((t for k, t in self.terms.items() if k != "relative_bias"), torch.zeros_like(self.actual))
+        return sum(
+            (t for k, t in self.terms.items() if k != "relative_bias"),
+            torch.zeros_like(self.actual),
+        )
 
     def check(self) -> float:
         """Max |sum of terms - actual| over every entry (and the RoPE identities, if any)."""
@@ -90,7 +93,10 @@ class LogitTerms:
         (shares of correlated terms need not sum to 1)."""
         region = self.region
         tot = self.total[region].double().var(unbiased=False)
-        return {k: float(t[region].double().var(unbiased=False) / tot) if tot > 0 else math.nan for k, t in self.terms.items()}
+        return {
+            k: float(t[region].double().var(unbiased=False) / tot) if tot > 0 else math.nan
+            for k, t in self.terms.items()
+        }
 
     def toeplitz_scores(self) -> dict[str, float]:
         """:func:`toeplitz_score` of every term and of the total, over :attr:`region`."""
@@ -121,7 +127,6 @@ class LogitTerms:
             d["matrices"] = {k: v.detach().cpu().double().tolist() for k, v in self.terms.items()}
             d["matrices"]["actual"] = self.actual.detach().cpu().double().tolist()
         return d
-
 
 
 def logit_terms(
@@ -169,7 +174,9 @@ def logit_terms(
     return LogitTerms(example=example, **result)
 
 
-def _component_qk(model, toks, pm, head: int, cache: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+def _component_qk(
+    model, toks, pm, head: int, cache: dict[str, Tensor]
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Layer 0's rotated q and k of ``head`` ``[pos, d_qk]`` for each component of its input
     (``content``, ``position`` when the encoding has one, ``offset``), by the model's own code.
 

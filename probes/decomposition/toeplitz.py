@@ -17,11 +17,18 @@ def diagonal_means(matrix: Tensor, valid: Tensor | None = None) -> Tensor:
     if valid is None:
         valid = torch.ones(n_q, n_k, dtype=torch.bool, device=matrix.device)
     valid = valid.expand(matrix.shape)
-    diag = (torch.arange(n_k, device=matrix.device)[None, :] - torch.arange(n_q, device=matrix.device)[:, None]) + (n_q - 1)
+    diag = (
+        torch.arange(n_k, device=matrix.device)[None, :]
+        - torch.arange(n_q, device=matrix.device)[:, None]
+    ) + (n_q - 1)
     index = diag.reshape(-1).expand(*lead, n_q * n_k)
     w = valid.to(matrix.dtype).reshape(*lead, n_q * n_k)
-    x = torch.where(valid, matrix, torch.zeros((), dtype=matrix.dtype, device=matrix.device)).reshape(*lead, n_q * n_k)
-    sums = torch.zeros(*lead, n_q + n_k - 1, dtype=matrix.dtype, device=matrix.device).scatter_add_(-1, index, x)
+    x = torch.where(
+        valid, matrix, torch.zeros((), dtype=matrix.dtype, device=matrix.device)
+    ).reshape(*lead, n_q * n_k)
+    sums = torch.zeros(*lead, n_q + n_k - 1, dtype=matrix.dtype, device=matrix.device).scatter_add_(
+        -1, index, x
+    )
     counts = torch.zeros_like(sums).scatter_add_(-1, index, w)
     means = sums / counts.clamp(min=1)
     return means.gather(-1, index).reshape(matrix.shape)
@@ -38,7 +45,11 @@ def toeplitz_score(matrix: Tensor, valid: Tensor | None = None) -> Tensor:
     e.g. the causal lower triangle or the non-pad square) defaults to every entry. Returns NaN
     where the matrix is constant over ``valid`` (0 / 0). Leading dims are batched.
     """
-    matrix = matrix.double() if matrix.dtype in (torch.float16, torch.bfloat16, torch.float32) else matrix
+    matrix = (
+        matrix.double()
+        if matrix.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        else matrix
+    )
     if valid is None:
         valid = torch.ones(matrix.shape[-2:], dtype=torch.bool, device=matrix.device)
     valid = valid.to(matrix.device).expand(matrix.shape)
@@ -50,4 +61,6 @@ def toeplitz_score(matrix: Tensor, valid: Tensor | None = None) -> Tensor:
     ss_res = torch.where(valid, (matrix - diagonal_means(matrix, valid)) ** 2, zero).sum((-2, -1))
     scale = torch.where(valid, matrix**2, zero).sum((-2, -1))
     degenerate = ss_tot <= 1e-20 * scale.clamp(min=1e-300)
-    return torch.where(degenerate, torch.full_like(ss_tot, math.nan), 1 - ss_res / ss_tot.clamp(min=1e-300))
+    return torch.where(
+        degenerate, torch.full_like(ss_tot, math.nan), 1 - ss_res / ss_tot.clamp(min=1e-300)
+    )

@@ -29,7 +29,15 @@ from probes.deposit.dominance import GRANULE_TOL, LARGE_DROP, SMALL_DROP
 
 YES, NO, UNDECIDED = "yes", "no", "undecided"
 
-__all__ = ["NO", "UNDECIDED", "YES", "Decision", "decide_concentration", "decide_single", "examples_needed"]
+__all__ = [
+    "NO",
+    "UNDECIDED",
+    "YES",
+    "Decision",
+    "decide_concentration",
+    "decide_single",
+    "examples_needed",
+]
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,12 @@ class Decision:
         return f"undecided (n = {self.n_examples:,}, {need}; {self.why})"
 
     def to_dict(self) -> dict:
-        return {"verdict": self.verdict, "why": self.why, "n_examples": self.n_examples, "need": self.need}
+        return {
+            "verdict": self.verdict,
+            "why": self.why,
+            "n_examples": self.n_examples,
+            "need": self.need,
+        }
 
 
 def examples_needed(n: int, point: float, low: float, high: float, threshold: float) -> int | None:
@@ -71,27 +84,44 @@ def decide_single(a: AblationResult) -> Decision:
     if np.isnan(lo).any():
         raise ValueError("decide_single needs bootstrap intervals (n_bootstrap > 0)")
     top = int(np.argmax(d))
-    outside = [i for i in range(d.size) if lo[i] > SMALL_DROP + GRANULE_TOL or hi[i] < -SMALL_DROP - GRANULE_TOL]
+    outside = [
+        i
+        for i in range(d.size)
+        if lo[i] > SMALL_DROP + GRANULE_TOL or hi[i] < -SMALL_DROP - GRANULE_TOL
+    ]
     if hi.max() < LARGE_DROP - GRANULE_TOL:
         return Decision(NO, f"no head's interval reaches {100 * LARGE_DROP:.0f} points", n)
     if len(outside) >= 2:
-        return Decision(NO, f"{len(outside)} heads' intervals lie outside ±{100 * SMALL_DROP:.0f} points", n)
+        return Decision(
+            NO, f"{len(outside)} heads' intervals lie outside ±{100 * SMALL_DROP:.0f} points", n
+        )
     others = [i for i in range(d.size) if i != top]
-    if lo[top] >= LARGE_DROP - GRANULE_TOL and all(lo[i] >= -SMALL_DROP - GRANULE_TOL
-                                                   and hi[i] <= SMALL_DROP + GRANULE_TOL for i in others):
-        return Decision(YES, f"top head ≥ {100 * LARGE_DROP:.0f} points, every other within ±{100 * SMALL_DROP:.0f}", n)
+    if lo[top] >= LARGE_DROP - GRANULE_TOL and all(
+        lo[i] >= -SMALL_DROP - GRANULE_TOL and hi[i] <= SMALL_DROP + GRANULE_TOL for i in others
+    ):
+        return Decision(
+            YES,
+            f"top head ≥ {100 * LARGE_DROP:.0f} points, every other within ±{100 * SMALL_DROP:.0f}",
+            n,
+        )
     needs = []
     if lo[top] < LARGE_DROP - GRANULE_TOL:
         needs.append(examples_needed(n, d[top], lo[top], hi[top], LARGE_DROP))
     for i in others:
         if lo[i] < -SMALL_DROP - GRANULE_TOL or hi[i] > SMALL_DROP + GRANULE_TOL:
-            needs.append(examples_needed(n, d[i], lo[i], hi[i], SMALL_DROP if d[i] >= 0 else -SMALL_DROP))
+            needs.append(
+                examples_needed(n, d[i], lo[i], hi[i], SMALL_DROP if d[i] >= 0 else -SMALL_DROP)
+            )
     return Decision(UNDECIDED, "intervals reach across the 50- or 5-point bar", n, _need(needs))
 
 
-def decide_concentration(a: AblationResult, layer: int = 0, min_drop: float = DEFAULT_MIN_DROP_ACCURACY) -> Decision:
+def decide_concentration(
+    a: AblationResult, layer: int = 0, min_drop: float = DEFAULT_MIN_DROP_ACCURACY
+) -> Decision:
     """Layer concentration of ``layer``, with the top drop's interval against ``min_drop``."""
-    s = layer_stats(a.drops[layer], a.ci_low[layer], a.ci_high[layer], layer=layer, min_drop=min_drop)
+    s = layer_stats(
+        a.drops[layer], a.ci_low[layer], a.ci_high[layer], layer=layer, min_drop=min_drop
+    )
     n = a.n_examples
     if s is None:
         raise ValueError(f"decide_concentration: layer {layer} was not ablated")
@@ -100,8 +130,16 @@ def decide_concentration(a: AblationResult, layer: int = 0, min_drop: float = DE
     if other_failures:
         return Decision(NO, other_failures[0], n)
     if lo >= min_drop - GRANULE_TOL:
-        return Decision(YES, f"L{layer}H{s.top_head} ≥ {100 * min_drop:.0f} points, share {100 * s.share:.0f}%", n)
+        return Decision(
+            YES,
+            f"L{layer}H{s.top_head} ≥ {100 * min_drop:.0f} points, share {100 * s.share:.0f}%",
+            n,
+        )
     if hi < min_drop - GRANULE_TOL:
         return Decision(NO, f"the top head's interval lies below {100 * min_drop:.0f} points", n)
-    return Decision(UNDECIDED, f"L{layer}H{s.top_head}'s interval reaches across {100 * min_drop:.0f} points", n,
-                    examples_needed(n, s.top_drop, lo, hi, min_drop))
+    return Decision(
+        UNDECIDED,
+        f"L{layer}H{s.top_head}'s interval reaches across {100 * min_drop:.0f} points",
+        n,
+        examples_needed(n, s.top_drop, lo, hi, min_drop),
+    )

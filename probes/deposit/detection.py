@@ -162,7 +162,9 @@ def layer_stats(
     if second is not None and not top_drop - second_drop > GRANULE_TOL:
         failed.append(f"tie: head {second} drops as much as head {top}")
     if require_separation and separated is False:
-        failed.append(f"CI low {lo:.3g} of the top head does not exceed the second head's drop {second_drop:.3g}")
+        failed.append(
+            f"CI low {lo:.3g} of the top head does not exceed the second head's drop {second_drop:.3g}"
+        )
     return LayerDeposit(
         layer=layer,
         top_head=top,
@@ -205,7 +207,9 @@ class DepositReport:
         for s in self.layers:
             if s.layer == layer:
                 return s
-        raise ValueError(f"layer {layer} is not in this report; it has layers {[s.layer for s in self.layers]}")
+        raise ValueError(
+            f"layer {layer} is not in this report; it has layers {[s.layer for s in self.layers]}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -316,9 +320,14 @@ def find_deposits(
     stats = []
     for layer in wanted:
         s = layer_stats(
-            result.drops[layer], result.ci_low[layer], result.ci_high[layer], layer=layer,
-            min_drop=min_drop, min_share=min_share, require_separation=require_separation,
-        )  # fmt: skip
+            result.drops[layer],
+            result.ci_low[layer],
+            result.ci_high[layer],
+            layer=layer,
+            min_drop=min_drop,
+            min_share=min_share,
+            require_separation=require_separation,
+        )
         if s is not None:
             stats.append(s)
     return DepositReport(

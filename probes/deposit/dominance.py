@@ -24,7 +24,15 @@ import numpy as np
 
 from probes.ablation import AblationResult
 
-__all__ = ["GRANULE_TOL", "LARGE_DROP", "SMALL_DROP", "Dominance", "at_least", "at_most", "dominance"]
+__all__ = [
+    "GRANULE_TOL",
+    "LARGE_DROP",
+    "SMALL_DROP",
+    "Dominance",
+    "at_least",
+    "at_most",
+    "dominance",
+]
 
 LARGE_DROP = 0.50  # "about 60 points" (C7): at least 50
 SMALL_DROP = 0.05  # "almost nothing" (C8): within 5 points, either way
@@ -76,11 +84,13 @@ class Dominance:
         return at_least(self.baseline, LARGE_DROP)
 
     def text(self) -> str:
-        return (f"top L{self.layer}H{self.head} drop {100 * self.drop:.1f} pts of baseline "
-                f"{100 * self.baseline:.1f}%, runner-up {100 * self.runner_up:.1f} pts (largest other |drop| "
-                f"{100 * self.others_max_abs:.1f}), top share {100 * self.share:.0f}%, heads ≥ "
-                f"{100 * LARGE_DROP:.0f} pts: {self.n_large} → "
-                + ("single-head deposit" if self.single else "no single-head deposit"))
+        return (
+            f"top L{self.layer}H{self.head} drop {100 * self.drop:.1f} pts of baseline "
+            f"{100 * self.baseline:.1f}%, runner-up {100 * self.runner_up:.1f} pts (largest other |drop| "
+            f"{100 * self.others_max_abs:.1f}), top share {100 * self.share:.0f}%, heads ≥ "
+            f"{100 * LARGE_DROP:.0f} pts: {self.n_large} → "
+            + ("single-head deposit" if self.single else "no single-head deposit")
+        )
 
 
 def dominance(a: AblationResult) -> Dominance:
@@ -89,8 +99,10 @@ def dominance(a: AblationResult) -> Dominance:
         raise ValueError("dominance needs a layers x heads ablation grid, not head sets")
     if np.isnan(a.drops).any():
         missing = int(np.isnan(a.drops).sum())
-        raise ValueError(f"dominance needs every head's drop; {missing} of {a.drops.size} are missing "
-                         "(a partial grid cannot say that every other head is negligible)")
+        raise ValueError(
+            f"dominance needs every head's drop; {missing} of {a.drops.size} are missing "
+            "(a partial grid cannot say that every other head is negligible)"
+        )
     flat = a.drops.ravel()
     top = int(np.argmax(flat))  # first maximum: the lower (layer, head) on a tie
     layer, head = divmod(top, a.n_heads)
@@ -98,8 +110,12 @@ def dominance(a: AblationResult) -> Dominance:
     pos = np.clip(flat, 0.0, None)
     share = float(pos[top] / pos.sum()) if pos.sum() > 0 else 0.0
     return Dominance(
-        layer=layer, head=head, drop=float(flat[top]),
+        layer=layer,
+        head=head,
+        drop=float(flat[top]),
         runner_up=float(others.max()) if others.size else -math.inf,
         others_max_abs=float(np.abs(others).max()) if others.size else 0.0,
-        share=share, n_large=int(sum(at_least(float(x), LARGE_DROP) for x in flat)), baseline=a.baseline,
+        share=share,
+        n_large=int(sum(at_least(float(x), LARGE_DROP) for x in flat)),
+        baseline=a.baseline,
     )

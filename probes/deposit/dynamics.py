@@ -44,7 +44,12 @@ def dynamics_arrays(records: Sequence[dict[str, Any]], layer: int = 0) -> dict[s
         raise ValueError(f"no dynamics records for layer {layer}")
 
     def arr(key):
-        return np.array([[nan_float(x) for x in r[key]] if isinstance(r[key], list) else nan_float(r[key]) for r in rows])
+        return np.array(
+            [
+                [nan_float(x) for x in r[key]] if isinstance(r[key], list) else nan_float(r[key])
+                for r in rows
+            ]
+        )
 
     return {
         "steps": np.array([r["step"] for r in rows]),
@@ -137,9 +142,16 @@ class DepositDynamics(Callback):
         tokens, labels, pad_mask = self._get_probe(trainer)
         with torch.random.fork_rng(devices=self._rng_devices(model)), torch.no_grad():
             res = ablate_heads(
-                model, tokens, labels, pad_mask=pad_mask, method=self.method, metric=self.metric,
-                layers=self.layers, n_bootstrap=0, batch_size=self.batch_size,
-            )  # fmt: skip
+                model,
+                tokens,
+                labels,
+                pad_mask=pad_mask,
+                method=self.method,
+                metric=self.metric,
+                layers=self.layers,
+                n_bootstrap=0,
+                batch_size=self.batch_size,
+            )
         new = []
         for layer in self.layers:
             s = layer_stats(res.drops[layer], layer=layer, require_separation=False)
@@ -188,5 +200,9 @@ class DepositDynamics(Callback):
             self.measure(trainer, step)
 
     def on_train_end(self, trainer) -> None:
-        if self.at_end and trainer.step > 0 and not any(r["step"] == trainer.step for r in self.records):
+        if (
+            self.at_end
+            and trainer.step > 0
+            and not any(r["step"] == trainer.step for r in self.records)
+        ):
             self.measure(trainer, trainer.step)

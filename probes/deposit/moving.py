@@ -28,7 +28,14 @@ from probes.ablation_replace import capture_z
 
 EMBED = "embed"
 
-__all__ = ["EMBED", "MovedOutputs", "can_move_positions", "move_hooks", "position_routes", "rerotate"]
+__all__ = [
+    "EMBED",
+    "MovedOutputs",
+    "can_move_positions",
+    "move_hooks",
+    "position_routes",
+    "rerotate",
+]
 
 
 def position_routes(model) -> tuple[list[str], np.ndarray]:
@@ -44,14 +51,20 @@ def position_routes(model) -> tuple[list[str], np.ndarray]:
         if enc.rotates:
             spans = enc.rotary_spans(layer)
             if spans is None:
-                raise ValueError(f"encoding {cfg.encoding_name!r} rotates without saying how (rotary_spans); "
-                                 "its positional routes cannot be intervened on")
+                raise ValueError(
+                    f"encoding {cfg.encoding_name!r} rotates without saying how (rotary_spans); "
+                    "its positional routes cannot be intervened on"
+                )
             for s in spans:
-                heads[layer] |= np.ones(cfg.n_heads, bool) if s.heads is None else s.heads.cpu().numpy()
+                heads[layer] |= (
+                    np.ones(cfg.n_heads, bool) if s.heads is None else s.heads.cpu().numpy()
+                )
         with torch.no_grad():
             bias = enc.bias(n, n, layer)
         if bias is not None:
-            heads[layer] |= (bias.detach().flatten(1).amax(1) > bias.detach().flatten(1).amin(1)).cpu().numpy()
+            heads[layer] |= (
+                (bias.detach().flatten(1).amax(1) > bias.detach().flatten(1).amin(1)).cpu().numpy()
+            )
     extra = [EMBED] if enc.residual(1) is not None else []
     return extra, heads
 
@@ -88,9 +101,13 @@ def move_hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, fi
     ``embed_rows [B]``) see the positions ``sigma [B, pos]``, from layer ``first`` on."""
     enc, hooks = model.encoding, []
     if first == 0 and bool(embed_rows.any()):
+
         def pos_embed(x, hook):  # [batch or 1 (a bridge's), pos, d_model]
             x = x.expand(sigma.shape[0], -1, -1)
-            return torch.where(embed_rows[:, None, None], x.gather(1, sigma[..., None].expand_as(x)), x)
+            return torch.where(
+                embed_rows[:, None, None], x.gather(1, sigma[..., None].expand_as(x)), x
+            )
+
         hooks.append(("hook_pos_embed", pos_embed))
     for layer in range(first, model.cfg.n_layers):
         heads = layer_heads[:, layer]
@@ -101,17 +118,22 @@ def move_hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, fi
 
             def rot(x, hook, spans=spans, heads=heads):
                 return rerotate(x, spans, sigma, heads)
+
             # after the rotation (or before it, on a bridge: one pair's rotations commute)
             names = getattr(enc, "rotation_hooks", ("hook_rot_q", "hook_rot_k"))
             hooks += [(f"blocks.{layer}.attn.{name}", rot) for name in names]
         if enc.has_bias and hasattr(enc, "move_bias"):  # a bridge's BLOOM: moved inside the scores
-            hooks.append((f"blocks.{layer}.attn.hook_attn_scores", enc.move_bias(layer, sigma, heads)))
+            hooks.append(
+                (f"blocks.{layer}.attn.hook_attn_scores", enc.move_bias(layer, sigma, heads))
+            )
         elif enc.has_bias:
+
             def bias(b, hook, heads=heads):  # [head, q, k] -> [B, head, q, k], gathered at sigma
                 rows = sigma[:, None, :, None].expand(-1, b.shape[0], -1, b.shape[2])
                 moved = b[None].expand(sigma.shape[0], -1, -1, -1).gather(2, rows)
                 moved = moved.gather(3, sigma[:, None, None, :].expand_as(moved))
                 return torch.where(heads[:, :, None, None], moved, b[None])
+
             hooks.append((f"blocks.{layer}.attn.hook_pos_bias", bias))
             # a per-row bias runs on the eager path (a hook here makes the layer eager)
             hooks.append((f"blocks.{layer}.attn.hook_attn_scores", lambda x, hook: x))
@@ -125,7 +147,9 @@ class MovedOutputs:
 
     method = "positions moved"
 
-    def __init__(self, model, tokens: Tensor, pad_mask: Tensor, sigma: Tensor, routes: np.ndarray) -> None:
+    def __init__(
+        self, model, tokens: Tensor, pad_mask: Tensor, sigma: Tensor, routes: np.ndarray
+    ) -> None:
         self.model, self.tokens, self.pad_mask, self.sigma = model, tokens, pad_mask, sigma
         self.routes = torch.as_tensor(routes, device=tokens.device)
         self.layers = [layer for layer in range(routes.shape[0]) if bool(routes[layer].any())]
@@ -133,7 +157,11 @@ class MovedOutputs:
     def for_chunk(self, idx: Tensor, width: int) -> dict[int, Tensor]:
         """``{layer: z' [len(idx), width, n_heads, d_head]}`` for the examples ``idx`` cut to
         ``width`` columns (a cut keeps every real token, and σ maps real positions to real ones)."""
-        toks, pm, sig = self.tokens[idx, :width], self.pad_mask[idx, :width], self.sigma[idx, :width]
+        toks, pm, sig = (
+            self.tokens[idx, :width],
+            self.pad_mask[idx, :width],
+            self.sigma[idx, :width],
+        )
         if bool((sig >= width).any()):
             raise AssertionError("a width cut dropped a position that σ moves a token to")
         out: dict[int, Tensor] = {}

@@ -76,10 +76,20 @@ from probes.patching import logit_diff
 # criterion is for a model whose accuracy cannot drop 50 points.
 NO_EFFECT = 0.1
 FLOAT_NOISE = 1e-6  # below this the effect is float rounding, and no share is computed
-RESULT_KIND = register_result("positional routes", "RouteShares.load", ("shares", "routes", "effect"))
+RESULT_KIND = register_result(
+    "positional routes", "RouteShares.load", ("shares", "routes", "effect")
+)
 
-__all__ = ["EMBED", "PositionalDominance", "RouteShares", "can_move_positions", "position_permutation", "position_routes",
-           "positional_dominance", "route_shares"]
+__all__ = [
+    "EMBED",
+    "PositionalDominance",
+    "RouteShares",
+    "can_move_positions",
+    "position_permutation",
+    "position_routes",
+    "positional_dominance",
+    "route_shares",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,28 +120,58 @@ class RouteShares:
 
     def units(self) -> list[tuple[str, float, float, float]]:
         """``(name, share, ci_low, ci_high)`` of every route (``L0H3``, ``embed``), largest first."""
-        out = [(f"L{a}H{h}", float(self.shares[a, h]), float(self.ci_low[a, h]), float(self.ci_high[a, h]))
-               for a, h in zip(*np.nonzero(self.routes))]
+        out = [
+            (
+                f"L{a}H{h}",
+                float(self.shares[a, h]),
+                float(self.ci_low[a, h]),
+                float(self.ci_high[a, h]),
+            )
+            for a, h in zip(*np.nonzero(self.routes))
+        ]
         if self.embed is not None:
             out.append((EMBED, self.embed, *self.embed_ci))
         return sorted(out, key=lambda u: -u[1])
 
     def to_dict(self) -> dict[str, Any]:
-        return to_json({
-            "shares": self.shares, "ci_low": self.ci_low, "ci_high": self.ci_high, "routes": self.routes.astype(int),
-            "embed": self.embed, "embed_ci": self.embed_ci, "effect": self.effect, "effect_ci": self.effect_ci,
-            "counterfactual_effect": self.counterfactual_effect, "identity_gap": self.identity_gap,
-            "n_examples": self.n_examples, "n_bootstrap": self.n_bootstrap, "ci": self.ci, "seed": self.seed,
-        })
+        return to_json(
+            {
+                "shares": self.shares,
+                "ci_low": self.ci_low,
+                "ci_high": self.ci_high,
+                "routes": self.routes.astype(int),
+                "embed": self.embed,
+                "embed_ci": self.embed_ci,
+                "effect": self.effect,
+                "effect_ci": self.effect_ci,
+                "counterfactual_effect": self.counterfactual_effect,
+                "identity_gap": self.identity_gap,
+                "n_examples": self.n_examples,
+                "n_bootstrap": self.n_bootstrap,
+                "ci": self.ci,
+                "seed": self.seed,
+            }
+        )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RouteShares:
         pair = lambda v: None if v is None else (float(v[0]), float(v[1]))  # noqa: E731
-        return cls(nan_array(d["shares"]), nan_array(d["ci_low"]), nan_array(d["ci_high"]),
-                   np.asarray(d["routes"], dtype=bool), None if d["embed"] is None else float(d["embed"]),
-                   pair(d["embed_ci"]), float(d["effect"]), pair(d["effect_ci"]), float(d["counterfactual_effect"]),
-                   float(d["identity_gap"]), int(d["n_examples"]), int(d["n_bootstrap"]), float(d["ci"]),
-                   int(d["seed"]))
+        return cls(
+            nan_array(d["shares"]),
+            nan_array(d["ci_low"]),
+            nan_array(d["ci_high"]),
+            np.asarray(d["routes"], dtype=bool),
+            None if d["embed"] is None else float(d["embed"]),
+            pair(d["embed_ci"]),
+            float(d["effect"]),
+            pair(d["effect_ci"]),
+            float(d["counterfactual_effect"]),
+            float(d["identity_gap"]),
+            int(d["n_examples"]),
+            int(d["n_bootstrap"]),
+            float(d["ci"]),
+            int(d["seed"]),
+        )
 
     def save(self, path: str | Path) -> Path:
         return write_result(path, RESULT_KIND, self.to_dict())
@@ -142,9 +182,19 @@ class RouteShares:
 
 
 @torch.no_grad()
-def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labels: Tensor, corrupt_labels: Tensor,
-                 *, pad_mask: Tensor | None = None, batch_size: int | None = None, n_bootstrap: int = 1000,
-                 ci: float = 0.95, seed: int = 0) -> RouteShares:
+def route_shares(
+    model,
+    clean_tokens: Tensor,
+    corrupt_tokens: Tensor,
+    clean_labels: Tensor,
+    corrupt_labels: Tensor,
+    *,
+    pad_mask: Tensor | None = None,
+    batch_size: int | None = None,
+    n_bootstrap: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+) -> RouteShares:
     """Each positional route's share of the positional effect (module docstring), on position-only
     counterfactual pairs (``task.counterfactuals(n, kind="position")``; the pairs share
     ``pad_mask``). Each head's route runs as a replacement of its output in the exact ablation
@@ -155,12 +205,23 @@ def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labe
     if batch_size is not None:
         check_count(batch_size, "batch_size", 1, who)
     check_count(n_bootstrap, "n_bootstrap", 0, who)
-    clean, good, mask = check_examples(model, clean_tokens, clean_labels, pad_mask, who=who, label_name="clean_labels")
-    corrupt, bad, _ = check_examples(model, corrupt_tokens, corrupt_labels, pad_mask, who=who, what="corrupt_tokens",
-                                     label_name="corrupt_labels")
+    clean, good, mask = check_examples(
+        model, clean_tokens, clean_labels, pad_mask, who=who, label_name="clean_labels"
+    )
+    corrupt, bad, _ = check_examples(
+        model,
+        corrupt_tokens,
+        corrupt_labels,
+        pad_mask,
+        who=who,
+        what="corrupt_tokens",
+        label_name="corrupt_labels",
+    )
     if bool((good == bad).all()):
-        raise ValueError(f"{who}: every pair has one label, so position changes no answer here; use a task whose "
-                         "position-only counterfactuals change the label (distance, retrieve)")
+        raise ValueError(
+            f"{who}: every pair has one label, so position changes no answer here; use a task whose "
+            "position-only counterfactuals change the label (distance, retrieve)"
+        )
     try:
         sigma = position_permutation(clean, corrupt)
     except ValueError as err:
@@ -173,10 +234,25 @@ def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labe
     # the metric reads a row's pair of labels by its index (the sweep passes "labels" through)
     ld_of = Metric("logit difference", lambda logits, i: logit_diff(logits, good[i], bad[i]))
     with eval_mode(model):
-        req = AblationRequest(model=model, tokens=clean, labels=torch.arange(n, device=clean.device), pad_mask=mask,
-                              units=[(u,) for u in heads], grid=False, method=MovedOutputs.method, metric=ld_of,
-                              reference=None, per_example=False, n_bootstrap=0, ci=ci, seed=seed,
-                              batch_size=batch_size, progress=False, amp=False, who=who)
+        req = AblationRequest(
+            model=model,
+            tokens=clean,
+            labels=torch.arange(n, device=clean.device),
+            pad_mask=mask,
+            units=[(u,) for u in heads],
+            grid=False,
+            method=MovedOutputs.method,
+            metric=ld_of,
+            reference=None,
+            per_example=False,
+            n_bootstrap=0,
+            ci=ci,
+            seed=seed,
+            batch_size=batch_size,
+            progress=False,
+            amp=False,
+            who=who,
+        )
         sweep = sweep_batched if getattr(model, "can_restart", True) else sweep_stacked
         if heads:
             ld_clean, ld_heads = sweep(req, watch, MovedOutputs(model, clean, mask, sigma, routes))
@@ -197,8 +273,16 @@ def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labe
                     logits = watch.see(model.forward_unchecked(clean[rows], kv))
                 ld_whole[i, rows] = logit_diff(logits, good[rows], bad[rows]).double().cpu()
         if ld_clean is None:
-            ld_clean = logit_diff(watch.see(model.forward_unchecked(clean, key_valid)), good, bad).double().cpu()
-        ld_cf = logit_diff(watch.see(model.forward_unchecked(corrupt, key_valid)), good, bad).double().cpu()
+            ld_clean = (
+                logit_diff(watch.see(model.forward_unchecked(clean, key_valid)), good, bad)
+                .double()
+                .cpu()
+            )
+        ld_cf = (
+            logit_diff(watch.see(model.forward_unchecked(corrupt, key_valid)), good, bad)
+            .double()
+            .cpu()
+        )
     watch.check(who, False)
     ld, units = torch.cat([ld_heads, ld_whole]), heads + whole
     L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -207,8 +291,14 @@ def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labe
     numer = ld_clean[None] - ld[:-1]
     effect = float(denom.mean())
     e_lo, e_hi = bootstrap_ci(denom[None], None, n_bootstrap=n_bootstrap, ci=ci, seed=seed)
-    if abs(effect) < FLOAT_NOISE:  # blind to order: no effect to share out (shares of rounding noise)
-        values, lo, hi = np.zeros(len(units) - 1), np.zeros(len(units) - 1), np.zeros(len(units) - 1)
+    if (
+        abs(effect) < FLOAT_NOISE
+    ):  # blind to order: no effect to share out (shares of rounding noise)
+        values, lo, hi = (
+            np.zeros(len(units) - 1),
+            np.zeros(len(units) - 1),
+            np.zeros(len(units) - 1),
+        )
     else:
         values = (numer.mean(1) / denom.mean()).numpy()
         lo, hi = bootstrap_ci(numer, denom, n_bootstrap=n_bootstrap, ci=ci, seed=seed)
@@ -223,11 +313,20 @@ def route_shares(model, clean_tokens: Tensor, corrupt_tokens: Tensor, clean_labe
             for grid, v in zip(grids, (values, lo, hi)):
                 grid[u] = v[i]
     return RouteShares(
-        shares=grids[0], ci_low=grids[1], ci_high=grids[2], routes=routes,
-        embed=None if embed_vals is None else embed_vals[0], embed_ci=None if embed_vals is None else embed_vals[1],
-        effect=effect, effect_ci=(float(e_lo[0]), float(e_hi[0])),
-        counterfactual_effect=float((ld_clean - ld_cf).mean()), identity_gap=float((ld_all - ld_cf).abs().mean()),
-        n_examples=n, n_bootstrap=n_bootstrap, ci=ci, seed=seed,
+        shares=grids[0],
+        ci_low=grids[1],
+        ci_high=grids[2],
+        routes=routes,
+        embed=None if embed_vals is None else embed_vals[0],
+        embed_ci=None if embed_vals is None else embed_vals[1],
+        effect=effect,
+        effect_ci=(float(e_lo[0]), float(e_hi[0])),
+        counterfactual_effect=float((ld_clean - ld_cf).mean()),
+        identity_gap=float((ld_all - ld_cf).abs().mean()),
+        n_examples=n,
+        n_bootstrap=n_bootstrap,
+        ci=ci,
+        seed=seed,
     )
 
 
@@ -256,28 +355,39 @@ class PositionalDominance:
         """The verdict as the decided verdicts print it: ``undecided (n = ..., need >= ...)``."""
         if self.verdict != "undecided":
             return self.verdict
-        return f"undecided (n = {self.n_examples:,}, " + (f"need ≥ {self.need:,})" if self.need else "more pairs needed)")
+        return f"undecided (n = {self.n_examples:,}, " + (
+            f"need ≥ {self.need:,})" if self.need else "more pairs needed)"
+        )
 
     def text(self) -> str:
         if not self.top:
             return f"positional deposit: {self.verdict} ({self.why})"
-        second = (f"runner-up {self.runner_up} {100 * self.runner_up_share:.0f}%" if self.runner_up
-                  else "the only route")
-        return (f"positional deposit: {self.decided} — top route {self.top} carries {100 * self.share:.0f}% "
-                f"[{100 * self.ci[0]:.0f}, {100 * self.ci[1]:.0f}] of the positional effect, {second} ({self.why})")
+        second = (
+            f"runner-up {self.runner_up} {100 * self.runner_up_share:.0f}%"
+            if self.runner_up
+            else "the only route"
+        )
+        return (
+            f"positional deposit: {self.decided} — top route {self.top} carries {100 * self.share:.0f}% "
+            f"[{100 * self.ci[0]:.0f}, {100 * self.ci[1]:.0f}] of the positional effect, {second} ({self.why})"
+        )
 
 
 def positional_dominance(r: RouteShares) -> PositionalDominance:
     """The one definition of a positional single-head deposit (module docstring)."""
     units = r.units()
     if abs(r.effect) < NO_EFFECT or not units:
-        return PositionalDominance("no", "", 0.0, (0.0, 0.0), "", 0.0, 0.0,
-                                   f"no positional effect ({r.effect:.2g} logits)")
+        return PositionalDominance(
+            "no", "", 0.0, (0.0, 0.0), "", 0.0, 0.0, f"no positional effect ({r.effect:.2g} logits)"
+        )
     (top, share, lo, hi), others = units[0], units[1:]
     worst = max((max(abs(o[2]), abs(o[3])) for o in others), default=0.0)
     clear_out = [o for o in others if o[2] > SMALL_DROP or o[3] < -SMALL_DROP]
     if top == EMBED and lo >= LARGE_DROP:
-        verdict, why = "no", "the residual stream carries it: an absolute encoding enters no head of its own"
+        verdict, why = (
+            "no",
+            "the residual stream carries it: an absolute encoding enters no head of its own",
+        )
     elif hi < LARGE_DROP:
         verdict, why = "no", f"the top route's interval lies below {100 * LARGE_DROP:.0f}%"
     elif clear_out:
@@ -291,10 +401,23 @@ def positional_dominance(r: RouteShares) -> PositionalDominance:
         from probes.deposit.decision import examples_needed
 
         open_ = [(share, lo, hi, LARGE_DROP)] if lo < LARGE_DROP else []
-        open_ += [(o[1], o[2], o[3], SMALL_DROP if o[1] >= 0 else -SMALL_DROP) for o in others
-                  if o[3] > SMALL_DROP or o[2] < -SMALL_DROP]  # fmt: skip
+        open_ += [
+            (o[1], o[2], o[3], SMALL_DROP if o[1] >= 0 else -SMALL_DROP)
+            for o in others
+            if o[3] > SMALL_DROP or o[2] < -SMALL_DROP
+        ]
         needs = [examples_needed(r.n_examples, *x) for x in open_]
         need = None if not needs or None in needs else max(needs)
     runner = others[0] if others else ("", 0.0, 0.0, 0.0)
-    return PositionalDominance(verdict, top, share, (lo, hi), runner[0], runner[1],
-                               max((abs(o[1]) for o in others), default=0.0), why, r.n_examples, need)
+    return PositionalDominance(
+        verdict,
+        top,
+        share,
+        (lo, hi),
+        runner[0],
+        runner[1],
+        max((abs(o[1]) for o in others), default=0.0),
+        why,
+        r.n_examples,
+        need,
+    )

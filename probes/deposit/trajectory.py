@@ -27,13 +27,22 @@ from probes.deposit.decision import NO, decide_concentration, decide_single
 from probes.deposit.routes import NO_EFFECT, can_move_positions, positional_dominance, route_shares
 
 RESULT_KIND = register_result("snapshot dynamics", "SnapshotDynamics.load", ("records", "options"))
-PAIRS_SEED_OFFSET = 7_717  # the pairs are task.counterfactuals(n, "position", seed=train seed + this)
+PAIRS_SEED_OFFSET = (
+    7_717  # the pairs are task.counterfactuals(n, "position", seed=train seed + this)
+)
 # An open positional verdict is re-measured on this many pairs (since the routes run as
 # replacements in the ablation sweep, 512 pairs cost about half the 1,000-example ablation grid).
 PAIRS_CONFIRM = 512
 
-__all__ = ["Snapshot", "SnapshotDynamics", "measure_ablation", "measure_routes", "measure_step", "snapshot_dynamics",
-           "walk_snapshots"]
+__all__ = [
+    "Snapshot",
+    "SnapshotDynamics",
+    "measure_ablation",
+    "measure_routes",
+    "measure_step",
+    "snapshot_dynamics",
+    "walk_snapshots",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,26 +80,63 @@ def measure_ablation(run, n: int, n_bootstrap: int = 1000) -> dict[str, Any]:
     """The ablation part of a record: the grid on the first ``n`` held-out examples and the
     single-head and layer-0 verdicts decided on it."""
     test = run.examples("test", n)
-    a = ablate_heads(run.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=n_bootstrap)
-    return to_json({"n_examples": a.n_examples, "baseline": a.baseline, "drops": a.drops, "ci_low": a.ci_low,
-                    "ci_high": a.ci_high, "verdicts": {"single_head": decide_single(a).to_dict(),
-                                                       "layer0": decide_concentration(a, 0).to_dict()}})
+    a = ablate_heads(
+        run.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=n_bootstrap
+    )
+    return to_json(
+        {
+            "n_examples": a.n_examples,
+            "baseline": a.baseline,
+            "drops": a.drops,
+            "ci_low": a.ci_low,
+            "ci_high": a.ci_high,
+            "verdicts": {
+                "single_head": decide_single(a).to_dict(),
+                "layer0": decide_concentration(a, 0).to_dict(),
+            },
+        }
+    )
 
 
 def measure_routes(run, n_pairs: int, n_bootstrap: int = 1000) -> dict[str, Any]:
     """The positional part of a record: route shares on ``n_pairs`` position-only pairs (the same
     pairs at every step) and the positional verdict."""
-    pairs = run.task.counterfactuals(n_pairs, kind="position", seed=run.train_cfg.seed + PAIRS_SEED_OFFSET)
-    r = route_shares(run.model, pairs.clean.tokens, pairs.corrupt.tokens, pairs.clean.labels, pairs.corrupt.labels,
-                     pad_mask=pairs.clean.pad_mask, n_bootstrap=n_bootstrap)
+    pairs = run.task.counterfactuals(
+        n_pairs, kind="position", seed=run.train_cfg.seed + PAIRS_SEED_OFFSET
+    )
+    r = route_shares(
+        run.model,
+        pairs.clean.tokens,
+        pairs.corrupt.tokens,
+        pairs.clean.labels,
+        pairs.corrupt.labels,
+        pad_mask=pairs.clean.pad_mask,
+        n_bootstrap=n_bootstrap,
+    )
     p = positional_dominance(r)
-    return to_json({"positional": {**r.to_dict(), "top": p.top, "top_share": p.share},
-                    "verdicts": {"positional": {"verdict": p.verdict, "why": p.why, "n_examples": r.n_examples,
-                                                "need": p.need}}})
+    return to_json(
+        {
+            "positional": {**r.to_dict(), "top": p.top, "top_share": p.share},
+            "verdicts": {
+                "positional": {
+                    "verdict": p.verdict,
+                    "why": p.why,
+                    "n_examples": r.n_examples,
+                    "need": p.need,
+                }
+            },
+        }
+    )
 
 
-def measure_step(run, n: int, n_pairs: int, n_bootstrap: int = 1000, positional: bool = True,
-                 n_confirm: int | None = None) -> dict[str, Any]:
+def measure_step(
+    run,
+    n: int,
+    n_pairs: int,
+    n_bootstrap: int = 1000,
+    positional: bool = True,
+    n_confirm: int | None = None,
+) -> dict[str, Any]:
     """One record of a loaded run (any step): ``step``, ``sha256``, ``n_examples``, ``baseline``,
     ``drops``/``ci_low``/``ci_high`` ``[n_layers][n_heads]`` (accuracy points as fractions),
     ``verdicts`` (``single_head``, ``layer0``, ``positional``: each ``{verdict, why, n_examples,
@@ -108,12 +154,21 @@ def measure_step(run, n: int, n_pairs: int, n_bootstrap: int = 1000, positional:
     if n_confirm is not None:
         if n_confirm > n and any(v["verdict"] != NO for v in abl["verdicts"].values()):
             abl, confirmed = measure_ablation(run, n_confirm, n_bootstrap), True
-        if pos is not None and n_pairs < PAIRS_CONFIRM and pos["verdicts"]["positional"]["verdict"] != NO:
+        if (
+            pos is not None
+            and n_pairs < PAIRS_CONFIRM
+            and pos["verdicts"]["positional"]["verdict"] != NO
+        ):
             pos, confirmed = measure_routes(run, PAIRS_CONFIRM, n_bootstrap), True
-    record = {"step": run.provenance["step"], "sha256": run.provenance["sha256"], **abl,
-              "verdicts": {**abl["verdicts"], **(pos["verdicts"] if pos else {})},
-              "positional": pos["positional"] if pos else None, "confirmed": confirmed,
-              "seconds": round(time.perf_counter() - t0, 2)}
+    record = {
+        "step": run.provenance["step"],
+        "sha256": run.provenance["sha256"],
+        **abl,
+        "verdicts": {**abl["verdicts"], **(pos["verdicts"] if pos else {})},
+        "positional": pos["positional"] if pos else None,
+        "confirmed": confirmed,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
     if confirmed:
         record["screen"] = screen
     return record
@@ -127,9 +182,17 @@ def _position_changes_label(task) -> bool:
 
 
 def snapshot_dynamics(
-    run_dir: str | Path, *, n: int = 128, n_confirm: int = 1000, n_pairs: int = 128, steps: Sequence[int] | None = None,
-    positional: bool = True, n_bootstrap: int = 1000, done: SnapshotDynamics | None = None,
-    on_record: Callable[[SnapshotDynamics], None] | None = None, progress: bool = True,
+    run_dir: str | Path,
+    *,
+    n: int = 128,
+    n_confirm: int = 1000,
+    n_pairs: int = 128,
+    steps: Sequence[int] | None = None,
+    positional: bool = True,
+    n_bootstrap: int = 1000,
+    done: SnapshotDynamics | None = None,
+    on_record: Callable[[SnapshotDynamics], None] | None = None,
+    progress: bool = True,
 ) -> SnapshotDynamics:
     """Every criterion at every snapshot (module docstring). ``done``: records already computed
     with these options, kept where their snapshot's sha256 still matches (a resumed call redoes
@@ -140,11 +203,26 @@ def snapshot_dynamics(
     wanted = sorted(manifest) if steps is None else sorted(set(steps))
     missing = [s for s in wanted if s not in manifest]
     if missing:
-        raise ValueError(f"{run_dir}: no snapshot at step(s) {', '.join(map(str, missing[:5]))}; the run kept "
-                         f"{len(manifest)} (pe-interp show lists them)")
-    snapshots = [Snapshot(s, partial(load_run, run_dir, step=s), e["sha256"]) for s, e in sorted(manifest.items())]
-    return walk_snapshots(snapshots, n=n, n_confirm=n_confirm, n_pairs=n_pairs, positional=positional,
-                          n_bootstrap=n_bootstrap, done=done, on_record=on_record, progress=progress, only=wanted)
+        raise ValueError(
+            f"{run_dir}: no snapshot at step(s) {', '.join(map(str, missing[:5]))}; the run kept "
+            f"{len(manifest)} (pe-interp show lists them)"
+        )
+    snapshots = [
+        Snapshot(s, partial(load_run, run_dir, step=s), e["sha256"])
+        for s, e in sorted(manifest.items())
+    ]
+    return walk_snapshots(
+        snapshots,
+        n=n,
+        n_confirm=n_confirm,
+        n_pairs=n_pairs,
+        positional=positional,
+        n_bootstrap=n_bootstrap,
+        done=done,
+        on_record=on_record,
+        progress=progress,
+        only=wanted,
+    )
 
 
 @dataclass(frozen=True)
@@ -160,9 +238,16 @@ class Snapshot:
 
 
 def walk_snapshots(
-    snapshots: Sequence[Snapshot], *, n: int = 128, n_confirm: int = 1000, n_pairs: int = 128, positional: bool = True,
-    n_bootstrap: int = 1000, done: SnapshotDynamics | None = None,
-    on_record: Callable[[SnapshotDynamics], None] | None = None, progress: bool = True,
+    snapshots: Sequence[Snapshot],
+    *,
+    n: int = 128,
+    n_confirm: int = 1000,
+    n_pairs: int = 128,
+    positional: bool = True,
+    n_bootstrap: int = 1000,
+    done: SnapshotDynamics | None = None,
+    on_record: Callable[[SnapshotDynamics], None] | None = None,
+    progress: bool = True,
     only: Sequence[int] | None = None,
 ) -> SnapshotDynamics:
     """:func:`measure_step` at each snapshot (or at the steps ``only``), in step order: what
@@ -172,23 +257,40 @@ def walk_snapshots(
     those of ``only``."""
     for name, value in (("n", n), ("n_confirm", n_confirm), ("n_pairs", n_pairs)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"snapshot_dynamics: {name} must be a positive whole number, got {value!r}")
-    options = {"n": n, "n_confirm": max(n, n_confirm), "n_pairs": n_pairs, "positional": positional,
-               "n_bootstrap": n_bootstrap, "no_effect": NO_EFFECT, "pairs_confirm": PAIRS_CONFIRM}
+            raise ValueError(
+                f"snapshot_dynamics: {name} must be a positive whole number, got {value!r}"
+            )
+    options = {
+        "n": n,
+        "n_confirm": max(n, n_confirm),
+        "n_pairs": n_pairs,
+        "positional": positional,
+        "n_bootstrap": n_bootstrap,
+        "no_effect": NO_EFFECT,
+        "pairs_confirm": PAIRS_CONFIRM,
+    }
     by_step = {s.step: s for s in snapshots}
 
     def still(r: dict[str, Any]) -> bool:
         s = by_step.get(r["step"])
-        return s is not None and (r["sha256"] == s.sha256 if s.sha256 is not None else r.get("revision") == s.revision)
+        return s is not None and (
+            r["sha256"] == s.sha256 if s.sha256 is not None else r.get("revision") == s.revision
+        )
 
-    records = {r["step"]: r for r in (done.records if done is not None and done.options == options else ()) if still(r)}
+    records = {
+        r["step"]: r
+        for r in (done.records if done is not None and done.options == options else ())
+        if still(r)
+    }
     todo = sorted(by_step) if only is None else sorted(set(only))
     bar = _bar(len(todo), len([s for s in todo if s in records]), progress)
     for step in todo:
         if step in records:
             continue
         snap = by_step[step]
-        record = measure_step(snap.load(), n, n_pairs, n_bootstrap, positional, n_confirm=options["n_confirm"])
+        record = measure_step(
+            snap.load(), n, n_pairs, n_bootstrap, positional, n_confirm=options["n_confirm"]
+        )
         record["step"] = step
         if snap.revision is not None:
             record["revision"] = snap.revision
@@ -207,4 +309,11 @@ def _bar(total: int, initial: int, enabled: bool):
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc="dynamics", unit="snapshot", dynamic_ncols=True, leave=False)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc="dynamics",
+        unit="snapshot",
+        dynamic_ncols=True,
+        leave=False,
+    )

@@ -37,7 +37,6 @@ Conventions used by all criteria:
   measured** when the measured parts pass but a part it needs was not run.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -48,7 +47,25 @@ from pe_interp.report.claims.deposits import c7, c8, c9, c10, c11, c12, c13
 from pe_interp.report.claims.mechanisms import c14, c15, c16, c17
 from pe_interp.report.data import NOT_MEASURED, NOT_REPRODUCED, REPRODUCED, SANITY_CHECK, STATUSES
 
-CLAIMS: list[Callable[[Context], Claim]] = [c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16, c17]
+CLAIMS: list[Callable[[Context], Claim]] = [
+    c1,
+    c2,
+    c3,
+    c4,
+    c5,
+    c6,
+    c7,
+    c8,
+    c9,
+    c10,
+    c11,
+    c12,
+    c13,
+    c14,
+    c15,
+    c16,
+    c17,
+]
 
 
 def evaluate_claims(ctx: Context) -> list[Claim]:
@@ -57,8 +74,14 @@ def evaluate_claims(ctx: Context) -> list[Claim]:
         try:
             claim = fn(ctx)
         except Exception as err:  # noqa: BLE001 - one broken input must not hide the others
-            claim = Claim(fn.__name__.upper(), "(evaluation failed)", "", "", NOT_MEASURED,
-                          f"error while evaluating: {type(err).__name__}: {err}")
+            claim = Claim(
+                fn.__name__.upper(),
+                "(evaluation failed)",
+                "",
+                "",
+                NOT_MEASURED,
+                f"error while evaluating: {type(err).__name__}: {err}",
+            )
         if ctx.preset != "paper" and claim.status == NOT_REPRODUCED and claim.id != "C17":
             claim.evidence += f". Not reproduced at preset `{ctx.preset}`; {PAPER_SETTING}."
         out.append(claim)
@@ -66,7 +89,23 @@ def evaluate_claims(ctx: Context) -> list[Claim]:
 
 
 __all__ = [
-    "c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9", "c10", "c11", "c12", "c13", "c14", "c15", "c16", "c17",
+    "c1",
+    "c2",
+    "c3",
+    "c4",
+    "c5",
+    "c6",
+    "c7",
+    "c8",
+    "c9",
+    "c10",
+    "c11",
+    "c12",
+    "c13",
+    "c14",
+    "c15",
+    "c16",
+    "c17",
     "CEILING",
     "CLAIMS",
     "DOMINANT",
@@ -80,4 +119,3 @@ __all__ = [
     "Context",
     "evaluate_claims",
 ]
-

@@ -24,35 +24,52 @@ from pe_interp.report.data import (
 # accuracy claims
 # ------------------------------------------------------------------------------------------------
 def c1(ctx: Context) -> Claim:
-    cl = Claim("C1", "On Task 1, RoPE reaches 92.64% test accuracy, the best of all PEs.", "[S]",
-               "`rope` task-1 mean ≥ 90% (digest: expect about 90–95%) AND above the mean of every "
-               "non-RoPE encoding run (nope, sinusoidal, learned, t5, alibi, decoupled_rope). "
-               "Other RoPE variants (sinusoidal+rope, partial rope) are RoPE and not compared.")
+    cl = Claim(
+        "C1",
+        "On Task 1, RoPE reaches 92.64% test accuracy, the best of all PEs.",
+        "[S]",
+        "`rope` task-1 mean ≥ 90% (digest: expect about 90–95%) AND above the mean of every "
+        "non-RoPE encoding run (nope, sinusoidal, learned, t5, alibi, decoupled_rope). "
+        "Other RoPE variants (sinusoidal+rope, partial rope) are RoPE and not compared.",
+    )
     rope = ctx.mean("rope", "distance")
-    others = [lab for lab in ("nope", "sinusoidal", "learned", "t5", "alibi", "decoupled_rope")
-              if (lab, "distance") in ctx.acc]
+    others = [
+        lab
+        for lab in ("nope", "sinusoidal", "learned", "t5", "alibi", "decoupled_rope")
+        if (lab, "distance") in ctx.acc
+    ]
     if rope is None or not others:
         cl.evidence = "needs `rope` and at least one other encoding on task 1"
         return cl
     best_other = max(others, key=lambda lab: ctx.mean(lab, "distance"))
     level = rope >= 0.90
     best = all(rope > ctx.mean(lab, "distance") for lab in others)
-    parts = [f"{_acc_str(ctx, 'rope', 'distance')} (paper 92.64%): level {'≥' if level else '<'} 90%",
-             f"best other: {_acc_str(ctx, best_other, 'distance')} → RoPE {'is' if best else 'is not'} best"]
+    parts = [
+        f"{_acc_str(ctx, 'rope', 'distance')} (paper 92.64%): level {'≥' if level else '<'} 90%",
+        f"best other: {_acc_str(ctx, best_other, 'distance')} → RoPE {'is' if best else 'is not'} best",
+    ]
     if ("sinusoidal+rope", "distance") in ctx.acc:
-        parts.append(f"(authors' 'rope' = APE+RoPE: {_acc_str(ctx, 'sinusoidal+rope', 'distance')})")
-    cl.status = _verdict(level and best, _missing(ctx, ("nope", "sinusoidal", "learned", "t5", "alibi"), "distance"))
+        parts.append(
+            f"(authors' 'rope' = APE+RoPE: {_acc_str(ctx, 'sinusoidal+rope', 'distance')})"
+        )
+    cl.status = _verdict(
+        level and best, _missing(ctx, ("nope", "sinusoidal", "learned", "t5", "alibi"), "distance")
+    )
     cl.evidence = "; ".join(parts)
     return cl
 
 
 def c2(ctx: Context) -> Claim:
     lo = ctx.baselines.get("distance", {}).get("length_only")
-    cl = Claim("C2", "On Task 1, NoPE and ALiBi “fail”.", "[S]",
-               "each of `nope` and `alibi` has task-1 mean ≤ the task's length-only Bayes ceiling "
-               "+ 5 points (a model that reads no positions cannot beat that ceiling). With "
-               "bidirectional attention the `nope` half holds by construction; only `alibi`'s half "
-               "can fail.")
+    cl = Claim(
+        "C2",
+        "On Task 1, NoPE and ALiBi “fail”.",
+        "[S]",
+        "each of `nope` and `alibi` has task-1 mean ≤ the task's length-only Bayes ceiling "
+        "+ 5 points (a model that reads no positions cannot beat that ceiling). With "
+        "bidirectional attention the `nope` half holds by construction; only `alibi`'s half "
+        "can fail.",
+    )
     if lo is None:
         cl.evidence = "no task-1 runs"
         return cl
@@ -71,21 +88,31 @@ def c2(ctx: Context) -> Claim:
     if ctx.mean("nope", "distance") is not None:
         parts.append(_nope_by_construction(ctx))
     cl.status = _verdict(all(oks) if oks else None, _missing(ctx, ("nope", "alibi"), "distance"))
-    cl.evidence = "; ".join(parts) + f" (length-only ceiling {pct(lo)}, chance {pct(ctx.baselines['distance']['chance'])})"
+    cl.evidence = (
+        "; ".join(parts)
+        + f" (length-only ceiling {pct(lo)}, chance {pct(ctx.baselines['distance']['chance'])})"
+    )
     return cl
 
 
 def _nope_by_construction(ctx: Context) -> str:
     """Why the NoPE half of C2 cannot fail (or can, with causal attention)."""
-    dirs = {str(c.config.get("model", {}).get("attention_dir", "bidirectional"))
-            for c in ctx.models("nope", "distance") if c.config}
+    dirs = {
+        str(c.config.get("model", {}).get("attention_dir", "bidirectional"))
+        for c in ctx.models("nope", "distance")
+        if c.config
+    }
     if "causal" in dirs:
-        return ("the `nope` half is a real test here: with causal attention a model without "
-                "positional encoding can still infer positions")
-    text = ("the `nope` half cannot fail by construction: with bidirectional attention a model "
-            "without positional encoding is permutation-invariant, and the task's fillers are drawn "
-            "independently of where the triggers are, so it can read at most the sequence length, "
-            "whose Bayes ceiling is the length-only ceiling (only `alibi`'s half tests the paper)")
+        return (
+            "the `nope` half is a real test here: with causal attention a model without "
+            "positional encoding can still infer positions"
+        )
+    text = (
+        "the `nope` half cannot fail by construction: with bidirectional attention a model "
+        "without positional encoding is permutation-invariant, and the task's fillers are drawn "
+        "independently of where the triggers are, so it can read at most the sequence length, "
+        "whose Bayes ceiling is the length-only ceiling (only `alibi`'s half tests the paper)"
+    )
     lo = ctx.baselines.get("distance", {}).get("length_only", 0.0)
     m = ctx.mean("nope", "distance")
     if m is not None and m > lo + 0.05:
@@ -108,10 +135,14 @@ def _rank(ctx: Context, task: str, labels: tuple[str, ...]) -> list[str]:
 
 
 def c3(ctx: Context) -> Claim:
-    cl = Claim("C3", "On Task 1, absolute PE is second best, below RoPE.", "[S]",
-               "ranking the paper's six PEs (nope, sinusoidal, learned, t5, alibi, rope) by task-1 "
-               "mean: `rope` first and an absolute PE second. The summaries do not say whether "
-               "“Absolute” is sinusoidal or learned, so the better of the two counts.")
+    cl = Claim(
+        "C3",
+        "On Task 1, absolute PE is second best, below RoPE.",
+        "[S]",
+        "ranking the paper's six PEs (nope, sinusoidal, learned, t5, alibi, rope) by task-1 "
+        "mean: `rope` first and an absolute PE second. The summaries do not say whether "
+        "“Absolute” is sinusoidal or learned, so the better of the two counts.",
+    )
     order = _rank(ctx, "distance", PAPER_SIX)
     if "rope" not in order or not any(a in order for a in ABSOLUTE):
         cl.evidence = "needs `rope` and `sinusoidal` or `learned` on task 1"
@@ -120,7 +151,9 @@ def c3(ctx: Context) -> Claim:
     others = [lab for lab in order if lab not in ABSOLUTE or lab == abs_best]
     ok = others[:2] == ["rope", abs_best]
     cl.status = _verdict(ok, _missing(ctx, PAPER_SIX, "distance"))
-    cl.evidence = "task-1 ranking: " + " > ".join(f"{lab} {pct(ctx.mean(lab, 'distance'))}" for lab in order)
+    cl.evidence = "task-1 ranking: " + " > ".join(
+        f"{lab} {pct(ctx.mean(lab, 'distance'))}" for lab in order
+    )
     return cl
 
 
@@ -132,15 +165,21 @@ def _at_ceiling(ctx: Context, labels: tuple[str, ...] | list[str], task: str) ->
 
 def _ceiling_text(ctx: Context, labels: tuple[str, ...] | list[str], task: str) -> str:
     present = [lab for lab in labels if (lab, task) in ctx.acc]
-    return (f"every encoding compared on {task} ({', '.join(f'{lab} {pct(ctx.mean(lab, task))}' for lab in present)}) "
-            f"is at the ceiling (≥ {100 * CEILING:.0f}%): the task leaves no room to order them")
+    return (
+        f"every encoding compared on {task} ({', '.join(f'{lab} {pct(ctx.mean(lab, task))}' for lab in present)}) "
+        f"is at the ceiling (≥ {100 * CEILING:.0f}%): the task leaves no room to order them"
+    )
 
 
 def c4(ctx: Context) -> Claim:
-    cl = Claim("C4", "On Task 2, RoPE gets 69.43%, below NoPE's 77.69%.", "[S]",
-               "task-2 mean of `nope` exceeds `rope` by ≥ 2 points (smaller gaps are within typical "
-               "seed-to-seed spread); the paper's gap is 8.3 points. Not measured when both are at "
-               f"the ceiling (≥ {100 * CEILING:.0f}%).")
+    cl = Claim(
+        "C4",
+        "On Task 2, RoPE gets 69.43%, below NoPE's 77.69%.",
+        "[S]",
+        "task-2 mean of `nope` exceeds `rope` by ≥ 2 points (smaller gaps are within typical "
+        "seed-to-seed spread); the paper's gap is 8.3 points. Not measured when both are at "
+        f"the ceiling (≥ {100 * CEILING:.0f}%).",
+    )
     n, r = ctx.mean("nope", "count"), ctx.mean("rope", "count")
     if n is None or r is None:
         cl.evidence = "needs `nope` and `rope` on task 2"
@@ -155,9 +194,13 @@ def c4(ctx: Context) -> Claim:
 
 
 def c5(ctx: Context) -> Claim:
-    cl = Claim("C5", "On Task 2, ALiBi is the worst PE.", "[S]",
-               "`alibi` has the lowest task-2 mean of the paper's six PEs (those run). Not measured "
-               f"when every one of them run is at the ceiling (≥ {100 * CEILING:.0f}%).")
+    cl = Claim(
+        "C5",
+        "On Task 2, ALiBi is the worst PE.",
+        "[S]",
+        "`alibi` has the lowest task-2 mean of the paper's six PEs (those run). Not measured "
+        f"when every one of them run is at the ceiling (≥ {100 * CEILING:.0f}%).",
+    )
     order = _rank(ctx, "count", PAPER_SIX)
     if "alibi" not in order or len(order) < 2:
         cl.evidence = "needs `alibi` and another of the six PEs on task 2"
@@ -167,17 +210,24 @@ def c5(ctx: Context) -> Claim:
         return cl
     ok = order[-1] == "alibi"
     cl.status = _verdict(ok, _missing(ctx, PAPER_SIX, "count"))
-    cl.evidence = "task-2 ranking: " + " > ".join(f"{lab} {pct(ctx.mean(lab, 'count'))}" for lab in order) + (
-        f"; alibi slopes: {_alibi_slopes(ctx)}" if _alibi_slopes(ctx) else "")
+    cl.evidence = (
+        "task-2 ranking: "
+        + " > ".join(f"{lab} {pct(ctx.mean(lab, 'count'))}" for lab in order)
+        + (f"; alibi slopes: {_alibi_slopes(ctx)}" if _alibi_slopes(ctx) else "")
+    )
     return cl
 
 
 def c6(ctx: Context) -> Claim:
-    cl = Claim("C6", "MLA gets 88.34% (Task 1) and 97.41% (Task 2), near-best on both.", "[S]",
-               "`decoupled_rope` (MLA-style decoupled RoPE; not the authors' full MLA, which differs "
-               "in many ways, digest §9.4) is within 5 points of the best mean of every encoding run "
-               "on each task. A task on which every encoding run is at the ceiling "
-               f"(≥ {100 * CEILING:.0f}%) cannot tell near-best from best: that part is not measured.")
+    cl = Claim(
+        "C6",
+        "MLA gets 88.34% (Task 1) and 97.41% (Task 2), near-best on both.",
+        "[S]",
+        "`decoupled_rope` (MLA-style decoupled RoPE; not the authors' full MLA, which differs "
+        "in many ways, digest §9.4) is within 5 points of the best mean of every encoding run "
+        "on each task. A task on which every encoding run is at the ceiling "
+        f"(≥ {100 * CEILING:.0f}%) cannot tell near-best from best: that part is not measured.",
+    )
     parts, oks = [], []
     ceiling: list[str] = []
     for task, paper in (("distance", "88.34%"), ("count", "97.41%")):
@@ -193,8 +243,10 @@ def c6(ctx: Context) -> Claim:
         best = max(tasks_present, key=lambda k: ctx.acc[k].mean)
         ok = m >= ctx.acc[best].mean - 0.05
         oks.append(ok)
-        parts.append(f"{task}: {_acc_str(ctx, 'decoupled_rope', task)} (paper {paper}) vs best "
-                     f"{best[0]} {pct(ctx.acc[best].mean)} → {'within' if ok else 'not within'} 5 pts")
+        parts.append(
+            f"{task}: {_acc_str(ctx, 'decoupled_rope', task)} (paper {paper}) vs best "
+            f"{best[0]} {pct(ctx.acc[best].mean)} → {'within' if ok else 'not within'} 5 pts"
+        )
     missing = [t for t in ("distance", "count") if ctx.mean("decoupled_rope", t) is None] + ceiling
     cl.status = _verdict(all(oks) if oks else None, missing)
     cl.evidence = "; ".join(parts)

@@ -26,9 +26,11 @@ ABSOLUTE = ("sinusoidal", "learned")
 
 CONTROLS = ("nope", "sinusoidal", "learned", "t5", "alibi", "decoupled_rope")
 
-DOMINANT = (f"a single-head deposit: exactly one head of the whole model with a drop ≥ "
-            f"{100 * LARGE_DROP:.0f} points and every other head moving accuracy by ≤ {100 * SMALL_DROP:.0f} "
-            "points either way (probes.deposit.dominance)")
+DOMINANT = (
+    f"a single-head deposit: exactly one head of the whole model with a drop ≥ "
+    f"{100 * LARGE_DROP:.0f} points and every other head moving accuracy by ≤ {100 * SMALL_DROP:.0f} "
+    "points either way (probes.deposit.dominance)"
+)
 
 PAPER_SETTING = (
     "the paper's setting is 6 layers, d_model 256, 16 heads, distances up to 71, 100 epochs "
@@ -46,8 +48,14 @@ class Claim:
     evidence: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "claim": self.text, "source": self.source, "criterion": self.criterion,
-                "status": self.status, "evidence": self.evidence}
+        return {
+            "id": self.id,
+            "claim": self.text,
+            "source": self.source,
+            "criterion": self.criterion,
+            "status": self.status,
+            "evidence": self.evidence,
+        }
 
 
 @dataclass
@@ -64,7 +72,9 @@ class Context:
         return None if s is None else s.mean
 
     def models(self, label: str, task: str) -> list[CellInfo]:
-        return sorted((c for c in self.cells if c.label == label and c.task == task), key=lambda c: c.seed)
+        return sorted(
+            (c for c in self.cells if c.label == label and c.task == task), key=lambda c: c.seed
+        )
 
 
 def pct(x: float | None) -> str:
