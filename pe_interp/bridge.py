@@ -8,7 +8,8 @@ It has no forward of its own: every forward is the bridge's (``attention_mask`` 
 mask), then one gather. Its hooks are the bridge's, under TransformerLens' names
 (``blocks.{l}.attn.hook_z`` is ``[batch, pos, head, d_head]``).
 
-What it cannot offer, it says. It has no seam inside a layer (``can_restart = False``: the exact
+It implements :class:`pe_interp.probe_model.ProbeModel`. What it cannot offer, it says. It has no
+seam inside a layer (``restart`` is ``"resid_pre"`` or ``"embed"``, ``can_restart`` False: the exact
 ablation sweep stacks copies, :func:`probes.ablation_exact.sweep_stacked`; path patching and
 ``atp*`` run whole forwards with hooks); it restarts at a layer's input
 (:meth:`BridgedModel.resume`, the bridge's ``start_at_layer``) only where that was checked exact
@@ -35,6 +36,7 @@ from pe_interp.bridge_encoding import BridgeEncoding
 from pe_interp.checks import check_pad_mask_tensor, check_token_ids
 from pe_interp.config import ARCH_ENCODINGS
 from pe_interp.hf_arch import read_answers
+from pe_interp.probe_model import KVLayout, Restart
 
 # Hugging Face model_type -> our name of the architecture (ModelConfig.arch, pe-interp train --arch)
 ARCH_OF = {"gpt2": "gpt2", "gpt_neox": "gpt-neox", "llama": "llama", "bloom": "bloom"}
@@ -65,6 +67,7 @@ class BridgeConfig:
     pad_id: int  # -1: the tokenizer has no pad token, so no row may be padded
     n_classes: int
     model_type: str
+    n_kv_heads: int
     encoding_name: str
     encoding_kind: str
     mask_padding: bool = True  # right pads reach no real token of a causal model
@@ -102,7 +105,7 @@ class BridgeConfig:
 class BridgedModel(nn.Module):
     """A ``TransformerBridge`` as the probes read a model (module docstring)."""
 
-    can_restart = False  # no start_at_layer seam: the exact sweep runs each copy from the embedding
+    can_restart = False  # no seam inside a layer: forward_unchecked runs from the embedding
 
     def __init__(
         self,
@@ -165,6 +168,11 @@ class BridgedModel(nn.Module):
             pad_id=pad_id,
             n_classes=c.d_vocab if answers is None else len(answers),
             model_type=kind,
+            n_kv_heads=int(
+                getattr(c, "n_key_value_heads", None)
+                or getattr(hf, "num_key_value_heads", None)
+                or c.n_heads
+            ),
             encoding_name=f"{arch}: {name}",
             encoding_kind=how,
             parallel_attn_mlp=bool(getattr(c, "parallel_attn_mlp", False)),
@@ -265,11 +273,27 @@ class BridgedModel(nn.Module):
         """Whether :meth:`resume` is exact for this architecture (:data:`RESUMES`)."""
         return self.cfg.model_type in RESUMES
 
+    @property
+    def restart(self) -> Restart:
+        """``"resid_pre"`` where :meth:`resume` is exact, else ``"embed"``."""
+        return "resid_pre" if self.can_resume else "embed"
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        """The bridge's key/value heads (``n_key_value_heads``; its ``hook_k``/``hook_v`` carry
+        those heads only)."""
+        return KVLayout(self.cfg.n_heads, self.cfg.n_kv_heads)
+
     def resume(
-        self, layer: int, residual: Tensor, pad_mask: Tensor | None, fwd_hooks: Sequence = ()
+        self,
+        tokens: Tensor,
+        layer: int,
+        residual: Tensor,
+        pad_mask: Tensor | None,
+        fwd_hooks: Sequence = (),
     ) -> Tensor:
         """Class logits of the forward restarted at ``blocks.{layer}.hook_resid_pre`` = ``residual``
-        (``pad_mask`` as checked by :meth:`check_inputs`), with ``fwd_hooks``."""
+        (``pad_mask`` as checked by :meth:`check_inputs`; ``tokens`` unread), with ``fwd_hooks``."""
         if not self.can_resume:
             raise ValueError(
                 f"{self.cfg.encoding_name}: the bridge cannot restart at a layer exactly"

@@ -34,6 +34,7 @@ Seams for probes, so that none of them copies the forward:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -48,6 +49,7 @@ from pe_interp.blocks import Norm, TransformerBlock
 from pe_interp.checks import check_pad_mask_tensor, check_token_ids
 from pe_interp.config import ModelConfig
 from pe_interp.encodings import build_encoding
+from pe_interp.probe_model import KVLayout, Restart
 
 START_POINTS = ("resid_pre", "resid_mid")
 
@@ -84,8 +86,13 @@ class HookedPETransformer(HookedRootModule):
     """A transformer classifier whose positional encoding is a plug-in (``cfg.encoding``).
 
     ``model(tokens, pad_mask=None)`` returns class logits ``[batch, n_classes]``. ``pad_mask`` is
-    True at real tokens; it defaults to ``tokens != cfg.pad_id``.
+    True at real tokens; it defaults to ``tokens != cfg.pad_id``. It implements
+    :class:`pe_interp.probe_model.ProbeModel` with every seam (``restart = "resid_mid"``).
     """
+
+    restart: Restart = "resid_mid"  # forward_unchecked restarts at a layer's input or its resid_mid
+    can_restart = True
+    can_resume = True
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -215,7 +222,7 @@ class HookedPETransformer(HookedRootModule):
         ``start_at_layer``/``residual`` resume from a cached ``blocks.{l}.hook_resid_pre``, or
         from ``blocks.{l}.hook_resid_mid`` with ``start_at="resid_mid"``; ``stop_at_layer``
         returns the residual stream before that block instead of logits (as in TransformerLens).
-        Embedding hooks fire only when starting at layer 0.
+        Embedding hooks fire only when starting at layer 0 from the tokens (no ``residual``).
         """
         tokens, key_valid = self.check_inputs(tokens, pad_mask)
         return self.forward_unchecked(
@@ -247,7 +254,7 @@ class HookedPETransformer(HookedRootModule):
         if start_at not in START_POINTS:
             raise ValueError(f"start_at must be one of {', '.join(START_POINTS)}; got {start_at!r}")
         mid = start_at == "resid_mid"
-        if start_at_layer == 0 and not mid:
+        if start_at_layer == 0 and not mid and residual is None:
             resid = F.dropout(self.embed_input(tokens), self.cfg.embed_dropout_p, self.training)
             kv_input = resid if self.cfg.kv_source == "embed" else None
         else:
@@ -273,6 +280,27 @@ class HookedPETransformer(HookedRootModule):
         if stop_at_layer is not None:
             return resid
         return self.readout(resid, key_valid)
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        """One key/value head per query head."""
+        return KVLayout(self.cfg.n_heads, self.cfg.n_heads)
+
+    def resume(
+        self,
+        tokens: Tensor,
+        layer: int,
+        residual: Tensor,
+        key_valid: Tensor | None,
+        fwd_hooks: Sequence = (),
+    ) -> Tensor:
+        """Class logits of the forward restarted at ``blocks.{layer}.hook_resid_pre`` =
+        ``residual`` (``tokens`` and ``key_valid`` as :meth:`check_inputs` returns them), with
+        ``fwd_hooks`` (:class:`~pe_interp.probe_model.ProbeModel`'s resume)."""
+        with self.hooks(fwd_hooks=list(fwd_hooks)):
+            return self.forward_unchecked(
+                tokens, key_valid, start_at_layer=layer, residual=residual
+            )
 
     def pool(
         self, x: Float[Tensor, "batch pos d_model"], key_valid: Tensor | None

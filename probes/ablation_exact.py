@@ -71,13 +71,7 @@ def exact_engine(req: AblationRequest, *, naive: bool = False) -> AblationResult
     """Every unit of ``req`` ablated on every example (``naive``: by the slow reference loop)."""
     watch = FiniteWatch()  # the logits of every forward, checked once at the end
     with eval_mode(req.model), torch.no_grad(), autocast(req.tokens.device, req.amp):
-        sweep = (
-            sweep_naive
-            if naive
-            else sweep_batched
-            if getattr(req.model, "can_restart", True)
-            else sweep_stacked
-        )
+        sweep = sweep_naive if naive else sweep_batched if req.model.can_restart else sweep_stacked
         base, vals = sweep(req, watch, Replacement(req))
     watch.check(req.who, req.amp)
     return summarise(req, base.numpy(), vals.numpy())
@@ -260,7 +254,7 @@ def sweep_stacked(
         req.units,
     )
     batch_size, metric, H = req.batch_size, req.metric, model.cfg.n_heads
-    resumes = getattr(model, "can_resume", False)
+    resumes = model.can_resume
     N = tokens.shape[0]
     need = needed_width(model, pad_mask)
     order = (
@@ -310,7 +304,9 @@ def sweep_stacked(
                 ]
                 if s in resid:
                     kv = None if key_valid is None else key_valid.repeat(kk, 1)
-                    out = model.resume(s, resid[s].repeat(kk, 1, 1), kv, fwd_hooks=hooks)
+                    out = model.resume(
+                        toks.repeat(kk, 1), s, resid[s].repeat(kk, 1, 1), kv, fwd_hooks=hooks
+                    )
                 else:
                     out = model.run_with_hooks(
                         toks.repeat(kk, 1), pm.repeat(kk, 1), fwd_hooks=hooks

@@ -16,13 +16,13 @@ from torch import Tensor
 
 from probes.ablation_result import METHODS, Head
 from probes.inputs import (
+    as_probe_model,
     check_count,
     check_examples,
     check_finite_model,
     check_head,
     check_layer,
     check_layers,
-    check_model,
 )
 from probes.metrics import Metric, resolve_metric
 
@@ -182,8 +182,9 @@ def check_request(
     steps=4,
     path="joint",
 ) -> AblationRequest:
-    """Every check of a sweep, in one place: a one-line ``ValueError`` for the first bad argument."""
-    check_model(model, who)
+    """Every check of a sweep, in one place: a one-line ``ValueError`` for the first bad argument.
+    A raw TransformerLens bridge is wrapped here (:func:`probes.inputs.as_probe_model`)."""
+    model = as_probe_model(model, who)
     check_engine_args(engine, head_sets, verify_top, sample, steps, path)
     if method not in METHODS:
         raise ValueError(

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from pe_interp.modes import eval_mode
 from probes.ablation_inputs import AblationRequest, default_batch_size
-from probes.inputs import check_examples, check_layers
+from probes.inputs import check_examples, check_layers, takes_probe_model
 from probes.metrics import resample_sources
 
 
@@ -25,6 +25,7 @@ def needed_width(model, pad_mask: Tensor) -> Tensor:
     return last + 1
 
 
+@takes_probe_model
 def head_means(
     model,
     tokens: Tensor,

@@ -15,6 +15,7 @@ Only cheap checks: at most a few host syncs per probe call, none in inner loops.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pe_interp.bridge import BridgedModel
 from pe_interp.checks import (
     check_finite_weights,
     check_labels,
@@ -29,6 +31,7 @@ from pe_interp.checks import (
     finite_number,
     type_name,
 )
+from pe_interp.probe_model import ProbeModel, missing
 
 __all__ = [
     "FiniteWatch",
@@ -44,6 +47,8 @@ __all__ = [
     "check_layer",
     "check_layers",
     "check_model",
+    "as_probe_model",
+    "takes_probe_model",
     "check_pad_mask",
     "check_threshold",
     "check_token_tensor",
@@ -55,25 +60,53 @@ def _p(who: str) -> str:
     return f"{who}: " if who else ""
 
 
-def check_model(model, who: str = "") -> None:
-    """A one-line ValueError unless ``model`` is a model the probes read through their seams (a
-    :class:`~pe_interp.HookedPETransformer`, or a TransformerLens bridge as
-    :class:`pe_interp.bridge.BridgedModel`: ``cfg`` with its shape and pad id, hooks)."""
-    cfg = getattr(model, "cfg", None)
-    if not (
-        hasattr(model, "run_with_hooks")
-        and hasattr(model, "W_E")
-        and all(hasattr(cfg, a) for a in ("n_layers", "n_heads", "pad_id", "n_classes"))
-    ):
-        kind = type(model).__name__
-        hint = (
-            "; wrap a bridge as pe_interp.bridge.BridgedModel(bridge, answers=...)"
-            if kind == "TransformerBridge"
-            else ""
-        )
+def as_probe_model(model: Any, who: str = "") -> ProbeModel:
+    """``model`` as the probes read it (:class:`~pe_interp.probe_model.ProbeModel`): our own model
+    or a :class:`~pe_interp.bridge.BridgedModel` as it is, a raw TransformerLens
+    ``TransformerBridge`` wrapped as ``BridgedModel(bridge)`` (classes: every token of the
+    vocabulary, so a label is the answer's token id); else a one-line ValueError naming what the
+    model lacks."""
+    if _is_raw_bridge(model):
+        return BridgedModel(model)
+    check_model(model, who)
+    return model
+
+
+def _is_raw_bridge(model: Any) -> bool:
+    return (
+        not isinstance(model, BridgedModel)
+        and hasattr(model, "original_model")
+        and hasattr(model, "run_with_hooks")
+        and hasattr(model, "cfg")
+    )
+
+
+def check_model(model: Any, who: str = "") -> None:
+    """A one-line ValueError unless ``model`` has every name of
+    :class:`~pe_interp.probe_model.ProbeModel` (a :class:`~pe_interp.HookedPETransformer` or a
+    :class:`~pe_interp.bridge.BridgedModel`; :func:`as_probe_model` wraps a raw bridge)."""
+    lacks = missing(model)
+    if lacks:
         raise ValueError(
-            f"{_p(who)}model must be a pe_interp HookedPETransformer or a BridgedModel, got {kind}{hint}"
+            f"{_p(who)}model must be a pe_interp HookedPETransformer, a TransformerBridge or a "
+            f"BridgedModel, got {type(model).__name__}, which lacks {', '.join(lacks[:4])}"
+            + (f" and {len(lacks) - 4} more" if len(lacks) > 4 else "")
         )
+
+
+def takes_probe_model(fn: Callable) -> Callable:
+    """Decorate a probe whose first argument is the model: it then takes any model
+    :func:`as_probe_model` takes (a raw ``TransformerBridge`` too), checked before any work."""
+
+    @functools.wraps(fn)
+    def probe(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = (as_probe_model(args[0], fn.__name__), *args[1:])
+        elif "model" in kwargs:
+            kwargs["model"] = as_probe_model(kwargs["model"], fn.__name__)
+        return fn(*args, **kwargs)
+
+    return probe
 
 
 def check_decomposable(model, who: str = "") -> None:

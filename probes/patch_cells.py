@@ -125,7 +125,7 @@ class _Patcher:
             out = torch.where(mask, src.unsqueeze(0), recv)
             return out.reshape(act.shape)
 
-        if not getattr(model, "can_restart", True):  # e.g. a bridge: every copy from the embedding
+        if not model.can_restart:  # e.g. a bridge: every copy from the embedding
             return model.run_with_hooks(
                 tokens, _repeat(self.recv_mask, g), fwd_hooks=[(name, hook)]
             )

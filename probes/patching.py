@@ -69,6 +69,7 @@ from probes.inputs import (
     check_finite_model,
     check_layers,
     check_token_tensor,
+    takes_probe_model,
 )
 from probes.metrics import bootstrap_ci
 from probes.patch_cells import BLOCK_SITES, HEAD_SITES, SITES, _Patcher, cell_layout, hook_name
@@ -134,6 +135,7 @@ def _check_tokens(name: str, t: Tensor) -> Tensor:
     return t
 
 
+@takes_probe_model
 def patch(
     model,
     clean_tokens: Tensor,

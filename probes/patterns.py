@@ -20,7 +20,13 @@ from pe_interp.io import (
     write_result,
 )
 from pe_interp.modes import eval_mode
-from probes.inputs import check_example, check_examples, check_finite_model, check_heads
+from probes.inputs import (
+    check_example,
+    check_examples,
+    check_finite_model,
+    check_heads,
+    takes_probe_model,
+)
 
 Head = tuple[int, int]
 
@@ -103,6 +109,7 @@ class AttentionPatterns:
         return load_result(path, RESULT_KIND, cls.from_dict)
 
 
+@takes_probe_model
 def attention_patterns(
     model,
     tokens: Tensor,

@@ -452,7 +452,8 @@ API_CASES = [
             torch.zeros(2, 3, dtype=torch.long),
             torch.zeros(2, dtype=torch.long),
         ),
-        r"ablate_heads: model must be a pe_interp HookedPETransformer or a BridgedModel",
+        r"ablate_heads: model must be a pe_interp HookedPETransformer, a TransformerBridge or a "
+        r"BridgedModel, got Linear",
     ),
     (
         "snapshot_dynamics n=0",

@@ -77,12 +77,12 @@ def test_resume_at_a_layer_is_exact_where_the_bridge_claims_it(bridged):
     if model.can_resume:
         assert gap <= 1e-5
         want = model(tokens, mask)
-        got = model.resume(1, cache["blocks.1.hook_resid_pre"], mask)
+        got = model.resume(tokens, 1, cache["blocks.1.hook_resid_pre"], mask)
         assert torch.allclose(got, want, atol=1e-5)
     else:  # BLOOM: the bridge drops ALiBi when it starts at a layer, so the sweep never resumes there
         assert gap > 1e-4
         with pytest.raises(ValueError, match="cannot restart at a layer exactly"):
-            model.resume(1, cache["blocks.1.hook_resid_pre"], mask)
+            model.resume(tokens, 1, cache["blocks.1.hook_resid_pre"], mask)
 
 
 @pytest.mark.parametrize("metric", ["accuracy", "logit"])
@@ -204,13 +204,13 @@ def test_a_bridge_refuses_what_it_cannot_read(bridged):
         BridgedModel(bridge, answers=[1, 1])
     with pytest.raises(
         ValueError,
-        match="ablate_heads: model must be a pe_interp HookedPETransformer or a BridgedModel, got Linear",
+        match="ablate_heads: model must be a pe_interp HookedPETransformer, a TransformerBridge or "
+        "a BridgedModel, got Linear, which lacks cfg",
     ):
         ablate_heads(torch.nn.Linear(2, 2), tokens, labels)
-    with pytest.raises(
-        ValueError, match="got TransformerBridge; wrap a bridge as pe_interp.bridge.BridgedModel"
-    ):
-        ablate_heads(bridge, tokens, labels, pad_mask=mask)
+    # a raw bridge is wrapped at the door: its classes are the vocabulary, a label a token id
+    raw = ablate_heads(bridge, tokens, labels, pad_mask=mask, n_bootstrap=0)
+    assert raw.n_examples == len(tokens) and np.isfinite(raw.values).all()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ from probes.circuits.engine import (
 )
 from probes.circuits.graph import Graph, build_graph, head_name, parse
 from probes.circuits.scores import Attribution, span_ids
-from probes.inputs import FiniteWatch, check_count, check_finite_model
+from probes.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
 
 METHODS = ("atp", "atp*", "eap-ig")
 GRANULARITIES = ("node", "edge")
@@ -306,6 +306,7 @@ def _scores(graph, delta, grads, edges, model, bins=None) -> Tensor:
     return _edge_by_pos(graph, contributions(model, graph, delta), grads, bins)
 
 
+@takes_probe_model
 def attribute(
     model,
     clean: Any,

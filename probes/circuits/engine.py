@@ -211,7 +211,7 @@ def attend_with(
     hooks = [
         (f"blocks.{layer}.attn.{n}", lambda x, hook, n=n: seen.__setitem__(n, x)) for n in names
     ]
-    if not getattr(model, "can_restart", True):
+    if not model.can_restart:
         return _attend_hooked(model, layer, tokens, kv, resid, component, delta, hooks, seen)
     kv_in = None if kv_input is None else kv_input.repeat(reps, 1, 1)
     with no_forks(model):

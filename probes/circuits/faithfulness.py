@@ -41,7 +41,7 @@ from probes.circuits.engine import (
 from probes.circuits.graph import Graph, build_graph
 from probes.circuits.scores import Attribution, span_ids
 from probes.circuits.selection import Circuit, Ranking, curve_area, default_sizes, rank_edges
-from probes.inputs import check_count, check_finite_model
+from probes.inputs import check_count, check_finite_model, takes_probe_model
 from probes.metrics import resample_sources
 
 ABLATIONS = ("corrupt", "resample", "mean")
@@ -338,6 +338,7 @@ def _summary(ev: _Evaluator, sizes, kept, per, total) -> dict[str, Any]:
     }
 
 
+@takes_probe_model
 def faithfulness_curve(
     model,
     scores: Any,

@@ -9,6 +9,7 @@ import numpy as np
 
 from probes.circuits.attribution import Attribution, attribute
 from probes.circuits.graph import build_graph, parse
+from probes.inputs import takes_probe_model
 
 
 def exact_edges(
@@ -49,6 +50,7 @@ def exact_edges(
     )
 
 
+@takes_probe_model
 def family_attributions(
     model,
     task,

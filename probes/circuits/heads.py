@@ -34,6 +34,7 @@ from torch import Tensor
 from pe_interp.modes import eval_mode
 from probes.circuits.engine import as_run as _as_run
 from probes.circuits.engine import position_means
+from probes.inputs import takes_probe_model
 from probes.metrics import resample_sources
 
 PATHS = ("joint", "layer")
@@ -114,6 +115,7 @@ class _Tok:
         )
 
 
+@takes_probe_model
 def rank_heads(
     model,
     tokens: Tensor,

@@ -53,7 +53,7 @@ from probes.circuits.engine import (
     writer_hooks,
 )
 from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
-from probes.inputs import FiniteWatch, check_count, check_finite_model
+from probes.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
 
 RESULT_KIND = register_result("path patching", "PathPatch.load", ("senders", "receivers", "values"))
 
@@ -139,6 +139,7 @@ def _names(graph, senders, receivers, component: str) -> tuple[list[str], list[s
     return s, r
 
 
+@takes_probe_model
 def path_patch(
     model,
     clean: Any,
@@ -185,7 +186,7 @@ def path_patch(
         layer = L if site.kind == "logits" else site.layer
         by_site.setdefault((layer, site.kind, site.component), []).append(j)
     W = writer_hooks(graph)
-    hooked = not getattr(model, "can_restart", True)  # a bridge: no seam to restart a layer at
+    hooked = not model.can_restart  # a bridge: no seam to restart a layer at
     names = (
         W
         if hooked

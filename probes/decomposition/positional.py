@@ -19,7 +19,7 @@ from pe_interp.io import (
 from pe_interp.modes import eval_mode
 from probes.decomposition.reads import allowed, attention_scale, qk_hooks, rotated_qk, unrotated_qk
 from probes.decomposition.toeplitz import toeplitz_score
-from probes.inputs import check_count, check_examples, check_finite_model
+from probes.inputs import check_count, check_examples, check_finite_model, takes_probe_model
 
 __all__ = ["PositionalScores", "positional_scores"]
 
@@ -112,6 +112,7 @@ class PositionalScores:
         return load_result(path, RESULT_KIND, cls.from_dict)
 
 
+@takes_probe_model
 def positional_scores(
     model, tokens: Tensor, *, pad_mask: Tensor | None = None, batch_size: int = 8
 ) -> PositionalScores:

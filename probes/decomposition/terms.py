@@ -22,6 +22,7 @@ from probes.inputs import (
     check_finite_model,
     check_head,
     check_layer,
+    takes_probe_model,
 )
 
 __all__ = ["LogitTerms", "logit_terms"]
@@ -129,6 +130,7 @@ class LogitTerms:
         return d
 
 
+@takes_probe_model
 def logit_terms(
     model,
     tokens: Tensor,

@@ -66,6 +66,7 @@ from probes.inputs import (
     check_examples,
     check_finite_model,
     position_permutation,
+    takes_probe_model,
 )
 from probes.metrics import Metric, bootstrap_ci
 from probes.patching import logit_diff
@@ -182,6 +183,7 @@ class RouteShares:
 
 
 @torch.no_grad()
+@takes_probe_model
 def route_shares(
     model,
     clean_tokens: Tensor,
@@ -253,7 +255,7 @@ def route_shares(
             amp=False,
             who=who,
         )
-        sweep = sweep_batched if getattr(model, "can_restart", True) else sweep_stacked
+        sweep = sweep_batched if model.can_restart else sweep_stacked
         if heads:
             ld_clean, ld_heads = sweep(req, watch, MovedOutputs(model, clean, mask, sigma, routes))
         else:
