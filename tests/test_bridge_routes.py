@@ -39,12 +39,12 @@ def built(request, tmp_path_factory):
     return arch, hf, model
 
 
-def _pairs():
+def _pairs(n: int = N):
     g = torch.Generator().manual_seed(0)
-    clean = torch.randint(1, 26, (N, P), generator=g)
-    order = torch.stack([torch.randperm(P, generator=g) for _ in range(N)])
+    clean = torch.randint(1, 26, (n, P), generator=g)
+    order = torch.stack([torch.randperm(P, generator=g) for _ in range(n)])
     corrupt = clean.gather(1, order)
-    good = torch.randint(0, 4, (N,), generator=g)
+    good = torch.randint(0, 4, (n,), generator=g)
     return clean, corrupt, good, (good + 1) % 4
 
 
@@ -176,7 +176,7 @@ def test_a_bridge_with_one_planted_positional_head_gets_a_yes_that_names_it(arch
     model = BridgedModel(
         boot_bridge(save_model_dir(hf, word_tokenizer(V, PAD), tmp_path / "m")), answers=ANSWERS
     )
-    clean, corrupt, good, bad = _pairs()
+    clean, corrupt, good, bad = _pairs(64)  # a verdict needs >= 59 pairs (decision.min_examples)
     r = route_shares(model, clean, corrupt, good, bad, n_bootstrap=200)
     assert abs(r.effect) > 0.1
     assert r.shares[planted] == pytest.approx(1.0, abs=1e-6)

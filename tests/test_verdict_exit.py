@@ -118,3 +118,37 @@ def test_ablate_verdict_refuses_what_cannot_decide_it(tmp_path, capsys):
     assert "--n-bootstrap must be >= 1" in capsys.readouterr().err
     assert main(["ablate", run, "--verdict", "layer0", "--metric", "loss"]) == 2
     assert "accuracy grid of every layer" in capsys.readouterr().err
+
+
+def test_min_examples_is_the_exact_binomial_bound():
+    """The fewest n with (1 - bar)^n <= 1 - ci, found here by counting up."""
+    for ci, bar in [(0.95, 0.05), (0.9, 0.05), (0.95, 0.2), (0.99, 0.01)]:
+        n = 1
+        while (1 - bar) ** n > 1 - ci:
+            n += 1
+        assert decision.min_examples(ci, bar) == n
+    assert decision.min_examples(0.95, 0.05) == 59
+
+
+def test_ablate_on_one_example_says_undecided_not_no(tmp_path, capsys):
+    """A bootstrap over one example gives [d, d]: no verdict can rest on it (issue 46)."""
+    run = _planted(tmp_path)
+    argv = ["ablate", run, "--n", "1", "--no-figures", "--no-progress", "--verdict", "single"]
+    assert main(argv) == 3
+    out = capsys.readouterr().out
+    assert "single-head deposit: undecided (n = 1, need ≥ 59" in out
+    assert "single-head deposit: no" not in out
+    assert (
+        out.strip()
+        .splitlines()[-1]
+        .endswith(
+            "undecided (n = 1, need ≥ 59; a bootstrap over 1 example cannot bound a drop to 5 points "
+            "at 95%)"
+        )
+    )
+
+
+def test_route_shares_over_a_handful_of_pairs_are_undecided():
+    few = positional_dominance(_shares((0.97, 0.96, 0.98), (0.0, 0.0, 0.0), n=10))
+    assert few.verdict == "undecided" and few.need == 59 and "over 10 pairs" in few.why
+    assert positional_dominance(_shares((0.97, 0.96, 0.98), (0.0, 0.0, 0.0), n=59)).verdict == "yes"

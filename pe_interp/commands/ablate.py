@@ -117,7 +117,7 @@ def _ablate(args: argparse.Namespace, run_dir: Path, loaded) -> int:
 
     from pe_interp.checkpoint import save_result
     from probes.ablation import ablate_heads
-    from probes.deposit import dominance, find_deposits
+    from probes.deposit import dominance, find_deposits, too_few
 
     model = loaded.model
     test = loaded.examples(args.on, args.n)
@@ -152,7 +152,8 @@ def _ablate(args: argparse.Namespace, run_dir: Path, loaded) -> int:
     )
     print(report.summary())
     if result.is_grid and not np.isnan(result.drops).any() and result.metric == "accuracy":
-        print(f"single-head deposit: {dominance(result).text()}")
+        few = too_few(result)  # a verdict from a handful of examples is no verdict
+        print(f"single-head deposit: {(few or dominance(result)).text()}")
         if result.n_bootstrap > 0:
             from probes.deposit import decide_concentration, decide_single
 

@@ -4,7 +4,13 @@ deposit, which asks where position enters (:mod:`probes.deposit.routes`), verdic
 intervals (:mod:`probes.deposit.decision`), and watching them form during training
 (:mod:`probes.deposit.dynamics`, a callback; :mod:`probes.deposit.trajectory`, every snapshot)."""
 
-from probes.deposit.decision import Decision, decide_concentration, decide_single
+from probes.deposit.decision import (
+    Decision,
+    decide_concentration,
+    decide_single,
+    min_examples,
+    too_few,
+)
 from probes.deposit.detection import (
     DEFAULT_MIN_DROP_ACCURACY,
     DEFAULT_MIN_SHARE,
@@ -41,6 +47,8 @@ __all__ = [
     "SnapshotDynamics",
     "decide_concentration",
     "decide_single",
+    "min_examples",
+    "too_few",
     "can_move_positions",
     "positional_dominance",
     "route_shares",

@@ -11,6 +11,9 @@ it: an interval's half-width shrinks as ``1 / sqrt(n)``, so a comparison whose p
   the top head's interval lies at or above 50 points and every other head's inside ±5; "no" when
   no head's interval reaches 50 points, or when two heads' intervals lie outside ±5 (whichever
   is on top, another is not negligible).
+- below :func:`min_examples` (59 at a 95% interval for the 5-point bar) every verdict is
+  undecided: a percentile bootstrap over a handful of examples gives intervals of zero width (one
+  example: ``[d, d]``), which cannot cover a drop that none of them showed.
 - :func:`decide_concentration`: layer concentration (:func:`probes.find_concentrations`) in one
   layer: its point criteria (share, tie, separation) as they are, with the top drop's interval
   against the 20-point bar deciding whether "large" holds.
@@ -37,6 +40,8 @@ __all__ = [
     "decide_concentration",
     "decide_single",
     "examples_needed",
+    "min_examples",
+    "too_few",
 ]
 
 
@@ -71,6 +76,26 @@ def examples_needed(n: int, point: float, low: float, high: float, threshold: fl
     return int(math.ceil(n * (half / gap) ** 2 - 1e-9))  # less float noise: 0.15 / 0.1 is 1.4999...
 
 
+def min_examples(ci: float, bar: float) -> int:
+    """The fewest examples whose bootstrap interval can bound a drop within ``bar``: an outcome seen
+    in none of ``n`` examples still has a ``ci`` upper bound of ``1 - (1 - ci)^(1/n)`` (the exact
+    binomial bound), which is below ``bar`` only from ``ln(1 - ci) / ln(1 - bar)`` examples on."""
+    return int(math.ceil(math.log(1.0 - ci) / math.log(1.0 - bar) - 1e-9))
+
+
+def too_few(a: AblationResult, bar: float = SMALL_DROP) -> Decision | None:
+    """An undecided verdict where ``a`` has too few examples for its intervals to decide at
+    ``bar`` (:func:`min_examples`), else None."""
+    need = min_examples(a.ci, bar)
+    if a.n_examples >= need:
+        return None
+    why = (
+        f"a bootstrap over {a.n_examples} example{'s' * (a.n_examples != 1)} cannot bound a drop "
+        f"to {100 * bar:.0f} points at {100 * a.ci:.0f}%"
+    )
+    return Decision(UNDECIDED, why, a.n_examples, need)
+
+
 def _need(items: list[int | None]) -> int | None:
     return None if not items or any(i is None for i in items) else max(items)
 
@@ -83,6 +108,8 @@ def decide_single(a: AblationResult) -> Decision:
     d, lo, hi = a.drops.ravel(), a.ci_low.ravel(), a.ci_high.ravel()
     if np.isnan(lo).any():
         raise ValueError("decide_single needs bootstrap intervals (n_bootstrap > 0)")
+    if (few := too_few(a)) is not None:
+        return few
     top = int(np.argmax(d))
     outside = [
         i
@@ -125,6 +152,8 @@ def decide_concentration(
     n = a.n_examples
     if s is None:
         raise ValueError(f"decide_concentration: layer {layer} was not ablated")
+    if (few := too_few(a)) is not None:
+        return few
     lo, hi = s.top_ci
     other_failures = [f for f in s.failed if not f.startswith("top drop")]
     if other_failures:

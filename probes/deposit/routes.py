@@ -377,11 +377,16 @@ class PositionalDominance:
 
 def positional_dominance(r: RouteShares) -> PositionalDominance:
     """The one definition of a positional single-head deposit (module docstring)."""
+    from probes.deposit.decision import examples_needed, min_examples
+
     units = r.units()
-    if abs(r.effect) < NO_EFFECT or not units:
-        return PositionalDominance(
-            "no", "", 0.0, (0.0, 0.0), "", 0.0, 0.0, f"no positional effect ({r.effect:.2g} logits)"
-        )
+    floor = min_examples(
+        r.ci, SMALL_DROP
+    )  # a bootstrap over fewer pairs cannot decide (decision.py)
+    few = f"a bootstrap over {r.n_examples} pairs cannot bound a share to {100 * SMALL_DROP:.0f}%"
+    if abs(r.effect) < NO_EFFECT or not units:  # no interval decides this: the effect is nil
+        why = f"no positional effect ({r.effect:.2g} logits)"
+        return PositionalDominance("no", "", 0.0, (0.0, 0.0), "", 0.0, 0.0, why, r.n_examples)
     (top, share, lo, hi), others = units[0], units[1:]
     worst = max((max(abs(o[2]), abs(o[3])) for o in others), default=0.0)
     clear_out = [o for o in others if o[2] > SMALL_DROP or o[3] < -SMALL_DROP]
@@ -399,9 +404,9 @@ def positional_dominance(r: RouteShares) -> PositionalDominance:
     else:
         verdict, why = "undecided", "the intervals reach across a threshold"
     need = None
-    if verdict == "undecided":
-        from probes.deposit.decision import examples_needed
-
+    if others and r.n_examples < floor:  # with one route its share is 1 whatever n is
+        verdict, why, need = "undecided", few, floor
+    elif verdict == "undecided":
         open_ = [(share, lo, hi, LARGE_DROP)] if lo < LARGE_DROP else []
         open_ += [
             (o[1], o[2], o[3], SMALL_DROP if o[1] >= 0 else -SMALL_DROP)
