@@ -135,6 +135,35 @@ def _check_tokens(name: str, t: Tensor) -> Tensor:
     return t
 
 
+def _check_pairs_differ(
+    model, clean: Tensor, corrupt: Tensor, good: Tensor, bad: Tensor, pad_mask: Tensor
+) -> None:
+    """Before any patching: the default metric divides by the clean run's logit difference minus
+    the corrupt run's. Refuse, in one line, labels that no pair changes (no forward) and pairs
+    whose two runs give the same mean difference (two forwards)."""
+    if bool((good == bad).all()):
+        raise ValueError(
+            "patch: every pair has the same clean and corrupt label, so the logit difference is 0 "
+            "in both runs and the normalised metric is undefined; use counterfactuals that change "
+            "the answer, or pass metric="
+        )
+    watch = FiniteWatch()
+    with eval_mode(model), torch.no_grad():
+        ld = [
+            logit_diff(
+                watch.see(model.forward_unchecked(*model.check_inputs(t, pad_mask))), good, bad
+            )
+            for t in (clean, corrupt)
+        ]
+        gap = float((ld[0].double() - ld[1].double()).mean())
+    watch.check("patch")
+    if not math.isfinite(gap) or abs(gap) < 1e-12:
+        raise ValueError(
+            f"patch: the clean and corrupt runs have the same mean logit difference ({gap:.2g}), so "
+            "the normalised metric is undefined; pass metric= or use other pairs"
+        )
+
+
 @takes_probe_model
 def patch(
     model,
@@ -240,6 +269,8 @@ def patch(
         label_name="corrupt_labels",
     )
     pad_mask = None if pad_mask is None else mask
+    if default_metric:
+        _check_pairs_differ(model, clean_tokens, corrupt_tokens, clean_labels, corrupt_labels, mask)
     if direction == "clean_to_corrupt":
         src_tokens, recv_tokens = clean_tokens, corrupt_tokens
     else:

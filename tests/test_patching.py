@@ -367,3 +367,25 @@ def test_patch_command_core(tmp_path):
     assert written["png"].exists() and "CircuitsVis" in written["html"].read_text()
     result2, written2 = patch_run(model, task, tmp_path, site="z", n=6, n_bootstrap=0)
     assert result2.shape == (2, 2) and "AttentionHeads" in written2["html"].read_text()
+
+
+def _count_forwards(model) -> list[int]:
+    """Count the forwards that reach the last block (every forward that does any work does)."""
+    seen = [0]
+    model.blocks[-1].register_forward_hook(lambda *a: seen.__setitem__(0, seen[0] + 1))
+    return seen
+
+
+def test_patch_refuses_pairs_that_change_nothing_before_any_patching():
+    """Issue 46: two forwards tell that clean and corrupt runs give the same logit difference, so
+    the refusal costs at most three forwards, not a sweep (counted by a hook, not a clock)."""
+    model = make_model()
+    clean, _, pad, cl, co = make_pairs()
+    seen = _count_forwards(model)
+    with pytest.raises(ValueError, match=r"same mean logit difference \(0\)"):
+        patch(model, clean, clean.clone(), clean_labels=cl, corrupt_labels=co, pad_mask=pad)
+    assert 1 <= seen[0] <= 3
+    seen[0] = 0
+    with pytest.raises(ValueError, match="every pair has the same clean and corrupt label"):
+        patch(model, clean, clean.clone(), clean_labels=cl, corrupt_labels=cl, pad_mask=pad)
+    assert seen[0] == 0
