@@ -58,10 +58,11 @@ from torch import Tensor
 from pe_interp.hardware import autocast
 from pe_interp.modes import eval_mode
 from probes.ablation_inputs import AblationRequest
-from probes.ablation_replace import Replacement, needed_width, overwrite_hook, replace_hook
+from probes.ablation_replace import for_request
 from probes.ablation_result import AblationResult
 from probes.inputs import FiniteWatch
 from probes.metrics import harm, paired_bootstrap
+from probes.replace import Replacement, needed_width, overwrite_hook, replace_hook
 
 
 # ------------------------------------------------------------------------------------------------
@@ -72,7 +73,7 @@ def exact_engine(req: AblationRequest, *, naive: bool = False) -> AblationResult
     watch = FiniteWatch()  # the logits of every forward, checked once at the end
     with eval_mode(req.model), torch.no_grad(), autocast(req.tokens.device, req.amp):
         sweep = sweep_naive if naive else sweep_batched if req.model.can_restart else sweep_stacked
-        base, vals = sweep(req, watch, Replacement(req))
+        base, vals = sweep(req, watch, for_request(req))
     watch.check(req.who, req.amp)
     return summarise(req, base.numpy(), vals.numpy())
 

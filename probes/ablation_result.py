@@ -19,9 +19,9 @@ from pe_interp.io import (
 from probes.inputs import (
     check_layer,
 )
+from probes.replace import METHODS
 
 Head = tuple[int, int]
-METHODS = ("zero", "mean", "resample")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -64,7 +64,6 @@ from probes.circuits.engine import (
     forks,
     mean_metric,
     pair_labels,
-    position_means,
     reader_groups,
     reader_hooks,
     resolve,
@@ -73,6 +72,7 @@ from probes.circuits.engine import (
 from probes.circuits.graph import Graph, build_graph, head_name, parse
 from probes.circuits.scores import Attribution, span_ids
 from probes.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
+from probes.replace import position_means
 
 METHODS = ("atp", "atp*", "eap-ig")
 GRANULARITIES = ("node", "edge")
@@ -406,7 +406,7 @@ def attribute(
                 raise ValueError(
                     f"attribute: the reference is shorter ({ref.tokens.shape[1]}) than the examples ({P})"
                 )
-            means = position_means(model, ref, writer_hooks(graph), rows)
+            means = position_means(model, ref.tokens, ref.pad_mask, writer_hooks(graph), rows)
         totals: list[Tensor] | None = None
         for c0 in range(0, n, chunk):
             sl = slice(c0, c0 + chunk)

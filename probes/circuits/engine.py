@@ -383,33 +383,6 @@ def mean_metric(model, run: Run, fn: PerExample, good: Tensor, bad: Tensor, rows
     return total / len(run)
 
 
-def position_means(model, run: Run, names: Sequence[str], batch_size: int) -> dict[str, Tensor]:
-    """Mean of each hook's activation per position over the rows where that position is a token
-    the model sees (every position when padding is unmasked); positions no row has get the mean
-    over all tokens (the definition of :func:`probes.ablation.head_means`)."""
-    weights = run.pad_mask if model.cfg.mask_padding else torch.ones_like(run.pad_mask)
-    sums: dict[str, Tensor] = {}
-    count = torch.zeros(run.tokens.shape[1], dtype=torch.float64, device=run.tokens.device)
-    with torch.no_grad():
-        for c0 in range(0, len(run), batch_size):
-            part = run.rows(slice(c0, c0 + batch_size))
-            acts, _, _ = capture(model, part, names)
-            w = weights[c0 : c0 + batch_size].to(torch.float64)
-            count += w.sum(0)
-            for n in names:
-                a = acts[n].to(torch.float64)
-                s = torch.einsum("bp,bp...->p...", w, a)
-                sums[n] = s if n not in sums else sums[n] + s
-    out = {}
-    total = count.sum().clamp_min(1.0)
-    for n, s in sums.items():
-        shape = (-1,) + (1,) * (s.ndim - 1)
-        overall = s.sum(0, keepdim=True) / total
-        mean = torch.where(count.view(shape) > 0, s / count.clamp_min(1.0).view(shape), overall)
-        out[n] = mean.to(model.W_E.dtype)
-    return out
-
-
 __all__ = [
     "METRICS",
     "PerExample",
@@ -423,7 +396,6 @@ __all__ = [
     "mean_metric",
     "no_forks",
     "pair_labels",
-    "position_means",
     "reader_groups",
     "reader_hooks",
     "resolve",

@@ -32,7 +32,6 @@ from probes.circuits.engine import (
     contributions,
     forks,
     pair_labels,
-    position_means,
     reader_groups,
     resolve,
     writer_hooks,
@@ -43,6 +42,7 @@ from probes.circuits.scores import Attribution, span_ids
 from probes.circuits.selection import Circuit, Ranking, curve_area, default_sizes, rank_edges
 from probes.inputs import check_count, check_finite_model, takes_probe_model
 from probes.metrics import resample_sources
+from probes.replace import position_means
 
 ABLATIONS = ("corrupt", "resample", "mean")
 
@@ -221,7 +221,7 @@ class _Evaluator:
                     if reference is None
                     else as_run(model, reference, what="reference", who=who)
                 )
-                means = position_means(model, ref, names, self.rows)
+                means = position_means(model, ref.tokens, ref.pad_mask, names, self.rows)
                 P = self.c.tokens.shape[1]
                 self.repl_all = contributions(
                     model, self.graph, {n: m[None, :P] for n, m in means.items()}

@@ -25,6 +25,7 @@ estimate is in the units of the metric the exact grid reports:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -32,10 +33,9 @@ import torch
 from torch import Tensor
 
 from pe_interp.modes import eval_mode
-from probes.circuits.engine import as_run as _as_run
-from probes.circuits.engine import position_means
+from pe_interp.probe_model import HOOKS
 from probes.inputs import takes_probe_model
-from probes.metrics import resample_sources
+from probes.replace import Replacement, replacement
 
 PATHS = ("joint", "layer")
 SURROGATES = ("accuracy", "loss", "logit", "margin", "logprob")
@@ -62,57 +62,24 @@ def _nodes(steps: int) -> tuple[np.ndarray, np.ndarray]:
     return (x + 1) / 2, w / 2
 
 
-def _others(model, tokens, pad_mask, method, reference, seed, rows) -> Any:
-    """A function of (row slice, live z per layer) -> the ablated value of every head per layer."""
-    L = model.cfg.n_layers
-    if method == "zero":
-        return lambda sl, z: {layer: torch.zeros_like(z[layer]) for layer in range(L)}
-    if method == "mean":
-        ref = (tokens, pad_mask) if reference is None else reference
-        P = tokens.shape[1]
-        if ref[0].shape[1] < P:
-            raise ValueError(
-                f"rank_heads: the mean's reference is shorter ({ref[0].shape[1]}) than the examples ({P})"
-            )
-        run = _as_run(model, _Tok(*ref))
-        means = position_means(
-            model, run, [f"blocks.{layer}.attn.hook_z" for layer in range(L)], rows
+def _others(model, tokens, pad_mask, method, reference, seed, rows) -> Replacement:
+    """What replaces every head of every layer (:mod:`probes.replace`), for the examples."""
+    if method == "mean" and reference is not None and reference[0].shape[1] < tokens.shape[1]:
+        raise ValueError(
+            f"rank_heads: the mean's reference is shorter ({reference[0].shape[1]}) than the "
+            f"examples ({tokens.shape[1]})"
         )
-        return lambda sl, z: {
-            layer: means[f"blocks.{layer}.attn.hook_z"][None, :P].expand_as(z[layer])
-            for layer in range(L)
-        }
-    rt, rp = (tokens, pad_mask) if reference is None else reference
-    src = resample_sources(len(tokens), None if reference is None else len(rt), seed).to(
-        tokens.device
+    layers = range(model.cfg.n_layers)
+    return replacement(
+        model, method, layers, tokens, pad_mask, reference=reference, seed=seed, batch_size=rows
     )
 
-    def other(sl, z):
-        store: dict[int, Tensor] = {}
-        hooks = [
-            (
-                f"blocks.{layer}.attn.hook_z",
-                lambda x, hook: store.__setitem__(int(hook.name.split(".")[1]), x),
-            )
-            for layer in range(L)
-        ]
-        idx = src[sl]
-        with torch.no_grad():
-            model.run_with_hooks(rt[idx], rp[idx], fwd_hooks=hooks)
-        return store
 
-    return other
-
-
-class _Tok:
-    """Tokens and a pad mask with the attributes :func:`probes.circuits.engine.as_run` reads."""
-
-    def __init__(self, tokens: Tensor, pad_mask: Tensor):
-        self.tokens, self.pad_mask, self.labels = (
-            tokens,
-            pad_mask,
-            torch.zeros(len(tokens), dtype=torch.long),
-        )
+def _full(value: Tensor | None, like: Tensor) -> Tensor:
+    """A replacement's value for one layer (None: zero; ``[pos, H, D]``: every row) as ``like``."""
+    if value is None:
+        return torch.zeros_like(like)
+    return value[None].expand_as(like) if value.ndim == 3 else value
 
 
 @takes_probe_model
@@ -165,16 +132,16 @@ def rank_heads(
                 live: dict[int, Tensor] = {}
                 hooks = [
                     (
-                        f"blocks.{layer}.attn.hook_z",
-                        lambda x, hook, live=live: live.__setitem__(
-                            int(hook.name.split(".")[1]), x
-                        ),
+                        HOOKS.z(layer),
+                        lambda x, hook, layer=layer, live=live: live.__setitem__(layer, x),
                     )
                     for layer in range(L)
                 ]
                 logits = model.run_with_hooks(toks, pm, fwd_hooks=hooks)
                 base[sl] = _per_example(surrogate, logits, lab).double().cpu()
-                other = {k: v.detach() for k, v in other_of(sl, live).items()}
+                idx = torch.arange(c0, c0 + b, device=toks.device)
+                now = other_of.for_chunk(idx, toks.shape[1])
+                other = {k: _full(now[k], live[k]).detach() for k in range(L)}
             a = torch.tensor(alphas, dtype=model.W_E.dtype, device=toks.device).repeat_interleave(
                 b
             )  # [steps * b]
@@ -183,12 +150,11 @@ def rank_heads(
                     layer: a[:, None].expand(-1, H).clone().requires_grad_(True) for layer in group
                 }
 
-                def hook(z, hook, scale=scale, other=other):
-                    layer = int(hook.name.split(".")[1])
+                def hook(z, hook, layer, scale=scale, other=other):
                     o = other[layer].repeat(steps, 1, 1, 1)
                     return o + scale[layer][:, None, :, None] * (z - o)
 
-                fwd = [(f"blocks.{layer}.attn.hook_z", hook) for layer in group]
+                fwd = [(HOOKS.z(layer), partial(hook, layer=layer)) for layer in group]
                 out = model.run_with_hooks(
                     toks.repeat(steps, 1), pm.repeat(steps, 1), fwd_hooks=fwd
                 )

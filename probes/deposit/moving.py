@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from probes.ablation_replace import capture_z
+from probes.replace import capture_z
 
 EMBED = "embed"
 
@@ -142,8 +142,8 @@ def move_hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, fi
 
 class MovedOutputs:
     """What replaces each route head's ``hook_z`` in the ablation sweep: its output with its
-    positions moved to ``sigma`` on the clean input of its layer (module docstring). Duck-types
-    :class:`probes.ablation_replace.Replacement` for the exact sweeps."""
+    positions moved to ``sigma`` on the clean input of its layer (module docstring). A
+    :class:`probes.replace.Replacement`, so the exact sweeps run it like an ablation."""
 
     method = "positions moved"
 
