@@ -27,6 +27,7 @@ from probes.ablation_replace import head_means
 from probes.ablation_result import METHODS, AblationResult, Head
 from probes.ablation_sampled import sampled_engine
 from probes.metrics import Metric, MetricFn, resample_sources
+from probes.options import AblationMethod, Engine, IntegrationPath
 
 
 def ablate_heads(
@@ -35,7 +36,7 @@ def ablate_heads(
     labels: Tensor,
     *,
     pad_mask: Tensor | None = None,
-    method: str = "zero",
+    method: AblationMethod = "zero",
     metric: str | MetricFn | Metric = "accuracy",
     layers: Iterable[int] | None = None,
     heads: Iterable[int] | None = None,
@@ -48,10 +49,10 @@ def ablate_heads(
     batch_size: int | None = None,
     progress: bool = False,
     higher_is_better: bool | None = None,
-    engine: str = "exact",
+    engine: Engine = "exact",
     verify_top: int = 3,
     steps: int = 4,
-    path: str = "joint",
+    path: IntegrationPath = "joint",
     amp: bool = False,
     sample: float = 0.2,
 ) -> AblationResult:
@@ -83,7 +84,7 @@ def ablate_heads(
         engine: ``"exact"`` ablates every head of the grid. ``"sampled"`` ablates every head of
             the grid exactly on a seeded random share ``sample`` of the examples, then the
             ``verify_top`` heads with the largest drops there on every example
-            (:func:`probes.engines.sampled_engine`): a whole grid, the verified heads exact, the
+            (:func:`probes.ablation_sampled.sampled_engine`): a whole grid, the verified heads exact, the
             others unbiased estimates with intervals over the sample; ``meta["verification"]``
             holds the verified heads' sampled against exact drops. On trained models it ranks
             heads like the exact grid to within the grid's own sampling noise
@@ -145,7 +146,7 @@ def ablate_heads_naive(
     labels: Tensor,
     *,
     pad_mask: Tensor | None = None,
-    method: str = "zero",
+    method: AblationMethod = "zero",
     metric: str | MetricFn | Metric = "accuracy",
     layers: Iterable[int] | None = None,
     heads: Iterable[int] | None = None,

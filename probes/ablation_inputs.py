@@ -25,9 +25,10 @@ from probes.inputs import (
     check_layers,
 )
 from probes.metrics import Metric, resolve_metric
+from probes.options import ENGINES as OPTION_ENGINES
+from probes.options import INTEGRATION_PATHS
 
-ENGINES = ("exact", "sampled", "attribution")
-PATHS = ("joint", "layer")
+ENGINES, PATHS = OPTION_ENGINES, INTEGRATION_PATHS
 
 
 @dataclass(frozen=True, eq=False)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -27,9 +27,10 @@ from torch import Tensor
 from pe_interp.modes import eval_mode
 from pe_interp.probe_model import HOOKS
 from probes.metrics import resample_sources
+from probes.options import ABLATION_METHODS, AblationMethod
 
-Method = Literal["zero", "mean", "resample"]
-METHODS: tuple[str, ...] = get_args(Method)
+Method = AblationMethod
+METHODS = ABLATION_METHODS
 
 __all__ = [
     "METHODS",

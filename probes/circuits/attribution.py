@@ -72,11 +72,12 @@ from probes.circuits.engine import (
 from probes.circuits.graph import Graph, build_graph, head_name, parse
 from probes.circuits.scores import Attribution, span_ids
 from probes.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
+from probes.options import ATTRIBUTION_ABLATIONS, ATTRIBUTION_METHODS
 from probes.replace import position_means
 
-METHODS = ("atp", "atp*", "eap-ig")
+METHODS = ATTRIBUTION_METHODS
 GRANULARITIES = ("node", "edge")
-ABLATIONS = ("zero", "mean")
+ABLATIONS = ATTRIBUTION_ABLATIONS
 DIRECTIONS = ("denoise", "noise")
 
 

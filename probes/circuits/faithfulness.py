@@ -42,9 +42,10 @@ from probes.circuits.scores import Attribution, span_ids
 from probes.circuits.selection import Circuit, Ranking, curve_area, default_sizes, rank_edges
 from probes.inputs import check_count, check_finite_model, takes_probe_model
 from probes.metrics import resample_sources
+from probes.options import FAITHFULNESS_ABLATIONS
 from probes.replace import position_means
 
-ABLATIONS = ("corrupt", "resample", "mean")
+ABLATIONS = FAITHFULNESS_ABLATIONS
 
 
 def ablated_metric(

@@ -35,10 +35,10 @@ from torch import Tensor
 from pe_interp.modes import eval_mode
 from pe_interp.probe_model import HOOKS
 from probes.inputs import takes_probe_model
+from probes.options import INTEGRATION_PATHS, SURROGATES
 from probes.replace import Replacement, replacement
 
-PATHS = ("joint", "layer")
-SURROGATES = ("accuracy", "loss", "logit", "margin", "logprob")
+PATHS = INTEGRATION_PATHS
 
 
 def _margin(logits: Tensor, labels: Tensor) -> Tensor:

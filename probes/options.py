@@ -1,0 +1,44 @@
+"""The probes' option strings, each a ``Literal`` type named for what it chooses, with the runtime
+tuple that checks it derived from the type (``typing.get_args``), so that the two cannot drift.
+One name means one thing: an ablation's replacement (:data:`AblationMethod`) is not an
+attribution's estimator (:data:`AttributionMethod`) nor a faithfulness test's replacement
+(:data:`FaithfulnessAblation`)."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+AblationMethod = Literal["zero", "mean", "resample"]  # what replaces an ablated head
+Engine = Literal["exact", "sampled", "attribution"]  # how ablate_heads covers the grid
+IntegrationPath = Literal[
+    "joint", "layer"
+]  # attribution along the ablation path: all layers, or one
+AttributionMethod = Literal["atp", "atp*", "eap-ig"]  # the attribution estimator
+AttributionAblation = Literal["zero", "mean"]  # what attribution moves a unit towards
+FaithfulnessAblation = Literal["corrupt", "resample", "mean"]  # what replaces what a circuit drops
+Surrogate = Literal["accuracy", "loss", "logit", "margin", "logprob"]  # rank_heads' integrand
+
+ABLATION_METHODS: tuple[str, ...] = get_args(AblationMethod)
+ENGINES: tuple[str, ...] = get_args(Engine)
+INTEGRATION_PATHS: tuple[str, ...] = get_args(IntegrationPath)
+ATTRIBUTION_METHODS: tuple[str, ...] = get_args(AttributionMethod)
+ATTRIBUTION_ABLATIONS: tuple[str, ...] = get_args(AttributionAblation)
+FAITHFULNESS_ABLATIONS: tuple[str, ...] = get_args(FaithfulnessAblation)
+SURROGATES: tuple[str, ...] = get_args(Surrogate)
+
+__all__ = [
+    "ABLATION_METHODS",
+    "ATTRIBUTION_ABLATIONS",
+    "ATTRIBUTION_METHODS",
+    "ENGINES",
+    "FAITHFULNESS_ABLATIONS",
+    "INTEGRATION_PATHS",
+    "SURROGATES",
+    "AblationMethod",
+    "AttributionAblation",
+    "AttributionMethod",
+    "Engine",
+    "FaithfulnessAblation",
+    "IntegrationPath",
+    "Surrogate",
+]
