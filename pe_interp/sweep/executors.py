@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from pe_interp import interrupts
 from pe_interp.api import train
 from pe_interp.checkpoint import WEIGHTS, WEIGHTS_KEY, load_run, weights_provenance
@@ -30,6 +28,7 @@ from pe_interp.sweep.owner import (
     probes_to_rerun,
     record_options,
 )
+from pe_interp.sweep.pinning import cell_route, cell_threads, pinned
 from pe_interp.sweep.probing import CALLBACKS, PROBES, SWEEP_PROBES
 from pe_interp.sweep.progress import Progress
 from pe_interp.sweep.workers import WORKER
@@ -48,7 +47,11 @@ def missing_probes(result: dict[str, Any], probes: tuple[str, ...]) -> list[str]
 
 
 def _run_probes(
-    run: Any, names: list[str], result: dict[str, Any], options: dict[str, dict[str, Any]]
+    run: Any,
+    names: list[str],
+    result: dict[str, Any],
+    options: dict[str, dict[str, Any]],
+    pins: dict[str, Any],
 ) -> None:
     seconds = result.setdefault("seconds", {})
     used = result.setdefault(OPTIONS_RUN, {})
@@ -59,6 +62,8 @@ def _run_probes(
             result[name] = record
         seconds[name] = round(time.time() - t0, 1)
         used[name] = dict(options.get(name, {}))
+        for key, value in pins.items():  # what the probe computed with (pe_interp.sweep.pinning)
+            result.setdefault(key, {})[name] = value
     result[PROBES_RUN] = [*[n for n in result.get(PROBES_RUN, []) if n not in names], *names]
     result[WEIGHTS_KEY] = run.provenance
 
@@ -72,7 +77,7 @@ def run_cell(
     cell: Cell,
     sweep_dir: str | Path,
     probes: tuple[str, ...] = (),
-    threads: int | None = None,
+    threads: int = 1,
     options: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Train one cell (resuming its own checkpoint if any), run its probes, write result.json.
@@ -81,23 +86,29 @@ def run_cell(
     (:func:`~pe_interp.sweep.owner.probes_to_rerun`: new, with other options, or of other
     weights). ``options`` are the grid's ``probe_options`` (keyword arguments per probe). The
     result records the seconds spent training and in each probe, each probe's options, and the
-    weights the probes saw."""
+    weights the probes saw.
+
+    The cell runs on ``threads`` intra-op threads, whatever the calling process had (given back
+    after), and one bf16 attention route (:mod:`pe_interp.sweep.pinning`): a sweep passes its
+    grid's :func:`~pe_interp.sweep.pinning.cell_threads` on every backend. ``cell.json`` and the
+    result record both."""
     options = options or {}
-    if threads:
-        torch.set_num_threads(threads)
     cell_dir = Path(sweep_dir) / "cells" / cell.id
     run_dir = cell_dir / "run"
-    with dir_lock(run_dir, "run directory", timeout=CELL_LOCK_WAIT):
+    with (
+        dir_lock(run_dir, "run directory", timeout=CELL_LOCK_WAIT),
+        pinned(threads, cell_route(cell_dir)) as pins,  # entered under the lock
+    ):
         if (cell_dir / RESULT).is_file():
             result = read_json(cell_dir / RESULT)
             run = load_run(run_dir)
             redo = probes_to_rerun(result, probes, options, run.provenance)
             if redo:
-                _run_probes(run, redo, result, options)
+                _run_probes(run, redo, result, options, pins)
                 atomic_write_json(cell_dir / RESULT, result)
             return result
         atomic_write_json(
-            cell_dir / CELL, {"id": cell.id, "params": cell.kwargs, "seed": cell.seed}
+            cell_dir / CELL, {"id": cell.id, "params": cell.kwargs, "seed": cell.seed, **pins}
         )
         (cell_dir / ERROR).unlink(missing_ok=True)
         kwargs = cell.kwargs
@@ -125,8 +136,9 @@ def run_cell(
             "final": final,
             "seconds": seconds,
             "machine": machine(),
+            **{key: {"train": value} for key, value in pins.items()},
         }
-        _run_probes(run, [name for name in PROBES if name in probes], result, options)
+        _run_probes(run, [name for name in PROBES if name in probes], result, options, pins)
         atomic_write_json(cell_dir / RESULT, result)
         return result
 
@@ -138,7 +150,7 @@ def _safe_run_cell(
     cell: Cell,
     sweep_dir: str,
     probes: tuple[str, ...],
-    threads: int | None,
+    threads: int,
     options: dict | None = None,
 ) -> dict[str, Any]:
     """run_cell, turning an exception into an error.json record (so the sweep goes on).
@@ -265,7 +277,7 @@ def _sweep(
     skipped = [c.id for c in cells if c.id in complete | found]
     todo = [c for c in cells if c.id not in set(skipped)]
     cpus = os.cpu_count() or 1
-    threads = int(grid.resources.get("cpus", 1)) or 1
+    threads = cell_threads(grid.resources)  # on every backend: a cell's numbers depend on it
     if progress:
         print(
             f"{grid.name}: {len(cells)} cells, {len(skipped)} already finished"
@@ -418,7 +430,9 @@ def _run_ray(
         gpus = float(grid.resources.get("gpus", 0))
         remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries)(_safe_run_cell)
         pending = [
-            remote.remote(c, sweep_dir, grid.probes, max(1, int(cpus)), grid.probe_options)
+            remote.remote(
+                c, sweep_dir, grid.probes, cell_threads(grid.resources), grid.probe_options
+            )
             for c in cells
         ]
         slots = max(1, int(ray.cluster_resources().get("CPU", 1) // max(cpus, 1e-9)))

@@ -14,7 +14,8 @@ examples) with ``ci_low``/``ci_high`` (paired bootstrap), ``layer_drops`` with t
 head of a layer ablated together, when the probe ran so), ``dynamics`` (the layer-0 drops over
 training, on held-out examples), ``snapshots`` (every criterion at every training snapshot, when the
 grid keeps snapshots and runs ``snapshot_dynamics``: :mod:`probes.deposit.trajectory`), ``history`` (held-out accuracy per evaluation), ``weights``
-(sha256 of ``model.safetensors`` and the step), ``seconds``, ``machine``, ``probe_options``.
+(sha256 of ``model.safetensors`` and the step), ``seconds``, ``machine``, ``threads`` and
+``attn_route`` (per stage, :mod:`pe_interp.sweep.pinning`), ``probe_options``.
 """
 
 from __future__ import annotations
@@ -145,6 +146,9 @@ def summarize(grid: Grid, cell: Cell, result: dict[str, Any], run_dir: Path) -> 
         else None,
         "seconds": result.get("seconds"),
         "machine": result.get("machine"),
+        # what each stage computed with (pe_interp.sweep.pinning); None before it was recorded
+        "threads": result.get("threads"),
+        "attn_route": result.get("attn_route"),
     }
     return out
 
