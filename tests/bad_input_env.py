@@ -1,4 +1,4 @@
-"""What the probe bad-input tables (``tests/test_bad_inputs_probes.py``,
+"""What the probe bad-input tables (``tests/bad_probe_cases.py``,
 ``tests/test_bad_inputs_files.py``) build their inputs from, and how they judge a case.
 
 :func:`build_world` trains one tiny run and saves one result file of each kind (the

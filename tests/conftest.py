@@ -78,14 +78,24 @@ def make_config():
     return make
 
 
+def tiny_model(
+    encoding=None, *, double: bool = False, training: bool = False, **overrides
+) -> HookedPETransformer:
+    """A tiny HookedPETransformer: ``ModelConfig(**TINY)`` with ``overrides`` (and ``encoding``
+    when given; else the config's default), in float64 with ``double``, in eval mode unless
+    ``training``. The model tests' factories are this with their own sizes, seeds and dtypes."""
+    if encoding is not None:
+        overrides["encoding"] = encoding
+    model = HookedPETransformer(ModelConfig(**{**TINY, **overrides}))
+    if double:
+        model = model.double()
+    return model if training else model.eval()
+
+
 @pytest.fixture
-def make_model(make_config):
-    """``make_model(**overrides)``: a tiny HookedPETransformer in eval mode."""
-
-    def make(**overrides) -> HookedPETransformer:
-        return HookedPETransformer(make_config(**overrides)).eval()
-
-    return make
+def make_model():
+    """``make_model(**overrides)``: :func:`tiny_model` as a fixture (float32, eval mode)."""
+    return tiny_model
 
 
 def smoke_trainer(crash_at: int | None = None, **overrides):

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_model
 
-from pe_interp import HookedPETransformer, ModelConfig
+from pe_interp import HookedPETransformer
 from probes.ablation import (
     AblationResult,
     ablate_heads,
@@ -40,20 +41,10 @@ CONFIGS = {
 
 
 def make_model(**kw) -> HookedPETransformer:
-    base = dict(
-        n_layers=2,
-        d_model=16,
-        n_heads=4,
-        d_mlp=32,
-        n_ctx=12,
-        d_vocab=16,
-        n_classes=4,
-        init_std=0.4,
-        attn_backend="sdpa",
-        seed=1,
-    )
-    base.update(kw)
-    return HookedPETransformer(ModelConfig(**base))
+    """The tiny model with 4 heads, a 16-token vocabulary, 4 classes, init_std 0.4, sdpa attention
+    and seed 1 (float32, left in training mode)."""
+    cfg = dict(n_heads=4, d_vocab=16, n_classes=4, init_std=0.4, attn_backend="sdpa", seed=1)
+    return tiny_model(training=True, **{**cfg, **kw})
 
 
 def make_data(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_tl_tools import autograd_at, cache_of, class_metric, forks, random_model, random_pairs
+from circuit_env import autograd_at, cache_of, class_metric, forks, random_model, random_pairs
 from transformer_lens.tools.analysis import attribution_patching as ap
 
 from pe_interp.tasks.batch import Batch

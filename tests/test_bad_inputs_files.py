@@ -7,7 +7,7 @@ clear line (issue 21, item 4), and good input still gives the right result.
   same numbers as the canonical form.
 
 The world and the helpers are in ``tests/bad_input_env.py``; the probes' own inputs are in
-``tests/test_bad_inputs_probes.py``. ``ISSUE_CASES`` are the cases the issue names.
+``tests/bad_probe_cases.py``. ``ISSUE_CASES`` are the cases the issue names.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from bad_input_env import NO_BOOT, TINY, Env, expect_cli_refusal, expect_value_error, not_kind
+from bad_probe_cases import CASES as PROBE_CASES
 
 import pe_interp
 from pe_interp.cli import main
@@ -513,8 +514,6 @@ def test_cli_an_internal_error_is_one_line(probe_world, monkeypatch, capsys):
 
 def test_the_tables_cover_the_issue():
     """Every bad input the issue lists (this engineer's share) is a case of these tables."""
-    from test_bad_inputs_probes import CASES
-
-    ids = {c[0] for c in CASES} | {c[0] for c in API_CASES} | {c[0] for c in CLI_CASES}
+    ids = {c[0] for c in PROBE_CASES} | {c[0] for c in API_CASES} | {c[0] for c in CLI_CASES}
     missing = [name for name in ISSUE_CASES if name not in ids]
     assert not missing, missing

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from test_report import LOCAL_SCHEMES, DevTools, chromium_binary, is_flat
+from browser_env import LOCAL_SCHEMES, DevTools, chromium_binary, is_flat
 
 from pe_interp.cli import main
 from probes import Circuit, attribute, circuit, path_patch

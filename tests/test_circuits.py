@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_tl_tools import class_metric, random_model, random_pairs
+from circuit_env import FN, SPANS, class_metric, random_model, random_pairs
 from transformer_lens.tools.analysis import attribution_patching as ap
 
 from pe_interp.presets import build_run_configs
@@ -21,8 +21,6 @@ from probes import (
     family_attributions,
     find_deposits,
 )
-
-FN = lambda logits, good, bad: logits[:, 1] - logits[:, 0]  # noqa: E731
 
 
 def tl_node(name: str, pos: int, n_layers: int, reader: bool) -> ap.Node:
@@ -123,9 +121,6 @@ def test_resample_is_corrupt_ablation_with_the_derangement():
     cor = faithfulness_curve(model, a, clean, clean[src], sizes=[0, 5, 30], metric=FN)
     np.testing.assert_allclose(res["metric"], cor["metric"], rtol=1e-12)
     assert res["recovered"][0] == pytest.approx(0.0, abs=1e-12)
-
-
-SPANS = torch.tensor([[0, 0, 1, 2, 2, 2, 3, 3], [0, 1, 1, 2, 2, 3, 3, 3], [0, 0, 1, 1, 2, 2, 2, 3]])
 
 
 @pytest.mark.parametrize("encoding", ["rope", "alibi"])

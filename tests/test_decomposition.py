@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_model
 
 from pe_interp import HookedPETransformer, ModelConfig
 from pe_interp.encodings import alibi_slopes
@@ -17,20 +18,10 @@ VOCAB, POS = 40, 10
 
 
 def make_model(encoding, seed=0, **kw) -> HookedPETransformer:
-    base = dict(
-        n_layers=2,
-        d_model=32,
-        n_heads=4,
-        d_mlp=32,
-        n_ctx=16,
-        d_vocab=VOCAB,
-        n_classes=5,
-        encoding=encoding,
-        init_std=0.2,
-        seed=seed,
-    )
-    base.update(kw)
-    model = HookedPETransformer(ModelConfig(**base)).eval()
+    """The tiny model with d_model 32, 4 heads, 16 positions, this file's vocabulary, init_std 0.2
+    and ``seed``, in eval mode; its biases, LN weights and encoding tables then drawn non-zero."""
+    cfg = dict(d_model=32, n_heads=4, n_ctx=16, d_vocab=VOCAB, n_classes=5, init_std=0.2, seed=seed)
+    model = tiny_model(encoding, **{**cfg, **kw})
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():  # non-zero biases, LN parameters and encoding tables
         for name, p in model.named_parameters():

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_model
 
 from pe_interp import HookedPETransformer, ModelConfig
 from probes.gradients import (
@@ -24,20 +25,9 @@ VOCAB, POS = 30, 8
 
 
 def make_model(encoding="rope", n_classes=4, **kw) -> HookedPETransformer:
-    base = dict(
-        n_layers=2,
-        d_model=16,
-        n_heads=2,
-        d_mlp=16,
-        n_ctx=12,
-        d_vocab=VOCAB,
-        n_classes=n_classes,
-        encoding=encoding,
-        init_std=0.3,
-        seed=0,
-    )
-    base.update(kw)
-    return HookedPETransformer(ModelConfig(**base)).double().eval()
+    """The tiny model with d_mlp 16, this file's vocabulary, init_std 0.3, seed 0, in float64."""
+    cfg = dict(d_mlp=16, d_vocab=VOCAB, init_std=0.3, seed=0)
+    return tiny_model(encoding, double=True, n_classes=n_classes, **{**cfg, **kw})
 
 
 def make_batch(n=5, n_classes=4, seed=0):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_tl_tools import random_model
+from circuit_env import inputs, random_model
 
 from probes import ablate_heads, find_deposits
 from probes.circuits.heads import rank_heads
@@ -16,15 +16,6 @@ from probes.metrics import accuracy_per_example
 def margin(logits, labels):
     own = logits.gather(1, labels[:, None])[:, 0]
     return own - logits.scatter(1, labels[:, None], float("-inf")).max(1).values
-
-
-def inputs(n: int = 24, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(5, 9, (n,), generator=g)
-    pad = torch.arange(8)[None] < lengths[:, None]
-    tokens = torch.randint(1, 20, (n, 8), generator=g) * pad
-    labels = torch.randint(0, 5, (n,), generator=g)
-    return tokens, labels, pad
 
 
 def logprob(logits, labels):

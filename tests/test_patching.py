@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from conftest import tiny_model
 from transformer_lens import patching as tlp
 
 from pe_interp import HookedPETransformer, ModelConfig
@@ -24,20 +25,9 @@ TOL = 1e-5
 
 
 def make_model(encoding="rope", **kw) -> HookedPETransformer:
-    base = dict(
-        n_layers=2,
-        d_model=16,
-        n_heads=2,
-        d_mlp=32,
-        n_ctx=12,
-        d_vocab=VOCAB,
-        n_classes=CLASSES,
-        encoding=encoding,
-        init_std=0.4,
-        seed=3,
-    )
-    base.update(kw)
-    return HookedPETransformer(ModelConfig(**base)).double().eval()
+    """The tiny model at this file's vocabulary and classes, init_std 0.4, seed 3, in float64."""
+    cfg = dict(d_vocab=VOCAB, n_classes=CLASSES, init_std=0.4, seed=3)
+    return tiny_model(encoding, double=True, **{**cfg, **kw})
 
 
 def make_pairs(seed=0):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_tl_tools import cache_of, class_metric, forks, random_model, random_pairs
+from circuit_env import cache_of, class_metric, forks, random_model, random_pairs
 from transformer_lens import patching as tlp
 
 from pe_interp.config import KV_EMBED_NO_EDGES

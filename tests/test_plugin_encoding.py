@@ -11,10 +11,11 @@ import io
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_model
 from torch import nn
 from transformer_lens import patching as tlp
 
-from pe_interp import HookedPETransformer, ModelConfig, register_encoding
+from pe_interp import HookedPETransformer, register_encoding
 from pe_interp.encodings import Encoding, HeadAxes, RotarySpan
 from pe_interp.encodings.spec import _REGISTRY
 from pe_interp.kernels.rope import apply_rope, rope_angles, rope_frequencies
@@ -82,19 +83,9 @@ def registered():
 
 
 def make_model(encoding="test_half_rotary_bias", **kw) -> HookedPETransformer:
-    cfg = dict(
-        n_layers=2,
-        d_model=16,
-        n_heads=2,
-        d_mlp=32,
-        n_ctx=12,
-        d_vocab=VOCAB,
-        n_classes=CLASSES,
-        encoding=encoding,
-        init_std=0.4,
-        seed=5,
-    )
-    return HookedPETransformer(ModelConfig(**{**cfg, **kw})).double().eval()
+    """The tiny model at this file's vocabulary and classes, init_std 0.4, seed 5, in float64."""
+    cfg = dict(d_vocab=VOCAB, n_classes=CLASSES, init_std=0.4, seed=5)
+    return tiny_model(encoding, double=True, **{**cfg, **kw})
 
 
 def batch(seed=0):

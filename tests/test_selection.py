@@ -10,7 +10,7 @@ import networkx as nx
 import numpy as np
 import pytest
 import torch
-from test_tl_tools import random_model, random_pairs
+from circuit_env import random_model, random_pairs
 
 from pe_interp import ModelConfig
 from pe_interp.presets import build_run_configs

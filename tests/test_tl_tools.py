@@ -19,59 +19,33 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from circuit_env import (
+    CLASSES,
+    LENGTHS,
+    POS,
+    autograd_at,
+    cache_of,
+    class_metric,
+    flags,
+    forks,
+    random_model,
+    random_pairs,
+)
 from transformer_lens import patching as tlp
 from transformer_lens.tools.analysis import attribution_patching as ap
 
 import pe_interp
-from pe_interp import HookedPETransformer, ModelConfig
+from pe_interp import ModelConfig
 from pe_interp.config import KV_EMBED_NO_EDGES
 from pe_interp.presets import build_run_configs
 
-VOCAB, CLASSES, POS = 20, 5, 8
-LENGTHS = (8, 6, 7)  # right-padded with PAD_ID = 0
 RANDOM_ENCODINGS = ("rope", "sinusoidal", "t5", "alibi")
 CASES = (*RANDOM_ENCODINGS, "trained-rope")
 ATTN_READERS = ("q_input", "k_input", "v_input")
 Key = tuple  # (kind, layer, head, position), the fields of a TransformerLens Node
-
-
-def random_model(encoding: str, **kw) -> HookedPETransformer:
-    cfg = dict(
-        n_layers=3,
-        d_model=16,
-        n_heads=2,
-        d_mlp=32,
-        n_ctx=12,
-        d_vocab=VOCAB,
-        n_classes=CLASSES,
-        encoding=encoding,
-        init_std=0.4,
-        seed=5,
-    )
-    return HookedPETransformer(ModelConfig(**{**cfg, **kw})).double().eval()
-
-
-def random_pairs(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clean/corrupt rows with the same pads, differing at positions 1 and 4."""
-    g = torch.Generator().manual_seed(seed)
-    real = torch.arange(POS)[None] < torch.tensor(LENGTHS)[:, None]
-    clean = torch.randint(1, VOCAB, (len(LENGTHS), POS), generator=g) * real
-    corrupt = clean.clone()
-    for p in (1, 4):
-        corrupt[:, p] = (
-            clean[:, p] + torch.randint(1, VOCAB - 1, (len(LENGTHS),), generator=g) - 1
-        ) % (VOCAB - 1) + 1
-    assert bool((corrupt[:, [1, 4]] != clean[:, [1, 4]]).all())
-    return clean, corrupt
-
-
-def class_metric(good: int, bad: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A scalar on our pooled logits ``[batch, n_classes]``: summed logit difference."""
-    return lambda logits: (logits[:, good] - logits[:, bad]).sum()
 
 
 @pytest.fixture(scope="module")
@@ -100,29 +74,6 @@ def case(request):
 def quiet(fn, *args, **kwargs):
     with contextlib.redirect_stderr(io.StringIO()):  # tqdm
         return fn(*args, **kwargs)
-
-
-def flags(model) -> tuple[bool, ...]:
-    c = model.cfg
-    return c.use_attn_result, c.use_split_qkv_input, c.use_attn_in, c.use_hook_mlp_in
-
-
-@contextlib.contextmanager
-def forks(model) -> Iterator[None]:
-    """Our own switch-on of the per-head input forks and hook_mlp_in (restored after)."""
-    saved = flags(model)
-    model.set_use_split_qkv_input(True)
-    model.set_use_hook_mlp_in(True)
-    try:
-        yield
-    finally:
-        model.set_use_split_qkv_input(saved[1])
-        model.set_use_hook_mlp_in(saved[3])
-
-
-def cache_of(model, tokens, names: Callable[[str], bool] | None = None):
-    with torch.no_grad():
-        return model.run_with_cache(tokens, names_filter=names)[1]
 
 
 def writer_outputs(model, tokens) -> dict:
@@ -172,22 +123,6 @@ def key(node: ap.Node) -> Key:
 def tl_node(k: Key) -> ap.Node:
     kind, layer, head, pos = k
     return ap.Node(kind=kind, position=pos, layer=layer, head=head)
-
-
-def autograd_at(model, tokens, metric, names: list[str]) -> dict[str, torch.Tensor]:
-    """d(sum of the per-row metrics)/d(activation) at each hook, through a zero tensor added
-    there; rows are independent, so row b's gradient is that of ``metric`` on row b alone."""
-    zeros: dict[str, torch.Tensor] = {}
-
-    def add_zero(x, hook):
-        zeros[hook.name] = torch.zeros_like(x, requires_grad=True)
-        return x + zeros[hook.name]
-
-    with torch.enable_grad():
-        logits = model.run_with_hooks(tokens, fwd_hooks=[(n, add_zero) for n in names])
-        total = sum(metric(logits[b : b + 1]) for b in range(tokens.shape[0]))
-        grads = torch.autograd.grad(total, [zeros[n] for n in names])
-    return dict(zip(names, grads))
 
 
 # ---------------------------------------------------------------------------- hooks and flags

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_circuits import FN, SPANS
-from test_tl_tools import random_model, random_pairs
+from circuit_env import FN, SPANS, random_model, random_pairs
 
 from probes.circuits import faithfulness_curve, minimal_circuit
 from probes.circuits.engine import capture, contributions, writer_hooks

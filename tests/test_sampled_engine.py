@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_heads import inputs
-from test_tl_tools import random_model
+from circuit_env import inputs, random_model
 
 from probes import ablate_heads, find_deposits
 from probes.ablation import AblationResult, ablate_heads_naive
