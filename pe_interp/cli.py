@@ -15,6 +15,7 @@ import sys
 from pe_interp.commands import (
     ablate,
     circuit,
+    convert,
     decompose,
     demo,
     dynamics,
@@ -47,6 +48,7 @@ COMMANDS = {
     sweep: ("sweep", "sweep-report"),
     study: ("study",),
     validate: ("validate",),
+    convert: ("convert",),
 }
 
 

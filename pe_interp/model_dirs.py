@@ -7,6 +7,11 @@ vocabulary must hold both, and its context the task's longest input; otherwise o
 which is too small. :func:`load_model_dir` gives back a :class:`~pe_interp.checkpoint.Run` whose
 model is a :class:`~pe_interp.bridge.BridgedModel` and whose splits are the preset's, so every
 command that takes a run reads the directory (``pe-interp ablate DIR --task distance``).
+
+A GGUF file (``pe-interp ablate model.gguf --task distance``) is converted once into a saved
+directory in the cache (:func:`pe_interp.gguf.convert_gguf`) and read as that directory: its
+results go there, and the run's source records the file's provenance (``config["model_dir"]
+["gguf"]``: its name, sha256, size and quantisation types).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 import torch
 
 from pe_interp.checkpoint import CheckpointError, Run
+from pe_interp.gguf import convert_gguf, gguf_provenance, is_gguf_file
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 HUB_RUNS = (
@@ -59,10 +65,11 @@ def load_model_dir(
     revision: str | None = None,
 ) -> Run:
     """The saved model at ``path`` as a run on ``task`` (the ``preset``'s task and splits, ``seed``);
-    ``path`` may be a hub name (``owner/name``, at ``revision``) where the hub is reachable."""
+    ``path`` may be a GGUF file (converted once, :func:`pe_interp.gguf.convert_gguf`) or a hub name
+    (``owner/name``, at ``revision``) where the hub is reachable."""
     from pe_interp.hf_arch import boot_bridge
 
-    hub = is_hub_name(path)
+    hub = is_hub_name(path) and not is_gguf_file(path)
     if revision is not None and not hub:
         raise CheckpointError(
             f"{path}: --revision is for a model on the Hugging Face hub (owner/name)"
@@ -73,7 +80,15 @@ def load_model_dir(
                 f"{path}: a model on the Hugging Face hub: say which task to probe it on with --task"
             )
         return _load_hub(str(path), task, preset, seed, device, revision)
-    path = Path(path)
+    path = given = Path(path)
+    if is_gguf_file(path):
+        if task is None:
+            raise CheckpointError(
+                f"{path}: a GGUF model file, not a pe-interp run: say which task to probe it on "
+                "with --task (and --preset for the task's size)"
+            )
+        _task_configs(path, task, preset, seed)  # a bad --task or --preset before converting
+        path = convert_gguf(path)
     if not is_model_dir(path):
         raise CheckpointError(
             f"{path}: not a saved Hugging Face model (no config.json with a model_type)"
@@ -89,15 +104,13 @@ def load_model_dir(
     if weights is None:
         raise CheckpointError(f"{path}: no weights ({' or '.join(WEIGHT_FILES)})")
     provenance = {"sha256": hashlib.sha256(weights.read_bytes()).hexdigest(), "step": None}
-    return _as_run(
-        path,
-        boot_bridge(path, device=device),
-        task,
-        preset,
-        seed,
-        provenance,
-        {"weights": weights.name},
-    )
+    source: dict[str, Any] = {"weights": weights.name}
+    gguf = gguf_provenance(path)  # a directory converted from a GGUF file: which file, how
+    if gguf is not None:
+        source["gguf"] = gguf
+    if given != path:  # what the user named: the GGUF file, in messages
+        source["file"] = str(given)
+    return _as_run(path, boot_bridge(path, device=device), task, preset, seed, provenance, source)
 
 
 def _task_configs(where: Any, task: str, preset: str, seed: int) -> tuple[Any, Any]:
@@ -124,7 +137,7 @@ def _as_run(
     from pe_interp.tasks.batch import PAD_ID
 
     task_obj, train_cfg = _task_configs(run_dir, task, preset, seed)
-    c, where = bridge.cfg, source.get("hub", run_dir)
+    c, where = bridge.cfg, source.get("hub") or source.get("file") or run_dir
     need = task_obj.d_vocab + task_obj.n_classes
     if c.d_vocab < need:
         raise CheckpointError(
@@ -199,4 +212,11 @@ def _load_hub(
     )
 
 
-__all__ = ["HUB_RUNS", "answer_ids", "is_hub_name", "is_model_dir", "load_model_dir"]
+__all__ = [
+    "HUB_RUNS",
+    "answer_ids",
+    "is_gguf_file",
+    "is_hub_name",
+    "is_model_dir",
+    "load_model_dir",
+]

@@ -89,7 +89,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pe_interp.checkpoint import CheckpointError, split_step
     from pe_interp.io import dir_lock
-    from pe_interp.model_dirs import is_hub_name, is_model_dir
+    from pe_interp.model_dirs import is_gguf_file, is_hub_name, is_model_dir
 
     for flag, value in (
         ("--n", args.n),
@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         or args.revisions is not None
         or is_hub_name(args.run_dir)
         or is_model_dir(path)
+        or is_gguf_file(path)
         or revisions
     ):
         out, snapshots = _revisions(args)
@@ -136,12 +137,18 @@ def revision_steps(revisions: list[str]) -> list[int]:
 
 def _revisions(args: argparse.Namespace) -> tuple[Path, list[Any]]:
     """Where the results go, and a :class:`~probes.deposit.trajectory.Snapshot` per revision."""
-    from pe_interp.model_dirs import HUB_RUNS, is_hub_name, is_model_dir, load_model_dir
+    from pe_interp.model_dirs import (
+        HUB_RUNS,
+        is_gguf_file,
+        is_hub_name,
+        is_model_dir,
+        load_model_dir,
+    )
     from probes.deposit.trajectory import Snapshot
 
     name, device = args.run_dir, device_arg(args.device)
     path = Path(name)
-    if is_model_dir(path):
+    if is_model_dir(path) or is_gguf_file(path):
         raise ValueError(
             f"{path}: one saved model has no training snapshots; give a directory of its revisions "
             "(DIR/step0/, DIR/step1000/, ... each saved with save_pretrained) or a hub name with "

@@ -254,13 +254,13 @@ def add_model_dir_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--task",
         default=None,
-        help="for a saved Hugging Face model directory: the task to probe it "
+        help="for a saved Hugging Face model directory or a GGUF file: the task to probe it "
         "on, in language-model form (class c is answer token d_vocab + c)",
     )
     parser.add_argument(
         "--preset",
         default="quick",
-        help="for a saved Hugging Face model directory: the task's size and splits (default quick)",
+        help="for a model directory or GGUF file: the task's size and splits (default quick)",
     )
     parser.add_argument(
         "--revision",
@@ -336,25 +336,27 @@ def writing_run(
     broken run directory; ``RUN@S`` loads the snapshot of step S, whose results go to
     ``loaded.result_dir``, ``RUN/steps/S/``) with the directory the command writes into locked
     (the run's, or ``out``): not while the run trains, nor while another command writes there (a
-    one-line error instead). A saved Hugging Face model directory is read as a run on ``task``
-    (:func:`pe_interp.model_dirs.load_model_dir`)."""
+    one-line error instead). A saved Hugging Face model directory, or a GGUF file, is read as a run
+    on ``task`` (:func:`pe_interp.model_dirs.load_model_dir`)."""
     from pe_interp.checkpoint import load_run, split_step
     from pe_interp.io import dir_lock
-    from pe_interp.model_dirs import is_hub_name, is_model_dir, load_model_dir
+    from pe_interp.model_dirs import is_gguf_file, is_hub_name, is_model_dir, load_model_dir
 
     path, step = split_step(run_dir)
-    if is_model_dir(path) or (
-        model_dir_ok and (task is not None or revision is not None) and is_hub_name(run_dir)
+    gguf = is_gguf_file(path)
+    if (
+        is_model_dir(path)
+        or gguf
+        or (model_dir_ok and (task is not None or revision is not None) and is_hub_name(run_dir))
     ):
+        what = "a GGUF model file" if gguf else "a saved Hugging Face model"
         if not model_dir_ok:
             raise ValueError(
-                f"{run_dir}: a saved Hugging Face model; this command reads pe-interp runs only "
-                "(ablate, patch, routes and decompose read a model directory with --task)"
+                f"{run_dir}: {what}; this command reads pe-interp runs only (ablate, patch, "
+                "routes and decompose read a model directory or a GGUF file with --task)"
             )
         if step is not None:
-            raise ValueError(
-                f"{run_dir}: a saved Hugging Face model has no snapshots; give DIR without @STEP"
-            )
+            raise ValueError(f"{run_dir}: {what} has no snapshots; give it without @STEP")
         loaded = load_model_dir(path, task, preset, device=device, revision=revision)
     elif task is not None or revision is not None:
         raise ValueError(
