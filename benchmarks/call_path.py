@@ -20,6 +20,7 @@ import torch
 
 import pe_interp
 from probes import ablate_heads
+from probes.ablation import Attribution, Exact, Sampled
 
 ROOT = Path(pe_interp.__file__).resolve().parents[1]
 BELOW = (
@@ -36,7 +37,7 @@ BELOW = (
 # the path's stages: the entry, its one check, the engine rooms; what they call below them (the
 # replacements, the result, the probes' shared inputs and metrics, core) are tools
 ROOMS = tuple(
-    f"probes/ablation{s}.py" for s in ("", "_inputs", "_exact", "_sampled", "_attribution")
+    f"probes/ablation/{s}.py" for s in ("entry", "plan", "exact", "sampled", "attribution")
 )
 
 
@@ -76,9 +77,12 @@ def trace(engine: str) -> list[tuple[str, tuple[str, ...]]]:
             return  # the model's own business
         calls.append((rel, tuple(s for s in stack if not s.startswith(BELOW))))
 
+    chosen = {"exact": Exact(), "sampled": Sampled(verify_top=1)}.get(
+        engine, Attribution(verify_top=1)
+    )  # made before the trace: the path starts at the entry
     sys.setprofile(profile)
     try:
-        ablate_heads(model, tokens, labels, n_bootstrap=10, engine=engine, verify_top=1)
+        ablate_heads(model, tokens, labels, n_bootstrap=10, engine=chosen)
     finally:
         sys.setprofile(None)
     return calls

@@ -38,6 +38,7 @@ from transformer_lens.tools.analysis import attribution_patching as ap
 from pe_interp import HookedPETransformer, load_run
 from pe_interp.presets import build_run_configs
 from probes import ablate_heads, attribute, path_patch
+from probes.ablation import Attribution, Sampled
 
 
 def timed(fn, repeats: int) -> tuple[float, object]:
@@ -230,21 +231,20 @@ def main(argv: list[str] | None = None) -> int:
             ),
             1,
         )
-        engines = [("attribution", {"verify_top": k}) for k in args.verify] + [
-            ("sampled", {"sample": f, "verify_top": 3}) for f in args.sample
+        engines = [Attribution(verify_top=k) for k in args.verify] + [
+            Sampled(share=f, verify_top=3) for f in args.sample
         ]
-        for engine, kw in engines:
+        for engine in engines:
             t_k, ranked = timed(
-                lambda m=m, b=b, e=engine, kw=kw: ablate_heads(
-                    m, b.tokens, b.labels, pad_mask=b.pad_mask, n_bootstrap=0, engine=e, **kw
+                lambda m=m, b=b, e=engine: ablate_heads(
+                    m, b.tokens, b.labels, pad_mask=b.pad_mask, n_bootstrap=0, engine=e
                 ),
                 1,
             )
             same = np.nanargmax(ranked.drops) == np.nanargmax(grid.drops)
-            opts = ", ".join(f"{k}={v}" for k, v in kw.items())
             print(
                 row(
-                    f"ablate_heads engine='{engine}' {opts}, {label} size, {len(b)} examples "
+                    f"ablate_heads engine={engine!r}, {label} size, {len(b)} examples "
                     f"(vs exact grid; same top head: {bool(same)})",
                     t_k,
                     t_grid,

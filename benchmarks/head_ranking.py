@@ -10,7 +10,7 @@ For each run directory: the exact grid (zero ablation, accuracy, held-out exampl
   ``joint`` or ``layer`` ablation path with ``K`` Gauss-Legendre nodes, surrogate ``accuracy``
   (margin flips), ``margin`` or ``logprob`` (``ablate_heads(engine="attribution")`` ranks by
   ``joint-accuracy-4``);
-- ``sampled-F``: ``ablate_heads(engine="sampled", sample=F)``, the exact grid on a seeded share
+- ``sampled-F``: ``ablate_heads(engine=Sampled(share=F))``, the exact grid on a seeded share
   ``F`` of the examples with its ``--verify-top`` heads verified on all of them (its time
   includes the verification).
 
@@ -43,7 +43,7 @@ from pe_interp import load_run
 from pe_interp.io import atomic_write_json
 from pe_interp.tasks.batch import Batch
 from probes import ablate_heads, attribute
-from probes.ablation import AblationResult
+from probes.ablation import AblationResult, Sampled
 from probes.circuits.agreement import spearman
 from probes.circuits.heads import rank_heads
 
@@ -107,9 +107,7 @@ def estimate(model, test: Batch, name: str, verify_top: int) -> tuple[np.ndarray
             test.tokens,
             test.labels,
             pad_mask=test.pad_mask,
-            engine="sampled",
-            sample=float(name.split("-")[1]),
-            verify_top=verify_top,
+            engine=Sampled(share=float(name.split("-")[1]), verify_top=verify_top),
             n_bootstrap=0,
         )
         return r.drops, -np.arange(r.drops.size, dtype=float).reshape(r.drops.shape)

@@ -10,7 +10,7 @@ mask), then one gather. Its hooks are the bridge's, under TransformerLens' names
 
 It implements :class:`pe_interp.probe_model.ProbeModel`. What it cannot offer, it says. It has no
 seam inside a layer (``restart`` is ``"resid_pre"`` or ``"embed"``, ``can_restart`` False: the exact
-ablation sweep stacks copies, :func:`probes.ablation_exact.sweep_stacked`; path patching and
+ablation sweep stacks copies, :func:`probes.ablation.sweeps.sweep_stacked`; path patching and
 ``atp*`` run whole forwards with hooks); it restarts at a layer's input
 (:meth:`BridgedModel.resume`, the bridge's ``start_at_layer``) only where that was checked exact
 (:data:`RESUMES`: not BLOOM, whose ALiBi the bridge then drops); edges need per-head forks before

@@ -1,9 +1,9 @@
 """Probes: pure functions of a model and data that return frozen result objects.
 
 - :mod:`probes.ablation`: head ablation sweeps (zero, mean, resample): one entry, one input check
-  (:mod:`probes.ablation_inputs`), one room per engine: batched and exact
-  (:mod:`probes.ablation_exact`), and the cheaper engines that end in exact ablation
-  (:mod:`probes.ablation_sampled`, :mod:`probes.ablation_attribution`).
+  (:mod:`probes.ablation.plan`), one room per engine: batched and exact
+  (:mod:`probes.ablation.exact`), and the cheaper engines that end in exact ablation
+  (:mod:`probes.ablation.sampled`, :mod:`probes.ablation.attribution`).
 - :mod:`probes.deposit`: the single-head deposit (``dominance``), layer concentration
   (``find_concentrations``, also known as ``find_deposits``), the positional deposit
   (``route_shares``, ``positional_dominance``: where position enters), verdicts decided on their

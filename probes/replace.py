@@ -1,5 +1,5 @@
 """What replaces a head's output when a probe removes it: the one replacement seam, below head
-ablation (:mod:`probes.ablation_exact`), route shares (:mod:`probes.deposit.moving`) and the
+ablation (:mod:`probes.ablation.exact`), route shares (:mod:`probes.deposit.moving`) and the
 circuit probes (:mod:`probes.circuits`). It takes tensors, not a request, and reads the model
 through its hooks only.
 

@@ -410,22 +410,22 @@ API_CASES = [
     ("ablate_heads(engine='fast')", lambda r: _ablate(r, engine="fast"), r"unknown engine 'fast'"),
     (
         "ablate_heads(engine='sampled', verify_top=0)",
-        lambda r: _ablate(r, engine="sampled", verify_top=0),
+        lambda r: _ablate(r, engine=__import__("probes").ablation.Sampled(verify_top=0)),
         r"verify_top must be a positive integer",
     ),
     (
-        "ablate_heads(engine='sampled', sample=1.5)",
-        lambda r: _ablate(r, engine="sampled", sample=1.5),
-        r"sample must be a share of the examples in \(0, 1\]",
+        "ablate_heads(engine=Sampled(share=1.5))",
+        lambda r: _ablate(r, engine=__import__("probes").ablation.Sampled(share=1.5)),
+        r"share must be a share of the examples in \(0, 1\]",
     ),
     (
         "ablate_heads(engine='attribution', steps=0)",
-        lambda r: _ablate(r, engine="attribution", steps=0),
+        lambda r: _ablate(r, engine=__import__("probes").ablation.Attribution(steps=0)),
         r"steps must be a positive integer",
     ),
     (
         "ablate_heads(engine='attribution', path='diagonal')",
-        lambda r: _ablate(r, engine="attribution", path="diagonal"),
+        lambda r: _ablate(r, engine=__import__("probes").ablation.Attribution(path="diagonal")),
         r"path must be one of joint, layer",
     ),
     (

@@ -19,25 +19,25 @@ def test_the_ablation_path_never_comes_back(engine, most):
     m = call_path.measure(call_path.trace(engine))
     assert m["returns"] <= most, m["why"]
     assert m["rooms"][:2] == [
-        "probes/ablation.py",
-        "probes/ablation_inputs.py",
+        "probes/ablation/entry.py",
+        "probes/ablation/plan.py",
     ]  # one entry, then the one check
-    assert f"probes/ablation_{engine}.py" in m["rooms"]
+    assert f"probes/ablation/{engine}.py" in m["rooms"]
 
 
 def test_measure_counts_a_callback_and_a_reentry():
     # a stage re-entered after it had returned, and a tool calling back up into its caller
     calls = [
-        ("probes/ablation.py", ()),
-        ("probes/ablation_inputs.py", ("probes/ablation.py",)),
-        ("probes/ablation_exact.py", ("probes/ablation.py",)),
-        ("probes/ablation_inputs.py", ("probes/ablation.py",)),
-        ("probes/metrics.py", ("probes/ablation_exact.py", "probes/ablation.py")),
+        ("probes/ablation/entry.py", ()),
+        ("probes/ablation/plan.py", ("probes/ablation/entry.py",)),
+        ("probes/ablation/exact.py", ("probes/ablation/entry.py",)),
+        ("probes/ablation/plan.py", ("probes/ablation/entry.py",)),
+        ("probes/metrics.py", ("probes/ablation/exact.py", "probes/ablation/entry.py")),
         (
-            "probes/ablation_exact.py",
-            ("probes/metrics.py", "probes/ablation_exact.py", "probes/ablation.py"),
+            "probes/ablation/exact.py",
+            ("probes/metrics.py", "probes/ablation/exact.py", "probes/ablation/entry.py"),
         ),
-        ("probes/metrics.py", ("probes/ablation_exact.py", "probes/ablation.py")),
+        ("probes/metrics.py", ("probes/ablation/exact.py", "probes/ablation/entry.py")),
     ]
     m = call_path.measure(calls)
     assert m["returns"] == 2 and m["tool_calls"] == 1

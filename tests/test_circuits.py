@@ -21,6 +21,7 @@ from probes import (
     family_attributions,
     find_deposits,
 )
+from probes.ablation import Attribution
 
 
 def tl_node(name: str, pos: int, n_layers: int, reader: bool) -> ap.Node:
@@ -296,9 +297,7 @@ def test_attribution_engine_verifies_the_top_heads_exactly(smoke, method):
     test = task.sample(200, seed=5)
     args = dict(pad_mask=test.pad_mask, method=method, n_bootstrap=50)
     exact = ablate_heads(model, test.tokens, test.labels, **args)
-    ranked = ablate_heads(
-        model, test.tokens, test.labels, engine="attribution", verify_top=3, **args
-    )
+    ranked = ablate_heads(model, test.tokens, test.labels, engine=Attribution(verify_top=3), **args)
     verified = [tuple(h) for h in ranked.meta["verified"]]
     assert len(verified) == 3 and np.isnan(ranked.drops).sum() == exact.drops.size - 3
     for layer, h in verified:

@@ -9,6 +9,7 @@ import torch
 from circuit_env import inputs, random_model
 
 from probes import ablate_heads, find_deposits
+from probes.ablation import Attribution
 from probes.circuits.heads import rank_heads
 from probes.metrics import accuracy_per_example
 
@@ -102,7 +103,7 @@ def test_attribution_engine_reports_the_agreement_it_saw():
     tokens, labels, pad = inputs(40)
     exact = ablate_heads(model, tokens, labels, pad_mask=pad, n_bootstrap=0)
     ranked = ablate_heads(
-        model, tokens, labels, pad_mask=pad, engine="attribution", verify_top=4, n_bootstrap=0
+        model, tokens, labels, pad_mask=pad, engine=Attribution(verify_top=4), n_bootstrap=0
     )
     v = ranked.meta["verification"]
     heads = [tuple(h) for h in v["heads"]]
@@ -126,7 +127,7 @@ def test_find_deposits_refuses_a_partial_grid():
     model = random_model("rope")
     tokens, labels, pad = inputs(20)
     ranked = ablate_heads(
-        model, tokens, labels, pad_mask=pad, engine="attribution", verify_top=3, n_bootstrap=0
+        model, tokens, labels, pad_mask=pad, engine=Attribution(verify_top=3), n_bootstrap=0
     )
     with pytest.raises(ValueError, match="partial grid") as e:
         find_deposits(ranked)

@@ -8,7 +8,7 @@ import pytest
 from circuit_env import inputs, random_model
 
 from probes import ablate_heads, find_deposits
-from probes.ablation import AblationResult, ablate_heads_naive
+from probes.ablation import AblationResult, Sampled, ablate_heads_naive
 from probes.metrics import harm
 
 
@@ -28,8 +28,7 @@ def test_sampling_every_example_is_the_exact_grid(setup, method):
         pad_mask=pad,
         method=method,
         n_bootstrap=40,
-        engine="sampled",
-        sample=1.0,
+        engine=Sampled(share=1.0),
     )
     np.testing.assert_allclose(full.drops, exact.drops, atol=1e-12)
     np.testing.assert_allclose(full.values, exact.values, atol=1e-12)
@@ -46,9 +45,7 @@ def test_unverified_heads_are_the_naive_grid_on_the_sample_and_verified_ones_exa
         labels,
         pad_mask=pad,
         method=method,
-        engine="sampled",
-        sample=0.5,
-        verify_top=2,
+        engine=Sampled(share=0.5, verify_top=2),
         n_bootstrap=30,
         seed=7,
         per_example=True,
@@ -97,13 +94,13 @@ def test_unverified_heads_are_the_naive_grid_on_the_sample_and_verified_ones_exa
 def test_sample_is_a_function_of_the_seed_and_the_result_round_trips(setup, tmp_path):
     model, tokens, labels, pad = setup
     a = ablate_heads(
-        model, tokens, labels, pad_mask=pad, engine="sampled", sample=0.3, seed=1, n_bootstrap=0
+        model, tokens, labels, pad_mask=pad, engine=Sampled(share=0.3), seed=1, n_bootstrap=0
     )
     b = ablate_heads(
-        model, tokens, labels, pad_mask=pad, engine="sampled", sample=0.3, seed=1, n_bootstrap=0
+        model, tokens, labels, pad_mask=pad, engine=Sampled(share=0.3), seed=1, n_bootstrap=0
     )
     c = ablate_heads(
-        model, tokens, labels, pad_mask=pad, engine="sampled", sample=0.3, seed=2, n_bootstrap=0
+        model, tokens, labels, pad_mask=pad, engine=Sampled(share=0.3), seed=2, n_bootstrap=0
     )
     assert a.meta["sample_indices"] == b.meta["sample_indices"] != c.meta["sample_indices"]
     np.testing.assert_array_equal(a.drops, b.drops)
@@ -117,8 +114,8 @@ def test_sample_is_a_function_of_the_seed_and_the_result_round_trips(setup, tmp_
 @pytest.mark.parametrize("bad", [0, 0.0, 1.5, -0.2, True, "half", None])
 def test_a_bad_sample_is_one_line(setup, bad):
     model, tokens, labels, pad = setup
-    with pytest.raises(ValueError, match="sample must be a share") as e:
-        ablate_heads(model, tokens, labels, pad_mask=pad, engine="sampled", sample=bad)
+    with pytest.raises(ValueError, match="share must be a share") as e:
+        Sampled(share=bad)
     assert "\n" not in str(e.value)
 
 
@@ -127,4 +124,4 @@ def test_sampled_engine_refuses_head_sets_and_a_bad_verify_top(setup):
     with pytest.raises(ValueError, match="single heads"):
         ablate_heads(model, tokens, labels, pad_mask=pad, engine="sampled", head_sets=[[(0, 1)]])
     with pytest.raises(ValueError, match="verify_top"):
-        ablate_heads(model, tokens, labels, pad_mask=pad, engine="sampled", verify_top=0)
+        Sampled(verify_top=0)

@@ -119,6 +119,7 @@ def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
 
     from pe_interp.checkpoint import STALE, weights_status
     from probes import AblationResult, ablate_heads, dominance, find_deposits
+    from probes.ablation import Sampled
 
     path = Path(run.result_dir) / "ablation.json"
     if path.is_file():
@@ -147,9 +148,7 @@ def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
         test.tokens,
         test.labels,
         pad_mask=test.pad_mask,
-        engine="sampled",
-        sample=0.2,
-        verify_top=3,
+        engine=Sampled(share=0.2, verify_top=3),
         n_bootstrap=0,
     )
     layer, head = np.unravel_index(np.nanargmax(result.drops), result.drops.shape)

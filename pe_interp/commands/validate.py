@@ -136,6 +136,7 @@ def _record_of(
     from pe_interp.checkpoint import load_run
     from pe_interp.validate import family_of
     from probes import ablate_heads, find_concentrations, patch, positional_scores
+    from probes.ablation import Attribution
     from probes.deposit import dominance
     from probes.deposit.routes import position_routes, positional_dominance, route_shares
     from probes.deposit.trajectory import PAIRS_SEED_OFFSET
@@ -158,8 +159,7 @@ def _record_of(
         test.tokens[:500],
         test.labels[:500],
         pad_mask=test.pad_mask[:500],
-        engine="attribution",
-        verify_top=1,
+        engine=Attribution(verify_top=1),
         n_bootstrap=0,
     )
     rankings = {

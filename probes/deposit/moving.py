@@ -13,7 +13,7 @@ is the forward in which ``z_h`` of layer ``l`` (``hook_z``) is replaced by ``z'_
 output with its positions moved on the clean input of layer ``l``. :class:`MovedOutputs` computes
 ``z'`` of every head of a layer in one forward (every route of that layer moved at once: the heads
 do not see each other's positions), and the exact ablation sweep
-(:func:`probes.ablation_exact.sweep_batched`, with its seam after a layer's attention) runs every
+(:func:`probes.ablation.sweeps.sweep_batched`, with its seam after a layer's attention) runs every
 route as a replacement, many per forward: the cost of an ablation grid instead of a forward from
 the route's layer per route.
 """

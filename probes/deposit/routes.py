@@ -50,8 +50,8 @@ from torch import Tensor
 
 from pe_interp.io import load_result, nan_array, register_result, to_json, write_result
 from pe_interp.modes import eval_mode
-from probes.ablation_exact import sweep_batched, sweep_stacked
-from probes.ablation_inputs import AblationRequest, default_batch_size
+from probes.ablation.request import AblationRequest, default_batch_size
+from probes.ablation.sweeps import sweep_batched, sweep_stacked
 from probes.deposit.dominance import LARGE_DROP, SMALL_DROP
 from probes.deposit.moving import (
     EMBED,

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from torch import Tensor
 
 from pe_interp.probe_model import HOOKS
-from probes.ablation_inputs import AblationRequest, default_batch_size
+from probes.ablation.request import AblationRequest, default_batch_size
 from probes.inputs import check_examples, check_layers, takes_probe_model
 from probes.replace import Replacement, position_means, replacement
 

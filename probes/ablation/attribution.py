@@ -1,7 +1,8 @@
-"""``engine="attribution"`` of :func:`probes.ablation.ablate_heads`: integrated gradients along the
+"""``engine=Attribution(steps, path, verify_top)`` of :func:`probes.ablation.ablate_heads`
+(``"attribution"``: the defaults): integrated gradients along the
 ablation path (:func:`probes.circuits.heads.rank_heads`) rank every head of the grid; the
 ``verify_top`` heads estimated to hurt most are then ablated exactly
-(:func:`probes.ablation_exact.exact_engine`), and only they get a value.
+(:func:`probes.ablation.exact.exact_engine`), and only they get a value.
 
 ``benchmarks/head_ranking.py`` measures the ranking against the exact grid.
 """
@@ -9,13 +10,48 @@ ablation path (:func:`probes.circuits.heads.rank_heads`) rank every head of the 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from probes.ablation_exact import exact_engine
-from probes.ablation_inputs import AblationRequest
-from probes.ablation_result import AblationResult, verification_summary
+from probes.ablation.exact import exact_engine
+from probes.ablation.request import AblationRequest
+from probes.ablation.result import AblationResult, verification_summary
+from probes.ablation.sampled import check_verify_top
+from probes.options import INTEGRATION_PATHS, IntegrationPath
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Every head ranked by integrated gradients along the ablation path (``steps``
+    Gauss-Legendre nodes, along ``path``: ``"joint"``, every layer at once, or ``"layer"``), then
+    the ``verify_top`` heads estimated to hurt most ablated exactly (module docstring). Runs in
+    float32 whatever ``amp`` says."""
+
+    steps: int = 4
+    path: IntegrationPath = "joint"
+    verify_top: int = 3
+    name = "attribution"
+    grid_only = True
+
+    def __post_init__(self) -> None:
+        st = self.steps
+        if not isinstance(st, int) or isinstance(st, bool) or st < 1:
+            raise ValueError(f"steps must be a positive integer, got {st!r}")
+        if self.path not in INTEGRATION_PATHS:
+            raise ValueError(
+                f"path must be one of {', '.join(INTEGRATION_PATHS)}; got {self.path!r}"
+            )
+        check_verify_top(self.verify_top)
+
+    def run(self, req: AblationRequest) -> AblationResult:
+        return attribution_engine(
+            dataclasses.replace(req, amp=False),
+            verify_top=self.verify_top,
+            steps=self.steps,
+            path=self.path,
+        )
 
 
 def attribution_engine(
@@ -83,4 +119,4 @@ def attribution_engine(
     )
 
 
-__all__ = ["attribution_engine"]
+__all__ = ["Attribution", "attribution_engine"]

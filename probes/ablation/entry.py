@@ -1,33 +1,20 @@
-"""Head ablation sweeps: knock out one attention head (or a set of heads) at a time and measure
-how much a metric suffers: the measurement behind the paper's "single-head deposit pattern"
-(paper digest §6).
-
-:func:`ablate_heads` is the one entry. Its path goes down and never back:
-
-1. :mod:`probes.ablation_inputs` checks every argument once (:func:`~probes.ablation_inputs.check_request`);
-2. one engine room runs the checked request: :mod:`probes.ablation_exact` (every head on every
-   example; how it is fast without approximating anything), :mod:`probes.ablation_sampled` or
-   :mod:`probes.ablation_attribution` (each ending in exact ablation of the heads it ranks first);
-3. below them, :mod:`probes.ablation_replace` holds what replaces a head (``zero``, ``mean``,
-   ``resample``) and :mod:`probes.ablation_result` the result, which saves and loads itself.
-"""
+"""The one entry of head ablation: :func:`ablate_heads` (and its slow reference
+:func:`ablate_heads_naive`). Its path goes down and never back: the one input check
+(:func:`probes.ablation.plan.check_request`), then the engine the request names runs it."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
 from torch import Tensor
 
-from probes.ablation_attribution import attribution_engine
-from probes.ablation_exact import exact_engine
-from probes.ablation_inputs import ENGINES, check_request, default_batch_size, keep_only
-from probes.ablation_replace import head_means
-from probes.ablation_result import METHODS, AblationResult, Head
-from probes.ablation_sampled import sampled_engine
-from probes.metrics import Metric, MetricFn, resample_sources
-from probes.options import AblationMethod, Engine, IntegrationPath
+from probes.ablation.engines import AblationEngine
+from probes.ablation.exact import Naive
+from probes.ablation.plan import check_request
+from probes.ablation.result import AblationResult, Head
+from probes.metrics import Metric, MetricFn
+from probes.options import AblationMethod, Engine
 
 
 def ablate_heads(
@@ -49,12 +36,8 @@ def ablate_heads(
     batch_size: int | None = None,
     progress: bool = False,
     higher_is_better: bool | None = None,
-    engine: Engine = "exact",
-    verify_top: int = 3,
-    steps: int = 4,
-    path: IntegrationPath = "joint",
+    engine: Engine | AblationEngine = "exact",
     amp: bool = False,
-    sample: float = 0.2,
 ) -> AblationResult:
     """Ablate attention heads one at a time (or in sets) and measure ``metric`` each time.
 
@@ -81,27 +64,28 @@ def ablate_heads(
         amp: run the forwards under bf16 autocast where the device runs bf16 natively
             (:mod:`pe_interp.hardware`); default fp32, exact. In bf16 every drop is within 2
             accuracy points of fp32 and the deposit verdicts are the same (``benchmarks/bf16_parity.py``).
-        engine: ``"exact"`` ablates every head of the grid. ``"sampled"`` ablates every head of
-            the grid exactly on a seeded random share ``sample`` of the examples, then the
-            ``verify_top`` heads with the largest drops there on every example
-            (:func:`probes.ablation_sampled.sampled_engine`): a whole grid, the verified heads exact, the
-            others unbiased estimates with intervals over the sample; ``meta["verification"]``
-            holds the verified heads' sampled against exact drops. On trained models it ranks
-            heads like the exact grid to within the grid's own sampling noise
-            (``benchmarks/head_ranking.py``). ``"attribution"`` ranks every head
-            of the grid by integrated gradients along the ablation path
-            (:func:`probes.circuits.heads.rank_heads`: each head's output moved from its live
-            value to the ablated one, ``steps`` Gauss-Legendre nodes, along ``path``
-            ``"joint"`` or ``"layer"``), in the units of ``metric`` (accuracy: each example's
-            margin change, counted as a flip where it crosses zero; loss; logit; a callable
-            integrated itself), then ablates the ``verify_top`` heads estimated to hurt most
-            exactly. The result is a grid with those heads' exact values and NaN elsewhere;
-            ``meta`` holds the estimates (``"attribution"``), the stand-in, the verified heads
-            and ``"verification"``: their estimates against their exact drops (largest error,
-            whether the estimated top of them is the exact top, Spearman's rho from 3 heads).
-            Its top head is exact among the verified; :func:`probes.find_deposits` refuses the
-            partial grid (a deposit verdict needs every head of a layer).
-        sample: the share of the examples ``engine="sampled"`` screens every head on.
+        engine: how the grid is covered (:mod:`probes.ablation.engines`): an engine object
+            that holds its own options, or a string for one with its defaults.
+            ``"exact"``/:class:`~probes.ablation.Exact` ablates every head of the grid.
+            ``"sampled"``/:class:`~probes.ablation.Sampled` ``(share=0.2, verify_top=3)`` ablates
+            every head of the grid exactly on a seeded random ``share`` of the examples, then the
+            ``verify_top`` heads with the largest drops there on every example: a whole grid, the
+            verified heads exact, the others unbiased estimates with intervals over the sample;
+            ``meta["verification"]`` holds the verified heads' sampled against exact drops. On
+            trained models it ranks heads like the exact grid to within the grid's own sampling
+            noise (``benchmarks/head_ranking.py``). ``"attribution"``/
+            :class:`~probes.ablation.Attribution` ``(steps=4, path="joint", verify_top=3)`` ranks
+            every head of the grid by integrated gradients along the ablation path
+            (:func:`probes.circuits.heads.rank_heads`: each head's output moved from its live value
+            to the ablated one, ``steps`` Gauss-Legendre nodes, along ``path`` ``"joint"`` or
+            ``"layer"``), in the units of ``metric`` (accuracy: each example's margin change,
+            counted as a flip where it crosses zero; loss; logit; a callable integrated itself),
+            then ablates the ``verify_top`` heads estimated to hurt most exactly. The result is a
+            grid with those heads' exact values and NaN elsewhere; ``meta`` holds the estimates
+            (``"attribution"``), the stand-in, the verified heads and ``"verification"``: their
+            estimates against their exact drops. Its top head is exact among the verified;
+            :func:`probes.find_deposits` refuses the partial grid (a deposit verdict needs every
+            head of a layer).
 
     Returns:
         An :class:`AblationResult`; its ``drops`` are positive when an ablation hurt.
@@ -126,18 +110,8 @@ def ablate_heads(
         higher_is_better=higher_is_better,
         amp=amp,
         engine=engine,
-        verify_top=verify_top,
-        sample=sample,
-        steps=steps,
-        path=path,
     )
-    if engine == "sampled":
-        return sampled_engine(req, sample=sample, verify_top=verify_top)
-    if engine == "attribution":
-        return attribution_engine(
-            dataclasses.replace(req, amp=False), verify_top=verify_top, steps=steps, path=path
-        )
-    return exact_engine(req)
+    return req.engine.run(req)
 
 
 def ablate_heads_naive(
@@ -184,19 +158,9 @@ def ablate_heads_naive(
         higher_is_better=higher_is_better,
         amp=amp,
         who="ablate_heads_naive",
+        engine=Naive(),
     )
-    return exact_engine(req, naive=True)
+    return req.engine.run(req)
 
 
-__all__ = [
-    "ENGINES",
-    "METHODS",
-    "AblationResult",
-    "Head",
-    "ablate_heads",
-    "ablate_heads_naive",
-    "default_batch_size",
-    "head_means",
-    "keep_only",
-    "resample_sources",
-]
+__all__ = ["ablate_heads", "ablate_heads_naive"]

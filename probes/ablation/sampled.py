@@ -1,9 +1,10 @@
-"""``engine="sampled"`` of :func:`probes.ablation.ablate_heads`: the exact grid on a seeded random
-share ``sample`` of the examples, then the ``verify_top`` heads with the largest drops there
+"""``engine=Sampled(share, verify_top)`` of :func:`probes.ablation.ablate_heads` (``"sampled"``: the
+defaults): the exact grid on a seeded random ``share`` of the examples, then the ``verify_top``
+heads with the largest drops there
 ablated exactly on every example. Each drop is a paired difference on the examples it was
 measured on, so a head's sampled drop is an unbiased estimate of its drop on all of them, with a
 bootstrap interval over the sample; what it loses is sampling precision, which the interval
-states. Cost: ``sample`` of the grid plus ``verify_top`` single ablations.
+states. Cost: ``share`` of the grid plus ``verify_top`` single ablations.
 
 ``benchmarks/head_ranking.py`` measures it against the exact grid, with the exact grid's own
 split-half agreement as the ceiling any estimate can reach.
@@ -13,13 +14,41 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from probes.ablation_exact import exact_engine
-from probes.ablation_inputs import AblationRequest
-from probes.ablation_result import AblationResult, verification_summary
+from probes.ablation.exact import exact_engine
+from probes.ablation.request import AblationRequest
+from probes.ablation.result import AblationResult, verification_summary
+
+
+def check_verify_top(verify_top: object) -> int:
+    """``verify_top`` as a positive int (one-line ValueError else)."""
+    if not isinstance(verify_top, int) or isinstance(verify_top, bool) or verify_top < 1:
+        raise ValueError(f"verify_top must be a positive integer, got {verify_top!r}")
+    return verify_top
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """The exact grid on a seeded ``share`` of the examples, then the ``verify_top`` heads with the
+    largest drops there on every example (module docstring)."""
+
+    share: float = 0.2
+    verify_top: int = 3
+    name = "sampled"
+    grid_only = True
+
+    def __post_init__(self) -> None:
+        s = self.share
+        if isinstance(s, bool) or not isinstance(s, int | float) or not 0 < s <= 1:
+            raise ValueError(f"share must be a share of the examples in (0, 1], got {s!r}")
+        check_verify_top(self.verify_top)
+
+    def run(self, req: AblationRequest) -> AblationResult:
+        return sampled_engine(req, sample=self.share, verify_top=self.verify_top)
 
 
 def sampled_engine(req: AblationRequest, *, sample: float, verify_top: int) -> AblationResult:
@@ -34,7 +63,7 @@ def sampled_engine(req: AblationRequest, *, sample: float, verify_top: int) -> A
     idx = torch.randperm(n, generator=torch.Generator().manual_seed(req.seed))[:k].sort().values
     on = idx.to(req.tokens.device)
     # mean and resample take their values from the evaluated set, not from the sample (resample:
-    # each sampled example draws its source from it uniformly, see probes.ablation_replace)
+    # each sampled example draws its source from it uniformly, see probes.replace)
     ref = (
         (req.tokens, req.pad_mask)
         if req.reference is None and req.method != "zero"
@@ -87,4 +116,4 @@ def sampled_engine(req: AblationRequest, *, sample: float, verify_top: int) -> A
     )
 
 
-__all__ = ["sampled_engine"]
+__all__ = ["Sampled", "check_verify_top", "sampled_engine"]

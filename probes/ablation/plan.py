@@ -2,19 +2,21 @@
 
 :func:`check_request` checks every argument once, before any work, and returns an
 :class:`AblationRequest`: the examples on the model's device, the units to ablate, the resolved
-metric and defaults. The engines (:mod:`probes.ablation_exact`, :mod:`probes.ablation_sampled`,
-:mod:`probes.ablation_attribution`) take a request and check nothing again.
+metric, the engine (:func:`probes.ablation.engines.as_engine`) and defaults. The engines
+(:mod:`probes.ablation.exact`, :mod:`probes.ablation.sampled`, :mod:`probes.ablation.attribution`)
+take a request and check nothing again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
 
-from probes.ablation_result import METHODS, Head
+from probes.ablation.engines import check_engine
+from probes.ablation.request import AblationRequest, default_batch_size
+from probes.ablation.result import METHODS, Head
 from probes.inputs import (
     as_probe_model,
     check_count,
@@ -24,35 +26,7 @@ from probes.inputs import (
     check_layer,
     check_layers,
 )
-from probes.metrics import Metric, resolve_metric
-from probes.options import ENGINES as OPTION_ENGINES
-from probes.options import INTEGRATION_PATHS
-
-ENGINES, PATHS = OPTION_ENGINES, INTEGRATION_PATHS
-
-
-@dataclass(frozen=True, eq=False)
-class AblationRequest:
-    """A checked ablation sweep: what the engines run."""
-
-    model: Any
-    tokens: Tensor  # [batch, pos] int64 on the model's device
-    labels: Tensor  # [batch]
-    pad_mask: Tensor  # [batch, pos] bool, True at real tokens
-    units: list[tuple[Head, ...]]  # what each ablation removes
-    grid: bool  # units are the single heads of a layers x heads grid (else head_sets)
-    method: str
-    metric: Metric
-    reference: tuple[Tensor, Tensor] | None  # checked (tokens, pad_mask); None: the evaluated set
-    per_example: bool
-    n_bootstrap: int
-    ci: float
-    seed: int
-    batch_size: int
-    progress: bool
-    amp: bool
-    who: str = "ablate_heads"
-    reference_given: bool = False
+from probes.metrics import resolve_metric
 
 
 def keep_only(model_or_n_heads: Any, layer: int, head: int) -> frozenset[Head]:
@@ -67,12 +41,6 @@ def keep_only(model_or_n_heads: Any, layer: int, head: int) -> frozenset[Head]:
     if not isinstance(model_or_n_heads, int):
         check_layer(model_or_n_heads, layer, "keep_only")
     return frozenset((layer, h) for h in range(n_heads) if h != head)
-
-
-def default_batch_size(model) -> int:
-    """Rows per forward when not given: 128 on CPU, where larger batches fall out of cache and
-    run slower per row (measured at the paper's size), 2048 on an accelerator."""
-    return 128 if model.W_E.device.type == "cpu" else 2048
 
 
 def as_inputs(ref: Any) -> tuple[Tensor, Tensor | None]:
@@ -129,33 +97,6 @@ def units_of(
     return [((layer, h),) for layer in sorted(set(ls)) for h in sorted(set(hs))], True
 
 
-def check_engine_args(
-    engine: Any, head_sets: Any, verify_top: Any, sample: Any, steps: Any, path: Any
-) -> None:
-    """The arguments only the cheaper engines read, checked for the engine asked for."""
-    if engine not in ENGINES:
-        raise ValueError(
-            f"unknown engine {engine!r}; expected one of {', '.join(map(repr, ENGINES))}"
-        )
-    if engine == "exact":
-        return
-    if head_sets is not None:
-        raise ValueError(
-            f"engine={engine!r} ranks single heads; it takes layers/heads, not head_sets"
-        )
-    if not isinstance(verify_top, int) or isinstance(verify_top, bool) or verify_top < 1:
-        raise ValueError(f"verify_top must be a positive integer, got {verify_top!r}")
-    if engine == "sampled" and (
-        isinstance(sample, bool) or not isinstance(sample, int | float) or not 0 < sample <= 1
-    ):
-        raise ValueError(f"sample must be a share of the examples in (0, 1], got {sample!r}")
-    if engine == "attribution":
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise ValueError(f"ablate_heads: steps must be a positive integer, got {steps!r}")
-        if path not in PATHS:
-            raise ValueError(f"ablate_heads: path must be one of {', '.join(PATHS)}; got {path!r}")
-
-
 def check_request(
     model,
     tokens,
@@ -177,16 +118,12 @@ def check_request(
     higher_is_better=None,
     amp=False,
     who="ablate_heads",
-    engine="exact",
-    verify_top=3,
-    sample=0.2,
-    steps=4,
-    path="joint",
+    engine: Any = "exact",
 ) -> AblationRequest:
     """Every check of a sweep, in one place: a one-line ``ValueError`` for the first bad argument.
     A raw TransformerLens bridge is wrapped here (:func:`probes.inputs.as_probe_model`)."""
     model = as_probe_model(model, who)
-    check_engine_args(engine, head_sets, verify_top, sample, steps, path)
+    engine = check_engine(engine, head_sets is not None)
     if method not in METHODS:
         raise ValueError(
             f"unknown method {method!r}; expected one of {', '.join(map(repr, METHODS))}"
@@ -228,11 +165,11 @@ def check_request(
         bool(amp),
         who,
         reference is not None,
+        engine,
     )
 
 
 __all__ = [
-    "ENGINES",
     "AblationRequest",
     "as_inputs",
     "check_request",
