@@ -50,7 +50,8 @@ from torch import Tensor
 
 from pe_interp.io import load_result, nan_array, register_result, to_json, write_result
 from pe_interp.modes import eval_mode
-from probes.ablation.request import AblationRequest, default_batch_size
+from probes.ablation.plan import check_request
+from probes.ablation.request import default_batch_size
 from probes.ablation.sweeps import sweep_batched, sweep_stacked
 from probes.deposit.dominance import LARGE_DROP, SMALL_DROP
 from probes.deposit.moving import (
@@ -236,27 +237,22 @@ def route_shares(
     # the metric reads a row's pair of labels by its index (the sweep passes "labels" through)
     ld_of = Metric("logit difference", lambda logits, i: logit_diff(logits, good[i], bad[i]))
     with eval_mode(model):
-        req = AblationRequest(
-            model=model,
-            tokens=clean,
-            labels=torch.arange(n, device=clean.device),
-            pad_mask=mask,
-            units=[(u,) for u in heads],
-            grid=False,
-            method=MovedOutputs.method,
-            metric=ld_of,
-            reference=None,
-            per_example=False,
-            n_bootstrap=0,
-            ci=ci,
-            seed=seed,
-            batch_size=batch_size,
-            progress=False,
-            amp=False,
-            who=who,
-        )
-        sweep = sweep_batched if model.can_restart else sweep_stacked
-        if heads:
+        if heads:  # each head's route as a replacement in the exact sweep, checked as any sweep is
+            req = check_request(
+                model,
+                clean,
+                None,
+                pad_mask=mask,
+                metric=ld_of,
+                head_sets=[(u,) for u in heads],
+                n_bootstrap=0,
+                ci=ci,
+                seed=seed,
+                batch_size=batch_size,
+                who=who,
+                rows=True,
+            )
+            sweep = sweep_batched if model.can_restart else sweep_stacked
             ld_clean, ld_heads = sweep(req, watch, MovedOutputs(model, clean, mask, sigma, routes))
         else:
             ld_clean, ld_heads = None, torch.empty(0, n, dtype=torch.float64)
