@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from functools import cached_property
 from typing import Any
@@ -18,15 +19,18 @@ __all__ = ["BridgeEncoding"]
 class BridgeEncoding:
     """The positions a probe can read and move on a bridge, as :func:`probes.route_shares` and the
     logit decomposition read an encoding: the rotary q/k of Llama and GPT-NeoX
-    (:meth:`rotary_spans`, Hugging Face's ``rotate_half`` pairs, read from the bridge's own
-    ``hook_cos``/``hook_sin``; moved at ``hook_q``/``hook_k``, before the bridge rotates: rotations
-    of one pair commute, so the moved head is rotated to the new position exactly;
-    :meth:`rotate` rotates them as the bridge does), GPT-2's learned positions (the residual
+    (:meth:`rotary_spans`, Hugging Face's ``rotate_half`` pairs, their tables computed by the
+    model's own rotary module at the length a probe asks, never at the whole context; moved at
+    ``hook_q``/``hook_k``, before the bridge rotates: rotations of one pair commute, so the moved
+    head is rotated to the new position exactly; with grouped key/value heads ``hook_k`` carries
+    the shared keys, which :mod:`probes.deposit.moving` moves for one query head of a group at a
+    time; :meth:`rotate` rotates them as the bridge does), GPT-2's learned positions (the residual
     route, ``hook_pos_embed``) and BLOOM's ALiBi (a head's bias ``slope_h * j`` moved inside the
     attention scores, ``hook_attn_scores``: :meth:`move_bias`). The logit decomposition needs the
     bias as a term of its own, which BLOOM's bridge does not hook: it says so in one line."""
 
-    rotation_hooks = ("hook_q", "hook_k")
+    rotation_hooks = ("hook_q", "hook_k")  # q [b, pos, n_heads, d], k [b, pos, n_kv_heads, d]
+    sized_spans = True  # rotary_spans(layer, n_pos): tables computed at the length asked
     unrotated_hooks = (
         "hook_q",
         "hook_k",
@@ -35,8 +39,6 @@ class BridgeEncoding:
     def __init__(self, model: Any) -> None:  # a pe_interp.bridge.BridgedModel
         self.model = model
         c = model.cfg
-        hf = model.bridge.original_model.config
-        n_kv = getattr(hf, "num_key_value_heads", None) or c.n_heads
         self.why_not = None  # why no probe can read this architecture's positions
         self.cannot_move = None  # why route shares cannot move one head's positions (the decomposition can read them)
         if c.model_type not in ("llama", "gpt_neox", "gpt2", "bloom"):
@@ -45,13 +47,8 @@ class BridgeEncoding:
                 "shares need; ablation, patching, attribution and circuits run on it"
             )
             self.cannot_move = self.why_not
-        elif n_kv != c.n_heads:
-            self.cannot_move = (
-                f"{c.encoding_name}: {n_kv} key/value heads for {c.n_heads} query heads; route shares "
-                "move each head's queries and keys together (the logit decomposition, ablation, "
-                "patching, attribution and circuits run on it)"
-            )
         self._spans: dict[int, tuple[RotarySpan, ...]] = {}
+        self._tables: dict[tuple[Any, Any], tuple[Tensor, Tensor]] = {}  # per rotary config
 
     @property
     def rotates(self) -> bool:
@@ -71,33 +68,98 @@ class BridgeEncoding:
         ones = torch.ones(1, 2, dtype=torch.long, device=self.model.W_E.device)
         return build_alibi_tensor(ones, self.model.cfg.n_heads, torch.float32)[:, 0, 1]
 
-    def rotary_spans(self, layer: int) -> tuple[RotarySpan, ...] | None:
+    def rotary_spans(self, layer: int, n_pos: int | None = None) -> tuple[RotarySpan, ...] | None:
+        """The rotated span of ``layer`` (Hugging Face's ``rotate_half`` pairs), its cos/sin
+        tables covering at least ``n_pos`` positions (None: the model's context, ``n_ctx``).
+        The tables come from the model's own rotary module, called on ``position_ids``
+        ``0..n-1`` as the model calls it (its rope scaling included; the layer's ``layer_type``
+        where the config gives each layer its own RoPE), once per distinct module and layer
+        type, and grown when a longer length is asked (:attr:`sized_spans`)."""
         if not self.rotates:
             return None
-        if layer not in self._spans:
-            c, seen = self.model.cfg, {}
-            hooks = [
-                (
-                    f"blocks.{layer}.attn.hook_{n}",
-                    lambda x, hook, n=n: seen.__setitem__(n, x.detach()[0]),
-                )
-                for n in ("cos", "sin")
-            ]
-            with torch.no_grad():
-                self.model.bridge.run_with_hooks(
-                    torch.zeros(1, c.n_ctx, dtype=torch.long, device=self.model.W_E.device),
-                    fwd_hooks=hooks,
-                )
-            cos, sin = (
-                seen["cos"],
-                seen["sin"],
-            )  # [n_ctx, rotary dim], each angle twice (rotate_half)
+        n = max(2, self.model.cfg.n_ctx if n_pos is None else int(n_pos))  # theta reads row 1
+        if layer not in self._spans or self._spans[layer][0].cos.shape[0] < n:
+            key = self._rope_key(layer)
+            if key not in self._tables or self._tables[key][0].shape[0] < n:
+                self._compute(key, n)
+            cos, sin = self._tables[key]  # [n, rotary dim], each angle twice (rotate_half)
             half = cos.shape[-1] // 2
             theta = torch.atan2(sin[1, :half], cos[1, :half]).double()
             self._spans[layer] = (
                 RotarySpan(0, 2 * half, theta, cos[:, :half], sin[:, :half], halves=True),
             )
         return self._spans[layer]
+
+    def _rope_key(self, layer: int) -> tuple[Any, Any]:
+        """``(rotary module, layer type)`` of ``layer``: the layer's own rotary module where its
+        attention has one, else the model's (``rotary_emb``); the config's ``layer_types[layer]``
+        where that module's forward takes a ``layer_type``. ``(None, layer)`` where no module is
+        found (the tables are then read from the bridge's ``hook_cos``/``hook_sin``)."""
+        attn = self.model.bridge.blocks[layer].attn
+        mod = getattr(getattr(attn, "original_component", None), "rotary_emb", None)
+        for other in (getattr(attn, "_rotary_emb", None), self._model_rotary):
+            mod = other if mod is None else mod
+        if mod is None:
+            return None, layer
+        inner = getattr(mod, "original_component", None)  # the bridge's wrapper: its HF module
+        mod = mod if inner is None else inner
+        types = getattr(self.model.bridge.original_model.config, "layer_types", None)
+        takes = "layer_type" in inspect.signature(mod.forward).parameters
+        return mod, (types[layer] if takes and types else None)
+
+    @cached_property
+    def _model_rotary(self) -> Any:
+        """The model's shared rotary module: the bridge's ``rotary_emb`` component, else the
+        Hugging Face model's first module named ``rotary_emb`` (None: it has none)."""
+        own = getattr(self.model.bridge, "rotary_emb", None)
+        if own is not None:
+            return own
+        for name, m in self.model.bridge.original_model.named_modules():
+            if name.split(".")[-1] == "rotary_emb" and ".layers." not in f".{name}.":
+                return m
+        return None
+
+    def _compute(self, key: tuple[Any, Any], n: int) -> None:
+        """The cos/sin tables ``[n, rotary dim]`` of ``key`` (:meth:`_rope_key`) at ``n``
+        positions, into the cache (every layer's at once where they come from a forward)."""
+        mod, layer_type = key
+        if mod is None:
+            self._tables.update(self._hooked_tables(n))
+            return
+        dev, dtype = self.model.W_E.device, self.model.W_E.dtype
+        pos = torch.arange(n, device=dev)[None]
+        x = torch.zeros(1, n, 1, device=dev, dtype=dtype)  # gives the dtype, as hidden_states does
+        with torch.no_grad():
+            out = mod(x, pos) if layer_type is None else mod(x, pos, layer_type)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ValueError(
+                f"{self.model.cfg.encoding_name}: the rotary module {type(mod).__name__} returns "
+                "no (cos, sin) pair; route shares and the logit decomposition read those tables"
+            )
+        self._tables[key] = (out[0].detach()[0], out[1].detach()[0])
+
+    def _hooked_tables(self, n: int) -> dict:
+        """Every layer's tables from one forward of ``n`` tokens (``hook_cos``/``hook_sin``):
+        where no rotary module is found."""
+        c, seen = self.model.cfg, {}
+        names = [f"blocks.{i}.attn.hook_{t}" for i in range(c.n_layers) for t in ("cos", "sin")]
+        if any(name not in self.model.bridge.hook_dict for name in names):
+            raise ValueError(
+                f"{c.encoding_name}: the bridge exposes neither a rotary module (rotary_emb) nor "
+                "every layer's hook_cos/hook_sin, so its rotation tables cannot be read; route "
+                "shares and the logit decomposition need them"
+            )
+        hooks = [
+            (name, lambda x, hook: seen.__setitem__(hook.name, x.detach()[0])) for name in names
+        ]
+        with torch.no_grad():
+            self.model.bridge.run_with_hooks(
+                torch.zeros(1, n, dtype=torch.long, device=self.model.W_E.device), fwd_hooks=hooks
+            )
+        return {
+            (None, i): (seen[f"blocks.{i}.attn.hook_cos"], seen[f"blocks.{i}.attn.hook_sin"])
+            for i in range(c.n_layers)
+        }
 
     @property
     def decomposes(self) -> bool:
@@ -107,7 +169,7 @@ class BridgeEncoding:
     def rotate(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor, Tensor]:
         """``q``, ``k`` ``[batch, pos, head, d_head]`` (``hook_q``/``hook_k``) rotated at positions
         ``0..pos-1``, as the bridge rotates them (identity for GPT-2)."""
-        spans = self.rotary_spans(layer) or ()
+        spans = self.rotary_spans(layer, q.shape[1]) or ()
 
         def turn(t: Tensor) -> Tensor:
             out, n = t.clone(), t.shape[1]

@@ -31,14 +31,22 @@ def hf_config(
     d_vocab: int,
     pad_id: int,
     rotary_pct: float = 0.25,
+    n_kv_heads: int | None = None,
 ) -> Any:
-    """The ``transformers`` config of ``arch`` at this shape (no dropout; no BOS/EOS token; untied embeddings)."""
+    """The ``transformers`` config of ``arch`` at this shape (no dropout; no BOS/EOS token; untied
+    embeddings). ``n_kv_heads``: key/value heads shared by groups of query heads (grouped-query or,
+    with 1, multi-query attention; None: one per query head), where ``arch`` has them (llama)."""
     import transformers
 
     if arch not in ARCHS:
         raise ValueError(f"unknown architecture {arch!r}; expected one of {', '.join(ARCHS)}")
     if d_model % n_heads:
         raise ValueError(f"d_model {d_model} is not a multiple of n_heads {n_heads}")
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    if n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ValueError(f"{n_heads} query heads cannot share {n_kv_heads} key/value heads evenly")
+    if n_kv_heads != n_heads and arch != "llama":
+        raise ValueError(f"{arch} has one key/value head per query head (n_kv_heads: llama only)")
     # untied input and output embeddings in every architecture (GPT-2 and BLOOM tie them by default):
     # the run's weights are then plain tensors, and the answer tokens' readout is its own
     common = {
@@ -78,7 +86,7 @@ def hf_config(
             hidden_size=d_model,
             num_hidden_layers=n_layers,
             num_attention_heads=n_heads,
-            num_key_value_heads=n_heads,
+            num_key_value_heads=n_kv_heads,
             intermediate_size=d_mlp,
             **common,
         )

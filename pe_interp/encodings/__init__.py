@@ -10,6 +10,7 @@ from .base import (
     ModelShape,
     RotarySpan,
     combined_kind,
+    rotary_spans_for,
 )
 from .bias import ALiBi, T5Bias, alibi_slopes, relative_positions, t5_buckets
 from .restrict import RESTRICTIONS, Restricted
@@ -57,6 +58,7 @@ __all__ = [
     "register_encoding",
     "relative_positions",
     "rope_angles",
+    "rotary_spans_for",
     "sinusoidal_table",
     "t5_buckets",
 ]

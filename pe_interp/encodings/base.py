@@ -67,7 +67,7 @@ class RotarySpan:
     start: int
     dim: int
     theta: Tensor  # [dim // 2], float64, rad/token
-    cos: Tensor  # [n_ctx, dim // 2]
+    cos: Tensor  # [n, dim // 2]: n_ctx rows, or at least the positions asked (rotary_spans_for)
     sin: Tensor
     heads: Tensor | None = None
     halves: bool = False
@@ -215,6 +215,16 @@ class Encoding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}"
+
+
+def rotary_spans_for(encoding: Any, layer: int, n_pos: int) -> tuple[RotarySpan, ...] | None:
+    """``encoding.rotary_spans(layer)`` with cos/sin tables of at least ``n_pos`` rows. An encoding
+    that computes its tables on demand (``sized_spans``: a bridge's,
+    :class:`pe_interp.bridge_encoding.BridgeEncoding`) is asked for that length only, so that no
+    probe's cost grows with the model's context; every other encoding's tables cover ``n_ctx``."""
+    if getattr(type(encoding), "sized_spans", False):
+        return encoding.rotary_spans(layer, n_pos)
+    return encoding.rotary_spans(layer)
 
 
 def check_number(

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pe_interp.encodings import rotary_spans_for
 from pe_interp.io import (
     load_result,
     nan_array,
@@ -210,7 +211,7 @@ def positional_scores(
         var_s > 0, var_d.clamp(min=0) / var_s.clamp(min=1e-300), torch.full_like(var_s, math.nan)
     )
     if not reads_direct or (
-        enc.rotates and any(enc.rotary_spans(layer) is None for layer in range(L))
+        enc.rotates and any(rotary_spans_for(enc, layer, n_pos) is None for layer in range(L))
     ):
         direct = torch.full_like(
             direct, math.nan
@@ -234,7 +235,7 @@ def _direct(model, cache, layer: int, n_pos: int, reads: bool = True) -> Tensor:
         plain = unrotated_qk(model, cache, layer)
         if plain is None:  # undo the rotation with the encoding's own tables
             qu, ku = q.clone(), k.clone()
-            for span in model.encoding.rotary_spans(layer) or ():
+            for span in rotary_spans_for(model.encoding, layer, n_pos) or ():
                 cos = span.cos[:n_pos, None, :].double().to(q.device)  # [pos, 1, half]
                 sin = span.sin[:n_pos, None, :].double().to(q.device)
                 rotated = (

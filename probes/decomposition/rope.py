@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from pe_interp.encodings import RotarySpan
+from pe_interp.encodings import RotarySpan, rotary_spans_for
 
 __all__ = ["RopeSpan", "RopeTerms", "rope_spans", "rope_terms"]
 
@@ -30,11 +30,14 @@ __all__ = ["RopeSpan", "RopeTerms", "rope_spans", "rope_terms"]
 RopeSpan = RotarySpan
 
 
-def rope_spans(encoding, layer: int, head: int) -> list[RopeSpan] | None:
+def rope_spans(encoding, layer: int, head: int, n_pos: int | None = None) -> list[RopeSpan] | None:
     """The rotated spans of ``head``'s q/k vectors in ``layer``, as ``encoding`` describes them
     (:meth:`~pe_interp.encodings.Encoding.rotary_spans`): empty if the head is not rotated, None
-    if the encoding rotates without describing how."""
-    described = encoding.rotary_spans(layer)
+    if the encoding rotates without describing how. ``n_pos``: the positions the tables must
+    cover (:func:`~pe_interp.encodings.rotary_spans_for`; None: the model's context)."""
+    described = (
+        encoding.rotary_spans(layer) if n_pos is None else rotary_spans_for(encoding, layer, n_pos)
+    )
     if described is None:
         return None
     spans = [s for s in described if s.rotates_head(head)]

@@ -231,7 +231,7 @@ def _logit_terms(model, toks, pm, layer, head, cache) -> dict[str, Any]:
         terms["relative_bias"] = bias.to(actual.dtype)
 
     rope = None
-    spans = rope_spans(enc, layer, head)
+    spans = rope_spans(enc, layer, head, n_pos)
     if spans:
         rope = rope_terms(rot_q[0, :, head], rot_k[0, :, head], spans, scale)
     return {

@@ -11,20 +11,34 @@ nothing before layer ``l``, and within layer ``l`` only that head's attention: e
 pattern and output depend on its own queries, keys and values. So "route ``(l, h)`` sees ``σ``"
 is the forward in which ``z_h`` of layer ``l`` (``hook_z``) is replaced by ``z'_h``, the head's
 output with its positions moved on the clean input of layer ``l``. :class:`MovedOutputs` computes
-``z'`` of every head of a layer in one forward (every route of that layer moved at once: the heads
-do not see each other's positions), and the exact ablation sweep
+``z'`` of every route head of every layer in one forward after a clean one (every route moved at
+once: the heads do not see each other's positions; each layer's ``z'`` is kept and its clean ``z``
+put back, so that every layer reads its clean input), and the exact ablation sweep
 (:func:`probes.ablation.sweeps.sweep_batched`, with its seam after a layer's attention) runs every
 route as a replacement, many per forward: the cost of an ablation grid instead of a forward from
 the route's layer per route.
+
+**Grouped key/value heads** (:class:`pe_interp.probe_model.KVLayout`: ``group`` consecutive query
+heads read one key head). A route is still a query head, and moving query head ``h`` rotates its
+query and *its view* of the shared key at ``σ``; the other query heads of its group must keep
+the unmoved key. :func:`move_hooks` moves a key head when any of its query heads moves (exact
+when the whole group moves, as "every route at once" does); :class:`MovedOutputs` runs one
+forward per index ``j`` within a group, moving query heads ``{g * group + j}`` and their keys, so
+that each moved key serves exactly one moved query head, and keeps ``z'`` of those heads only:
+``group`` forwards instead of one.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from probes.replace import capture_z
+from pe_interp.encodings import rotary_spans_for
+from pe_interp.probe_model import HOOKS
+from probes.replace import capture, capture_z
 
 EMBED = "embed"
 
@@ -49,7 +63,7 @@ def position_routes(model) -> tuple[list[str], np.ndarray]:
     n = min(cfg.n_ctx, 8)
     for layer in range(cfg.n_layers):
         if enc.rotates:
-            spans = enc.rotary_spans(layer)
+            spans = rotary_spans_for(enc, layer, n)
             if spans is None:
                 raise ValueError(
                     f"encoding {cfg.encoding_name!r} rotates without saying how (rotary_spans); "
@@ -65,13 +79,21 @@ def position_routes(model) -> tuple[list[str], np.ndarray]:
             heads[layer] |= (
                 (bias.detach().flatten(1).amax(1) > bias.detach().flatten(1).amin(1)).cpu().numpy()
             )
+    kv = getattr(model, "kv_layout", None)
+    if kv is not None and kv.grouped:  # a key head moves for all its query heads or for none
+        g = heads.reshape(cfg.n_layers, kv.n_kv_heads, kv.group)
+        if bool((g.any(-1) != g.all(-1)).any()):
+            raise ValueError(
+                f"encoding {cfg.encoding_name!r} rotates only some query heads of a key/value "
+                "group, whose shared keys route shares cannot move for some heads and not others"
+            )
     extra = [EMBED] if enc.residual(1) is not None else []
     return extra, heads
 
 
 def can_move_positions(model) -> bool:
     """Whether :func:`route_shares` can move this model's positions (our own models always; a
-    bridge where :class:`pe_interp.bridge.BridgeEncoding` says so: not with grouped key/value heads)."""
+    bridge where :class:`pe_interp.bridge.BridgeEncoding` says so, grouped key/value heads too)."""
     try:
         position_routes(model)
     except ValueError:
@@ -81,16 +103,20 @@ def can_move_positions(model) -> bool:
 
 def rerotate(t: Tensor, spans, sigma: Tensor, heads: Tensor) -> Tensor:
     """``t [B, pos, head, d]`` (rotated at positions 0..pos-1) rotated at ``sigma [B, pos]``
-    instead, for the heads marked in ``heads [B, head]`` and each span that rotates them."""
+    instead, for the heads marked in ``heads [B, head]`` and each span that rotates them (a
+    span's query-head mask read per key head where ``t`` carries grouped keys)."""
     out = t.clone()
     n_pos = t.shape[1]
     for s in spans:
+        span_heads = s.heads
+        if span_heads is not None and span_heads.numel() != t.shape[2]:
+            span_heads = span_heads.view(t.shape[2], -1).any(-1)
         cos_i, sin_i = s.cos[:n_pos].to(t.dtype), s.sin[:n_pos].to(t.dtype)  # [pos, half]
         cos_s, sin_s = s.cos[sigma].to(t.dtype), s.sin[sigma].to(t.dtype)  # [B, pos, half]
         c = (cos_s * cos_i + sin_s * sin_i)[:, :, None, :]  # angle sigma(i) - i
         sn = (sin_s * cos_i - cos_s * sin_i)[:, :, None, :]
         moved = s.turn(t, c, sn)
-        mask = heads if s.heads is None else heads & s.heads.to(heads.device)[None]
+        mask = heads if span_heads is None else heads & span_heads.to(heads.device)[None]
         part = out[..., s.start : s.start + s.dim]
         out[..., s.start : s.start + s.dim] = torch.where(mask[:, None, :, None], moved, part)
     return out
@@ -98,7 +124,9 @@ def rerotate(t: Tensor, spans, sigma: Tensor, heads: Tensor) -> Tensor:
 
 def move_hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, first: int) -> list:
     """Forward hooks that let ``layer_heads [B, n_layers, n_heads]`` (and the residual term for
-    ``embed_rows [B]``) see the positions ``sigma [B, pos]``, from layer ``first`` on."""
+    ``embed_rows [B]``) see the positions ``sigma [B, pos]``, from layer ``first`` on. Where the
+    key hook carries grouped key/value heads, a key head moves when any of its query heads does
+    (module docstring: exact for a query head whose group moves with it or is not read)."""
     enc, hooks = model.encoding, []
     if first == 0 and bool(embed_rows.any()):
 
@@ -114,10 +142,10 @@ def move_hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, fi
         if not bool(heads.any()):
             continue
         if enc.rotates:
-            spans = enc.rotary_spans(layer)
+            spans = rotary_spans_for(enc, layer, sigma.shape[1])
 
             def rot(x, hook, spans=spans, heads=heads):
-                return rerotate(x, spans, sigma, heads)
+                return rerotate(x, spans, sigma, _per_key_head(heads, x.shape[2]))
 
             # after the rotation (or before it, on a bridge: one pair's rotations commute)
             names = getattr(enc, "rotation_hooks", ("hook_rot_q", "hook_rot_k"))
@@ -138,6 +166,24 @@ def move_hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, fi
             # a per-row bias runs on the eager path (a hook here makes the layer eager)
             hooks.append((f"blocks.{layer}.attn.hook_attn_scores", lambda x, hook: x))
     return hooks
+
+
+def _per_key_head(heads: Tensor, n: int) -> Tensor:
+    """``heads [B, n_heads]`` read per head of a hook that carries ``n`` heads: itself for the
+    query heads, else per key/value head, moved when any of its ``n_heads / n`` consecutive query
+    heads is (:class:`pe_interp.probe_model.KVLayout`'s grouping)."""
+    if n == heads.shape[1]:
+        return heads
+    if heads.shape[1] % n:
+        raise ValueError(f"a hook with {n} key/value heads for {heads.shape[1]} query heads")
+    return heads.view(heads.shape[0], n, -1).any(-1)
+
+
+def _keep_and_restore(moved: dict, clean: Tensor, layer: int, z: Tensor, hook) -> Tensor:
+    """A ``hook_z`` hook: keeps ``z'`` (on the clean input of ``layer``) and puts the clean output
+    back, so that the next layers read their clean input."""
+    moved[layer] = z
+    return clean
 
 
 class MovedOutputs:
@@ -164,11 +210,28 @@ class MovedOutputs:
         )
         if bool((sig >= width).any()):
             raise AssertionError("a width cut dropped a position that σ moves a token to")
+        clean = capture_z(self.model, toks, pm, self.layers)  # what each layer's input reads
         out: dict[int, Tensor] = {}
         no_embed = torch.zeros(len(idx), dtype=torch.bool, device=idx.device)
-        for layer in self.layers:
-            heads = torch.zeros(len(idx), *self.routes.shape, dtype=torch.bool, device=idx.device)
-            heads[:, layer] = self.routes[layer]
-            with self.model.hooks(fwd_hooks=move_hooks(self.model, sig, heads, no_embed, layer)):
-                out[layer] = capture_z(self.model, toks, pm, [layer])[layer]
+        kv = getattr(self.model, "kv_layout", None)
+        group = 1 if kv is None else kv.group
+        index = torch.arange(self.routes.shape[1], device=idx.device) % group
+        for j in range(group):  # one query head per key head moved in each forward
+            mine = self.routes & (index == j)[None]  # [n_layers, n_heads]
+            if not bool(mine.any()):
+                continue
+            heads = mine[None].expand(len(idx), -1, -1)
+            moved: dict[int, Tensor] = {}
+
+            hooks = move_hooks(self.model, sig, heads, no_embed, self.layers[0])
+            hooks += [
+                (HOOKS.z(layer), partial(_keep_and_restore, moved, clean[layer], layer))
+                for layer in self.layers
+            ]
+            with self.model.hooks(fwd_hooks=hooks):
+                capture(self.model, toks, pm, [], max(self.layers) + 1)
+            for layer, z in moved.items():
+                prev = out.get(layer)
+                keep = mine[layer][None, None, :, None]
+                out[layer] = z if prev is None else torch.where(keep, z, prev)
         return out
