@@ -11,6 +11,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from pe_interp.probe_model import HOOKS
 from probes.ablation.request import AblationRequest
 from probes.inputs import FiniteWatch
 from probes.replace import Replacement, needed_width, overwrite_hook, replace_hook
@@ -69,16 +70,12 @@ def sweep_batched(
         key_valid = model.check_inputs(toks, pm)[1]  # once per chunk; the copies reuse it
         cache: dict[tuple[str, int], Tensor] = {}
 
-        def save(x, hook, cache=cache):
-            parts = hook.name.split(".")
-            kind = {"hook_resid_mid": "mid", "hook_z": "z"}[parts[-1]]
-            cache[(kind, int(parts[1]))] = x
-            return None
+        def save(x, hook, kind, layer, cache=cache):
+            cache[(kind, layer)] = x
 
-        names = ("hook_resid_mid", "attn.hook_z")
-        logits = model.run_with_hooks(
-            toks, pm, fwd_hooks=[(f"blocks.{s}.{n}", save) for s in starts for n in names]
-        )
+        saves = [(HOOKS.resid_mid(s), partial(save, kind="mid", layer=s)) for s in starts]
+        saves += [(HOOKS.z(s), partial(save, kind="z", layer=s)) for s in starts]
+        logits = model.run_with_hooks(toks, pm, fwd_hooks=saves)
         base[idx_cpu] = metric(watch.see(logits), lab).cpu()
         replacement = repl.for_chunk(idx, w)
         for s in starts:
