@@ -369,6 +369,8 @@ def save_result(
         kind = getattr(sys.modules.get(type(result).__module__), "RESULT_KIND", None)
     if weights is not None:
         data[WEIGHTS_KEY] = {"sha256": str(weights["sha256"]), "step": weights.get("step")}
+        if weights.get("source"):  # a pretrained model's origin: the GGUF file, the hub name
+            data[WEIGHTS_KEY]["source"] = weights["source"]
     if kind is not None:
         return write_result(path, kind, data, indent=indent, sort_keys=False)
     return atomic_write_json(path, data, indent=indent, sort_keys=False)

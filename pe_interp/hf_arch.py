@@ -147,7 +147,14 @@ def boot_bridge(model_dir: str | Path, device: str = "cpu") -> Any:
     hf_logging.disable_progress_bar()  # one line per error on the command line, no loading bars
     hf_logging.set_verbosity_error()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        except (OSError, ValueError, TypeError) as err:  # no tokenizer files, or none that load
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ValueError(
+                f"{model_dir}: the model has no tokenizer that loads here ({first.rstrip(': ')}); "
+                "save it with tokenizer.save_pretrained(dir)"
+            ) from None
         bridge = TransformerBridge.boot_transformers(
             str(model_dir), tokenizer=tokenizer, device=device
         )

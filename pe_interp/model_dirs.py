@@ -8,6 +8,11 @@ which is too small. :func:`load_model_dir` gives back a :class:`~pe_interp.check
 model is a :class:`~pe_interp.bridge.BridgedModel` and whose splits are the preset's, so every
 command that takes a run reads the directory (``pe-interp ablate DIR --task distance``).
 
+A prompt family (``--task induction``, ``recall``, ``successor``) or a prompts file (``--task
+my.jsonl``) reads the model on natural prompts in its own tokens instead
+(:mod:`pe_interp.prompts.task`): classes are token ids, and the model's accuracy on the prompts is
+printed first.
+
 A GGUF file (``pe-interp ablate model.gguf --task distance``) is converted once into a saved
 directory in the cache (:func:`pe_interp.gguf.convert_gguf`) and read as that directory: its
 results go there, and the run's source records the file's provenance (``config["model_dir"]
@@ -27,6 +32,7 @@ import torch
 
 from pe_interp.checkpoint import CheckpointError, Run
 from pe_interp.gguf import convert_gguf, gguf_provenance, is_gguf_file
+from pe_interp.prompts.task import PROMPT_COUNTS, PromptSplits, is_prompt_task, load_prompt_task
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 HUB_RUNS = (
@@ -87,7 +93,7 @@ def load_model_dir(
                 f"{path}: a GGUF model file, not a pe-interp run: say which task to probe it on "
                 "with --task (and --preset for the task's size)"
             )
-        _task_configs(path, task, preset, seed)  # a bad --task or --preset before converting
+        _check_task(path, task, preset, seed)  # a bad --task or --preset before converting
         path = convert_gguf(path)
     if not is_model_dir(path):
         raise CheckpointError(
@@ -98,8 +104,7 @@ def load_model_dir(
             f"{path}: a saved Hugging Face model, not a pe-interp run: say which task to "
             "probe it on with --task (and --preset for the task's size)"
         )
-    if task is not None:
-        _task_configs(path, task, preset, seed)  # a bad --task or --preset before the boot
+    _check_task(path, task, preset, seed)  # a bad --task or --preset before the boot
     weights = next((path / f for f in WEIGHT_FILES if (path / f).is_file()), None)
     if weights is None:
         raise CheckpointError(f"{path}: no weights ({' or '.join(WEIGHT_FILES)})")
@@ -110,7 +115,52 @@ def load_model_dir(
         source["gguf"] = gguf
     if given != path:  # what the user named: the GGUF file, in messages
         source["file"] = str(given)
+    provenance["source"] = source  # every result records where its weights came from
+    if is_prompt_task(task):
+        return _as_prompt_run(
+            path, boot_bridge(path, device=device), task, preset, seed, provenance
+        )
     return _as_run(path, boot_bridge(path, device=device), task, preset, seed, provenance, source)
+
+
+def _check_task(where: Any, task: str, preset: str, seed: int) -> None:
+    """A one-line error for a bad ``--task`` or ``--preset``, before any model is loaded."""
+    if not is_prompt_task(task):
+        _task_configs(where, task, preset, seed)
+    elif preset not in PROMPT_COUNTS:
+        raise CheckpointError(
+            f"{where}: --preset must be one of {', '.join(PROMPT_COUNTS)} for prompts; got {preset!r}"
+        )
+    elif str(task).endswith(".jsonl") and not Path(task).is_file():
+        raise CheckpointError(f"{where}: --task {task}: no such prompts file")
+
+
+def _as_prompt_run(
+    run_dir: Path, bridge: Any, task: str, preset: str, seed: int, provenance: dict[str, Any]
+) -> Run:
+    """A booted bridge as a run on natural prompts (:mod:`pe_interp.prompts.task`): classes are its
+    token ids; the model's accuracy on the prompts is measured once and kept in the run's config
+    (``config["accuracy"]``), which commands print first."""
+    from pe_interp.bridge import BridgedModel
+    from pe_interp.prompts import family_accuracy
+
+    source = provenance["source"]
+    where = source.get("hub") or source.get("file") or run_dir
+    try:
+        prompt_task = load_prompt_task(task, bridge, preset, seed, where=where)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    model = BridgedModel(bridge, pad_id=prompt_task.pad_id).eval()
+    accuracy = family_accuracy(model, prompt_task.prompts)
+    config = {
+        "model_dir": {"model_type": model.cfg.model_type, **source},
+        "task": prompt_task.to_dict(),
+        "accuracy": {**accuracy.to_dict(), "summary": accuracy.summary()},
+        "preset": preset,
+        "seed": seed,
+    }
+    splits = PromptSplits(n_test=len(prompt_task.prompts), seed=seed)
+    return Run(run_dir, model, prompt_task, splits, config, provenance)
 
 
 def _task_configs(where: Any, task: str, preset: str, seed: int) -> tuple[Any, Any]:
@@ -201,15 +251,11 @@ def _load_hub(
         digest.update(
             value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
         )
-    return _as_run(
-        out,
-        bridge,
-        task,
-        preset,
-        seed,
-        {"sha256": digest.hexdigest(), "step": None},
-        {"hub": name, "revision": revision},
-    )
+    source = {"hub": name, "revision": revision}
+    provenance = {"sha256": digest.hexdigest(), "step": None, "source": source}
+    if is_prompt_task(task):
+        return _as_prompt_run(out, bridge, task, preset, seed, provenance)
+    return _as_run(out, bridge, task, preset, seed, provenance, source)
 
 
 __all__ = [

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from prompt_env import make_tokenizer
 
 from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir
 from pe_interp.prompts import (
@@ -28,35 +29,9 @@ from pe_interp.prompts import (
     resolve_tokenizer,
 )
 from pe_interp.prompts.vocab import BosPolicy
-from pe_interp.prompts.words import COMMON_WORDS, ORDINALS
 from probes.inputs import position_permutation
 
-SPECIALS = ["[PAD]", "[UNK]", "<s>"]
 SMOL = Path(os.path.expanduser("~/.cache/pe-interp/gguf/b179c9523d0e6a0f"))
-
-
-def _vocab() -> list[str]:
-    words = list(SPECIALS) + list(COMMON_WORDS[:40])
-    text = [RecallByIndex.prefix, RecallByIndex.separator, RecallByIndex.end]
-    text += [RecallByIndex.demo_end, *Successor.question, "Paris is the capital of France"]
-    text += [RecallByIndex.question.format(ordinal=o) for o in ORDINALS]
-    for piece in text:
-        words += [w for w in piece.split() if w not in words]
-    return words
-
-
-def make_tokenizer(bos: bool = True):
-    """A word-level tokenizer over the templates' words and 40 common nouns."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(_vocab())}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    extra = {"bos_token": "<s>"} if bos else {}
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", **extra
-    )
 
 
 TOK = make_tokenizer()

@@ -254,13 +254,16 @@ def add_model_dir_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--task",
         default=None,
-        help="for a saved Hugging Face model directory or a GGUF file: the task to probe it "
-        "on, in language-model form (class c is answer token d_vocab + c)",
+        help="for a saved Hugging Face model directory or a GGUF file: the task to probe it on: "
+        "a prompt family in the model's own tokens (induction, recall, successor), a prompts "
+        "file (FILE.jsonl), or one of our tasks in language-model form (class c is answer "
+        "token d_vocab + c)",
     )
     parser.add_argument(
         "--preset",
         default="quick",
-        help="for a model directory or GGUF file: the task's size and splits (default quick)",
+        help="for a model directory or GGUF file: the task's size and splits (default quick; "
+        "prompts: smoke 16, quick 64, mid 256, paper 1024)",
     )
     parser.add_argument(
         "--revision",
@@ -365,6 +368,9 @@ def writing_run(
         )
     else:
         loaded = load_run(run_dir, device=device)
+    accuracy = loaded.config.get("accuracy", {}).get("summary")
+    if accuracy:  # natural prompts: the model's accuracy on them comes first
+        print(f"{loaded.name}: {accuracy}")
     with dir_lock(out or loaded.run_dir, "run directory" if out is None else "output directory"):
         loaded.result_dir.mkdir(parents=True, exist_ok=True)  # RUN@S: the step's own steps/S/
         yield loaded

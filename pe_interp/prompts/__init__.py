@@ -9,6 +9,8 @@
 - :class:`PromptSet`, :class:`PromptPairs`: right-padded token ids, labels (each answer's first
   token id), pad mask, answers, BOS policy, shaped as the probes read a batch
   (``pairs.clean.tokens``, ``pairs.corrupt.labels``, ``pairs.pad_mask``).
+- :class:`PromptTask` (:mod:`pe_interp.prompts.task`): a family or a prompts file as a run's task,
+  which every command that reads a run reads (``pe-interp ablate model.gguf --task induction``).
 - :func:`family_accuracy`: the model's greedy next-token accuracy on a set, with a one-line
   summary that records the BOS policy and says when answers are scored on their first token.
 
@@ -36,6 +38,7 @@ from pe_interp.prompts.families import (
     make_family,
 )
 from pe_interp.prompts.jsonl import UserPrompts, load_jsonl
+from pe_interp.prompts.task import PromptTask, is_prompt_task, load_prompt_task
 from pe_interp.prompts.vocab import BosPolicy, context_limit, resolve_tokenizer
 
 __all__ = [
@@ -47,6 +50,7 @@ __all__ = [
     "PromptFamily",
     "PromptPairs",
     "PromptSet",
+    "PromptTask",
     "RecallByIndex",
     "Successor",
     "UserPrompts",
@@ -54,7 +58,9 @@ __all__ = [
     "context_limit",
     "family_accuracy",
     "format_accuracies",
+    "is_prompt_task",
     "load_jsonl",
+    "load_prompt_task",
     "make_family",
     "resolve_tokenizer",
 ]

@@ -1,0 +1,207 @@
+"""A pretrained model read on natural prompts by the commands (``--task induction``, ``--task
+FILE.jsonl``; pe_interp.prompts.task): the accuracy line comes first, the numbers equal a naive
+hook loop or the probe called on the family's own prompts, the prompts are recorded with the
+result, and bad input is one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from bad_input_env import expect_cli_refusal
+from prompt_env import make_tokenizer
+
+from pe_interp.cli import main
+from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir
+from pe_interp.model_dirs import load_model_dir
+from pe_interp.prompts import family_accuracy, make_family
+from pe_interp.prompts.task import PROMPT_COUNTS, PromptTask, is_prompt_task
+
+TOK = make_tokenizer()
+QUIET = ["--no-progress", "--no-figures"]
+
+
+def _model_dir(root: Path, n_ctx: int = 96, tokenizer=TOK) -> Path:
+    hf = build_hf_model(
+        "llama",
+        seed=3,
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        d_mlp=64,
+        n_ctx=n_ctx,
+        d_vocab=len(TOK),
+        pad_id=0,
+    )
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # larger weights than the default init: logits that differ by prompt
+        for weight in hf.parameters():
+            if weight.dim() == 2:
+                weight.copy_(torch.randn(weight.shape, generator=gen) * 0.3)
+    return save_model_dir(hf, tokenizer, root)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return _model_dir(tmp_path_factory.mktemp("prompt_runs") / "model")
+
+
+def _last_logits(bridge, tokens, mask, hook=None) -> torch.Tensor:
+    """The bridge's next-token logits at each row's last real token, one prompt at a time."""
+    rows = []
+    for ids, m in zip(tokens, mask, strict=True):
+        real = ids[m][None]
+        hooks = [] if hook is None else [hook]
+        with torch.no_grad():
+            rows.append(bridge.run_with_hooks(real, fwd_hooks=hooks)[0, -1])
+    return torch.stack(rows)
+
+
+def test_is_prompt_task():
+    assert is_prompt_task("induction") and is_prompt_task("mine.jsonl")
+    assert not is_prompt_task("distance") and not is_prompt_task(None)
+
+
+def test_ablate_on_a_family_equals_a_naive_hook_z_loop(model_dir, capsys):
+    argv = ["ablate", str(model_dir), "--task", "induction", "--metric", "loss", *QUIET]
+    assert main([*argv, "--n-bootstrap", "20"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    run = load_model_dir(model_dir, "induction")
+    assert out[0] == f"{model_dir}: {run.config['accuracy']['summary']}"
+    accuracy = run.config["accuracy"]["accuracy"]
+    assert out[0].endswith(f"correct ({accuracy:.3f}); BOS '<s>' (id 2) prepended")
+    saved = json.loads((model_dir / "ablation.json").read_text())
+    assert saved["weights"]["source"] == {"weights": "model.safetensors"}
+    assert saved["weights"]["sha256"] == run.provenance["sha256"]
+
+    prompts = make_family("induction", TOK).sample(PROMPT_COUNTS["quick"], seed=0)
+    assert torch.equal(run.task.prompts.tokens, prompts.tokens)
+    bridge = boot_bridge(model_dir)
+    labels = prompts.labels
+    clean = F.cross_entropy(_last_logits(bridge, prompts.tokens, prompts.pad_mask), labels)
+    assert saved["baseline"] == pytest.approx(float(clean), abs=1e-5)
+    values = np.array(saved["values"])
+    for layer in range(2):
+        for head in range(4):
+
+            def zero(z, hook, head=head):
+                z[:, :, head] = 0.0
+                return z
+
+            hook = (f"blocks.{layer}.attn.hook_z", zero)
+            logits = _last_logits(bridge, prompts.tokens, prompts.pad_mask, hook)
+            naive = float(F.cross_entropy(logits, labels))
+            assert values[layer, head] == pytest.approx(naive, abs=1e-5), (layer, head)
+
+
+def test_the_accuracy_line_equals_family_accuracy(model_dir):
+    run = load_model_dir(model_dir, "successor", preset="smoke", seed=4)
+    prompts = make_family("successor", TOK).sample(PROMPT_COUNTS["smoke"], seed=4)
+    expected = family_accuracy(boot_bridge(model_dir), prompts)
+    assert run.config["accuracy"]["summary"] == expected.summary()
+    assert run.config["task"]["n"] == 16 and run.config["task"]["seed"] == 4
+    assert (
+        run.config["task"]["bos"]["prepended"] and not run.config["task"]["scored_on_first_token"]
+    )
+    assert isinstance(run.task, PromptTask) and run.model.cfg.n_classes == len(TOK)
+    test = run.examples("test", 5)
+    assert torch.equal(test.tokens, prompts.tokens[:5]) and torch.equal(
+        test.labels, prompts.labels[:5]
+    )
+    both = run.examples("all")
+    assert torch.equal(both.tokens, prompts.tokens)  # no training split
+
+
+def test_routes_and_patch_read_the_family_pairs(model_dir, capsys):
+    from probes.deposit.routes import route_shares
+    from probes.deposit.trajectory import PAIRS_SEED_OFFSET
+    from probes.patching import patch
+
+    assert main(
+        ["routes", str(model_dir), "--task", "recall", "--n", "24", "--n-bootstrap", "10"]
+    ) in (0, 3)
+    run = load_model_dir(model_dir, "recall")
+    pairs = run.task.prompt_pairs(24, "position", seed=PAIRS_SEED_OFFSET)
+    assert pairs.kind == "position" and bool((pairs.clean.labels != pairs.corrupt.labels).all())
+    direct = route_shares(
+        run.model,
+        pairs.clean.tokens,
+        pairs.corrupt.tokens,
+        pairs.clean.labels,
+        pairs.corrupt.labels,
+        pad_mask=pairs.pad_mask,
+        n_bootstrap=10,
+        seed=0,
+    )
+    saved = json.loads((model_dir / "routes.json").read_text())
+    assert abs(direct.effect) > 1e-3  # the pairs move the answer's logit
+    assert saved["effect"] == pytest.approx(direct.effect, abs=1e-6)
+    assert saved["weights"]["source"] == {"weights": "model.safetensors"}
+
+    assert main(["patch", str(model_dir), "--task", "successor", "--n", "12", "--no-figures"]) == 0
+    run = load_model_dir(model_dir, "successor")
+    pairs = run.task.counterfactual_pairs(12, seed=0)
+    direct = patch(
+        run.model,
+        pairs.clean.tokens,
+        pairs.corrupt.tokens,
+        clean_labels=pairs.clean.labels,
+        corrupt_labels=pairs.corrupt.labels,
+        pad_mask=pairs.clean.pad_mask,
+        n_bootstrap=0,
+    )
+    saved = json.loads((model_dir / "patching.json").read_text())
+    assert saved["pairs"]["task"]["name"] == "successor"
+    assert np.allclose(np.array(saved["values"], dtype=float), direct.values, atol=1e-5)
+    capsys.readouterr()
+
+
+def test_a_prompts_file_is_a_task(model_dir, tmp_path, capsys):
+    lines = [
+        {"prompt": "apple bag cat apple bag", "answer": " cat",
+         "counterfactual_prompt": "apple cat bag apple cat", "counterfactual_answer": " bag"},
+        {"prompt": "desk coin desk", "answer": " coin"},
+    ]  # fmt: skip
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    argv = ["ablate", str(model_dir), "--task", str(path), "--n-bootstrap", "0", *QUIET]
+    assert main(argv) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"{model_dir}: mine: ") and "of 2 correct" in first
+    run = load_model_dir(model_dir, str(path))
+    assert run.task.name == "mine" and run.config["task"]["kind"] == "prompts file"
+    pairs = run.task.counterfactuals(5)
+    assert len(pairs) == 1 and pairs.clean.labels.tolist() == [TOK.convert_tokens_to_ids("cat")]
+    assert not out.exists()
+
+
+def _no_tokenizer_dir(root: Path) -> Path:
+    out = _model_dir(root)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (out / name).unlink(missing_ok=True)
+    return out
+
+
+@pytest.mark.parametrize("case,argv,pattern", [
+    ("file", ["ablate", "{d}", "--task", "{t}/absent.jsonl"], r"absent.jsonl: no such prompts file"),
+    ("preset", ["ablate", "{d}", "--task", "induction", "--preset", "huge"],
+     r"--preset must be one of smoke, quick, mid, paper for prompts; got 'huge'"),
+    ("short", ["ablate", "{s}", "--task", "induction"],
+     r"induction: prompts of up to 19 tokens are longer than the model's context"),
+    ("tokenizer", ["routes", "{n}", "--task", "induction"], r"the model has no tokenizer"),
+])  # fmt: skip
+def test_bad_prompt_input_is_one_line_and_writes_nothing(tmp_path, case, argv, pattern, capsys):
+    dirs = {"d": tmp_path / "model", "s": tmp_path / "short", "n": tmp_path / "bare"}
+    _model_dir(dirs["d"]) if case in ("file", "preset") else None
+    _model_dir(dirs["s"], n_ctx=16) if case == "short" else None
+    _no_tokenizer_dir(dirs["n"]) if case == "tokenizer" else None
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    capsys.readouterr()  # the models' saving
+    expect_cli_refusal([a.format(t=tmp_path, **dirs) for a in argv], pattern, capsys)
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
