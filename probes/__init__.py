@@ -12,6 +12,8 @@
 - :mod:`probes.decomposition`: attention-logit terms, Toeplitz score, positional score per head.
 - :mod:`probes.gradients`: gradient coherence per head at initialisation (the "seed").
 - :mod:`probes.patterns`: attention patterns of chosen heads.
+- :mod:`probes.head_types`: previous-token, duplicate-token, induction and first-token (sink)
+  heads, every head scored at once on batches of prompts (equal to TransformerLens' ``detect_head``).
 - :mod:`probes.generalization`: accuracy on longer inputs than training (translated, lengthened).
 - :mod:`probes.circuits`: attribution patching (AtP, AtP*, EAP-IG) of nodes and edges, exact
   path patching, connected and position-aware circuits, their faithfulness, the exact (ACDC)
@@ -35,9 +37,11 @@ from probes.circuits import (
     path_patch,
 )
 from probes.decomposition import (
+    FrequencyUsage,
     LogitTerms,
     PositionalScores,
     RopeTerms,
+    frequency_usage,
     logit_terms,
     positional_scores,
     toeplitz_score,
@@ -69,10 +73,19 @@ from probes.gradients import (
     load_coherence,
     save_coherence,
 )
+from probes.head_type_plots import plot_head_types
+from probes.head_types import DEFAULT_THRESHOLDS, HEAD_TYPES, HeadTypeScores, head_type_scores
 from probes.patching import SITES, PatchResult, normalized_logit_diff_metric, patch
 from probes.patterns import AttentionPatterns, attention_patterns
 
 __all__ = [
+    "FrequencyUsage",
+    "frequency_usage",
+    "DEFAULT_THRESHOLDS",
+    "HEAD_TYPES",
+    "HeadTypeScores",
+    "head_type_scores",
+    "plot_head_types",
     "AblationResult",
     "AttentionPatterns",
     "Condition",

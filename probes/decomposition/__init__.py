@@ -63,22 +63,40 @@ every head) and :mod:`~probes.decomposition.reads` (what they read of a model). 
 to know about the encoding (its rotated spans and their frequencies) they ask the encoding
 (:meth:`pe_interp.encodings.Encoding.rotary_spans`); the projections, the norm and the rotation
 they run are the model's own.
+
+**RoPE frequency usage** (:mod:`~probes.decomposition.frequency`, Barbero et al. 2024): per head,
+each frequency's share of the rotated q/k chunk norms and of the logit's per-frequency terms,
+high band against low band, and the paper's two findings as k of n heads
+(:mod:`~probes.decomposition.frequency_findings`).
 """
 
+from probes.decomposition.frequency import FrequencyUsage, frequency_usage
+from probes.decomposition.frequency_findings import (
+    BandFinding,
+    high_frequency_positional,
+    low_frequency_norm,
+    top_heads,
+)
 from probes.decomposition.positional import PositionalScores, positional_scores
 from probes.decomposition.rope import RopeSpan, RopeTerms, rope_spans, rope_terms
 from probes.decomposition.terms import LogitTerms, logit_terms
 from probes.decomposition.toeplitz import diagonal_means, toeplitz_score
 
 __all__ = [
+    "BandFinding",
+    "FrequencyUsage",
     "LogitTerms",
     "PositionalScores",
     "RopeSpan",
     "RopeTerms",
     "diagonal_means",
+    "frequency_usage",
+    "high_frequency_positional",
+    "low_frequency_norm",
     "logit_terms",
     "positional_scores",
     "rope_spans",
     "rope_terms",
     "toeplitz_score",
+    "top_heads",
 ]
