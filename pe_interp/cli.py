@@ -27,6 +27,7 @@ from pe_interp.commands import (
     routes,
     show,
     study,
+    survey,
     sweep,
     train,
     validate,
@@ -51,6 +52,7 @@ COMMANDS = {
     study: ("study",),
     validate: ("validate",),
     convert: ("convert",),
+    survey: ("survey",),
 }
 
 

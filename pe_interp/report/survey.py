@@ -1,0 +1,334 @@
+"""The report of a pretrained model's survey (``pe-interp survey``), rebuilt from its findings alone:
+``OUT/SURVEY.md``, its figures, and the README block ``<!-- study:NAME begin/end -->``.
+
+It reads the steps' JSON files (:data:`STEPS`, run by :mod:`pe_interp.commands.survey`) and writes what they
+hold; a step not yet run is named as missing, never filled in.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pe_interp.io import atomic_write_text
+from pe_interp.report.findings import update_readme
+from pe_interp.report.survey_figures import ablation_figure, patching_figure
+
+STEPS = ("accuracy", "ablation", "patching", "routes", "head_types", "frequency")  # in run order
+DEPOSIT_DROP = 0.5  # the single-head deposit's bar: one head costs >= 50 points
+SMALL_DROP = 0.05  # ... and every other head moves accuracy by <= 5 points
+
+
+def load_steps(out: Path) -> dict[str, dict[str, Any]]:
+    """Every step's saved payload in ``out``, by step name."""
+    steps = {}
+    for path in sorted(out.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and "survey" in data:
+            steps[path.stem] = data
+    return steps
+
+
+def _origin(step: dict[str, Any]) -> str:
+    weights = step.get("weights", {})
+    source = weights.get("source") or {}
+    gguf = source.get("gguf")
+    if gguf:
+        types = ", ".join(f"{k} {v}" for k, v in sorted(gguf.get("tensor_types", {}).items()))
+        return (
+            f"`{gguf.get('file')}` (sha256 `{str(gguf.get('sha256'))[:16]}…`, "
+            f"{gguf.get('file_type')}: {types}; dequantised to fp32)"
+        )
+    return f"weights sha256 `{str(weights.get('sha256'))[:16]}…`"
+
+
+def _prompts_line(step: dict[str, Any]) -> str:
+    p = step["survey"]["prompts"]
+    bos = p["bos"]
+    bos_text = (
+        f"BOS {bos['token']!r} (id {bos['token_id']}) prepended"
+        if bos["prepended"]
+        else f"no BOS ({bos['reason']})"
+    )
+    first = "; answers scored on their first token" if p.get("scored_on_first_token") else ""
+    return f"{p['name']} prompts (seed {p['seed']}, {step['survey']['n']} used), {bos_text}{first}"
+
+
+def _ablation_section(step: dict[str, Any], fig: Path | None) -> list[str]:
+    r = step["result"]
+    drops = np.array(r["drops"], dtype=float)
+    lo, hi = np.array(r["ci_low"], dtype=float), np.array(r["ci_high"], dtype=float)
+    n_heads = drops.size
+    order = np.argsort(-drops, axis=None)[:5]
+    lines = [
+        f"Every one of the {n_heads} heads zero-ablated alone, exactly, on {r['n_examples']} "
+        f"prompts (baseline accuracy {100 * r['baseline']:.1f}%). Largest drops, in points, with "
+        f"{100 * r.get('ci_level', 0.95):.0f}% bootstrap intervals:",
+        "",
+        "| head | drop | interval |",
+        "|---|---|---|",
+    ]
+    for flat in order:
+        layer, head = np.unravel_index(flat, drops.shape)
+        lines.append(
+            f"| L{layer}H{head} | {100 * drops[layer, head]:+.1f} | "
+            f"[{100 * lo[layer, head]:+.1f}, {100 * hi[layer, head]:+.1f}] |"
+        )
+    large = int((drops >= DEPOSIT_DROP).sum())
+    lines += [
+        "",
+        f"- Single-head deposit: {step['single']['text']}.",
+        f"- Layer-0 concentration: {step['layer0']['text']}.",
+        f"- Heads whose ablation costs >= {100 * DEPOSIT_DROP:.0f} points: {large} of {n_heads}; "
+        f"heads that move accuracy by more than {100 * SMALL_DROP:.0f} points either way: "
+        f"{int((np.abs(drops) > SMALL_DROP).sum())} of {n_heads}.",
+        f"- What a {100 * DEPOSIT_DROP:.0f}-point single-head deposit would mean here: one head of "
+        f"{n_heads} whose removal alone costs at least {100 * DEPOSIT_DROP:.0f} of the "
+        f"{100 * r['baseline']:.0f} points the model scores, while each of the other "
+        f"{n_heads - 1} moves it by at most {100 * SMALL_DROP:.0f}: position for this task routed "
+        "through one head with no backup.",
+    ]
+    if r["baseline"] < DEPOSIT_DROP:
+        lines.append(
+            f"  With a baseline of {100 * r['baseline']:.1f}%, no head can cost "
+            f"{100 * DEPOSIT_DROP:.0f} points: the bar cannot be met on these prompts."
+        )
+    if fig is not None:
+        lines += ["", f"![every head's drop]({fig.name})"]
+    return lines
+
+
+def _patching_section(step: dict[str, Any], fig: Path | None) -> list[str]:
+    r = step["result"]
+    values = np.array(r["values"], dtype=float)
+    order = np.argsort(-values, axis=None)[:5]
+    lines = [
+        f"Each head's output (`hook_z`, all positions) patched from the clean prompt into its "
+        f"position-only counterfactual ({r['n_examples']} pairs: the answer swapped with another "
+        "item of the list, the same tokens). 1.0 restores the clean logit difference; top heads:",
+        "",
+        "| head | restored | interval |",
+        "|---|---|---|",
+    ]
+    lo, hi = np.array(r["ci_low"], dtype=float), np.array(r["ci_high"], dtype=float)
+    for flat in order:
+        layer, head = np.unravel_index(flat, values.shape)
+        lines.append(
+            f"| L{layer}H{head} | {values[layer, head]:+.3f} | "
+            f"[{lo[layer, head]:+.3f}, {hi[layer, head]:+.3f}] |"
+        )
+    if fig is not None:
+        lines += ["", f"![every head patched]({fig.name})"]
+    return lines
+
+
+def _routes_section(step: dict[str, Any]) -> list[str]:
+    from probes.deposit.routes import RouteShares
+
+    r = RouteShares.from_dict(step["result"])
+    lines = [
+        f"Route shares on {r.n_examples} position-only pairs: the positional effect is "
+        f"{r.effect:.3f} logits [{r.effect_ci[0]:.3f}, {r.effect_ci[1]:.3f}]; each route's share "
+        "of it (the positional criterion, per query head):",
+        "",
+        "| route | share | interval |",
+        "|---|---|---|",
+    ]
+    for name, share, lo, hi in r.units()[:6]:
+        lines.append(f"| {name} | {100 * share:.1f}% | [{100 * lo:.1f}, {100 * hi:.1f}] |")
+    lines += ["", f"- Positional single-head deposit: {step['verdict']}."]
+    return lines
+
+
+def _head_types_section(step: dict[str, Any], fig: Path | None) -> list[str]:
+    from probes.head_types import HEAD_TYPES, HeadTypeScores
+
+    r = HeadTypeScores.from_dict(step["result"])
+    n_layers, n_heads = r.shape
+    lines = [
+        f"Every head scored on {r.n_examples} prompts ({r.n_forwards} forwards). A head is of a "
+        "type when its focus (the mean attention on the type's targets over the queries that have "
+        "one) reaches the type's threshold; the score is TransformerLens' `detect_head` (`mul`).",
+        "",
+        "| type | threshold | heads of the type | top heads: score [focus] |",
+        "|---|---|---|---|",
+    ]
+    for kind in HEAD_TYPES:
+        typed = r.types()[kind]
+        top = ", ".join(
+            f"L{lh[0]}H{lh[1]} {v:.2f} [{float(r.focus[kind][lh]):.2f}]" for lh, v in r.top(kind, 3)
+        )
+        lines.append(
+            f"| {kind.replace('_', '-')} | {r.thresholds[kind]:g} | "
+            f"{len(typed)} of {n_layers * n_heads} | {top} |"
+        )
+    if fig is not None:
+        lines += ["", f"![head types]({fig.name})"]
+    return lines
+
+
+MEASURE_WORDS = {
+    "pattern": "logit terms centred along each query's row (what can shape the pattern)",
+    "logit": "raw squared logit terms",
+    "norm": "q/k chunk norms",
+}
+
+
+def _frequency_section(step: dict[str, Any], fig: Path | None) -> list[str]:
+    f = step["findings"]
+    low = f["low_frequency_norm"]
+    band = step["result"].get("band", 0.25)
+    lines = [
+        f"Each head's rotated queries and keys split into RoPE's 2-D frequency chunks; the high "
+        f"band is the fastest {100 * band:.0f}% of the frequencies, the low band the slowest. "
+        "Barbero et al. (2024) found on Gemma 7B that (1) most of the q/k norm sits in the lowest "
+        "frequencies and (2) positional heads use the highest. Here, with k of n heads and 95% "
+        "Wilson intervals:",
+        "",
+        f"1. Low band holds more q/k norm than the high band: **{low['k']} of {low['n']}** heads "
+        f"[{100 * low['interval'][0]:.0f}%, {100 * low['interval'][1]:.0f}%].",
+        f"2. Positional heads ({step['positional_heads_are']}: "
+        f"{', '.join(f'L{a}H{b}' for a, b in step['positional_heads']) or 'none'}) whose high band "
+        "holds more than their low band, by each measure (every head of the model alongside):",
+        "",
+        "| measure | positional heads | every head |",
+        "|---|---|---|",
+    ]
+    for measure, words in MEASURE_WORDS.items():
+        cells = []
+        for who in ("positional", "every"):
+            r = f.get(f"high_{measure}_{who}")
+            cells.append(
+                "none"
+                if r is None
+                else f"{r['k']} of {r['n']} [{100 * r['interval'][0]:.0f}%, {100 * r['interval'][1]:.0f}%]"
+            )
+        lines.append(f"| {words} | {cells[0]} | {cells[1]} |")
+    if fig is not None:
+        lines += ["", f"![frequency usage]({fig.name})"]
+    return lines
+
+
+def survey_markdown(out: Path, steps: dict[str, dict[str, Any]], figures: dict[str, Path]) -> str:
+    """``SURVEY.md`` of the findings in ``out``."""
+    first = next(iter(steps.values()))
+    lines = [f"# Where does position live? `{out.name}`", ""]
+    lines += [f"Model: {_origin(first)}. Probes read {_prompts_line(first)}.", ""]
+    if "accuracy" in steps:
+        lines += [
+            "## Accuracy per prompt family",
+            "",
+            "| family | correct | accuracy |",
+            "|---|---|---|",
+        ]
+        for row in steps["accuracy"]["families"]:
+            lines.append(
+                f"| {row['family']} | {row['correct']} of {row['n']} | {row['accuracy']:.3f} |"
+            )
+        lines += ["", steps["accuracy"]["families"][0]["summary"].split("; ", 1)[1] + ".", ""]
+    sections = {
+        "ablation": ("## Exact ablation of every head", lambda s: _ablation_section(s, figures.get("ablation"))),
+        "patching": ("## Head patching, position-only counterfactuals", lambda s: _patching_section(s, figures.get("patching"))),
+        "routes": ("## Route shares", _routes_section),
+        "head_types": ("## Head types", lambda s: _head_types_section(s, figures.get("head_types"))),
+        "frequency": ("## RoPE frequency usage", lambda s: _frequency_section(s, figures.get("frequency"))),
+    }  # fmt: skip
+    for name, (title, section) in sections.items():
+        if name in steps:
+            lines += [title, "", *section(steps[name]), ""]
+    missing = [s for s in STEPS if s not in steps]
+    if missing:
+        lines += [f"Not yet run: {', '.join(missing)} (`pe-interp survey MODEL --out {out}`)."]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _n_heads(steps: dict[str, dict[str, Any]]) -> int:
+    scores = steps["head_types"]["result"]["scores"]["previous_token"]
+    return len(scores) * len(scores[0])
+
+
+def readme_block(out: Path, steps: dict[str, dict[str, Any]]) -> str:
+    """The README's short form: accuracy, the verdicts, where to read more."""
+    lines = []
+    if "accuracy" in steps:
+        acc = ", ".join(
+            f"{r['family']} {r['correct']}/{r['n']}" for r in steps["accuracy"]["families"]
+        )
+        lines.append(f"- Accuracy on natural prompts: {acc}.")
+    if "ablation" in steps:
+        a = steps["ablation"]
+        lines.append(f"- Exact ablation of all heads: single-head deposit {a['single']['text']}.")
+    if "routes" in steps:
+        lines.append(
+            f"- Route shares: positional single-head deposit {steps['routes']['verdict']}."
+        )
+    if "head_types" in steps:
+        types = steps["head_types"]["result"]["types"]
+        counts = ", ".join(f"{k.replace('_', '-')} {len(v)}" for k, v in types.items())
+        lines.append(f"- Heads of each type (of {_n_heads(steps)}): {counts}.")
+    if "frequency" in steps:
+        f = steps["frequency"]["findings"]
+        low = f["low_frequency_norm"]
+        lines.append(
+            f"- RoPE frequencies (Barbero et al. 2024): q/k norm mostly in the low band in "
+            f"{low['k']} of {low['n']} heads; previous-token heads with more in the high band: "
+            + ", ".join(
+                f"{f[key]['k']} of {f[key]['n']} by {m}"
+                for m in MEASURE_WORDS
+                if (key := f"high_{m}_positional") in f
+            )
+            + "."
+        )
+    lines.append(
+        f"\nFrom `{out}` (`pe-interp survey --report {out} --readme README.md` regenerates this "
+        f"block; the whole survey is `{out}/SURVEY.md`)."
+    )
+    return "\n".join(lines)
+
+
+def write_survey_report(out: str | Path, readme: str | Path | None = None) -> list[Path]:
+    """Write ``OUT/SURVEY.md`` and its figures from the findings in ``out`` (and the README block
+    where ``readme`` is given); a one-line ValueError where ``out`` holds no survey step."""
+    out = Path(out)
+    steps = load_steps(out)
+    if not steps:
+        raise ValueError(f"{out}: no survey findings (run pe-interp survey MODEL --out {out})")
+    figures: dict[str, Path] = {}
+    if "ablation" in steps:
+        figures["ablation"] = ablation_figure(steps["ablation"]["result"], out / "ablation.png")
+    if "patching" in steps:
+        figures["patching"] = patching_figure(steps["patching"]["result"], out / "patching.png")
+    if "head_types" in steps:
+        from probes.head_type_plots import plot_head_types
+        from probes.head_types import HeadTypeScores
+
+        result = HeadTypeScores.from_dict(steps["head_types"]["result"])
+        plot_head_types(result, out / "head_types.png", by="focus")
+        figures["head_types"] = out / "head_types.png"
+    if "frequency" in steps:
+        from probes.decomposition import FrequencyUsage
+        from probes.decomposition.frequency_plot import plot_frequency_usage
+
+        usage = FrequencyUsage.from_dict(steps["frequency"]["result"])
+        heads = [tuple(h) for h in steps["frequency"]["positional_heads"]]
+        plot_frequency_usage(usage, out / "frequency.png", positional=heads, centred=True)
+        figures["frequency"] = out / "frequency.png"
+    md = out / "SURVEY.md"
+    atomic_write_text(md, survey_markdown(out, steps, figures))
+    written = [md, *figures.values()]
+    if readme is not None:
+        if not update_readme(readme, out.name, readme_block(out, steps)):
+            raise ValueError(
+                f"{readme}: no <!-- study:{out.name} begin --> / <!-- study:{out.name} end --> markers"
+            )
+        written.append(Path(readme))
+    return written
+
+
+__all__ = ["STEPS", "load_steps", "readme_block", "survey_markdown", "write_survey_report"]
