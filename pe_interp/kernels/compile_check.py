@@ -84,7 +84,7 @@ def compile_kernels(
     from triton.compiler import ASTSource
 
     from . import _triton_flash as K
-    from .flash import _next_pow2, gpu_config, rotate_block
+    from .launch import _next_pow2, gpu_config, rotate_block
 
     if K.INTERPRET:
         raise RuntimeError("compile_check needs TRITON_INTERPRET unset (kernels are interpreted)")
