@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from probes.circuits.edge_ablation import _Evaluator, has_gap, unit_span_names
 from probes.circuits.engine import resolve
-from probes.circuits.faithfulness import _Evaluator, has_gap, unit_span_names
 from probes.circuits.paths import _backward, prune
 from probes.circuits.selection import Circuit, circuit_from_mask
 

@@ -53,23 +53,18 @@ import torch
 from torch import Tensor
 
 from pe_interp.modes import eval_mode
-from probes.circuits.alignment import align, moved
+from probes.circuits.alignment import moved
+from probes.circuits.attribution_chunk import _chunk
 from probes.circuits.engine import (
-    Run,
     as_pair,
     as_run,
-    attend_with,
-    capture,
-    contributions,
     forks,
     mean_metric,
     pair_labels,
-    reader_groups,
-    reader_hooks,
     resolve,
     writer_hooks,
 )
-from probes.circuits.graph import Graph, build_graph, head_name, parse
+from probes.circuits.graph import build_graph, parse
 from probes.circuits.scores import Attribution, span_ids
 from probes.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
 from probes.options import ATTRIBUTION_ABLATIONS, ATTRIBUTION_METHODS
@@ -79,232 +74,6 @@ METHODS = ATTRIBUTION_METHODS
 GRANULARITIES = ("node", "edge")
 ABLATIONS = ATTRIBUTION_ABLATIONS
 DIRECTIONS = ("denoise", "noise")
-
-
-def _binned(x: Tensor, bins: tuple[Tensor, int] | None) -> Tensor:
-    """``x`` (``[b, p, ...]``) summed over the chunk into ``[..., bins]``: one bin per position
-    (``bins`` None), or per span (``bins = (ids [b, p], n_spans)``)."""
-    if bins is None:
-        return x.sum(0).movedim(0, -1)
-    ids, k = bins
-    flat = x.reshape(-1, *x.shape[2:])
-    return flat.new_zeros((k, *x.shape[2:])).index_add_(0, ids.reshape(-1), flat).movedim(0, -1)
-
-
-def _node_by_pos(
-    graph: Graph, delta: dict[str, Tensor], grads: dict[str, Tensor], bins=None
-) -> Tensor:
-    """``[writers, pos or span]`` sums over the chunk of ``delta . grad`` at each writer's hook."""
-    e = graph.embed_hook
-    rows = [_binned((delta[e] * grads[e]).sum(-1).double(), bins)[None]]
-    for layer in range(graph.n_layers):
-        z = f"blocks.{layer}.attn.hook_z"
-        rows.append(_binned((delta[z] * grads[z]).sum(-1).double(), bins))
-        if graph.has_mlp:
-            m = f"blocks.{layer}.hook_mlp_out"
-            rows.append(_binned((delta[m] * grads[m]).sum(-1).double(), bins)[None])
-    return torch.cat(rows)
-
-
-def _edge_by_pos(graph: Graph, contrib: Tensor, grads: dict[str, Tensor], bins=None) -> Tensor:
-    """``[readers, writers, pos or span]`` sums over the chunk of ``contribution . reader gradient``.
-    Per span: the positions of each span (over the chunk's rows) as one contraction."""
-    P = contrib.shape[1]
-    K = P if bins is None else bins[1]
-    out = contrib.new_zeros((len(graph.readers), len(graph.writers), K), dtype=torch.float64)
-    rows = None if bins is None else [(bins[0].reshape(-1) == k).nonzero()[:, 0] for k in range(K)]
-    flat = contrib.reshape(-1, *contrib.shape[2:])
-    for hook, idx, nw, per_head in reader_groups(graph):
-        g = grads[hook] if per_head else grads[hook][:, :, None]
-        if rows is None:
-            out[idx, :nw] = torch.einsum("bpwd,bprd->rwp", contrib[:, :, :nw], g).double()
-            continue
-        gf = g.reshape(-1, *g.shape[2:])
-        for k, at in enumerate(rows):
-            if len(at):
-                out[idx, :nw, k] = torch.einsum("nwd,nrd->rw", flat[at, :nw], gf[at]).double()
-    return out
-
-
-def _qk_fix(
-    model,
-    graph: Graph,
-    base: Run,
-    acts: dict,
-    contrib: Tensor,
-    gpat: list[dict],
-    sign: float,
-    rows: int,
-):
-    """Edges into q/k inputs with the softmax recomputed: ``{(layer, c): [variants, nw, H]}``, each
-    ``sign * sum_b sum (A(x + sign * delta_w) - A(x)) . dm/dA``."""
-    out = {}
-    b = len(base)
-    for layer in range(graph.n_layers):
-        resid = acts[f"blocks.{layer}.hook_resid_pre"]
-        kv_in = acts["blocks.0.hook_resid_pre"] if model.cfg.kv_source == "embed" else None
-        # the unperturbed pattern by the same code path as the perturbed ones
-        base_pattern = attend_with(
-            model, layer, base, resid, kv_in, "q", torch.zeros_like(resid), ["hook_pattern"]
-        )["hook_pattern"]
-        for c in "qk":
-            nw = (
-                1
-                if (graph.kv_embed and c == "k")
-                else 1 + layer * (graph.n_heads + int(graph.has_mlp))
-            )
-            total = torch.zeros(
-                len(gpat), nw, graph.n_heads, dtype=torch.float64, device=resid.device
-            )
-            step = max(1, rows // b)
-            for w0 in range(0, nw, step):
-                d = (
-                    contrib[:, :, w0 : min(nw, w0 + step)].permute(2, 0, 1, 3) * sign
-                )  # [k, b, p, d]
-                k = d.shape[0]
-                seen = attend_with(
-                    model,
-                    layer,
-                    base,
-                    resid.repeat(k, 1, 1),
-                    kv_in,
-                    c,
-                    d.reshape(-1, *d.shape[2:]),
-                    ["hook_pattern"],
-                )
-                dA = seen["hook_pattern"].view(k, b, *base_pattern.shape[1:]) - base_pattern[None]
-                for v, g in enumerate(gpat):
-                    gA = g[f"blocks.{layer}.attn.hook_pattern"]
-                    total[v, w0 : w0 + k] = sign * torch.einsum("kbhqs,bhqs->kh", dA, gA).double()
-            out[layer, c] = total
-    return out
-
-
-def _chunk(
-    model,
-    graph,
-    clean: Run,
-    other: Run | None,
-    means,
-    *,
-    mode,
-    method,
-    edges,
-    steps,
-    fn,
-    rows,
-    bins=None,
-    sigma=None,
-):
-    """Summed (not yet averaged) scores of one chunk of examples, for each gradient variant.
-    ``sigma``: the corrupt run read at each clean token's moved position (:func:`probes.circuits.alignment.align`)."""
-    W = writer_hooks(graph)
-    R = reader_hooks(graph) if edges else []
-    good, bad = pair_labels(clean, other)
-    sign = 1.0 if mode == "denoise" else -1.0
-    base = other if mode == "denoise" else clean
-    extra: list[str] = []
-    if method == "atp*":
-        extra = [
-            f"blocks.{layer}.{n}"
-            for layer in range(graph.n_layers)
-            for n in ("hook_resid_pre", "attn.hook_pattern")
-        ]
-
-    def metric(n_rep: int = 1):
-        return lambda logits: fn(logits, good.repeat(n_rep), bad.repeat(n_rep))
-
-    a_clean = capture(model, clean, W)[0] if base is not clean else None
-    if other is not None and base is not other:
-        a_other = align(capture(model, other, W)[0], sigma)
-    variants = [()] + (
-        [
-            tuple(f"blocks.{layer}.{h}" for h in ("hook_attn_out", "hook_mlp_out"))
-            for layer in range(graph.n_layers)
-        ]
-        if method == "atp*"
-        else []
-    )
-    if method == "eap-ig":
-        a_clean, a_other = capture(model, clean, W)[0], capture(model, other, W)[0]
-        e_c, e_k = a_clean[graph.embed_hook], a_other[graph.embed_hook]
-        summed: dict[str, Tensor] = {}
-        per = max(1, rows // len(clean))
-        for s0 in range(0, steps, per):
-            alpha = (
-                torch.arange(s0 + 1, min(steps, s0 + per) + 1, device=e_c.device, dtype=e_c.dtype)
-                / steps
-            )
-            m = len(alpha)
-            interp = (e_k[None] + alpha[:, None, None, None] * (e_c - e_k)[None]).reshape(
-                -1, *e_c.shape[1:]
-            )
-            _, g, _ = capture(
-                model,
-                other,
-                [],
-                metric=metric(m),
-                grad_names=W + R,
-                repeat=m,
-                replace={graph.embed_hook: lambda x, interp=interp: interp},
-            )
-            for n, t in g.items():
-                t = t.view(m, -1, *t.shape[1:]).sum(0)
-                summed[n] = t if n not in summed else summed[n] + t
-        delta = {n: a_clean[n] - a_other[n] for n in W}
-        with torch.no_grad():
-            return [
-                _scores(graph, delta, {n: t / steps for n, t in summed.items()}, edges, model, bins)
-            ]
-    results, patterns = [], []
-    pattern_names = [n for n in extra if "pattern" in n]
-    for drop in variants:  # one gradient at a time: the readers' gradients are large
-        acts, g, _ = capture(
-            model,
-            base,
-            [] if drop else W + extra,
-            metric=metric(),
-            grad_names=W + R + pattern_names,
-            detach=drop,
-        )
-        if not drop:
-            base_acts = acts
-            if base is clean:
-                a_clean = acts
-            else:
-                a_other, g = align(acts, sigma), align(g, sigma)
-            if other is None:
-                a_other = {
-                    n: (
-                        torch.zeros_like(a_clean[n])
-                        if mode == "zero"
-                        else means[n][None, : a_clean[n].shape[1]].expand_as(a_clean[n])
-                    )
-                    for n in W
-                }
-            delta = {n: a_clean[n] - a_other[n] for n in W}
-        patterns.append({n: g.pop(n) for n in pattern_names})
-        with torch.no_grad():
-            results.append(_scores(graph, delta, g, edges, model, bins))
-        del g
-    if method == "atp*":
-        with torch.no_grad():
-            contrib = contributions(model, graph, delta)
-            qk = _qk_fix(model, graph, base, base_acts, contrib, patterns, sign, rows)
-        for v, e in enumerate(results):  # replace the linearised q/k edges (positions summed)
-            for (layer, c), t in qk.items():
-                idx = [
-                    graph.reader_index(f"{head_name(layer, h)}.{c}") for h in range(graph.n_heads)
-                ]
-                e[idx, : t.shape[1]] = 0.0
-                e[idx, : t.shape[1], 0] = t[v].T
-    return results
-
-
-def _scores(graph, delta, grads, edges, model, bins=None) -> Tensor:
-    if not edges:
-        return _node_by_pos(graph, delta, grads, bins)
-    return _edge_by_pos(graph, contributions(model, graph, delta), grads, bins)
 
 
 @takes_probe_model

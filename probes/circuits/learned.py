@@ -49,8 +49,8 @@ import numpy as np
 import torch
 
 from pe_interp.modes import eval_mode
+from probes.circuits.edge_ablation import _Evaluator, ablated_metric, has_gap, unit_span_names
 from probes.circuits.engine import capture, contributions, resolve, writer_hooks
-from probes.circuits.faithfulness import _Evaluator, ablated_metric, has_gap, unit_span_names
 from probes.circuits.selection import SELECTIONS, Ranking, order_units
 from probes.inputs import check_count
 

@@ -1,0 +1,290 @@
+"""A circuit's metric with every edge outside it ablated, and the evaluator that measures keep masks.
+
+:func:`ablated_metric`: an ablated edge's reader reads the writer's term from another run instead
+of the live one (TransformerLens' ``faithfulness`` rule): the paired corrupt run's, a resampled
+clean example's (a seeded derangement) or their mean per position (:data:`ABLATIONS`).
+:class:`_Evaluator` measures keep masks ``[k, readers, writers, spans]`` on fixed pairs, with the
+clean run (everything kept) and the corrupt one (nothing kept) as the ends of the scale. Used by
+:mod:`probes.circuits.faithfulness`, :mod:`probes.circuits.acdc` and :mod:`probes.circuits.learned`.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pe_interp.modes import eval_mode
+from probes.circuits.alignment import align, moved
+from probes.circuits.engine import (
+    Run,
+    as_pair,
+    as_run,
+    capture,
+    contributions,
+    forks,
+    pair_labels,
+    reader_groups,
+    resolve,
+    writer_hooks,
+    writer_term,
+)
+from probes.circuits.graph import Graph, build_graph
+from probes.circuits.scores import span_ids
+from probes.inputs import check_count, check_finite_model
+from probes.metrics import resample_sources
+from probes.options import FAITHFULNESS_ABLATIONS
+from probes.replace import position_means
+
+__all__ = ["ABLATIONS", "ablated_metric", "has_gap", "unit_span_names"]
+
+
+ABLATIONS = FAITHFULNESS_ABLATIONS
+
+
+def ablated_metric(
+    model,
+    graph: Graph,
+    run: Run,
+    repl: Tensor,
+    keep: Tensor,
+    fn,
+    good,
+    bad,
+    spans: Tensor | None = None,
+) -> Tensor:
+    """Per-example metric ``[k, b]`` of ``k`` copies of ``run``, copy ``j`` keeping the edges where
+    ``keep[j, reader, writer]`` and reading ``repl`` (``[b or 1, pos, writers, d]``) for the rest.
+    Position-aware: ``keep[j, reader, writer, span]`` with ``spans`` (``[b, pos]`` span ids).
+    A float ``keep`` in [0, 1] is a soft mask (the reader reads ``keep * live + (1 - keep) *
+    repl``); one that requires grad is differentiated through (:mod:`probes.circuits.learned`).
+
+    A reader's input is its live value plus, for each ablated writer, the replacement minus the
+    live term: one batched contraction per reader hook, of the differences of every writer before
+    it (each writer's computed once, when its hook has fired) with the mask at each position's
+    span."""
+    k, b = keep.shape[0], len(run)
+    if keep.ndim == 3:
+        keep = keep[..., None]
+    if spans is None and keep.shape[-1] != 1:
+        raise ValueError("ablated_metric: a keep mask per span needs spans=")
+    valid = torch.as_tensor(graph.valid, device=keep.device)[..., None]
+    soft = keep.dtype != torch.bool
+    excl = ((1 - keep.to(repl.dtype)) if soft else (~keep).to(repl.dtype)) * valid  # [k, R, W, S]
+    P, d = run.tokens.shape[1], model.cfg.d_model
+    ids = None if spans is None else spans.to(keep.device).long()
+    live: dict[str, Tensor] = {}
+    diffs: dict[str, Tensor] = {}  # per writer hook
+    prefixes: dict[int, Tensor] = {}  # writers 0..w-1, concatenated
+    chunks, col = [], 0  # (writer hook, its first writer column, its number of writers)
+    for name in writer_hooks(graph):
+        n = graph.n_heads if name.endswith("hook_z") else 1
+        chunks.append((name, col, n))
+        col += n
+
+    def grab(x, hook, name):  # the name asked for (a bridge's hook.name is its own)
+        live[name] = x
+        return None
+
+    def diff(name: str, c0: int, n: int) -> Tensor:
+        """Replacement minus live term of one hook's writers, ``[k, b, P, n, d]``."""
+        if name not in diffs:
+            diffs[name] = repl[:, :, c0 : c0 + n] - writer_term(model, name, live[name]).reshape(
+                k, b, P, n, d
+            )
+        return diffs[name]
+
+    def upto(w: int) -> Tensor:
+        """The differences of writers ``0..w-1``, ``[k, b, P, w, d]`` (concatenated once per prefix)."""
+        if w not in prefixes:
+            prefixes[w] = torch.cat([diff(name, c0, n) for name, c0, n in chunks if c0 < w], dim=3)
+        return prefixes[w]
+
+    def fix(idx: list[int], per_head: bool):
+        reads = graph.valid[idx]  # [readers, writers]
+        w = (
+            int(np.flatnonzero(reads.any(0)).max()) + 1
+        )  # writers 0..w-1: every one that writes here
+
+        def hook(x, hook):
+            ex = excl[:, idx, :w]  # [k, readers, w, S]
+            if not soft and not bool(ex.any()):
+                return x
+            if ids is None:
+                add = torch.einsum("kbpwd,krw->kbprd", upto(w), ex[..., 0])
+            else:
+                add = torch.einsum("kbpwd,krwbp->kbprd", upto(w), ex[..., ids])
+            return x + (
+                add.reshape(k * b, P, len(idx), d) if per_head else add.reshape(k * b, P, d)
+            )
+
+        return hook
+
+    hooks = [(n, partial(grab, name=n)) for n in writer_hooks(graph)]
+    hooks += [(h, fix(idx, ph)) for h, idx, _, ph in reader_groups(graph)]
+    tokens = run.tokens.repeat(k, 1)
+    kv = None if run.key_valid is None else run.key_valid.repeat(k, 1)
+    with forks(model), torch.set_grad_enabled(keep.requires_grad), model.hooks(fwd_hooks=hooks):
+        logits = model.forward_unchecked(tokens, kv)
+    return fn(logits, good.repeat(k), bad.repeat(k)).double().view(k, b)
+
+
+def has_gap(full: float, empty: float) -> bool:
+    """Whether the clean and the corrupt runs score differently beyond rounding (a relative 1e-6:
+    the two are computed through differently batched forwards)."""
+    return abs(full - empty) > 1e-6 * max(1.0, abs(full), abs(empty))
+
+
+def _resampled(c: Run, sl: slice, seed: int) -> Run:
+    src = resample_sources(len(c), None, seed).to(c.tokens.device)[sl]
+    kv = None if c.key_valid is None else c.key_valid[src]
+    return Run(c.tokens[src], kv, c.pad_mask[src], c.labels[src])
+
+
+def unit_span_names(spans: Any, span_names: Any, who: str) -> tuple[str, ...]:
+    """The span names of units per span: the task's, or ``span_names`` beside span ids; ``()``
+    without spans."""
+    if spans is None:
+        return ()
+    names = tuple(spans.span_names) if hasattr(spans, "span_names") else tuple(span_names or ())
+    if not names:
+        raise ValueError(f"{who}: span ids need span_names=")
+    return names
+
+
+class _Evaluator:
+    """Measures keep masks ``[k, readers, writers, spans]`` on fixed pairs: the mean metric of
+    each, the clean run's (everything kept) and the corrupt one's (nothing kept)."""
+
+    def __init__(
+        self,
+        model,
+        clean,
+        corrupt,
+        *,
+        ablation,
+        metric,
+        reference,
+        seed,
+        batch_size,
+        spans,
+        n_spans,
+        aligned: bool = False,
+        who: str = "faithfulness",
+    ):
+        if ablation not in ABLATIONS:
+            raise ValueError(
+                f"{who}: ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}"
+            )
+        if batch_size is not None:
+            check_count(batch_size, "batch_size", 1, who)
+        check_finite_model(model, who)
+        self.model, self.graph = model, build_graph(model.cfg)
+        clean_batch = clean.clean if hasattr(clean, "clean") else clean
+        self.c, self.k = as_pair(model, clean, corrupt, who)
+        if ablation == "corrupt" and self.k is None:
+            raise ValueError(f"{who}: ablation='corrupt' needs corrupt= (or CounterfactualPairs)")
+        if aligned and ablation != "corrupt":
+            raise ValueError(
+                f"{who}: aligned=True reads the corrupt run at each token's moved position; it needs "
+                f"ablation='corrupt', got {ablation!r}"
+            )
+        self.sigma = moved(self.c, self.k, who) if aligned else None
+        self.ids = None
+        if n_spans > 1 or spans is not None:
+            if spans is None:  # a circuit of spans, evaluated without them
+                raise ValueError(
+                    "faithfulness: a position-aware circuit needs the evaluated examples' spans (spans=task or ids)"
+                )
+            raw = spans.spans(clean_batch) if hasattr(spans, "spans") else spans
+            self.ids, _ = span_ids(raw, None, self.c.tokens.shape, "faithfulness")
+            if int(self.ids.max()) >= n_spans:
+                raise ValueError(
+                    f"faithfulness: span ids go to {int(self.ids.max())}, the circuit has {n_spans} spans"
+                )
+        self.n_spans = n_spans
+        _, self.fn = resolve(metric)
+        self.good, self.bad = pair_labels(self.c, self.k)
+        self.rows = batch_size or 256
+        self.ablation, self.seed = ablation, seed
+        names = writer_hooks(self.graph)
+        self.repl_all = None
+        if ablation == "mean":
+            with eval_mode(model):
+                ref = (
+                    self.c
+                    if reference is None
+                    else as_run(model, reference, what="reference", who=who)
+                )
+                means = position_means(model, ref.tokens, ref.pad_mask, names, self.rows)
+                P = self.c.tokens.shape[1]
+                self.repl_all = contributions(
+                    model, self.graph, {n: m[None, :P] for n, m in means.items()}
+                ).detach()
+        self._full = self._empty = None
+
+    def __call__(self, keeps: np.ndarray) -> np.ndarray:
+        """Per-example metric ``[len(keeps), n]``."""
+        model, graph, c = self.model, self.graph, self.c
+        keep = torch.as_tensor(np.asarray(keeps, dtype=bool), device=c.tokens.device)
+        out = torch.empty(keep.shape[0], len(c), dtype=torch.float64)
+        chunk = max(1, min(len(c), self.rows))
+        per = max(1, self.rows // chunk)
+        names = writer_hooks(graph)
+        with eval_mode(model):
+            for c0 in range(0, len(c), chunk):
+                sl = slice(c0, c0 + chunk)
+                if self.repl_all is not None:
+                    repl = self.repl_all
+                else:
+                    src = (
+                        self.k.rows(sl)
+                        if self.ablation == "corrupt"
+                        else _resampled(c, sl, self.seed)
+                    )
+                    with torch.no_grad():
+                        acts = capture(model, src, names)[0]
+                        repl = contributions(
+                            model,
+                            graph,
+                            align(acts, None if self.sigma is None else self.sigma[sl]),
+                        )
+                sp = None if self.ids is None else self.ids[sl].to(c.tokens.device)
+                for j0 in range(0, keep.shape[0], per):
+                    out[j0 : j0 + per, sl] = ablated_metric(
+                        model,
+                        graph,
+                        c.rows(sl),
+                        repl,
+                        keep[j0 : j0 + per],
+                        self.fn,
+                        self.good[sl],
+                        self.bad[sl],
+                        sp,
+                    ).cpu()
+        return out.numpy()
+
+    def units(self) -> np.ndarray:
+        """``[readers, writers, spans]``: the graph's edges at each span some example occupies
+        (a span of pads only holds none where the model masks its pads)."""
+        units = np.broadcast_to(
+            self.graph.valid[..., None], (*self.graph.valid.shape, self.n_spans)
+        ).copy()
+        if self.ids is not None:
+            pads = self.c.pad_mask.cpu()
+            real = pads if self.model.cfg.mask_padding else torch.ones_like(pads)
+            units &= np.array([bool(((self.ids == s) & real).any()) for s in range(self.n_spans)])[
+                None, None
+            ]
+        return units
+
+    def ends(self) -> tuple[float, float]:
+        """Mean metric with everything kept (the clean run) and with nothing kept."""
+        if self._full is None:
+            shape = (*self.graph.valid.shape, self.n_spans)
+            both = self(np.stack([np.ones(shape, dtype=bool), np.zeros(shape, dtype=bool)]))
+            self._full, self._empty = float(both[0].mean()), float(both[1].mean())
+        return self._full, self._empty
