@@ -20,39 +20,43 @@ or the new file, never half of one. Nothing is ever unpickled.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
-import os
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_bytes
-from safetensors.torch import load_file, save_file
 
-from pe_interp import io
-from pe_interp.io import append_jsonl, atomic_write_bytes, atomic_write_json, write_result
-
-CONFIG = "config.json"
-WEIGHTS = "model.safetensors"
-TRAIN_STATE = "train_state.safetensors"
-METRICS = "metrics.jsonl"
-STEPS_DIR = "steps"  # results of a snapshot's weights: steps/<S>/ablation.json, ...
-EVAL_SETS = ("test", "all")
-# The top-level keys of config.json: the three configs and the package version, then what
-# ``pe_interp.train`` records (the preset, the authors' switch, and the command line that made the
-# run, for ``pe-interp show``). Any other key is a mistake and load_run says so.
-CONFIG_KEYS = ("model", "task", "train", "version", "preset", "authors_quirks", "command")
-# The files that make a directory a run: training into a directory that holds any of them needs
-# resume=True (--resume), and continues that run or is refused.
-RUN_FILES = (CONFIG, WEIGHTS, TRAIN_STATE, METRICS)
-# The key under which a probe result records the weights it was computed from.
-WEIGHTS_KEY = "weights"
-CURRENT, STALE, UNRECORDED = "current", "stale", "unrecorded"
+from pe_interp.io import append_jsonl, atomic_write_bytes, atomic_write_json
+from pe_interp.provenance import (
+    CURRENT,
+    STALE,
+    UNRECORDED,
+    WEIGHTS_KEY,
+    _provenance,
+    save_result,
+    weights_provenance,
+    weights_status,
+)
+from pe_interp.run_files import (
+    CONFIG,
+    CONFIG_KEYS,
+    EVAL_SETS,
+    METRICS,
+    RUN_FILES,
+    STEPS_DIR,
+    TRAIN_STATE,
+    WEIGHTS,
+    CheckpointError,
+    atomic_save_tensors,
+    check_state_dict,
+    load_tensors,
+    read_json,
+    read_jsonl,
+    truncate_jsonl,
+)
 
 __all__ = [
     "CONFIG",
@@ -84,86 +88,6 @@ __all__ = [
     "weights_provenance",
     "weights_status",
 ]
-
-
-class CheckpointError(ValueError):
-    """A run-directory file is missing, corrupt, or does not match its config."""
-
-
-def atomic_save_tensors(
-    path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
-) -> None:
-    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-    with io.atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
-
-
-def read_json(path: Path) -> Any:
-    """A JSON file of a run directory; a one-line CheckpointError if missing or invalid."""
-    try:
-        return io.read_json(path)
-    except (FileNotFoundError, io.CorruptFileError) as err:
-        raise CheckpointError(str(err)) from None
-
-
-def load_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and metadata of a safetensors file; a one-line CheckpointError if unreadable."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
-    try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-        return load_file(str(path)), metadata
-    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({msg})") from None
-
-
-def check_state_dict(
-    path: Path, loaded: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]
-) -> None:
-    """Raise a CheckpointError naming the first key or shape that does not match."""
-    missing = sorted(set(expected) - set(loaded))
-    unexpected = sorted(set(loaded) - set(expected))
-    if missing:
-        raise CheckpointError(
-            f"{path}: missing tensor {missing[0]!r} ({len(missing)} missing) for this config"
-        )
-    if unexpected:
-        raise CheckpointError(
-            f"{path}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} extra) for this config"
-        )
-    for key, ref in expected.items():
-        if loaded[key].shape != ref.shape:
-            raise CheckpointError(
-                f"{path}: tensor {key!r} has shape {tuple(loaded[key].shape)}, config expects {tuple(ref.shape)}"
-            )
-        if loaded[key].dtype != ref.dtype:
-            raise CheckpointError(
-                f"{path}: tensor {key!r} is {str(loaded[key].dtype).removeprefix('torch.')}, "
-                f"the model expects {str(ref.dtype).removeprefix('torch.')}"
-            )
-        if not torch.isfinite(loaded[key]).all() and loaded[key].is_floating_point():
-            raise CheckpointError(f"{path}: tensor {key!r} contains non-finite values")
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a run's JSONL file ([] when missing; a torn last line is skipped, see
-    :func:`pe_interp.io.read_jsonl`); a CheckpointError for any other bad line."""
-    try:
-        return io.read_jsonl(path, missing_ok=True)
-    except io.CorruptFileError as err:
-        raise CheckpointError(str(err)) from None
-
-
-def truncate_jsonl(path: Path, max_step: int) -> None:
-    """Keep only the records with ``step <= max_step`` (used when resuming)."""
-    path = Path(path)
-    if path.is_file():
-        io.write_jsonl(path, [r for r in read_jsonl(path) if r.get("step", 0) <= max_step])
 
 
 @dataclass(frozen=True)
@@ -317,93 +241,6 @@ def load_run(run_dir: str | Path, device: str = "cpu", step: int | None = None) 
     model.load_state_dict(state)
     model = probe_model(model.to(device).eval(), run_dir, device)
     return Run(run_dir, model, task, train_cfg, config, provenance, step)
-
-
-# ---- which weights a result came from -------------------------------------------------------------
-def _provenance(path: Path, data: bytes) -> dict[str, Any]:
-    """``{"sha256", "step"}`` of a weights file's bytes (the step from its metadata; None if absent)."""
-    try:
-        n = int.from_bytes(data[:8], "little")
-        meta = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
-        step = int(meta["step"]) if "step" in meta else None
-    except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
-        raise CheckpointError(
-            f"{path}: corrupt or truncated safetensors file (bad header)"
-        ) from None
-    return {"sha256": hashlib.sha256(data).hexdigest(), "step": step}
-
-
-_PROVENANCE: dict[tuple, dict[str, Any]] = {}  # (path, size, mtime, inode) -> provenance
-
-
-def weights_provenance(run_dir: str | Path) -> dict[str, Any]:
-    """The run's weights now: ``{"sha256": ..., "step": ...}`` of ``model.safetensors``
-    (cached by the file's size, mtime and inode); a CheckpointError if it is missing."""
-    path = Path(run_dir) / WEIGHTS
-    try:
-        st = path.stat()
-    except OSError:
-        raise CheckpointError(f"{path}: file not found") from None
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
-    if key not in _PROVENANCE:
-        _PROVENANCE[key] = _provenance(path, path.read_bytes())
-    return dict(_PROVENANCE[key])
-
-
-def save_result(
-    path: str | Path,
-    result: Any,
-    weights: dict[str, Any] | None,
-    *,
-    indent: int | None = 1,
-    kind: str | None = None,
-    **to_dict: Any,
-) -> Path:
-    """Write a probe result (a dict, or an object with ``to_dict(**to_dict)``) with the weights
-    it was computed from under :data:`WEIGHTS_KEY` (``Run.provenance``; None records none), and
-    its kind tag (:func:`pe_interp.io.write_result`; for an object, its module's
-    ``RESULT_KIND`` unless ``kind`` is given). Every probe result written into a run directory
-    goes through here."""
-    data = dict(result) if isinstance(result, dict) else result.to_dict(**to_dict)
-    if kind is None and not isinstance(result, dict):
-        kind = getattr(sys.modules.get(type(result).__module__), "RESULT_KIND", None)
-    if weights is not None:
-        data[WEIGHTS_KEY] = {"sha256": str(weights["sha256"]), "step": weights.get("step")}
-        if weights.get("source"):  # a pretrained model's origin: the GGUF file, the hub name
-            data[WEIGHTS_KEY]["source"] = weights["source"]
-    if kind is not None:
-        return write_result(path, kind, data, indent=indent, sort_keys=False)
-    return atomic_write_json(path, data, indent=indent, sort_keys=False)
-
-
-def weights_status(run_dir: str | Path, result: Any, step: int | None = None) -> tuple[str, str]:
-    """The one check of a stored probe result against its run: ``(CURRENT, "")`` when the
-    result records the run's weights now, ``(STALE, why)`` when it records other weights,
-    ``(UNRECORDED, why)`` when it records none (written before results did). ``result`` is the
-    stored dict or the path of its JSON file; ``step``: against that snapshot's weights (a result
-    of ``RUN@S``, kept in ``steps/S/``)."""
-    if isinstance(result, str | os.PathLike):
-        result = read_json(Path(result))
-    rec = result.get(WEIGHTS_KEY) if isinstance(result, dict) else None
-    if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str):
-        return UNRECORDED, "records no weights (written before results recorded them)"
-    if step is not None:
-        from pe_interp.snapshots import read_manifest
-
-        kept = {e["step"]: e["sha256"] for e in read_manifest(run_dir)}
-        if rec["sha256"] == kept.get(step):
-            return CURRENT, ""
-        return (
-            STALE,
-            f"computed from other weights (sha256 {rec['sha256'][:12]}) than the snapshot of step {step}",
-        )
-    now = weights_provenance(run_dir)
-    if rec["sha256"] == now["sha256"]:
-        return CURRENT, ""
-    return STALE, (
-        f"computed from other weights (step {rec.get('step')}, sha256 {rec['sha256'][:12]}) than the "
-        f"run's model.safetensors (step {now['step']}, sha256 {now['sha256'][:12]})"
-    )
 
 
 def config_differences(

@@ -18,19 +18,16 @@
   directory while it is written; a second writer gets a one-line :class:`LockedError`. The lock
   file (:data:`LOCK_FILE`, hidden) stays in place; the OS releases the lock when its process dies,
   even by SIGKILL, so a killed run never blocks its resume. Taking the lock removes the temporary
-  files a killed writer left (:func:`remove_stray_temps`).
+  files a killed writer left (:func:`remove_stray_temps`). It lives in :mod:`pe_interp.locks`.
 
 Every probe result's ``save``/``load``, the run directory, the sweep and the report go through here.
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import os
-import re
-import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -38,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from filelock import FileLock, Timeout
+
+from pe_interp.locks import LOCK_FILE, LockedError, dir_lock, remove_stray_temps
 
 __all__ = [
     "CorruptFileError",
@@ -317,92 +315,3 @@ def load_result(path: str | os.PathLike[str], kind: str, from_dict: Any) -> Any:
     except (TypeError, ValueError, IndexError, AttributeError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(f"{path}: a damaged {kind} result ({first})") from None
-
-
-# ---- one writer per directory ----------------------------------------------------------------
-LOCK_FILE = ".pe-interp.lock"
-# atomic_path's temporary names: "." + the file's name + "." + mkstemp's 8 random characters + ".tmp"
-_TEMP = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
-_HELD: dict[str, list[Any]] = {}  # lock path -> [FileLock, depth]: re-entrant within a process
-
-
-class LockedError(ValueError):
-    """Another process is writing the directory (the message names it and what to do)."""
-
-
-def remove_stray_temps(directory: str | os.PathLike[str]) -> list[Path]:
-    """Remove the temporary files of :func:`atomic_path` that a killed writer left in
-    ``directory`` and its sub-directories, except those that are locked units of their own
-    (a sweep's run directories); returns what was removed. Call it only while holding the lock."""
-    root, removed = Path(directory), []
-    for here, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if not (Path(here) / d / LOCK_FILE).exists()]
-        for name in files:
-            if _TEMP.match(name):
-                (Path(here) / name).unlink(missing_ok=True)
-                removed.append(Path(here) / name)
-    return removed
-
-
-def _holder(path: Path) -> str:
-    """Who holds the lock, as its holder recorded it (empty when unreadable)."""
-    try:
-        info = json.loads(path.read_text())
-        return f" (pid {int(info['pid'])}: {str(info['command'])[:120]}, since {info['since']})"
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
-
-
-def _program() -> str:
-    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
-    return "pe-interp" if name in ("cli.py", "__main__.py") else name
-
-
-@contextmanager
-def dir_lock(
-    directory: str | os.PathLike[str],
-    what: str = "directory",
-    timeout: float = 0.0,
-    hint: str = "wait for it to end, or use another directory",
-) -> Iterator[Path]:
-    """Hold ``directory``'s lock (creating the directory) while the block writes into it.
-
-    Re-entrant within a process (a sweep cell holds its run's lock while ``train`` takes it
-    again); another process holding it for ``timeout`` seconds raises a one-line
-    :class:`LockedError` naming that process. On first acquisition the stray temporary files
-    of a killed writer are removed."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / LOCK_FILE
-    key = str(path.resolve())
-    if key in _HELD:
-        _HELD[key][1] += 1
-        try:
-            yield directory
-        finally:
-            _HELD[key][1] -= 1
-        return
-    lock = FileLock(key, timeout=timeout)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise LockedError(
-            f"{directory}: another process is writing this {what}{_holder(path)}; {hint}"
-        ) from None
-    _HELD[key] = [lock, 1]
-    try:
-        with open(path, "w") as f:  # in place: the lock is on this inode (flock, not replaced)
-            f.write(
-                json.dumps(
-                    {
-                        "pid": os.getpid(),
-                        "command": " ".join([_program(), *sys.argv[1:]]),
-                        "since": datetime.datetime.now().isoformat(timespec="seconds"),
-                    }
-                )
-            )
-        remove_stray_temps(directory)
-        yield directory
-    finally:
-        del _HELD[key]
-        lock.release()
