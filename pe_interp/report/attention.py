@@ -19,7 +19,7 @@ import numpy as np
 from pe_interp.report.cvis import InlineWidgets
 from pe_interp.report.data import CellInfo, label_order
 from pe_interp.report.figures import ROTARY_KINDS, attention_image
-from pe_interp.sweep.probing import choose_head
+from pe_interp.sweep.attention_probe import choose_head
 from probes.viz import patterns_html
 
 MAX_MODELS = 8

@@ -17,7 +17,14 @@ import yaml
 
 from pe_interp.config import ModelConfig, TrainConfig, check_run_configs
 from pe_interp.presets import build_run_configs
-from pe_interp.sweep.probing import CALLBACKS, PROBE_OPTIONS, PROBES, SWEEP_PROBES
+from pe_interp.sweep.grid_checks import (
+    _check_probe_options,
+    _check_resources,
+    _check_seeds,
+    _distance,
+)
+from pe_interp.sweep.probing import CALLBACKS, PROBES, SWEEP_PROBES
+from pe_interp.sweep.yaml12 import _YAML12Loader, _yaml_error
 from pe_interp.tasks import TASKS
 
 __all__ = [
@@ -154,7 +161,6 @@ class Grid:
 # ``pe-interp sweep --max-cells``, to allow more): at minutes per cell it could not finish anyway,
 # and a typo such as a long range pasted into an axis should not take minutes to reject.
 MAX_CELLS = 10_000
-RESOURCE_KEYS = ("cpus", "gpus")
 
 
 def count_cells(data: dict[str, Any]) -> int:
@@ -270,144 +276,6 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
         except (ValueError, TypeError) as err:
             raise ValueError(f"{source}: cell {cell.id}: {err}") from None
     return grid
-
-
-def _check_resources(resources: Any, source: str) -> dict[str, float]:
-    """``resources: {cpus: N, gpus: M}``: what one cell needs (numbers; cpus > 0, gpus >= 0)."""
-    if resources is None:
-        return {}
-    if not isinstance(resources, dict):
-        raise ValueError(
-            f"{source}: resources must be a mapping such as {{cpus: 4, gpus: 1}}, got {resources!r}"
-        )
-    for key, value in resources.items():
-        if key not in RESOURCE_KEYS:
-            raise ValueError(
-                f"{source}: resources.{key} is not a resource; allowed: {', '.join(RESOURCE_KEYS)}"
-            )
-        low_ok = value > 0 if key == "cpus" else value >= 0
-        if isinstance(value, bool) or not isinstance(value, int | float) or not low_ok:
-            bound = "> 0" if key == "cpus" else ">= 0"
-            raise ValueError(f"{source}: resources.{key} must be a number {bound}, got {value!r}")
-    return dict(resources)
-
-
-def _check_seeds(seeds: Any, where: str, allow_count: bool) -> list[int]:
-    if allow_count and isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
-        return list(range(seeds))
-    ok = (
-        isinstance(seeds, list)
-        and seeds
-        and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
-    )
-    if not ok:
-        what = "a count or a non-empty list" if allow_count else "a non-empty list"
-        raise ValueError(f"{where} must be {what} of integers >= 0, got {seeds!r}")
-    return list(seeds)
-
-
-def _check_probe_options(options: Any, source: str) -> dict[str, dict[str, Any]]:
-    """``probe_options: {probe: {option: value}}``, each option a keyword of that probe."""
-    if not isinstance(options, dict):
-        raise ValueError(f"{source}: probe_options must be a mapping of probe name to options")
-    for probe, opts in options.items():
-        if probe not in PROBE_OPTIONS:
-            raise ValueError(
-                f"{source}: probe_options.{probe}: not a probe with options; allowed: {sorted(PROBE_OPTIONS)}"
-            )
-        if not isinstance(opts, dict):
-            raise ValueError(f"{source}: probe_options.{probe} must be a mapping, got {opts!r}")
-        bad = sorted(set(opts) - PROBE_OPTIONS[probe])
-        if bad:
-            raise ValueError(
-                f"{source}: probe_options.{probe}: unknown option(s) {bad}; allowed: {sorted(PROBE_OPTIONS[probe])}"
-            )
-        for key, value in opts.items():  # checked here, not after every cell has trained
-            what = _option_error(key, value)
-            if what:
-                raise ValueError(
-                    f"{source}: probe_options.{probe}.{key} must be {what}, got {value!r}"
-                )
-    return {k: dict(v) for k, v in options.items()}
-
-
-def _is_int(value: Any, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
-def _option_error(key: str, value: Any) -> str | None:
-    """What a probe option's value must be, or None when it is fine."""
-    if key in ("n", "points", "n_probe"):
-        return None if _is_int(value, 1) else "an integer >= 1"
-    if key in ("example", "every"):
-        return None if _is_int(value, 0) else "an integer >= 0"
-    if key == "whole_layers":
-        return None if isinstance(value, bool) else "true or false"
-    if key == "on":
-        return None if value in ("test", "all") else "'test' or 'all'"
-    if key == "layers":
-        ok = isinstance(value, list | tuple) and value and all(_is_int(v, 0) for v in value)
-        return None if ok else "a non-empty list of layer indices >= 0"
-    return None
-
-
-def _distance(a: str, b: str) -> int:
-    """Levenshtein distance, for 'did you mean' hints."""
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
-
-
-class _YAML12Loader(yaml.SafeLoader):
-    """YAML with YAML 1.2's booleans: only true/false. PyYAML's 1.1 rules read the key ``on``
-    (``probe_options: {ablation: {on: all}}``) as True, and ``no`` as False. A key given twice
-    in one mapping is an error (PyYAML keeps the last one silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"duplicate key {key!r} (first given on line {seen[key] + 1})",
-                        key_node.start_mark,
-                    )
-                seen[key] = key_node.start_mark.line
-            except TypeError:  # an unhashable key: PyYAML's own error follows
-                break
-        return super().construct_mapping(node, deep=deep)
-
-
-_YAML12Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_YAML12Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-
-
-def _yaml_error(err: yaml.YAMLError) -> str:
-    """PyYAML's error on one line, with the line and column of the problem (its marks are 0-based)."""
-    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-    mark = getattr(err, "problem_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    context, cmark = getattr(err, "context", None), getattr(err, "context_mark", None)
-    extra = (
-        f" ({context} that starts on line {cmark.line + 1})"
-        if context and cmark is not None and mark is not None and cmark.line != mark.line
-        else ""
-    )
-    return f"invalid YAML at {where}{problem}{extra}"
 
 
 def load_grid(path: str | Path, max_cells: int = MAX_CELLS) -> Grid:
