@@ -105,6 +105,7 @@ def load_model_dir(
             "probe it on with --task (and --preset for the task's size)"
         )
     _check_task(path, task, preset, seed)  # a bad --task or --preset before the boot
+    check_causal(path, given)
     weights = next((path / f for f in WEIGHT_FILES if (path / f).is_file()), None)
     if weights is None:
         raise CheckpointError(f"{path}: no weights ({' or '.join(WEIGHT_FILES)})")
@@ -121,6 +122,28 @@ def load_model_dir(
             path, boot_bridge(path, device=device), task, preset, seed, provenance
         )
     return _as_run(path, boot_bridge(path, device=device), task, preset, seed, provenance, source)
+
+
+def check_causal(path: Path, given: Any = None) -> None:
+    """A one-line CheckpointError unless the saved model is a causal language model: its config
+    names an architecture that ``transformers`` lists as causal for its model type, and it is no
+    encoder-decoder (an encoder-only or masked model attends both ways, so no probe's reading of
+    a last position means what it means in a causal model)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = json.loads((path / "config.json").read_text())
+    where, names = given or path, config.get("architectures") or []
+    causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"))
+    if config.get("is_encoder_decoder"):
+        raise CheckpointError(
+            f"{where}: an encoder-decoder model ({', '.join(names) or config.get('model_type')}); "
+            "the probes read causal language models"
+        )
+    if names and not any(n == causal or n.endswith("ForCausalLM") for n in names):
+        raise CheckpointError(
+            f"{where}: {', '.join(names)} is not a causal language model (an encoder-only or "
+            "masked model attends both ways); the probes read causal language models"
+        )
 
 
 def _check_task(where: Any, task: str, preset: str, seed: int) -> None:

@@ -188,6 +188,18 @@ def _no_tokenizer_dir(root: Path) -> Path:
     return out
 
 
+def _bert_dir(root: Path) -> Path:
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(
+        vocab_size=len(TOK), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64,
+    )  # fmt: skip
+    BertForMaskedLM(config).save_pretrained(root)
+    TOK.save_pretrained(root)
+    return root
+
+
 @pytest.mark.parametrize("case,argv,pattern", [
     ("file", ["ablate", "{d}", "--task", "{t}/absent.jsonl"], r"absent.jsonl: no such prompts file"),
     ("preset", ["ablate", "{d}", "--task", "induction", "--preset", "huge"],
@@ -195,9 +207,13 @@ def _no_tokenizer_dir(root: Path) -> Path:
     ("short", ["ablate", "{s}", "--task", "induction"],
      r"induction: prompts of up to 19 tokens are longer than the model's context"),
     ("tokenizer", ["routes", "{n}", "--task", "induction"], r"the model has no tokenizer"),
+    ("encoder", ["ablate", "{b}", "--task", "induction"],
+     r"bert: BertForMaskedLM is not a causal language model \(an encoder-only or masked model"),
 ])  # fmt: skip
 def test_bad_prompt_input_is_one_line_and_writes_nothing(tmp_path, case, argv, pattern, capsys):
     dirs = {"d": tmp_path / "model", "s": tmp_path / "short", "n": tmp_path / "bare"}
+    dirs["b"] = tmp_path / "bert"
+    _bert_dir(dirs["b"]) if case == "encoder" else None
     _model_dir(dirs["d"]) if case in ("file", "preset") else None
     _model_dir(dirs["s"], n_ctx=16) if case == "short" else None
     _no_tokenizer_dir(dirs["n"]) if case == "tokenizer" else None
