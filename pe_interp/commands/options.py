@@ -368,7 +368,7 @@ def writing_run(
         )
     else:
         loaded = load_run(run_dir, device=device)
-    accuracy = loaded.config.get("accuracy", {}).get("summary")
+    accuracy = (getattr(loaded, "config", None) or {}).get("accuracy", {}).get("summary")
     if accuracy:  # natural prompts: the model's accuracy on them comes first
         print(f"{loaded.name}: {accuracy}")
     with dir_lock(out or loaded.run_dir, "run directory" if out is None else "output directory"):
