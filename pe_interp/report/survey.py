@@ -285,6 +285,9 @@ def readme_block(out: Path, steps: dict[str, dict[str, Any]]) -> str:
             )
             + "."
         )
+    missing = [s for s in STEPS if s not in steps]
+    if missing:
+        lines.append(f"- Not yet run: {', '.join(missing)} (the survey resumes where it stopped).")
     lines.append(
         f"\nFrom `{out}` (`pe-interp survey --report {out} --readme README.md` regenerates this "
         f"block; the whole survey is `{out}/SURVEY.md`)."
