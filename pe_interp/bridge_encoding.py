@@ -11,54 +11,101 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pe_interp.bridge_check import ForwardCheck
 from pe_interp.encodings.base import RotarySpan
 
 __all__ = ["BridgeEncoding"]
 
 
-class BridgeEncoding:
+class BridgeEncoding(ForwardCheck):
     """The positions a probe can read and move on a bridge, as :func:`probes.route_shares` and the
-    logit decomposition read an encoding: the rotary q/k of Llama and GPT-NeoX
-    (:meth:`rotary_spans`, Hugging Face's ``rotate_half`` pairs, their tables computed by the
-    model's own rotary module at the length a probe asks, never at the whole context; moved at
-    ``hook_q``/``hook_k``, before the bridge rotates: rotations of one pair commute, so the moved
-    head is rotated to the new position exactly; with grouped key/value heads ``hook_k`` carries
-    the shared keys, which :mod:`probes.deposit.moving` moves for one query head of a group at a
-    time; :meth:`rotate` rotates them as the bridge does), GPT-2's learned positions (the residual
-    route, ``hook_pos_embed``) and BLOOM's ALiBi (a head's bias ``slope_h * j`` moved inside the
-    attention scores, ``hook_attn_scores``: :meth:`move_bias`). The logit decomposition needs the
-    bias as a term of its own, which BLOOM's bridge does not hook: it says so in one line."""
+    logit decomposition read an encoding, read from the bridge's components, hooks and config,
+    never from a table of model names (issue 47):
 
-    rotation_hooks = ("hook_q", "hook_k")  # q [b, pos, n_heads, d], k [b, pos, n_kv_heads, d]
+    - **rotary** (a rotary module, ``rotary_emb``, or every layer's ``hook_cos``/``hook_sin``):
+      :meth:`rotary_spans`, Hugging Face's ``rotate_half`` pairs over the rotated share of each
+      head (partial rotary too), their tables computed by the model's own rotary module at the
+      length a probe asks, never at the whole context, per layer where the config gives each layer
+      type its own RoPE (Gemma 3's local and global bases). Route shares move a head at
+      ``hook_q``/``hook_k`` before the bridge rotates (rotations of one pair commute, so the moved
+      head is rotated to the new position exactly; with grouped key/value heads ``hook_k`` carries
+      the shared keys, which :mod:`probes.deposit.moving` moves for one query head of a group at a
+      time), or at ``hook_rot_q``/``hook_rot_k`` where a QK-norm sits between ``hook_q`` and the
+      rotation (:attr:`rotation_hooks`);
+    - **learned** positions (a ``pos_embed`` component, GPT-2's): the residual route;
+    - **ALiBi** (BLOOM's slopes): a head's bias ``slope_h * j`` moved inside the attention scores
+      (``hook_attn_scores``: :meth:`move_bias`). The logit decomposition needs the bias as a term
+      of its own, which BLOOM's bridge does not hook: it says so in one line.
+
+    Before route shares or the decomposition read a rotary bridge, one forward of a few tokens
+    (:meth:`_check`) shows that these tables reproduce the bridge's rotated q/k in every layer
+    (its ``hook_rot_q``/``hook_rot_k``, or its scores where it hooks no rotated q/k) and that
+    ``hook_attn_scores`` is ``scale * rot(q) . rot(k)``; where either fails, or the config names
+    what no sum of terms can show (attention-logit soft-capping), or the tables carry a YaRN or
+    LongRoPE scale, the probe that needs it refuses in one line that names what it lacks."""
+
     sized_spans = True  # rotary_spans(layer, n_pos): tables computed at the length asked
-    unrotated_hooks = (
-        "hook_q",
-        "hook_k",
-    )  # q/k before the rotation (the logit decomposition's direct term)
+    check_length = 7  # tokens in the one forward that checks the rotation against the bridge's
 
     def __init__(self, model: Any) -> None:  # a pe_interp.bridge.BridgedModel
         self.model = model
-        c = model.cfg
-        self.why_not = None  # why no probe can read this architecture's positions
-        self.cannot_move = None  # why route shares cannot move one head's positions (the decomposition can read them)
-        if c.model_type not in ("llama", "gpt_neox", "gpt2", "bloom"):
-            self.why_not = (
-                f"{c.encoding_name}: the bridge has no hook that moves one head's positions, which route "
-                "shares need; ablation, patching, attribution and circuits run on it"
-            )
-            self.cannot_move = self.why_not
+        c, bridge = model.cfg, model.bridge
         self._spans: dict[int, tuple[RotarySpan, ...]] = {}
         self._tables: dict[tuple[Any, Any], tuple[Tensor, Tensor]] = {}  # per rotary config
+        # where the positions enter, read from the bridge's components and hooks (no table of
+        # model names): a rotary module or every layer's hook_cos/hook_sin; a learned position
+        # table (pos_embed); BLOOM's ALiBi, whose slopes are BLOOM's own table
+        names = bridge.hook_dict
+        hooked = all(
+            f"blocks.{i}.attn.hook_{t}" in names for i in range(c.n_layers) for t in ("cos", "sin")
+        )
+        self._rotary = self._model_rotary is not None or hooked
+        self._learned = "pos_embed" in getattr(bridge, "_modules", {})
+        self._alibi = c.model_type == "bloom"
+        self.why_not = None  # why no probe can read this architecture's positions
+        if not (self._rotary or self._learned or self._alibi):
+            self.why_not = (
+                f"{c.encoding_name}: the bridge has no rotary module (rotary_emb, hook_cos/hook_sin), "
+                "learned position table (pos_embed) or BLOOM's ALiBi, so no probe can read where its "
+                "positions enter; ablation, patching, attribution and circuits run on it"
+            )
+        self._checked: dict[str, Any] | None = None  # what one forward showed (_check)
 
+    # ------------------------------------------------------------------ checked against a forward
+    @property
+    def cannot_move(self) -> str | None:
+        """Why route shares cannot move one head's positions (None: they can): no positions found,
+        or rotation tables that do not reproduce the bridge's rotated q/k (:meth:`_check`)."""
+        if self.why_not is not None:
+            return self.why_not
+        return self._check()["tables"] if self._rotary else None
+
+    @property
+    def rotation_hooks(self) -> tuple[str, str]:
+        """Where route shares move a head's rotation: ``hook_q``/``hook_k`` where the bridge rotates
+        them as they are (q ``[b, pos, n_heads, d]``, k ``[b, pos, n_kv_heads, d]``: one pair's
+        rotations commute, so the moved head is rotated to the new position exactly); else, where
+        something sits between them and the rotation (a QK-norm), the rotated ``hook_rot_q``/
+        ``hook_rot_k``, turned by the angle between the true and the new position."""
+        return self._check()["rotation_hooks"]
+
+    @property
+    def unrotated_hooks(self) -> tuple[str, str] | None:
+        """The hooks holding q/k right before the rotation (the decomposition's direct term), or
+        None where they are not hooked as such (behind a QK-norm: the rotation is undone with the
+        tables instead)."""
+        return self._check()["unrotated_hooks"]
+
+    # ------------------------------------------------------------------ the encoding's reads
     @property
     def rotates(self) -> bool:
         if self.why_not is not None:
             raise ValueError(self.why_not)
-        return self.model.cfg.model_type in ("llama", "gpt_neox")
+        return self._rotary
 
     @property
     def has_bias(self) -> bool:
-        return self.model.cfg.model_type == "bloom"
+        return self._alibi
 
     @cached_property
     def slopes(self) -> Tensor:
@@ -83,6 +130,17 @@ class BridgeEncoding:
             if key not in self._tables or self._tables[key][0].shape[0] < n:
                 self._compute(key, n)
             cos, sin = self._tables[key]  # [n, rotary dim], each angle twice (rotate_half)
+            # YaRN's or LongRoPE's attention scaling folded into the tables: the module's own
+            # factor, else the tables' norm beyond their dtype's rounding
+            scaling = _attention_scaling(*key)
+            norm = float((cos.double() ** 2 + sin.double() ** 2 - 1).abs().max())
+            if abs(scaling - 1.0) > 1e-6 or norm > max(1e-3, 8 * torch.finfo(cos.dtype).eps):
+                raise ValueError(
+                    f"{self.model.cfg.encoding_name}: the rotary module's cos/sin tables carry a "
+                    f"scale (attention scaling {scaling:.4g}, cos^2 + sin^2 - 1 up to {norm:.2g}: "
+                    "YaRN or LongRoPE), which route shares' moved rotations and the per-frequency "
+                    "terms do not undo"
+                )
             half = cos.shape[-1] // 2
             theta = torch.atan2(sin[1, :half], cos[1, :half]).double()
             self._spans[layer] = (
@@ -163,13 +221,23 @@ class BridgeEncoding:
 
     @property
     def decomposes(self) -> bool:
-        """Whether the logit decomposition reads every term of this architecture's logits."""
-        return self.why_not is None and not self.has_bias
+        """Whether the logit decomposition reads every term of this architecture's logits: its
+        positions found, not BLOOM's unhooked ALiBi, and one forward showing that this encoding
+        reproduces the bridge's rotated q/k and that ``hook_attn_scores`` is their scaled
+        product (:meth:`_check`)."""
+        if self.why_not is not None or self.has_bias:
+            return False
+        checked = self._check()
+        return checked["tables"] is None and checked["scores"] is None
 
     def rotate(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor, Tensor]:
         """``q``, ``k`` ``[batch, pos, head, d_head]`` (``hook_q``/``hook_k``) rotated at positions
         ``0..pos-1``, as the bridge rotates them (identity for GPT-2)."""
-        spans = self.rotary_spans(layer, q.shape[1]) or ()
+        return self._turn(q, k, self.rotary_spans(layer, q.shape[1]) or ())
+
+    @staticmethod
+    def _turn(q: Tensor, k: Tensor, spans: Any) -> tuple[Tensor, Tensor]:
+        """``q``, ``k`` rotated by ``spans`` at positions ``0..pos-1``."""
 
         def turn(t: Tensor) -> Tensor:
             out, n = t.clone(), t.shape[1]
@@ -211,8 +279,8 @@ class BridgeEncoding:
         return hook
 
     def residual(self, n: int) -> Tensor | None:
-        """GPT-2's learned position vectors ``[n, d_model]`` (None for the others)."""
-        return self.model.bridge.W_pos[:n] if self.model.cfg.model_type == "gpt2" else None
+        """The learned position vectors ``[n, d_model]`` (GPT-2's; None without a ``pos_embed``)."""
+        return self.model.bridge.W_pos[:n] if self._learned else None
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # copy, pickle and friends ask for these
@@ -227,4 +295,21 @@ class BridgeEncoding:
                 "no hook of its own, so the logit decomposition cannot show it as a term (route shares, "
                 "positional_scores' template and Toeplitz scores, ablation, patching and attribution run on it)"
             )
-        return self.why_not or f"{self.model.cfg.encoding_name}: not decomposable"
+        if self.why_not is not None:
+            return self.why_not
+        checked = self._check()
+        return (
+            checked["tables"]
+            or checked["scores"]
+            or f"{self.model.cfg.encoding_name}: not decomposable"
+        )
+
+
+def _attention_scaling(mod: Any, layer_type: Any) -> float:
+    """The factor a Hugging Face rotary module multiplies its cos/sin tables by
+    (``attention_scaling``, per layer type where it has one; 1 where it names none)."""
+    if mod is None:
+        return 1.0
+    value = getattr(mod, f"{layer_type}_attention_scaling", None) if layer_type else None
+    value = getattr(mod, "attention_scaling", None) if value is None else value
+    return float(value) if isinstance(value, (int, float)) else 1.0

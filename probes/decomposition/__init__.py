@@ -47,11 +47,16 @@ content path of decoupled RoPE). Pairs are RoPE's **adjacent (interleaved)** pai
 ``(k, k + dim/2)`` on a TransformerLens bridge over Llama or GPT-NeoX.
 
 **On a bridge** (:class:`pe_interp.bridge.BridgedModel`; :mod:`~probes.decomposition.reads`): the
-rotated q/k are the bridge's own ``hook_rot_q/k`` where it caches them (Llama) or ``hook_q/k``
-rotated as the bridge does (GPT-NeoX); layer 0's components run the bridge's own layer 0 on each
-part of its input (``blocks.0.hook_resid_pre`` replaced, ``ln1.hook_scale`` frozen). BLOOM's ALiBi
-is added inside the bridge's scores with no hook of its own, so :func:`logit_terms` refuses it in
-one line and :func:`positional_scores` leaves its direct term NaN.
+rotated q/k are the bridge's own ``hook_rot_q/k`` where it caches them (Llama, Qwen, Gemma, ...) or
+``hook_q/k`` rotated as the bridge does (GPT-NeoX, Phi-3); layer 0's components run the bridge's
+own layer 0 on each part of its input (``blocks.0.hook_resid_pre`` replaced, ``ln1.hook_scale``
+and a QK-norm's ``q_norm``/``k_norm.hook_scale`` frozen). What the encoding of a family never
+tested here cannot show, it refuses in one line (:class:`pe_interp.bridge_encoding.BridgeEncoding`
+checks its tables and the scores on one short forward first): BLOOM's ALiBi, added inside the
+bridge's scores with no hook of its own; Gemma 2's attention-logit soft-capping; a QK-norm whose
+scale the bridge does not hook (layer 0 only); a rotation its tables do not reproduce.
+:func:`positional_scores` leaves the direct term NaN there, and fits each head's template over
+its own mask (sliding-window layers allow fewer entries than global ones).
 
 :func:`toeplitz_score` measures how much of a ``[q, k]`` matrix is a function of ``j - i`` alone,
 and :func:`positional_scores` scores every head of a model for position-only structure.

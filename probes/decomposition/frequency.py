@@ -236,6 +236,9 @@ def frequency_usage(
         rotates = enc.rotates
     except ValueError as err:
         raise ValueError(f"{who}: {err}") from None
+    why = getattr(enc, "cannot_move", None)  # a bridge whose rotation our tables do not reproduce
+    if why:
+        raise ValueError(f"{who}: {why}")
     if not rotates:
         raise ValueError(
             f"{who}: {model.cfg.encoding_name} does not rotate queries and keys; frequency usage "

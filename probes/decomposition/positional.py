@@ -139,10 +139,11 @@ def positional_scores(
     d_sums = torch.zeros(
         5, L, H, dtype=f64, device=device
     )  # sum d, d^2, s, s^2, count over valid entries
-    # per half: sums and sums of squares per (layer, head, i, j), counts per (i, j)
+    # per half: sums, sums of squares and counts per (layer, head, i, j): each head's own mask
+    # (a sliding-window layer allows fewer entries than a global one)
     s1 = torch.zeros(2, L, H, n_pos, n_pos, dtype=f64, device=device)
     s2 = torch.zeros_like(s1)
-    cnt = torch.zeros(2, n_pos, n_pos, dtype=f64, device=device)
+    cnt = torch.zeros_like(s1)
     toep_sum = torch.zeros(L, H, dtype=f64, device=device)
     toep_n = torch.zeros(L, H, dtype=f64, device=device)
     half_of = torch.arange(n) % 2
@@ -159,7 +160,6 @@ def positional_scores(
                 qv = (toks != cfg.pad_id) if pm is None else pm
                 finite = finite & qv[:, None, None, :, None]
             scores = torch.where(finite, scores, torch.zeros((), dtype=f64, device=device))
-            valid = finite[:, 0, 0]  # [b, q, k]: the same for every head
             direct = torch.stack(
                 [_direct(model, cache, layer, n_pos, reads_direct) for layer in range(L)], 1
             )
@@ -182,14 +182,14 @@ def positional_scores(
                     continue
                 s1[hf] += scores[sel].sum(0)
                 s2[hf] += (scores[sel] ** 2).sum(0)
-                cnt[hf] += valid[sel].to(f64).sum(0)
+                cnt[hf] += finite[sel].to(f64).sum(0)
 
     r2 = []
     for a, b in ((0, 1), (1, 0)):
         both = (cnt[a] > 0) & (cnt[b] > 0)
         t_a = s1[a] / cnt[a].clamp(min=1)
         w = both.to(f64)
-        n_b = (cnt[b] * w).sum()
+        n_b = (cnt[b] * w).sum((-2, -1))
         sum_b = (s1[b] * w).sum((-2, -1))
         sq_b = (s2[b] * w).sum((-2, -1))
         ss_tot = sq_b - sum_b**2 / n_b.clamp(min=1)

@@ -40,8 +40,9 @@ def rotated_qk(model, cache, layer: int) -> tuple[Tensor, Tensor]:
 
 def unrotated_qk(model, cache, layer: int) -> tuple[Tensor, Tensor] | None:
     """The same queries and keys before the rotation, where the model caches them (a bridge's
-    ``hook_q``/``hook_k``); None where only the rotated ones are cached (our models: undo the
-    rotation with the encoding's tables)."""
+    ``hook_q``/``hook_k``); None where only the rotated ones are cached (our models, and a bridge
+    whose QK-norm sits between ``hook_q`` and the rotation: undo the rotation with the encoding's
+    tables)."""
     hooks = getattr(model.encoding, "unrotated_hooks", None)
     if hooks is None:
         return None
@@ -70,12 +71,29 @@ def allowed(scores: Tensor) -> Tensor:
     return torch.isfinite(scores) & (scores > torch.finfo(scores.dtype).min / 2)
 
 
+# the scales of layer 0's norms on the way to its queries and keys: ln1, and a QK-norm's (a bridge's
+# q_norm/k_norm over each head or over the whole projection), frozen to make that path affine
+FROZEN_SCALES = (
+    "blocks.0.ln1.hook_scale",
+    "blocks.0.attn.q_norm.hook_scale",
+    "blocks.0.attn.k_norm.hook_scale",
+)
+
+
 def layer0_qk(
-    model, tokens: Tensor, pad_mask: Tensor | None, x: Tensor, ln_scale: Tensor | None, head: int
+    model,
+    tokens: Tensor,
+    pad_mask: Tensor | None,
+    x: Tensor,
+    ln_scale: Tensor | None,
+    head: int,
+    frozen: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Layer 0's rotated q and k of ``head`` ``[pos, d]`` on the input ``x`` (a part of the real
-    input, ``[1, pos, d_model]``) with ``ln1``'s scale frozen at ``ln_scale``: the model's own code,
-    through our block's seams or, on a bridge, a forward whose ``blocks.0.hook_resid_pre`` is ``x``."""
+    input, ``[1, pos, d_model]``) with ``ln1``'s scale frozen at ``ln_scale`` (and every hook of
+    ``frozen``, a QK-norm's scales of :data:`FROZEN_SCALES`, at its value): the model's own code,
+    through our block's seams or, on a bridge, a forward whose ``blocks.0.hook_resid_pre`` is ``x``
+    (its rotated q/k read where it hooks them, ``hook_rot_q``/``hook_rot_k``: after a QK-norm)."""
     got: dict[str, Tensor] = {}
 
     def grab(t: Tensor, hook: Any, name: str) -> None:
@@ -85,6 +103,9 @@ def layer0_qk(
     hooks: list[tuple[str, Any]] = []
     if ln_scale is not None:
         hooks.append(("blocks.0.ln1.hook_scale", lambda scale, hook: ln_scale))
+    for name, value in (frozen or {}).items():
+        if name != "blocks.0.ln1.hook_scale":
+            hooks.append((name, lambda scale, hook, value=value: value))
     if hasattr(block, "attention_inputs"):  # our model: the block's attention alone
         names = ("hook_rot_q", "hook_rot_k") if model.encoding.rotates else ("hook_q", "hook_k")
         hooks += [(f"blocks.0.attn.{n}", lambda t, hook, n=n: grab(t, hook, n)) for n in names]
@@ -95,16 +116,16 @@ def layer0_qk(
         q, k = got[names[0]], got[names[1]]
     else:  # a bridge: its forward with the layer's input replaced (only layer 0's q and k are read)
         hooks.append(("blocks.0.hook_resid_pre", lambda resid, hook: x.to(resid.dtype)))
+        names = ("hook_q", "hook_k", "hook_rot_q", "hook_rot_k")
         hooks += [
             (f"blocks.0.attn.{n}", lambda t, hook, n=n: grab(t, hook, n))
-            for n in ("hook_q", "hook_k")
+            for n in names
+            if f"blocks.0.attn.{n}" in model.bridge.hook_dict
         ]
         with (
             warnings.catch_warnings()
         ):  # the bridge warns that a hook edits hook_scale: that is the point
             warnings.filterwarnings("ignore", message=".*edited hook_scale")
             model.run_with_hooks(tokens, pad_mask, fwd_hooks=hooks, stop_at_layer=1)
-        q, k = rotated_qk(
-            model, {"blocks.0.attn.hook_q": got["hook_q"], "blocks.0.attn.hook_k": got["hook_k"]}, 0
-        )
+        q, k = rotated_qk(model, {f"blocks.0.attn.{n}": got[n] for n in names if n in got}, 0)
     return q[0, :, head], k[0, :, head]

@@ -12,7 +12,13 @@ import torch
 from torch import Tensor
 
 from pe_interp.modes import eval_mode
-from probes.decomposition.reads import allowed, attention_scale, layer0_qk, rotated_qk
+from probes.decomposition.reads import (
+    FROZEN_SCALES,
+    allowed,
+    attention_scale,
+    layer0_qk,
+    rotated_qk,
+)
 from probes.decomposition.rope import RopeTerms, rope_spans, rope_terms
 from probes.decomposition.toeplitz import toeplitz_score
 from probes.inputs import (
@@ -165,6 +171,7 @@ def logit_terms(
         f"{pre}.attn.hook_rot_k",
         f"{pre}.attn.hook_pos_bias",
         f"{pre}.ln1.hook_scale",
+        *(FROZEN_SCALES if layer == 0 else ()),
         f"{pre}.hook_resid_pre",
         "hook_embed",
         "hook_pos_embed",
@@ -188,15 +195,43 @@ def _component_qk(
     ``Q(p) - Q(0)`` are the content and position parts (:func:`~probes.decomposition.reads.layer0_qk`).
     """
     ln_scale = cache.get("blocks.0.ln1.hook_scale")  # absent when the model has no norm
+    frozen = {n: cache[n] for n in FROZEN_SCALES if n in cache}  # a QK-norm's too
+    unhooked = getattr(model.encoding, "unhooked_qk_norms", None)
+    missing = unhooked(0) if callable(unhooked) else ()
+    if missing:
+        raise ValueError(
+            f"logit_terms: {model.cfg.encoding_name}: QK-norm in layer 0 whose scale the bridge "
+            f"does not hook ({', '.join(missing)}: no hook_scale), so layer 0's content and offset "
+            "parts cannot be split linearly; deeper layers' terms can"
+        )
     c, p = cache["hook_embed"], cache.get("hook_pos_embed")
-    q0, k0 = layer0_qk(model, toks, pm, torch.zeros_like(c), ln_scale, head)
+    _check_layer0_input(model, cache, c, p)
+    q0, k0 = layer0_qk(model, toks, pm, torch.zeros_like(c), ln_scale, head, frozen)
     qs, ks = {}, {}
     for name, x in (("content", c), ("position", p)):
         if x is not None:
-            q, k = layer0_qk(model, toks, pm, x, ln_scale, head)
+            q, k = layer0_qk(model, toks, pm, x, ln_scale, head, frozen)
             qs[name], ks[name] = q - q0, k - k0
     qs["offset"], ks["offset"] = q0, k0
     return qs, ks
+
+
+def _check_layer0_input(model, cache: dict[str, Tensor], c: Tensor, p: Tensor | None) -> None:
+    """A one-line ValueError where layer 0's input is not ``hook_embed`` (plus ``hook_pos_embed``)
+    as cached: something between them (an embedding scale or norm applied after the hook) would
+    leave the content and position parts short of the input the model's layer 0 reads."""
+    real = cache.get("blocks.0.hook_resid_pre")
+    if real is None or not hasattr(model, "bridge"):
+        return
+    parts = c if p is None else c + p
+    gap = float((parts.double() - real.double()).abs().max()) if parts.shape == real.shape else 1.0
+    if gap > 1e-4 * (1.0 + float(real.detach().abs().max())):
+        raise ValueError(
+            f"logit_terms: {model.cfg.encoding_name}: layer 0's input is not hook_embed"
+            + ("" if p is None else " + hook_pos_embed")
+            + f" (max gap {gap:.2g}: the embedding is scaled or normed after its hook), so the "
+            "content and position terms of layer 0 cannot be split; deeper layers' terms can"
+        )
 
 
 def _logit_terms(model, toks, pm, layer, head, cache) -> dict[str, Any]:
