@@ -209,7 +209,12 @@ def _frequency(loaded, args) -> dict[str, Any]:
     from probes.decomposition import frequency_usage, high_frequency_positional, low_frequency_norm
     from probes.decomposition.frequency_findings import MEASURES
 
-    types = json.loads((Path(args.out) / "head_types.json").read_text())["result"]["types"]
+    path = Path(args.out) / "head_types.json"
+    if not path.is_file():
+        raise ValueError(
+            f"{path}: the frequency step reads the head_types step's heads; run it first"
+        )
+    types = json.loads(path.read_text())["result"]["types"]
     positional = [tuple(h) for h in types["previous_token"]]
     ps = _prompts(loaded, args.n)
     usage = frequency_usage(loaded.model, ps.tokens, pad_mask=ps.pad_mask, progress=True)
