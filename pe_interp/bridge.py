@@ -17,6 +17,10 @@ ablation sweep stacks copies, :func:`probes.ablation.sweeps.sweep_stacked`; path
 the norm (:data:`FORKS_BEFORE_NORM`: not BLOOM); and padding must be on the right (a causal model
 then never lets a pad reach a real token).
 
+What it reads costs no more than it reads (:mod:`pe_interp.bridge_forward`): a restart at a layer
+runs that layer and the later ones only, and a forward that returns class logits unembeds only the
+position it reads.
+
     from transformer_lens.model_bridge import TransformerBridge
     bridge = TransformerBridge.boot_transformers(local_dir, tokenizer=tokenizer)
     model = BridgedModel(bridge, answers=answer_ids)
@@ -33,6 +37,13 @@ import torch
 from torch import Tensor, nn
 
 from pe_interp.bridge_encoding import BridgeEncoding
+from pe_interp.bridge_forward import (
+    check_hooks_from,
+    keeps_logits,
+    may_keep,
+    read_positions,
+    skipping_blocks,
+)
 from pe_interp.checks import check_pad_mask_tensor, check_token_ids
 from pe_interp.config import ARCH_ENCODINGS
 from pe_interp.hf_arch import read_answers
@@ -147,6 +158,7 @@ class BridgedModel(nn.Module):
             "answers", None if answers is None else answers.long(), persistent=False
         )
         self._encoding: BridgeEncoding | None = None
+        self._keeps: bool | None = None
         kind = getattr(hf, "model_type", "?")
         arch = ARCH_OF.get(kind, kind)
         name, how = ARCH_ENCODINGS.get(arch, ("unknown", "unknown"))
@@ -209,7 +221,7 @@ class BridgedModel(nn.Module):
     def forward(self, tokens: Tensor, pad_mask: Tensor | None = None) -> Tensor:
         """Class logits ``[batch, n_classes]`` at each row's last real token."""
         tokens, mask = self.check_inputs(tokens, pad_mask)
-        return self._read(self.bridge(tokens, **self._mask_kwargs(mask)), mask)
+        return self._run(self.bridge, tokens, mask)
 
     def forward_unchecked(self, tokens: Tensor, key_valid: Tensor | None, **restart: Any) -> Tensor:
         """The forward on inputs :meth:`check_inputs` already checked (``key_valid``: its pad
@@ -220,7 +232,7 @@ class BridgedModel(nn.Module):
                 f"a bridge cannot restart its forward inside the model ({', '.join(restart)}); "
                 "the probes run it from the embedding"
             )
-        return self._read(self.bridge(tokens, **self._mask_kwargs(key_valid)), key_valid)
+        return self._run(self.bridge, tokens, key_valid)
 
     # the per-head forks of the circuit probes (TransformerLens' flags, the bridge's own setters)
     def check_forks(self) -> None:
@@ -251,22 +263,43 @@ class BridgedModel(nn.Module):
         stop_at_layer: int | None = None,
         **kwargs: Any,
     ) -> Tensor:
-        """The bridge's forward with ``fwd_hooks``, read as class logits. ``stop_at_layer`` is
-        accepted and ignored: the forward runs to the end (the hooks see the same values)."""
+        """The bridge's forward with ``fwd_hooks``, read as class logits; with ``stop_at_layer``
+        below the number of layers, the residual stream before that block instead (as our own
+        model and TransformerLens: the blocks from there on and the unembedding do not run)."""
         tokens, mask = self.check_inputs(tokens, pad_mask)
-        logits = self.bridge.run_with_hooks(
-            tokens, fwd_hooks=list(fwd_hooks), **self._mask_kwargs(mask), **kwargs
+        fwd_hooks = list(fwd_hooks)
+        if stop_at_layer is not None and stop_at_layer < self.cfg.n_layers:
+            return self.bridge.run_with_hooks(
+                tokens,
+                fwd_hooks=fwd_hooks,
+                stop_at_layer=stop_at_layer,
+                **self._mask_kwargs(mask),
+                **kwargs,
+            )
+        return self._run(
+            self.bridge.run_with_hooks,
+            tokens,
+            mask,
+            keep=self._may_keep(name for name, _ in fwd_hooks),
+            fwd_hooks=fwd_hooks,
+            **kwargs,
         )
-        return self._read(logits, mask)
 
     def run_with_cache(
         self, tokens: Tensor, pad_mask: Tensor | None = None, **kwargs: Any
     ) -> tuple[Tensor, Any]:
         """The bridge's ``run_with_cache`` (``names_filter`` and the rest pass through), its
-        logits read as class logits; the cache is the bridge's ``ActivationCache``."""
+        logits read as class logits; the cache is the bridge's ``ActivationCache``. Given a
+        ``names_filter`` of names none of which is the unembedding's, only the read position is
+        unembedded (module docstring)."""
         tokens, mask = self.check_inputs(tokens, pad_mask)
-        logits, cache = self.bridge.run_with_cache(tokens, **self._mask_kwargs(mask), **kwargs)
-        return self._read(logits, mask), cache
+        names = kwargs.get("names_filter")
+        names = [names] if isinstance(names, str) else names
+        keep = isinstance(names, (list, tuple)) and self._may_keep(names)
+        logits, cache = self._run(
+            self.bridge.run_with_cache, tokens, mask, keep=keep, raw=True, **kwargs
+        )
+        return self._read_logits(logits, mask, keep), cache
 
     @property
     def can_resume(self) -> bool:
@@ -293,14 +326,22 @@ class BridgedModel(nn.Module):
         fwd_hooks: Sequence = (),
     ) -> Tensor:
         """Class logits of the forward restarted at ``blocks.{layer}.hook_resid_pre`` = ``residual``
-        (``pad_mask`` as checked by :meth:`check_inputs`; ``tokens`` unread), with ``fwd_hooks``."""
+        (``pad_mask`` as checked by :meth:`check_inputs`; ``tokens`` unread), with ``fwd_hooks``
+        (on layer ``layer`` or later: the blocks before it do not run, :func:`skipping_blocks`)."""
         if not self.can_resume:
             raise ValueError(
                 f"{self.cfg.encoding_name}: the bridge cannot restart at a layer exactly"
             )
-        with self.bridge.hooks(fwd_hooks=list(fwd_hooks)):
-            logits = self.bridge(residual, start_at_layer=layer, **self._mask_kwargs(pad_mask))
-        return self._read(logits, pad_mask)
+        fwd_hooks = list(fwd_hooks)
+        check_hooks_from(fwd_hooks, layer)
+        with self.bridge.hooks(fwd_hooks=fwd_hooks), skipping_blocks(self.bridge, layer):
+            return self._run(
+                self.bridge,
+                residual,
+                pad_mask,
+                keep=self._may_keep(n for n, _ in fwd_hooks),
+                start_at_layer=layer,
+            )
 
     def hooks(self, fwd_hooks: Sequence = (), **kwargs: Any) -> Any:
         """The bridge's own hook context (hooks removed on exit)."""
@@ -310,6 +351,39 @@ class BridgedModel(nn.Module):
     @staticmethod
     def _mask_kwargs(mask: Tensor | None) -> dict[str, Tensor]:
         return {} if mask is None else {"attention_mask": mask.long()}
+
+    @property
+    def keeps_logits(self) -> bool:
+        """Whether the Hugging Face model unembeds chosen positions only (``logits_to_keep``)."""
+        if self._keeps is None:
+            self._keeps = keeps_logits(self.bridge.original_model)
+        return self._keeps
+
+    def _may_keep(self, names: Any) -> bool:
+        return self.keeps_logits and may_keep(names)
+
+    def _run(
+        self,
+        call: Any,
+        x: Tensor,
+        mask: Tensor | None,
+        *,
+        keep: bool = True,
+        raw: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        """``call(x, attention_mask=..., **kwargs)`` (the bridge's forward or one of its runners),
+        unembedding only each row's last real position where ``keep`` (and the model can), read
+        as class logits (``raw``: the call's output as it is)."""
+        keep = keep and self.keeps_logits
+        if keep:
+            kwargs["logits_to_keep"] = read_positions(mask, x.device)
+        out = call(x, **self._mask_kwargs(mask), **kwargs)
+        return out if raw else self._read_logits(out, mask, keep)
+
+    def _read_logits(self, logits: Tensor, mask: Tensor | None, kept: bool) -> Tensor:
+        """Class logits of the bridge's logits (``kept``: ``[batch, 1, vocab]``, the read position)."""
+        return read_answers(logits, None if kept else mask, self.answers)
 
     def _read(self, logits: Tensor, mask: Tensor | None) -> Tensor:
         return read_answers(logits, mask, self.answers)
@@ -323,4 +397,5 @@ __all__ = [
     "BridgeConfig",
     "BridgedModel",
     "NotOnABridge",
+    "skipping_blocks",
 ]

@@ -17,6 +17,45 @@ from probes.inputs import FiniteWatch
 from probes.replace import Replacement, needed_width, overwrite_hook, replace_hook
 
 
+def even_split(n: int, most: int) -> int:
+    """The size of the fewest equal parts of ``n`` items with at most ``most`` in each (16 items at
+    most 14 a part: 8 and 8, not 14 and 2)."""
+    most = max(1, min(n, most))
+    parts = -(-n // most)
+    return -(-n // parts)
+
+
+class SweepProgress:
+    """A tqdm bar over a sweep (``enabled``), advanced by each forward's cost in layer-rows (rows
+    times the layers the forward runs), so that its ETA holds while forwards from early layers
+    cost more than late ones; its postfix counts the ablations done (each copy of a forward is
+    ``rows / n_examples`` of one)."""
+
+    def __init__(self, enabled: bool, desc: str, total: float, n_units: int, n_examples: int):
+        self.bar = None
+        self.done, self.n_units, self.n_examples = 0.0, n_units, n_examples
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(
+                total=total,
+                desc=desc,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]",
+            )
+            self.bar.set_postfix_str(f"0/{n_units} ablations", refresh=False)
+
+    def update(self, cost: float, rows_of_units: float = 0.0) -> None:
+        if self.bar is None:
+            return
+        self.done += rows_of_units / self.n_examples
+        self.bar.set_postfix_str(f"{int(self.done + 1e-9)}/{self.n_units} ablations", refresh=False)
+        self.bar.update(cost)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def unit_masks(part: list[tuple], n_heads: int, device) -> dict[int, Tensor]:
     """``{layer: [len(part), n_heads]}``: True where copy ``j`` ablates that head of that layer."""
     masks: dict[int, Tensor] = {}
@@ -52,16 +91,19 @@ def sweep_batched(
     for u, unit in enumerate(units):
         groups.setdefault(min(layer for layer, _ in unit), []).append(u)
     kmax = max(len(g) for g in groups.values())
-    ex_chunk = max(1, min(N, batch_size // kmax))
+    ex_chunk = even_split(N, batch_size // kmax)
     base = torch.empty(N, dtype=torch.float64)
     vals = torch.full((len(units), N), float("nan"), dtype=torch.float64)
     starts = sorted(groups)
-    chunks = range(0, N, ex_chunk)
-    if progress:
-        from tqdm.auto import tqdm
-
-        chunks = tqdm(chunks, desc=f"ablate ({repl.method})", unit="chunk")
-    for c0 in chunks:
+    L = model.cfg.n_layers
+    bar = SweepProgress(
+        progress,
+        f"ablate ({repl.method})",
+        N * (L + sum(len(g) * (L - s) for s, g in groups.items())),
+        len(units),
+        N,
+    )
+    for c0 in range(0, N, ex_chunk):
         idx = order[c0 : c0 + ex_chunk]
         idx_cpu = idx.cpu()
         B = len(idx)
@@ -77,10 +119,11 @@ def sweep_batched(
         saves += [(HOOKS.z(s), partial(save, kind="z", layer=s)) for s in starts]
         logits = model.run_with_hooks(toks, pm, fwd_hooks=saves)
         base[idx_cpu] = metric(watch.see(logits), lab).cpu()
+        bar.update(B * L)
         replacement = repl.for_chunk(idx, w)
         for s in starts:
             uids = groups[s]
-            k = max(1, min(len(uids), batch_size // B))
+            k = even_split(len(uids), batch_size // B)
             # Layer s's attention is the clean one in every copy except for the ablated heads:
             # each adds its change of output, (replacement - z_h) @ W_O[h].
             z = cache[("z", s)]
@@ -113,6 +156,8 @@ def sweep_batched(
                     )
                 m = metric(watch.see(out), lab.repeat(kk)).view(kk, B).cpu()
                 vals[torch.tensor(part)[:, None], idx_cpu[None, :]] = m
+                bar.update(kk * B * (L - s), kk * B)
+    bar.close()
     return base, vals
 
 
@@ -124,7 +169,11 @@ def sweep_stacked(
     input of the ablations' first layer where the model resumes there exactly
     (``model.can_resume``: step 2 without its last part), else from the embedding. For models
     without :meth:`~pe_interp.HookedPETransformer.forward_unchecked` (``model.can_restart``
-    False, e.g. :class:`pe_interp.bridge.BridgedModel`); the padding cut of step 4 applies."""
+    False, e.g. :class:`pe_interp.bridge.BridgedModel`, whose restart runs the ablated layer and
+    the later ones only, and unembeds only the read position); the padding cut of step 4 applies.
+    An ablation of layer ``l`` then costs ``(L - l) / L`` of a forward: a whole grid
+    ``(L + 1) / 2`` layers per head, at most ``2L / (L + 1)`` times faster than one whole forward per
+    head (``benchmarks/smollm2.py``)."""
     model, tokens, labels, pad_mask, units = (
         req.model,
         req.tokens,
@@ -144,15 +193,18 @@ def sweep_stacked(
     groups: dict[int, list[int]] = {}
     for u, unit in enumerate(units):
         groups.setdefault(min(layer for layer, _ in unit) if resumes else 0, []).append(u)
-    ex_chunk = max(1, min(N, batch_size // max(len(g) for g in groups.values())))
+    ex_chunk = even_split(N, batch_size // max(len(g) for g in groups.values()))
     base = torch.empty(N, dtype=torch.float64)
     vals = torch.full((len(units), N), float("nan"), dtype=torch.float64)
-    chunks = range(0, N, ex_chunk)
-    if req.progress:
-        from tqdm.auto import tqdm
-
-        chunks = tqdm(chunks, desc=f"ablate ({repl.method}, stacked)", unit="chunk")
-    for c0 in chunks:
+    L = model.cfg.n_layers
+    bar = SweepProgress(
+        req.progress,
+        f"ablate ({repl.method}, stacked)",
+        N * (L + sum(len(g) * (L - s) for s, g in groups.items())),
+        len(units),
+        N,
+    )
+    for c0 in range(0, N, ex_chunk):
         idx = order[c0 : c0 + ex_chunk]
         idx_cpu, B, w = idx.cpu(), len(idx), int(need[idx].max())
         toks, pm, lab = tokens[idx, :w], pad_mask[idx, :w], labels[idx]
@@ -169,10 +221,11 @@ def sweep_stacked(
         base[idx_cpu] = metric(
             watch.see(model.run_with_hooks(toks, pm, fwd_hooks=hooks)), lab
         ).cpu()
+        bar.update(B * L)
         key_valid = model.check_inputs(toks, pm)[1]
         replacement = repl.for_chunk(idx, w)
         for s, uids in groups.items():
-            k = max(1, min(len(uids), batch_size // B))
+            k = even_split(len(uids), batch_size // B)
             for j0 in range(0, len(uids), k):
                 part = uids[j0 : j0 + k]
                 kk = len(part)
@@ -193,6 +246,8 @@ def sweep_stacked(
                 vals[torch.tensor(part)[:, None], idx_cpu[None, :]] = (
                     metric(watch.see(out), lab.repeat(kk)).view(kk, B).cpu()
                 )
+                bar.update(kk * B * (L - s), kk * B)
+    bar.close()
     return base, vals
 
 
@@ -211,15 +266,13 @@ def sweep_naive(
     N, W = tokens.shape
     base = torch.empty(N, dtype=torch.float64)
     vals = torch.empty((len(units), N), dtype=torch.float64)
-    chunks = range(0, N, batch_size)
-    if progress:
-        from tqdm.auto import tqdm
-
-        chunks = tqdm(chunks, desc="ablate (naive)", unit="chunk")
-    for c0 in chunks:
+    L = model.cfg.n_layers
+    bar = SweepProgress(progress, "ablate (naive)", N * L * (1 + len(units)), len(units), N)
+    for c0 in range(0, N, batch_size):
         idx = torch.arange(c0, min(N, c0 + batch_size), device=tokens.device)
         toks, pm, lab = tokens[idx], pad_mask[idx], labels[idx]
         base[idx.cpu()] = metric(watch.see(model(toks, pm)), lab).cpu()
+        bar.update(len(idx) * L)
         replacement = repl.for_chunk(idx, W)
         for u, unit in enumerate(units):
             by_layer: dict[int, list[int]] = {}
@@ -233,7 +286,16 @@ def sweep_naive(
             vals[u, idx.cpu()] = metric(
                 watch.see(model.run_with_hooks(toks, pm, fwd_hooks=hooks)), lab
             ).cpu()
+            bar.update(len(idx) * L, len(idx))
+    bar.close()
     return base, vals
 
 
-__all__ = ["sweep_batched", "sweep_naive", "sweep_stacked", "unit_masks"]
+__all__ = [
+    "SweepProgress",
+    "even_split",
+    "sweep_batched",
+    "sweep_naive",
+    "sweep_stacked",
+    "unit_masks",
+]

@@ -1,0 +1,91 @@
+"""What a bridge's forward runs (issue 47, item 6; ``benchmarks/smollm2.py``): no more than
+:class:`pe_interp.bridge.BridgedModel` reads of it.
+
+- A restart at layer ``l``: the bridge's ``start_at_layer`` alone still runs blocks ``0..l-1``
+  (their output is discarded when block ``l`` swaps the residual in); :func:`skipping_blocks`
+  passes them by, so the restart costs ``(L - l) / L`` of a forward.
+- The unembedding: a forward that returns class logits reads one position per row, each row's
+  last real token; Hugging Face's ``logits_to_keep`` (:func:`read_positions`) unembeds that one
+  only, unless a hook reads the unembedding (:func:`may_keep`). Unembedding every position is
+  ~20% of SmolLM2's forward (a vocabulary of 49,152 against d_model 576).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from torch import Tensor
+
+__all__ = [
+    "check_hooks_from",
+    "keeps_logits",
+    "layer_of",
+    "may_keep",
+    "read_positions",
+    "skipping_blocks",
+]
+
+
+def keeps_logits(hf_model: Any) -> bool:
+    """Whether the Hugging Face model's forward takes ``logits_to_keep``."""
+    return "logits_to_keep" in inspect.signature(hf_model.forward).parameters
+
+
+def may_keep(names: Iterable[Any]) -> bool:
+    """Whether a forward with hooks on ``names`` may unembed only the read position: no hook is the
+    unembedding's (and none is a name filter, which might match it)."""
+    return all(isinstance(n, str) and not n.startswith("unembed") for n in names)
+
+
+def read_positions(mask: Tensor | None, device: Any) -> int | Tensor:
+    """``logits_to_keep`` for each row's last real position (right padding): ``[batch, 1]``, or
+    1 (the last position) without pads."""
+    return 1 if mask is None else (mask.sum(1) - 1)[:, None].to(device)
+
+
+def layer_of(name: str) -> int | None:
+    """The block a hook name is in (``blocks.{l}.``), None outside the blocks."""
+    parts = name.split(".")
+    return int(parts[1]) if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit() else None
+
+
+def check_hooks_from(fwd_hooks: Iterable[tuple[Any, Any]], layer: int) -> None:
+    """One-line ValueError where a hook is on a block before ``layer``, which a restart there
+    does not run (:func:`skipping_blocks`): it would never fire."""
+    early = sorted(
+        n
+        for n, _ in fwd_hooks
+        if isinstance(n, str) and (at := layer_of(n)) is not None and at < layer
+    )
+    if early:
+        raise ValueError(
+            f"resume at layer {layer} runs no earlier block; hooks on {', '.join(early)} would never fire"
+        )
+
+
+def _pass_through(*args: Any, **kwargs: Any) -> Any:
+    """A block's forward that returns its input: Hugging Face's decoder loops (GPT-2, GPT-NeoX,
+    Llama) read a block's output as the next hidden states."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
+@contextmanager
+def skipping_blocks(bridge: Any, layer: int) -> Iterator[None]:
+    """Blocks ``0..layer-1`` of ``bridge`` pass their input through, unrun, within the context.
+
+    The bridge's own ``start_at_layer`` runs them and discards their output when block ``layer``
+    swaps the caller's residual in; passing them by gives the same forward at ``(L - layer) / L``
+    of its cost. The override is set on the bridge's block itself (``object.__setattr__``: the
+    bridge's ``__setattr__`` would forward it to the wrapped Hugging Face layer) and removed on
+    exit; forward pre-hooks of a skipped block still fire, its own hooks do not."""
+    blocks = list(bridge.blocks)[:layer]
+    try:
+        for block in blocks:
+            object.__setattr__(block, "forward", _pass_through)
+        yield
+    finally:
+        for block in blocks:
+            block.__dict__.pop("forward", None)
