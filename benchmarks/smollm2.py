@@ -16,12 +16,19 @@ same run (both sides interleaved, one process), and what it checked for exactnes
 - ``attribution`` (b): ``Attribution(steps, verify_top=k)`` (heads ranked by integrated gradients
   along the ablation path, the top k ablated exactly) against the exhaustive exact grid, both
   metric ``loss``: recall of the grid's top 10 heads and the time ratio.
-- ``counts`` (c): the forward cost of ``probes.positional_scores`` and ``probes.route_shares`` on
-  ``--count-n`` prompts, in forwards of those prompts: rows through the last block (pre-hook on
-  its first norm, which a skipped block never runs) over the prompts, and layer-weighted (rows
-  through every block over layers times prompts).
+- ``counts`` (c): the forward cost of ``probes.positional_scores``, ``probes.route_shares`` and
+  ``head_type_scores`` on ``--count-n`` prompts, in forwards of those prompts: rows through the
+  last block (pre-hook on its first norm, which a skipped block never runs) over the prompts,
+  and layer-weighted (rows through every block over layers times prompts).
 
-    python benchmarks/smollm2.py [--part exact attribution counts] [--n 16] [--repeats 3] [--full]
+- ``routes`` (d): ``route_shares(screen=k)`` (every head's share estimated by attribution, the
+  k largest measured exactly) against the exhaustive route shares on the survey's 64 position-only
+  induction pairs: forwards of the pairs (as in (c)), recall of the exhaustive top 10 routes by
+  |share|, the measured shares against the exhaustive ones, and the two verdicts. The exhaustive
+  result is read from ``--exhaustive`` (the survey's ``findings/smollm2/routes.json``, checked to
+  be the same prompts and n) or computed, timed and counted in the same run.
+
+    python benchmarks/smollm2.py [--part exact attribution counts routes] [--n 16] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-PARTS = ("exact", "attribution", "counts")
+PARTS = ("exact", "attribution", "counts", "routes")
 
 
 def find_smollm2(model: str | None) -> Path | None:
@@ -279,7 +286,8 @@ class Counter:
 
 
 def part_counts(args, bridge, model, family) -> None:
-    from probes import positional_scores, route_shares
+    from probes import positional_scores
+    from probes.head_types import head_type_scores
 
     n = args.count_n
     pairs = family.counterfactuals(n, kind="position", seed=0)
@@ -288,36 +296,89 @@ def part_counts(args, bridge, model, family) -> None:
         f"\n(c) forwards of {n} prompts (width {clean.tokens.shape[1]}): rows through the last block / "
         f"{n}, and layer-weighted (rows through every block / (L x {n})); goal <= 30 each"
     )
-    for name, run in (
-        (
-            "positional_scores",
-            lambda: positional_scores(model, clean.tokens, pad_mask=pairs.pad_mask),
+    runs = {
+        "positional_scores": lambda: positional_scores(
+            model, clean.tokens, pad_mask=pairs.pad_mask
         ),
-        (
-            "route_shares",
-            lambda: route_shares(
-                model,
-                pairs.clean.tokens,
-                pairs.corrupt.tokens,
-                pairs.clean.labels,
-                pairs.corrupt.labels,
-                pad_mask=pairs.pad_mask,
-                n_bootstrap=0,
-            ),
-        ),
-    ):
-        if name not in args.count:
-            continue
-        c = Counter(bridge)
-        t0 = time.perf_counter()
-        try:
-            run()
-        finally:
-            c.close()
-        last, weighted = c.forwards(n)
+        "route_shares": lambda: shares_of(model, pairs, n_bootstrap=0),
+        "head_type_scores": lambda: head_type_scores(model, clean.tokens, pad_mask=pairs.pad_mask),
+    }
+    for name in args.count:
+        _, seconds, (last, weighted) = counted(bridge, n, runs[name])
         print(
             f"    {name}: {last:.1f} forwards by the last block, {weighted:.1f} layer-weighted "
-            f"({time.perf_counter() - t0:.1f} s)",
+            f"({seconds:.1f} s)",
+            flush=True,
+        )
+
+
+def shares_of(model, pairs, **kw):
+    from probes import route_shares
+
+    return route_shares(
+        model,
+        pairs.clean.tokens,
+        pairs.corrupt.tokens,
+        pairs.clean.labels,
+        pairs.corrupt.labels,
+        pad_mask=pairs.pad_mask,
+        **kw,
+    )
+
+
+def counted(bridge, n: int, fn):
+    """``(fn(), seconds, (forwards by the last block, layer-weighted forwards) of n prompts)``."""
+    c = Counter(bridge)
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+    finally:
+        c.close()
+    return out, time.perf_counter() - t0, c.forwards(n)
+
+
+def part_routes(args, bridge, model) -> None:
+    from pe_interp.prompts.task import load_prompt_task
+    from probes import positional_dominance
+    from probes.deposit.route_result import RouteShares
+
+    n = args.count_n
+    task = load_prompt_task("induction", bridge, seed=0)
+    pairs = task.prompt_pairs(n, "position", seed=0)
+
+    def run(**kw):
+        return counted(bridge, n, lambda: shares_of(model, pairs, n_bootstrap=1000, **kw))
+
+    print(f"\n(d) screened route shares against the exhaustive ones, {n} position-only pairs")
+    saved = Path(args.exhaustive) if args.exhaustive else None
+    if saved is not None and saved.is_file():
+        d = json.loads(saved.read_text())
+        if (
+            d["survey"]["prompts"] != json.loads(json.dumps(task.to_dict()))
+            or d["survey"]["n"] != n
+        ):
+            raise SystemExit(f"{saved}: other prompts or another n than these {n} pairs")
+        full, te = RouteShares.from_dict(d["result"]), None
+        print(f"    exhaustive: read from {saved} (the survey's run: {d['seconds']:.0f} s there)")
+    else:
+        full, te, (last, weighted) = run()
+        print(
+            f"    exhaustive: {te:.1f} s, {last:.1f} forwards by the last block, {weighted:.1f} layer-weighted"
+        )
+    units = [(a, h) for a, h in zip(*np.nonzero(full.routes))]
+    top10 = set(sorted(units, key=lambda u: -abs(full.shares[u]))[:10])
+    v_full = positional_dominance(full)
+    print(f"    exhaustive top 10 by |share|: {sorted(top10)}; verdict: {v_full.text()}")
+    for k in args.screen:
+        r, t, (last, weighted) = run(screen=k)
+        got = {(int(a), int(h)) for a, h in zip(*np.nonzero(r.measured))}
+        diff = float(np.abs(r.shares[r.measured] - full.shares[r.measured]).max())
+        ratio = f", {te / t:.1f}x less time" if te else ""
+        print(
+            f"    screen={k}: {t:.1f} s{ratio}; {last:.1f} forwards by the last block, "
+            f"{weighted:.1f} layer-weighted (goal <= 30); recall of the top 10 "
+            f"{len(top10 & got) / 10:.1f}; measured shares within {diff:.1e} of the exhaustive; "
+            f"verdict: {positional_dominance(r).text()}",
             flush=True,
         )
 
@@ -341,8 +402,12 @@ def main() -> None:
     ap.add_argument(
         "--count",
         nargs="+",
-        default=["positional_scores", "route_shares"],
+        default=["positional_scores", "route_shares", "head_type_scores"],
         help="(c): which probes",
+    )
+    ap.add_argument("--screen", type=int, nargs="+", default=[10, 20], help="(d): k of each screen")
+    ap.add_argument(
+        "--exhaustive", default="findings/smollm2/routes.json", help="(d): the survey's routes"
     )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
@@ -377,6 +442,8 @@ def main() -> None:
         part_attribution(args, bridge, model, ps)
     if "counts" in args.part:
         part_counts(args, bridge, model, family)
+    if "routes" in args.part:
+        part_routes(args, bridge, model)
 
 
 if __name__ == "__main__":

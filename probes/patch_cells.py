@@ -10,7 +10,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["BLOCK_SITES", "HEAD_SITES", "HEAD_VECTOR_SITES", "SITES", "cell_layout", "hook_name"]
+__all__ = [
+    "BLOCK_SITES",
+    "HEAD_SITES",
+    "HEAD_VECTOR_SITES",
+    "SITES",
+    "cell_layout",
+    "first_block",
+    "hook_name",
+    "resumes",
+]
 
 HEAD_VECTOR_SITES = ("z", "q", "k", "v")
 HEAD_SITES = (*HEAD_VECTOR_SITES, "pattern")
@@ -83,6 +92,19 @@ def _mix(mask: Tensor, src: Tensor, recv: Tensor) -> Tensor:
     return out.reshape(-1, *src.shape[1:])
 
 
+def resumes(model, site: str) -> bool:
+    """Whether a model without ``forward_unchecked``'s restart (a bridge) runs a patched forward
+    of a layer from that layer's input: its ``resume``, where exact, from the receiving run's
+    cached input, for every site inside the block (not its input, ``resid_pre``)."""
+    return bool(getattr(model, "can_resume", False)) and site != "resid_pre"
+
+
+def first_block(model, site: str, layer: int) -> int:
+    """The first block a patched forward of ``layer`` runs: the layer itself where the model
+    restarts or resumes there (:func:`resumes`), else 0 (from the embedding)."""
+    return layer if model.can_restart or resumes(model, site) else 0
+
+
 class _Patcher:
     """Patched forwards of one example chunk: caches both runs once, then runs cell groups."""
 
@@ -125,7 +147,10 @@ class _Patcher:
             out = torch.where(mask, src.unsqueeze(0), recv)
             return out.reshape(act.shape)
 
-        if not model.can_restart:  # e.g. a bridge: every copy from the embedding
+        if not model.can_restart:  # e.g. a bridge: from the layer's input where it resumes there
+            if resumes(model, site):
+                resid = _repeat(self.recv[f"blocks.{layer}.hook_resid_pre"], g)
+                return model.resume(tokens, layer, resid, key_valid, fwd_hooks=[(name, hook)])
             return model.run_with_hooks(
                 tokens, _repeat(self.recv_mask, g), fwd_hooks=[(name, hook)]
             )

@@ -71,9 +71,18 @@ from probes.inputs import (
     check_token_tensor,
     takes_probe_model,
 )
-from probes.patch_cells import BLOCK_SITES, HEAD_SITES, SITES, _Patcher, cell_layout, hook_name
+from probes.patch_cells import (
+    BLOCK_SITES,
+    HEAD_SITES,
+    SITES,
+    _Patcher,
+    cell_layout,
+    first_block,
+    hook_name,
+)
 from probes.patch_metric import bootstrap_ratio_ci, logit_diff, normalized_logit_diff_metric
 from probes.patch_result import RESULT_KIND, PatchResult
+from probes.progress import SweepProgress
 
 DIRECTIONS = ("clean_to_corrupt", "corrupt_to_clean")
 DEFAULT_METRIC_NAME = "normalized_logit_diff"
@@ -139,6 +148,7 @@ def patch(
     seed: int = 0,
     ci_level: float = 0.95,
     amp: bool = False,
+    progress: bool = False,
 ) -> PatchResult:
     """Activation patching of ``site`` over every layer (or ``layers``) and cell.
 
@@ -146,7 +156,8 @@ def patch(
         model: a :class:`~pe_interp.HookedPETransformer` (set to eval mode for the call, then
             restored).
         clean_tokens, corrupt_tokens: ``[n, pos]``; row i of each forms a pair.
-        site: one of ``z q k v pattern resid_pre attn_out mlp_out``.
+        site: one of ``z q k v pattern resid_pre attn_out mlp_out`` (``k``, ``v`` under grouped
+            key/value heads: one cell per key/value head, which its group of query heads reads).
         by_position: one cell per position (and head); None: TransformerLens' default for the site.
         metric: ``metric(logits [n, n_classes]) -> scalar | [n]``; None: normalised logit
             difference between ``clean_labels`` and ``corrupt_labels`` (required then).
@@ -163,6 +174,7 @@ def patch(
         n_bootstrap: bootstrap resamples for the CIs (0: none).
         amp: bf16 autocast where the device runs bf16 natively (:mod:`pe_interp.hardware`);
             default fp32, exact.
+        progress: a bar with an ETA, advanced by each forward's cost (the layers it runs).
     """
     check_finite_model(model, "patch")
     if site not in SITES:
@@ -232,7 +244,10 @@ def patch(
     else:
         src_tokens, recv_tokens = corrupt_tokens, clean_tokens
 
-    masks, cell_shape, axis_names = cell_layout(site, by_position, n_pos, cfg.n_heads)
+    heads = cfg.n_heads
+    if site in ("k", "v") and (kv := getattr(model, "kv_layout", None)) is not None:
+        heads = kv.n_kv_heads  # grouped heads: hook_k/hook_v carry the key/value heads only
+    masks, cell_shape, axis_names = cell_layout(site, by_position, n_pos, heads)
     masks = masks.to(device)
     n_cells = masks.shape[0]
     chunk = n if not default_metric else min(n, batch_size)
@@ -245,10 +260,20 @@ def patch(
         src_logits_all, recv_logits_all = [], []
         if default_metric:
             ld_cells = torch.empty(len(layers), n_cells, n, dtype=torch.float64, device=device)
+        L = cfg.n_layers
+        bar = SweepProgress(
+            progress,
+            f"patch ({site})",
+            n * (2 * L + n_cells * sum(L - first_block(model, site, layer) for layer in layers)),
+            n_cells * len(layers),
+            n,
+            unit="patches",
+        )
         for start in range(0, n, chunk):
             rows = slice(start, min(n, start + chunk))
             m = None if pad_mask is None else pad_mask[rows]
             patcher = _Patcher(model, site, layers, src_tokens[rows], recv_tokens[rows], m, m)
+            bar.update(2 * L * (rows.stop - rows.start))
             src_logits_all.append(patcher.src_logits)
             recv_logits_all.append(patcher.recv_logits)
             k = rows.stop - rows.start
@@ -263,6 +288,9 @@ def patch(
                     else:
                         for c in range(c1 - c0):
                             custom_vals[li][c0 + c] = torch.as_tensor(metric(logits[c])).detach()
+                    ran = L - first_block(model, site, layer)
+                    bar.update((c1 - c0) * k * ran, (c1 - c0) * k)
+        bar.close()
         src_logits = watch.see(torch.cat(src_logits_all))
         recv_logits = watch.see(torch.cat(recv_logits_all))
     watch.check("patch", amp)

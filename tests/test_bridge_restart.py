@@ -268,10 +268,95 @@ def test_the_attribution_engine_reads_the_same_gradients_and_verifies_exactly(br
     assert verified.sum() == 5
     np.testing.assert_allclose(got.drops[verified], grid.drops[verified], atol=1e-5)
     # a rise of the loss is a harm: the estimates run with the exact drops, not against them
-    # (rank_heads' own "loss" stand-in is signed the other way; the engine integrates logprob)
-    assert got.meta["stand_in"] == "logprob"
+    # (rank_heads' "loss" estimate was signed the other way, so the worst heads were verified last)
+    assert got.meta["stand_in"] == "loss"
     est = np.asarray(got.meta["attribution"])
     assert np.corrcoef(est.ravel(), grid.drops.ravel())[0, 1] > 0.5
     assert np.unravel_index(np.argmax(grid.drops), grid.drops.shape) in {
         tuple(h) for h in got.meta["verified"]
     }
+
+
+@pytest.mark.parametrize("site", ["z", "v", "pattern"])
+def test_patching_on_a_bridge_runs_each_layer_from_its_input(bridge, site, capsys, monkeypatch):
+    """Head patching resumes at the patched layer's input (the receiving run's, cached): layer l's
+    cells run blocks l.. only, and every value equals the same patching run from the embedding
+    (the bridge's whole forward with the patching hook; ``can_resume`` off); key/value sites
+    patch the key/value heads. The bar counts the patches."""
+    from probes import patch
+
+    model = BridgedModel(bridge, answers=ANSWERS)
+    tokens, mask, good = _examples(10, seed=3)
+    g = torch.Generator().manual_seed(4)
+    corrupt = torch.where(mask, torch.randint(1, 36, tokens.shape, generator=g), tokens)
+    kw = dict(clean_labels=good, corrupt_labels=(good + 1) % 4, pad_mask=mask, n_bootstrap=0)
+    kw |= dict(site=site, by_position=False)
+    rows = Rows(bridge)
+    try:
+        fast = patch(model, tokens, corrupt, progress=True, **kw)
+    finally:
+        rows.close()
+    n, cells = len(tokens), fast.values.shape[1]
+    # the pairs' check (clean, corrupt) and the two cached runs through every block, then each
+    # layer's cells from that layer on
+    assert rows.blocks == [n * (4 + cells * (layer + 1)) for layer in range(L)]
+    assert f"{L * cells}/{L * cells} patches" in capsys.readouterr().err
+    monkeypatch.setattr(BridgedModel, "can_resume", property(lambda self: False))
+    rows = Rows(bridge)
+    try:
+        slow = patch(model, tokens, corrupt, **kw)
+    finally:
+        rows.close()
+    assert rows.blocks == [n * (4 + cells * L)] * L
+    torch.testing.assert_close(fast.values, slow.values, atol=1e-5, rtol=1e-5)
+
+
+def test_value_patching_on_grouped_heads_equals_a_naive_hook_loop(bridge):
+    """``site="v"`` under 4 query heads on 2 key/value heads: one cell per key/value head, each
+    equal to a whole forward of the corrupt prompts with that head's hook_v taken from the clean
+    run (normalised logit difference, written here on the bridge)."""
+    from probes import patch
+
+    model = BridgedModel(bridge, answers=ANSWERS)
+    tokens, mask, good = _examples(10, seed=3)
+    g = torch.Generator().manual_seed(4)
+    corrupt = torch.where(mask, torch.randint(1, 36, tokens.shape, generator=g), tokens)
+    bad = (good + 1) % 4
+    got = patch(
+        model,
+        tokens,
+        corrupt,
+        site="v",
+        clean_labels=good,
+        corrupt_labels=bad,
+        pad_mask=mask,
+        n_bootstrap=0,
+    )
+    assert got.values.shape == (L, 2)
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(tokens, attention_mask=mask.long())
+
+    def ld(logits):
+        return (logits.gather(1, good[:, None]) - logits.gather(1, bad[:, None]))[:, 0].double()
+
+    ld_clean = ld(_naive_logits(bridge, tokens, mask))
+    ld_corrupt = ld(_naive_logits(bridge, corrupt, mask))
+    want = torch.empty(L, 2, dtype=torch.float64)
+    for layer in range(L):
+        for j in range(2):
+
+            def swap(v, hook, j=j, layer=layer):
+                v = v.clone()
+                v[:, :, j] = cache[f"blocks.{layer}.attn.hook_v"][:, :, j]
+                return v
+
+            with torch.no_grad():
+                logits = bridge.run_with_hooks(
+                    corrupt,
+                    fwd_hooks=[(f"blocks.{layer}.attn.hook_v", swap)],
+                    attention_mask=mask.long(),
+                )
+            last = logits[torch.arange(len(tokens)), mask.sum(1) - 1][:, ANSWERS]
+            want[layer, j] = ((ld(last) - ld_corrupt) / (ld_clean - ld_corrupt).mean()).mean()
+    assert want.abs().max() > 1e-2
+    torch.testing.assert_close(got.values.double(), want, atol=1e-5, rtol=1e-5)

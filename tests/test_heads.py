@@ -49,6 +49,18 @@ def test_one_head_per_layer_path_integrates_to_the_exact_ablation(method):
     np.testing.assert_allclose(est["estimate"][:, 0], exact.drops[:, 0], rtol=1e-5, atol=1e-6)
 
 
+def test_the_loss_estimate_is_the_exact_rise_of_the_loss():
+    """The "loss" surrogate is signed as ablate_heads' loss drops (a rise of the loss when a head
+    is removed is a positive drop): one head per layer, integrated finely, equals them."""
+    model = random_model("rope", n_heads=1, d_model=8, init_std=0.2)
+    tokens, labels, pad = inputs()
+    exact = ablate_heads(model, tokens, labels, pad_mask=pad, metric="loss", n_bootstrap=0)
+    est = rank_heads(model, tokens, labels, pad, surrogate="loss", steps=96, path="layer")
+    assert np.abs(exact.drops).max() > 1e-3
+    np.testing.assert_allclose(est["estimate"][:, 0], exact.drops[:, 0], rtol=1e-5, atol=1e-6)
+    assert est["baseline"] == pytest.approx(exact.baseline, rel=1e-6)
+
+
 def test_accuracy_is_the_share_of_margins_that_cross_zero():
     """The accuracy estimate counts flips of each example's margin plus its integrated change:
     with the exact margin changes that rule gives the exact accuracy drops."""

@@ -152,3 +152,27 @@ def test_route_shares_over_a_handful_of_pairs_are_undecided():
     few = positional_dominance(_shares((0.97, 0.96, 0.98), (0.0, 0.0, 0.0), n=10))
     assert few.verdict == "undecided" and few.need == 59 and "over 10 pairs" in few.why
     assert positional_dominance(_shares((0.97, 0.96, 0.98), (0.0, 0.0, 0.0), n=59)).verdict == "yes"
+
+
+def test_routes_screen_measures_k_heads_and_says_so(tmp_path, capsys):
+    """``--screen 2`` on the planted run with every head rotated (16 routes): two heads measured,
+    their shares the exhaustive run's, the output and the verdict say how many were measured."""
+    import json
+
+    run = _planted(tmp_path)
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    cfg["model"]["encoding"] = [{"name": "rope"}]
+    (tmp_path / "run" / "config.json").write_text(json.dumps(cfg))
+    main(["routes", run, "--n", "64", "--n-bootstrap", "200"])
+    want = RouteShares.load(f"{run}/routes.json")
+    capsys.readouterr()
+    main(["routes", run, "--n", "64", "--n-bootstrap", "200", "--screen", "2"])
+    out = capsys.readouterr().out
+    got = RouteShares.load(f"{run}/routes.json")
+    assert int(want.routes.sum()) == 16 and got.screened and got.measured.sum() == 2
+    assert "2 of 16 routes measured exactly" in out
+    k = got.measured
+    np.testing.assert_allclose(got.shares[k], want.shares[k], atol=1e-5)
+    assert main(["routes", run, "--screen", "0"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["pe-interp routes: error: --screen must be >= 1, got 0"]

@@ -115,6 +115,7 @@ def patch_run(
         batch_size=batch_size,
         n_bootstrap=n_bootstrap,
         seed=seed,
+        progress=True,
     )
     out_dir = Path(out_dir)
     key = result_key(site, result.by_position)

@@ -171,6 +171,7 @@ def _patching(loaded, args) -> dict[str, Any]:
         pad_mask=pairs.pad_mask,
         n_bootstrap=args.n_bootstrap,
         seed=args.seed,
+        progress=True,
     )
     top = result.to_dict()["top"][:3]
     return {"result": result.to_dict(), "line": f"top heads {top}"}
@@ -189,6 +190,7 @@ def _routes(loaded, args) -> dict[str, Any]:
         pad_mask=pairs.pad_mask,
         n_bootstrap=args.n_bootstrap,
         seed=args.seed,
+        progress=True,
     )
     verdict = positional_dominance(r)
     return {"result": r.to_dict(), "verdict": verdict.text(), "line": verdict.text()}

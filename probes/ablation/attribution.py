@@ -62,13 +62,8 @@ def attribution_engine(
     from probes.circuits.heads import rank_heads
 
     m = req.metric
-    if m.name in ("accuracy", "logit"):
+    if m.name in ("accuracy", "loss", "logit"):
         stand_in: Any = m.name
-    elif m.name == "loss":
-        # the log-probability of the true class, whose fall is the rise of the loss: rank_heads'
-        # own "loss" stand-in signs its estimate the other way round (a rise of the loss read as
-        # a harm of the opposite sign), so that the heads that hurt most were verified last
-        stand_in = "logprob"
     else:  # a callable: integrate it itself (higher is better unless told otherwise)
         sign = 1.0 if m.higher_is_better else -1.0
         stand_in = lambda logits, lab: sign * m.fn(logits, lab)  # noqa: E731
@@ -104,7 +99,7 @@ def attribution_engine(
     meta = {
         **exact.meta,
         "engine": "attribution",
-        "stand_in": stand_in if isinstance(stand_in, str) else f"{m.name} (itself)",
+        "stand_in": m.name if isinstance(stand_in, str) else f"{m.name} (itself)",
         "steps": steps,
         "path": path,
         "attribution": grid.tolist(),

@@ -14,6 +14,7 @@ from torch import Tensor
 from pe_interp.probe_model import HOOKS
 from probes.ablation.request import AblationRequest
 from probes.inputs import FiniteWatch
+from probes.progress import SweepProgress
 from probes.replace import Replacement, needed_width, overwrite_hook, replace_hook
 
 
@@ -23,37 +24,6 @@ def even_split(n: int, most: int) -> int:
     most = max(1, min(n, most))
     parts = -(-n // most)
     return -(-n // parts)
-
-
-class SweepProgress:
-    """A tqdm bar over a sweep (``enabled``), advanced by each forward's cost in layer-rows (rows
-    times the layers the forward runs), so that its ETA holds while forwards from early layers
-    cost more than late ones; its postfix counts the ablations done (each copy of a forward is
-    ``rows / n_examples`` of one)."""
-
-    def __init__(self, enabled: bool, desc: str, total: float, n_units: int, n_examples: int):
-        self.bar = None
-        self.done, self.n_units, self.n_examples = 0.0, n_units, n_examples
-        if enabled:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(
-                total=total,
-                desc=desc,
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]",
-            )
-            self.bar.set_postfix_str(f"0/{n_units} ablations", refresh=False)
-
-    def update(self, cost: float, rows_of_units: float = 0.0) -> None:
-        if self.bar is None:
-            return
-        self.done += rows_of_units / self.n_examples
-        self.bar.set_postfix_str(f"{int(self.done + 1e-9)}/{self.n_units} ablations", refresh=False)
-        self.bar.update(cost)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def unit_masks(part: list[tuple], n_heads: int, device) -> dict[int, Tensor]:

@@ -20,7 +20,12 @@ estimate is in the units of the metric the exact grid reports:
   example counted wrong after ablating ``h`` when its margin plus that change is below zero;
   the estimate is the share of examples that flip, right to wrong minus wrong to right.
 - ``"loss"``: cross-entropy; ``"logit"``: the true class's logit; ``"margin"``, ``"logprob"``:
-  their means (drops positive when the ablation hurts, as :func:`probes.ablate_heads`).
+  their means (drops positive when the ablation hurts, as :func:`probes.ablate_heads`: a rise of
+  the loss, a fall of the others).
+
+``replace``: any :class:`probes.replace.Replacement` instead of ``method``'s (the layers it does
+not list keep their live output, so their heads' estimates are 0): route shares screen each
+head's moved positions this way (:mod:`probes.deposit.route_screen`).
 """
 
 from __future__ import annotations
@@ -96,6 +101,7 @@ def rank_heads(
     steps: int = 4,
     path: str = "joint",
     batch_size: int | None = None,
+    replace: Replacement | None = None,
 ) -> dict[str, Any]:
     """Each head's estimated harm when ablated by ``method`` (see the module docstring).
 
@@ -123,7 +129,11 @@ def rank_heads(
     base = torch.zeros(n, dtype=torch.float64)
     chunk = max(1, rows // steps)
     with eval_mode(model):
-        other_of = _others(model, tokens, pad_mask, method, reference, seed, rows)
+        other_of = (
+            _others(model, tokens, pad_mask, method, reference, seed, rows)
+            if replace is None
+            else replace
+        )
         for c0 in range(0, n, chunk):
             sl = slice(c0, c0 + chunk)
             toks, pm, lab = tokens[sl], pad_mask[sl], labels[sl]
@@ -141,7 +151,9 @@ def rank_heads(
                 base[sl] = _per_example(surrogate, logits, lab).double().cpu()
                 idx = torch.arange(c0, c0 + b, device=toks.device)
                 now = other_of.for_chunk(idx, toks.shape[1])
-                other = {k: _full(now[k], live[k]).detach() for k in range(L)}
+                other = {
+                    k: (_full(now[k], live[k]) if k in now else live[k]).detach() for k in range(L)
+                }
             a = torch.tensor(alphas, dtype=model.W_E.dtype, device=toks.device).repeat_interleave(
                 b
             )  # [steps * b]
@@ -173,7 +185,8 @@ def rank_heads(
         estimate = (right[:, None, None].double() - after.double()).mean(0)
         baseline = float(right.double().mean())
     elif surrogate == "loss":
-        estimate = change.mean(0)  # loss = -logprob: its rise is the fall of logprob
+        # loss = -logprob per example: its rise (the drop ablate_heads reports) is logprob's fall
+        estimate = -change.mean(0)
         baseline = float(-base.mean())
     else:
         estimate = -change.mean(0)

@@ -27,7 +27,10 @@ class RouteShares:
     """What :func:`route_shares` returns. ``shares``/``ci_low``/``ci_high`` are ``[n_layers,
     n_heads]`` (0 for a head that is not a route); ``embed`` and its CI are None without an
     absolute encoding. ``effect`` is the positional effect (mean logit-difference change, with
-    its CI), ``counterfactual_effect`` the same against the counterfactual input itself."""
+    its CI), ``counterfactual_effect`` the same against the counterfactual input itself. A
+    screened result (``route_shares(screen=k)``) has ``estimates``, every route head's share as
+    attribution estimated it, and NaN shares (and intervals) for the route heads it did not
+    measure exactly."""
 
     shares: np.ndarray
     ci_low: np.ndarray
@@ -43,13 +46,31 @@ class RouteShares:
     n_bootstrap: int
     ci: float
     seed: int
+    estimates: np.ndarray | None = None  # [n_layers, n_heads] (screened results only)
 
     @property
     def n_layers(self) -> int:
         return self.shares.shape[0]
 
+    @property
+    def screened(self) -> bool:
+        return self.estimates is not None
+
+    @property
+    def measured(self) -> np.ndarray:
+        """``[n_layers, n_heads]`` bool: the route heads whose share was measured exactly."""
+        return self.routes & ~np.isnan(self.shares)
+
+    def unmeasured_max(self) -> float:
+        """The largest ``|estimated share|`` of a route head not measured (0 when none is)."""
+        if self.estimates is None:
+            return 0.0
+        rest = self.routes & ~self.measured
+        return float(np.abs(self.estimates[rest]).max()) if rest.any() else 0.0
+
     def units(self) -> list[tuple[str, float, float, float]]:
-        """``(name, share, ci_low, ci_high)`` of every route (``L0H3``, ``embed``), largest first."""
+        """``(name, share, ci_low, ci_high)`` of every measured route (``L0H3``, ``embed``),
+        largest first."""
         out = [
             (
                 f"L{a}H{h}",
@@ -57,7 +78,7 @@ class RouteShares:
                 float(self.ci_low[a, h]),
                 float(self.ci_high[a, h]),
             )
-            for a, h in zip(*np.nonzero(self.routes))
+            for a, h in zip(*np.nonzero(self.measured))
         ]
         if self.embed is not None:
             out.append((EMBED, self.embed, *self.embed_ci))
@@ -80,6 +101,7 @@ class RouteShares:
                 "n_bootstrap": self.n_bootstrap,
                 "ci": self.ci,
                 "seed": self.seed,
+                "estimates": self.estimates,
             }
         )
 
@@ -101,6 +123,7 @@ class RouteShares:
             int(d["n_bootstrap"]),
             float(d["ci"]),
             int(d["seed"]),
+            None if d.get("estimates") is None else nan_array(d["estimates"]),
         )
 
     def save(self, path: str | Path) -> Path:

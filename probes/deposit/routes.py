@@ -35,7 +35,9 @@ own, so there this criterion cannot localise), and "undecided" otherwise.
 
 How it runs (:mod:`probes.deposit.moving`): a head's route is a replacement of that head's output
 by its output with the positions moved, so every head's route runs in the exact ablation sweep,
-many per forward, at about the cost of an ablation grid on as many examples.
+many per forward, at about the cost of an ablation grid on as many examples. With ``screen=k``
+every head's share is first estimated by attribution and only the ``k`` largest are measured
+exactly (:mod:`probes.deposit.route_screen`); the result says which.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from probes.deposit.moving import (
     position_routes,
 )
 from probes.deposit.route_result import RouteShares
+from probes.deposit.route_screen import MovedOnce, route_estimates, screened_heads
 from probes.inputs import (
     FiniteWatch,
     check_count,
@@ -104,17 +107,26 @@ def route_shares(
     n_bootstrap: int = 1000,
     ci: float = 0.95,
     seed: int = 0,
+    screen: int | None = None,
+    screen_steps: int = 1,
+    progress: bool = False,
 ) -> RouteShares:
     """Each positional route's share of the positional effect (module docstring), on position-only
     counterfactual pairs (``task.counterfactuals(n, kind="position")``; the pairs share
     ``pad_mask``). Each head's route runs as a replacement of its output in the exact ablation
     sweep (:mod:`probes.deposit.moving`); ``batch_size``: rows per forward (default: as
-    :func:`probes.ablate_heads`)."""
+    :func:`probes.ablate_heads`). ``screen=k``: every head's share estimated by attribution
+    (``screen_steps`` nodes), the ``k`` largest measured exactly, the others NaN
+    (:mod:`probes.deposit.route_screen`); None (default) measures every head. ``progress``: a
+    bar with an ETA over the exact sweep."""
     who = "route_shares"
     check_finite_model(model, who)
     if batch_size is not None:
         check_count(batch_size, "batch_size", 1, who)
     check_count(n_bootstrap, "n_bootstrap", 0, who)
+    if screen is not None:
+        check_count(screen, "screen", 1, who)
+        check_count(screen_steps, "screen_steps", 1, who)
     clean, good, mask = check_examples(
         model, clean_tokens, clean_labels, pad_mask, who=who, label_name="clean_labels"
     )
@@ -144,6 +156,14 @@ def route_shares(
     # the metric reads a row's pair of labels by its index (the sweep passes "labels" through)
     ld_of = Metric("logit difference", lambda logits, i: logit_diff(logits, good[i], bad[i]))
     with eval_mode(model):
+        moved = MovedOutputs(model, clean, mask, sigma, routes)
+        estimates = None
+        if screen is not None and screen < len(heads):
+            moved = MovedOnce(moved, batch_size)
+            estimates = route_estimates(
+                model, clean, mask, good, bad, moved, steps=screen_steps, batch_size=batch_size
+            )
+            heads = screened_heads(estimates, routes, screen)
         if heads:  # each head's route as a replacement in the exact sweep, checked as any sweep is
             req = check_request(
                 model,
@@ -158,9 +178,10 @@ def route_shares(
                 batch_size=batch_size,
                 who=who,
                 rows=True,
+                progress=progress,
             )
             sweep = sweep_batched if model.can_restart else sweep_stacked
-            ld_clean, ld_heads = sweep(req, watch, MovedOutputs(model, clean, mask, sigma, routes))
+            ld_clean, ld_heads = sweep(req, watch, moved)
         else:
             ld_clean, ld_heads = None, torch.empty(0, n, dtype=torch.float64)
         # the residual route and every route at once: whole forwards from the embedding
@@ -210,6 +231,9 @@ def route_shares(
         if n_bootstrap == 0:
             lo, hi = values.copy(), values.copy()
     grids = [np.zeros((L, H)) for _ in range(3)]
+    if estimates is not None:  # the heads not measured have no share, only an estimate
+        for grid in grids:
+            grid[routes] = np.nan
     embed_vals = None
     for i, u in enumerate(units[:-1]):
         if u == EMBED:
@@ -226,6 +250,9 @@ def route_shares(
         embed_ci=None if embed_vals is None else embed_vals[1],
         effect=effect,
         effect_ci=(float(e_lo[0]), float(e_hi[0])),
+        estimates=None
+        if estimates is None
+        else np.where(routes, estimates / effect if abs(effect) >= FLOAT_NOISE else 0.0, 0.0),
         counterfactual_effect=float((ld_clean - ld_cf).mean()),
         identity_gap=float((ld_all - ld_cf).abs().mean()),
         n_examples=n,
@@ -318,6 +345,14 @@ def positional_dominance(r: RouteShares) -> PositionalDominance:
         ]
         needs = [examples_needed(r.n_examples, *x) for x in open_]
         need = None if not needs or None in needs else max(needs)
+    if r.screened:  # decided on the measured routes; an estimate alone never makes it a yes
+        rest = r.unmeasured_max()
+        if verdict == "yes" and rest > SMALL_DROP:
+            verdict, why = "undecided", "a route not measured has an estimated share outside ±5%"
+        why += (
+            f"; screened: {int(r.measured.sum())} of {int(r.routes.sum())} routes measured "
+            f"exactly, the others' estimated shares within ±{100 * rest:.1f}%"
+        )
     runner = others[0] if others else ("", 0.0, 0.0, 0.0)
     return PositionalDominance(
         verdict,
