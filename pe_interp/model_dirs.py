@@ -31,10 +31,23 @@ from typing import Any
 import torch
 
 from pe_interp.checkpoint import CheckpointError, Run
-from pe_interp.gguf import convert_gguf, gguf_provenance, is_gguf_file
+from pe_interp.gguf import (
+    GIB,
+    MEMORY_FACTOR,
+    MEMORY_MARGIN,
+    available_memory,
+    convert_gguf,
+    gguf_provenance,
+    is_gguf_file,
+)
 from pe_interp.prompts.task import PROMPT_COUNTS, PromptSplits, is_prompt_task, load_prompt_task
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 HUB_RUNS = (
     Path("runs") / "hub"
 )  # where a hub model's results go: runs/hub/<owner>__<name>/<revision>/
@@ -109,7 +122,9 @@ def load_model_dir(
     weights = next((path / f for f in WEIGHT_FILES if (path / f).is_file()), None)
     if weights is None:
         raise CheckpointError(f"{path}: no weights ({' or '.join(WEIGHT_FILES)})")
-    provenance = {"sha256": hashlib.sha256(weights.read_bytes()).hexdigest(), "step": None}
+    files = weight_files(weights)
+    check_memory(files, given or path)
+    provenance = {"sha256": _sha256(files), "step": None}
     source: dict[str, Any] = {"weights": weights.name}
     gguf = gguf_provenance(path)  # a directory converted from a GGUF file: which file, how
     if gguf is not None:
@@ -122,6 +137,66 @@ def load_model_dir(
             path, boot_bridge(path, device=device), task, preset, seed, provenance
         )
     return _as_run(path, boot_bridge(path, device=device), task, preset, seed, provenance, source)
+
+
+def weight_files(weights: Path) -> list[Path]:
+    """The files holding the weights: ``weights`` itself, or the shards a ``*.index.json`` maps
+    (one-line CheckpointError for a shard that is missing or an index that is not one)."""
+    if not weights.name.endswith(".index.json"):
+        return [weights]
+    try:
+        names = sorted(set(json.loads(weights.read_text())["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise CheckpointError(f"{weights}: not a weights index (no weight_map)") from None
+    missing = [n for n in names if not (weights.parent / n).is_file()]
+    if missing or not names:
+        raise CheckpointError(f"{weights}: the shard {missing[0] if missing else '?'} is missing")
+    return [weights.parent / n for n in names]
+
+
+def _sha256(files: list[Path]) -> str:
+    """sha256 of the files' bytes in order, read in 16-MiB blocks."""
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 24):
+                h.update(block)
+    return h.hexdigest()
+
+
+def weight_count(weights: Path) -> int | None:
+    """Parameters in a ``.safetensors`` file, read from its header (8 bytes of length, then JSON
+    naming each tensor's shape) without loading a tensor; None for any other file."""
+    if weights.suffix != ".safetensors":
+        return None
+    with open(weights, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    count = 0
+    for name, entry in header.items():
+        if name != "__metadata__":
+            n = 1
+            for dim in entry["shape"]:
+                n *= int(dim)
+            count += n
+    return count
+
+
+def check_memory(files: list[Path], where: Any) -> None:
+    """A one-line CheckpointError, before the boot, when the model would not fit in memory: its
+    weights in fp32 (the parameters of the safetensors headers, or a ``.bin`` file's own size)
+    about twice over (the Hugging Face model and the bridge around it, as converting a GGUF
+    needs), and Python, torch and transformers themselves (:data:`pe_interp.gguf.MEMORY_MARGIN`)."""
+    counts = [weight_count(f) for f in files]
+    count = None if None in counts else sum(counts)
+    fp32 = 4 * count if count is not None else sum(f.stat().st_size for f in files)
+    need, free = MEMORY_FACTOR * fp32 + MEMORY_MARGIN, available_memory()
+    if free is not None and need > free:
+        what = f"{count / 1e6:.1f}M parameters" if count is not None else "its weight files"
+        raise CheckpointError(
+            f"{where}: booting it needs about {need / GIB:.1f} GiB of memory "
+            f"({what} in fp32, {fp32 / GIB:.2f} GiB), and {free / GIB:.1f} GiB is available"
+        )
 
 
 def check_causal(path: Path, given: Any = None) -> None:

@@ -221,3 +221,57 @@ def test_bad_prompt_input_is_one_line_and_writes_nothing(tmp_path, case, argv, p
     capsys.readouterr()  # the models' saving
     expect_cli_refusal([a.format(t=tmp_path, **dirs) for a in argv], pattern, capsys)
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_model_too_large_for_memory_is_refused_before_the_boot(tmp_path, monkeypatch, capsys):
+    """The parameters are read from the safetensors header (as the safetensors library itself
+    reads the shapes), and a model whose fp32 weights would not fit is refused in one line before
+    transformers loads anything; nothing is written."""
+    from safetensors import safe_open
+
+    import pe_interp.hf_arch as hf_arch
+    import pe_interp.model_dirs as md
+
+    d = _model_dir(tmp_path / "model")
+    weights = d / "model.safetensors"
+    with safe_open(weights, "pt") as f:
+        want = sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys())  # noqa: SIM118 (safe_open is not iterable)
+    assert md.weight_count(weights) == want > 1000
+    monkeypatch.setattr(md, "available_memory", lambda: 1 << 20)
+    monkeypatch.setattr(hf_arch, "boot_bridge", lambda *a, **k: pytest.fail("booted"))
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    capsys.readouterr()
+    expect_cli_refusal(
+        ["ablate", str(d), "--task", "induction"],
+        rf"model: booting it needs about 1\.0 GiB of memory \({want / 1e6:.1f}M parameters in "
+        r"fp32, 0\.00 GiB\), and 0\.0 GiB is available",
+        capsys,
+    )
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_sharded_model_loads_and_counts_every_shard(tmp_path):
+    """A directory saved in shards (``model.safetensors.index.json``): the memory estimate counts
+    the parameters of every shard (the unsharded file's count), the provenance hashes the shards,
+    and the model scores its prompts as the unsharded one does."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    import pe_interp.model_dirs as md
+
+    one = _model_dir(tmp_path / "one")
+    sharded = tmp_path / "sharded"
+    AutoModelForCausalLM.from_pretrained(one).save_pretrained(sharded, max_shard_size="20KB")
+    for f in one.glob("*token*"):
+        shutil.copy(f, sharded / f.name)
+    index = sharded / "model.safetensors.index.json"
+    files = md.weight_files(index)
+    assert len(files) > 1 and not (sharded / "model.safetensors").exists()
+    assert sum(md.weight_count(f) for f in files) == md.weight_count(one / "model.safetensors")
+    a, b = load_model_dir(one, "induction"), load_model_dir(sharded, "induction")
+    assert b.provenance["source"]["weights"] == index.name
+    assert a.config["accuracy"] == b.config["accuracy"]
+    files[-1].unlink()
+    with pytest.raises(md.CheckpointError, match=rf"the shard {files[-1].name} is missing"):
+        load_model_dir(sharded, "induction")
