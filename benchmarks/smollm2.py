@@ -13,8 +13,9 @@ same run (both sides interleaved, one process), and what it checked for exactnes
   bridge returns it). The repeats run on ``--layers`` (default 0 7 14 15 22 29: the full grid's
   mean restart depth, (L + 1) / 2 layers); ``--full`` adds one run of the whole 270-head grid on
   both sides. Prints the FLOP bound of restarting at the ablated layer's input.
-- ``attribution`` (b): ``Attribution(steps, verify_top=k)`` (heads ranked by integrated gradients
-  along the ablation path, the top k ablated exactly) against the exhaustive exact grid, both
+- ``attribution`` (b): ``Attribution(steps, verify_top=k, path)`` (heads ranked by integrated
+  gradients along the ablation path, or by the derivative at the clean point, ``path="clean"``:
+  attribution patching; the top k ablated exactly) against the exhaustive exact grid, both
   metric ``loss``: recall of the grid's top 10 heads and the time ratio.
 - ``counts`` (c): the forward cost of ``probes.positional_scores``, ``probes.route_shares`` and
   ``head_type_scores`` on ``--count-n`` prompts, in forwards of those prompts: rows through the
@@ -225,7 +226,8 @@ def part_attribution(args, bridge, model, ps) -> None:
         f"{sorted(top10)}; 10th drop {tenth:.4f}, 11th {eleventh:.4f}"
     )
     for spec in args.attribution:
-        steps, k = (int(x) for x in spec.split(":"))
+        parts = spec.split(":")
+        steps, k, path = int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else "joint"
         ts = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
@@ -233,7 +235,7 @@ def part_attribution(args, bridge, model, ps) -> None:
                 model,
                 ps.tokens,
                 ps.labels,
-                engine=Attribution(steps=steps, verify_top=k),
+                engine=Attribution(steps=steps, verify_top=k, path=path),
                 progress=False,
                 **kw,
             )
@@ -252,7 +254,7 @@ def part_attribution(args, bridge, model, ps) -> None:
         rank[np.argsort(-est, axis=None, kind="stable")] = np.arange(L * H)
         ranks = sorted(int(rank[layer * H + h]) for layer, h in top10)
         print(
-            f"    Attribution(steps={steps}, verify_top={k}): {t:.1f} s (median of {args.repeats}): "
+            f"    Attribution(steps={steps}, verify_top={k}, path={path!r}): {t:.1f} s (median of {args.repeats}): "
             f"{te / t:.1f}x less time (goal >= 10); recall of the top 10 {recall:.1f} (goal >= 0.9); "
             f"verified drops equal the grid's: {exact_ok}; the screen ranks the top 10 at {ranks} "
             f"(recall 0.9 needs verify_top >= {ranks[8] + 1})",
@@ -369,13 +371,14 @@ def part_routes(args, bridge, model) -> None:
     top10 = set(sorted(units, key=lambda u: -abs(full.shares[u]))[:10])
     v_full = positional_dominance(full)
     print(f"    exhaustive top 10 by |share|: {sorted(top10)}; verdict: {v_full.text()}")
-    for k in args.screen:
-        r, t, (last, weighted) = run(screen=k)
+    for spec in args.screen:
+        k, path = int(spec.split(":")[0]), (spec.split(":") + ["clean"])[1]
+        r, t, (last, weighted) = run(screen=k, screen_path=path)
         got = {(int(a), int(h)) for a, h in zip(*np.nonzero(r.measured))}
         diff = float(np.abs(r.shares[r.measured] - full.shares[r.measured]).max())
         ratio = f", {te / t:.1f}x less time" if te else ""
         print(
-            f"    screen={k}: {t:.1f} s{ratio}; {last:.1f} forwards by the last block, "
+            f"    screen={k} ({path}): {t:.1f} s{ratio}; {last:.1f} forwards by the last block, "
             f"{weighted:.1f} layer-weighted (goal <= 30); recall of the top 10 "
             f"{len(top10 & got) / 10:.1f}; measured shares within {diff:.1e} of the exhaustive; "
             f"verdict: {positional_dominance(r).text()}",
@@ -395,8 +398,8 @@ def main() -> None:
     ap.add_argument(
         "--attribution",
         nargs="+",
-        default=["1:10", "1:20", "1:30", "4:10"],
-        help="(b): STEPS:VERIFY_TOP of each Attribution engine",
+        default=["1:10", "1:20", "1:10:clean", "1:20:clean"],
+        help="(b): STEPS:VERIFY_TOP[:PATH] of each Attribution engine (path joint, layer, clean)",
     )
     ap.add_argument("--count-n", type=int, default=64)
     ap.add_argument(
@@ -405,7 +408,12 @@ def main() -> None:
         default=["positional_scores", "route_shares", "head_type_scores"],
         help="(c): which probes",
     )
-    ap.add_argument("--screen", type=int, nargs="+", default=[10, 20], help="(d): k of each screen")
+    ap.add_argument(
+        "--screen",
+        nargs="+",
+        default=["10", "20", "20:joint"],
+        help="(d): K[:PATH] of each screen (path clean or joint)",
+    )
     ap.add_argument(
         "--exhaustive", default="findings/smollm2/routes.json", help="(d): the survey's routes"
     )

@@ -150,3 +150,33 @@ def test_find_deposits_refuses_a_partial_grid():
     one_layer = ablate_heads(model, tokens, labels, pad_mask=pad, layers=[1], n_bootstrap=0)
     assert [s.layer for s in find_deposits(one_layer).layers] == [1]  # whole layers are fine
     assert accuracy_per_example  # the grid's metric
+
+
+def test_the_clean_path_is_the_derivative_with_every_head_live():
+    """path="clean" (AtP): each head's estimate is the derivative of the mean log-probability in
+    its own output scale at 1 (every head live), by finite differences here."""
+    model = random_model("t5").double()
+    tokens, labels, pad = inputs(6)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    est = rank_heads(model, tokens, labels, pad, surrogate="logprob", steps=1, path="clean")
+    est = est["estimate"]
+
+    def mean_logprob(layer, head, eps):
+        def hook(z, hook):
+            scale = torch.ones(H, dtype=z.dtype)
+            if int(hook.name.split(".")[1]) == layer:
+                scale[head] += eps
+            return z * scale[None, None, :, None]
+
+        with torch.no_grad():
+            logits = model.run_with_hooks(
+                tokens, pad, fwd_hooks=[(f"blocks.{i}.attn.hook_z", hook) for i in range(L)]
+            )
+        return float(logits.log_softmax(-1).gather(1, labels[:, None]).mean())
+
+    for layer in range(L):
+        for h in range(H):
+            d = (mean_logprob(layer, h, 1e-5) - mean_logprob(layer, h, -1e-5)) / 2e-5
+            assert est[layer, h] == pytest.approx(d, rel=1e-6, abs=1e-9)
+    with pytest.raises(ValueError, match="steps=1"):
+        rank_heads(model, tokens, labels, pad, steps=2, path="clean")

@@ -61,9 +61,11 @@ def test_the_measured_heads_equal_the_exhaustive_shares(batch_size):
     assert len(got.units()) == 3
 
 
-def test_the_estimates_are_the_derivative_in_each_heads_scale():
-    """One node (a = 1/2): a head's estimate is the derivative of the mean logit difference
-    in that head's scale on the path z' + a (z - z') (every route head at 1/2), by finite
+@pytest.mark.parametrize("path,a0", [("clean", 1.0), ("joint", 0.5)])
+def test_the_estimates_are_the_derivative_in_each_heads_scale(path, a0):
+    """A head's estimate is the derivative of the mean logit difference in that head's scale on
+    the path z' + a (z - z') with every route head at a = 1 ("clean", AtP) or at the one node
+    a = 1/2 ("joint"), by finite
     differences here (float64), with z' the moved outputs; the estimate is positive where moving a head's
     positions lowers the logit difference."""
     m, p = _model("rope").double(), TASK.counterfactuals(12, kind="position", seed=5)
@@ -72,14 +74,14 @@ def test_the_estimates_are_the_derivative_in_each_heads_scale():
     sigma = position_permutation(clean, p.corrupt.tokens)
     _, routes = position_routes(m)
     moved = MovedOnce(MovedOutputs(m, clean, mask, sigma, routes), 7)
-    est = route_estimates(m, clean, mask, good, bad, moved, steps=1, batch_size=7)
+    est = route_estimates(m, clean, mask, good, bad, moved, path=path, steps=1, batch_size=7)
     L, H = routes.shape
     z1 = moved.for_chunk(torch.arange(len(clean)), clean.shape[1])
 
     def mean_ld(layer: int, head: int, eps: float) -> float:
         def hook(z, hook):
             at = int(hook.name.split(".")[1])
-            scale = torch.full((H,), 0.5, dtype=torch.float64)
+            scale = torch.full((H,), a0, dtype=torch.float64)
             if at == layer:
                 scale[head] += eps
             zd, od = z.double(), z1[at].double()
@@ -93,7 +95,7 @@ def test_the_estimates_are_the_derivative_in_each_heads_scale():
 
     for layer in range(L):
         for head in range(H):
-            d = (mean_ld(layer, head, 1e-4) - mean_ld(layer, head, -1e-4)) / 2e-4
+            d = (mean_ld(layer, head, 1e-5) - mean_ld(layer, head, -1e-5)) / 2e-5
             assert est[layer, head] == pytest.approx(d, rel=1e-5, abs=1e-7), (layer, head)
 
 
@@ -165,3 +167,5 @@ def test_a_bad_screen_is_one_line():
         _shares(m, p, screen=0)
     with pytest.raises(ValueError, match="screen_steps"):
         _shares(m, p, screen=2, screen_steps=0)
+    with pytest.raises(ValueError, match="screen_path must be 'clean' \\(steps 1\\) or 'joint'"):
+        _shares(m, p, screen=2, screen_path="clean", screen_steps=2)

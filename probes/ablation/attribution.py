@@ -43,6 +43,10 @@ class Attribution:
             raise ValueError(
                 f"path must be one of {', '.join(INTEGRATION_PATHS)}; got {self.path!r}"
             )
+        if self.path == "clean" and st != 1:
+            raise ValueError(
+                f"path 'clean' takes the derivative at one point: steps must be 1, got {st}"
+            )
         check_verify_top(self.verify_top)
 
     def run(self, req: AblationRequest) -> AblationResult:

@@ -11,7 +11,9 @@ of two paths that share their gradients between heads:
 
 - ``"joint"`` (default): every head of every layer at the same ``a`` (``steps`` forwards and
   backwards of the whole model);
-- ``"layer"``: the heads of one layer at ``a``, the other layers at 1 (``n_layers x steps``).
+- ``"layer"``: the heads of one layer at ``a``, the other layers at 1 (``n_layers x steps``);
+- ``"clean"``: no integral, the derivative at ``a = 1`` only (attribution patching, AtP: every
+  head live, as a single head's ablation leaves the others; ``steps`` must be 1).
 
 The derivative of each head's scale is taken per example (rows are independent), so the
 estimate is in the units of the metric the exact grid reports:
@@ -120,10 +122,14 @@ def rank_heads(
         raise ValueError(f"rank_heads: path must be one of {', '.join(PATHS)}; got {path!r}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"rank_heads: steps must be a positive integer, got {steps!r}")
+    if path == "clean" and steps != 1:
+        raise ValueError(
+            f"rank_heads: path 'clean' takes the derivative at one point (steps=1), got steps={steps}"
+        )
     L, H = model.cfg.n_layers, model.cfg.n_heads
     rows = batch_size or (128 if model.W_E.device.type == "cpu" else 2048)
-    alphas, weights = _nodes(steps)
-    groups = [list(range(L))] if path == "joint" else [[layer] for layer in range(L)]
+    alphas, weights = (np.ones(1), np.ones(1)) if path == "clean" else _nodes(steps)
+    groups = [[layer] for layer in range(L)] if path == "layer" else [list(range(L))]
     n = len(tokens)
     change = torch.zeros(n, L, H, dtype=torch.float64)  # per example: m(h ablated) - m(clean)
     base = torch.zeros(n, dtype=torch.float64)

@@ -7,12 +7,13 @@ every head's numerator ``ld(x) - ld(x; h sees σ)`` at once and then measures on
 of largest estimate (in absolute value) exactly:
 
 - **The estimate** is :func:`probes.circuits.heads.rank_heads` with the moved outputs as the
-  replacement (:class:`~probes.deposit.moving.MovedOutputs`): integrated gradients of the logit
-  difference along the path ``z' + a (z - z')`` of every route head of every layer at one ``a``
-  (``steps`` Gauss-Legendre nodes; one forward and backward of ``steps`` copies of the prompts).
-  It is a first-order estimate: a head whose effect runs through later attention's softmax can
-  be ranked too low, so the screen can miss a route; the benchmark measures how often
-  (``benchmarks/smollm2.py --part routes``).
+  replacement (:class:`~probes.deposit.moving.MovedOutputs`) on the path ``z' + a (z - z')`` of
+  each route head: by default (``path="clean"``, attribution patching) the derivative of the
+  logit difference at ``a = 1``, every route live, as when one route moves alone (one forward and
+  backward of the prompts); ``path="joint"`` integrates it with every route at one ``a``
+  (``steps`` Gauss-Legendre nodes). Either is a first-order estimate: a head whose effect runs
+  through later attention's softmax can be ranked too low, so the screen can miss a route; the
+  benchmark measures how often (``benchmarks/smollm2.py --part routes``).
 - **The moved outputs** ``z'`` are computed once for every pair (:class:`MovedOnce`) and read by
   both the screen and the exact sweep.
 
@@ -66,7 +67,8 @@ def route_estimates(
     bad: Tensor,
     moved: MovedOnce,
     *,
-    steps: int,
+    path: str = "clean",
+    steps: int = 1,
     batch_size: int,
 ) -> np.ndarray:
     """``[n_layers, n_heads]``: each head's estimated mean ``ld(x) - ld(x; h sees σ)`` (module
@@ -84,7 +86,7 @@ def route_estimates(
             mask,
             surrogate=ld,
             steps=steps,
-            path="joint",
+            path=path,
             batch_size=batch_size * steps,
             replace=moved,
         )

@@ -108,6 +108,7 @@ def route_shares(
     ci: float = 0.95,
     seed: int = 0,
     screen: int | None = None,
+    screen_path: str = "clean",
     screen_steps: int = 1,
     progress: bool = False,
 ) -> RouteShares:
@@ -116,7 +117,8 @@ def route_shares(
     ``pad_mask``). Each head's route runs as a replacement of its output in the exact ablation
     sweep (:mod:`probes.deposit.moving`); ``batch_size``: rows per forward (default: as
     :func:`probes.ablate_heads`). ``screen=k``: every head's share estimated by attribution
-    (``screen_steps`` nodes), the ``k`` largest measured exactly, the others NaN
+    (``screen_path`` "clean": its derivative with every route live; "joint": integrated over
+    ``screen_steps`` nodes), the ``k`` largest measured exactly, the others NaN
     (:mod:`probes.deposit.route_screen`); None (default) measures every head. ``progress``: a
     bar with an ETA over the exact sweep."""
     who = "route_shares"
@@ -127,6 +129,11 @@ def route_shares(
     if screen is not None:
         check_count(screen, "screen", 1, who)
         check_count(screen_steps, "screen_steps", 1, who)
+        if screen_path not in ("clean", "joint") or (screen_path == "clean" and screen_steps != 1):
+            raise ValueError(
+                f"{who}: screen_path must be 'clean' (steps 1) or 'joint', got {screen_path!r} "
+                f"with {screen_steps} steps"
+            )
     clean, good, mask = check_examples(
         model, clean_tokens, clean_labels, pad_mask, who=who, label_name="clean_labels"
     )
@@ -161,7 +168,15 @@ def route_shares(
         if screen is not None and screen < len(heads):
             moved = MovedOnce(moved, batch_size)
             estimates = route_estimates(
-                model, clean, mask, good, bad, moved, steps=screen_steps, batch_size=batch_size
+                model,
+                clean,
+                mask,
+                good,
+                bad,
+                moved,
+                path=screen_path,
+                steps=screen_steps,
+                batch_size=batch_size,
             )
             heads = screened_heads(estimates, routes, screen)
         if heads:  # each head's route as a replacement in the exact sweep, checked as any sweep is
