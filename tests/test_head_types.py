@@ -363,3 +363,64 @@ def test_heads_command_on_a_saved_model_directory(tmp_path, capsys):
     assert saved_r.n_examples == 10 and saved_r.n_forwards == 3
     for kind in HEAD_TYPES:
         np.testing.assert_allclose(saved_r.scores[kind], again.scores[kind], atol=1e-9, rtol=0)
+
+
+def _planted_patterns(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``[n, q, k]`` one-hot patterns of each planted type from the tokens themselves: the previous
+    token, the first token, the earlier copy of the query's token (duplicate) and the token after
+    it (induction); a query with no target attends uniformly over its causal keys."""
+    n, w = tokens.shape
+    uniform = torch.tril(torch.ones(w, w, dtype=torch.float64))
+    uniform = (uniform / uniform.sum(-1, keepdim=True)).expand(n, w, w)
+    out = {kind: uniform.clone() for kind in ("prev", "first", "dup", "ind")}
+    for b in range(n):
+        for q in range(w):
+            earlier = [k for k in range(q) if tokens[b, k] == tokens[b, q]]
+            targets = {"first": 0, "prev": q - 1 if q else None}
+            targets["dup"] = earlier[-1] if earlier else None
+            targets["ind"] = earlier[-1] + 1 if earlier else None
+            for kind, k in targets.items():
+                if k is not None:
+                    out[kind][b, q] = 0.0
+                    out[kind][b, q, k] = 1.0
+    return out
+
+
+def test_planted_patterns_are_typed_exactly():
+    """Ground truth planted in the patterns (a hook that runs before the probe's reads): in a
+    2-layer model of 4 heads, L0H1 previous-token, L0H2 first-token, L1H0 duplicate-token, L1H3
+    induction, the other four heads uniform over their keys. Each planted head is of its type
+    alone and at focus 1, and no other head is typed."""
+    model = _ours(n_heads=4, d_model=16, n_ctx=16, attention_dir="causal")
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for _ in range(12):  # a first token, 8 distinct tokens, the first 5 again
+        body = torch.randperm(18, generator=g)[:8] + 2
+        rows.append(torch.cat([torch.tensor([1]), body, body[:5]]))
+    tokens = torch.stack(rows)
+    planted = _planted_patterns(tokens)
+    where = {(0, 1): "prev", (0, 2): "first", (1, 0): "dup", (1, 3): "ind"}
+
+    def plant(pattern, hook):
+        layer = int(hook.name.split(".")[1])
+        out = torch.tril(torch.ones_like(pattern[0, 0]))
+        out = (out / out.sum(-1, keepdim=True)).expand_as(pattern).clone()
+        for (at, head), kind in where.items():
+            if at == layer:
+                out[:, head] = planted[kind].to(pattern.dtype)
+        return out
+
+    hooks = [(f"blocks.{layer}.attn.hook_pattern", plant) for layer in range(2)]
+    with model.hooks(fwd_hooks=hooks):
+        r = head_type_scores(model, tokens, pad_mask=torch.ones_like(tokens, dtype=torch.bool))
+    assert r.types() == {
+        "previous_token": [(0, 1)],
+        "duplicate_token": [(1, 0)],
+        "induction": [(1, 3)],
+        "first_token": [(0, 2)],
+    }
+    named = {"prev": "previous_token", "first": "first_token", "dup": "duplicate_token"}
+    named |= {"ind": "induction"}
+    for (layer, head), kind in where.items():
+        focus = r.focus[named[kind]][layer, head]
+        assert float(focus) == pytest.approx(1.0, abs=1e-9), kind
