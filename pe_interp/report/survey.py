@@ -110,8 +110,9 @@ def _patching_section(step: dict[str, Any], fig: Path | None) -> list[str]:
     order = np.argsort(-values, axis=None)[:5]
     lines = [
         f"Each head's output (`hook_z`, all positions) patched from the clean prompt into its "
-        f"position-only counterfactual ({r['n_examples']} pairs: the answer swapped with another "
-        "item of the list, the same tokens). 1.0 restores the clean logit difference; top heads:",
+        f"position-only counterfactual ({r['n_examples']} pairs: the answer's token swapped with "
+        "another of the prompt's items, the same tokens moved). 1.0 restores the clean logit "
+        "difference; top heads:",
         "",
         "| head | restored | interval |",
         "|---|---|---|",
