@@ -12,14 +12,11 @@ It implements :class:`pe_interp.probe_model.ProbeModel`. What it cannot offer, i
 seam inside a layer (``restart`` is ``"resid_pre"`` or ``"embed"``, ``can_restart`` False: the exact
 ablation sweep stacks copies, :func:`probes.ablation.sweeps.sweep_stacked`; path patching and
 ``atp*`` run whole forwards with hooks); it restarts at a layer's input
-(:meth:`BridgedModel.resume`, the bridge's ``start_at_layer``) only where that was checked exact
-(:data:`RESUMES`: not BLOOM, whose ALiBi the bridge then drops); edges need per-head forks before
-the norm (:data:`FORKS_BEFORE_NORM`: not BLOOM); and padding must be on the right (a causal model
-then never lets a pad reach a real token).
-
-What it reads costs no more than it reads (:mod:`pe_interp.bridge_forward`): a restart at a layer
-runs that layer and the later ones only, and a forward that returns class logits unembeds only the
-position it reads.
+(:meth:`BridgedModel.resume`, running that layer and the later ones only) where a check on the
+bridge itself found it exact (:func:`~pe_interp.bridge_forward.resumes_exactly`: not BLOOM, whose
+ALiBi the bridge then drops); a forward returning class logits unembeds only the position it reads;
+edges need per-head forks before the norm (:data:`FORKS_BEFORE_NORM`: not BLOOM); and padding
+must be on the right (a causal model then never lets a pad reach a real token).
 
     from transformer_lens.model_bridge import TransformerBridge
     bridge = TransformerBridge.boot_transformers(local_dir, tokenizer=tokenizer)
@@ -42,6 +39,7 @@ from pe_interp.bridge_forward import (
     keeps_logits,
     may_keep,
     read_positions,
+    resumes_exactly,
     skipping_blocks,
 )
 from pe_interp.checks import check_pad_mask_tensor, check_token_ids
@@ -52,8 +50,6 @@ from pe_interp.probe_model import KVLayout, Restart
 # Hugging Face model_type -> our name of the architecture (ModelConfig.arch, pe-interp train --arch)
 ARCH_OF = {"gpt2": "gpt2", "gpt_neox": "gpt-neox", "llama": "llama", "bloom": "bloom"}
 
-# where bridge(resid_pre of layer l, start_at_layer=l) equals the full forward (tests/test_bridge.py)
-RESUMES = ("gpt2", "gpt_neox", "llama")
 # where the bridge's per-head q/k/v forks come before the layer norm, so that a writer's residual term
 # can be added to one head's input (tests/test_bridge_circuits.py); BLOOM's come after it
 FORKS_BEFORE_NORM = ("gpt2", "gpt_neox", "llama")
@@ -190,6 +186,7 @@ class BridgedModel(nn.Module):
             parallel_attn_mlp=bool(getattr(c, "parallel_attn_mlp", False)),
             flags=c,
         )
+        self._resumes = resumes_exactly(bridge, c.d_vocab)  # one 7-token forward, here
 
     # ------------------------------------------------------------------ what the probes read
     @property
@@ -303,8 +300,9 @@ class BridgedModel(nn.Module):
 
     @property
     def can_resume(self) -> bool:
-        """Whether :meth:`resume` is exact for this architecture (:data:`RESUMES`)."""
-        return self.cfg.model_type in RESUMES
+        """Whether :meth:`resume` is exact for this bridge (checked once on a 7-token forward,
+        :func:`~pe_interp.bridge_forward.resumes_exactly`)."""
+        return self._resumes
 
     @property
     def restart(self) -> Restart:
@@ -393,7 +391,6 @@ __all__ = [
     "ARCH_OF",
     "BridgeEncoding",
     "FORKS_BEFORE_NORM",
-    "RESUMES",
     "BridgeConfig",
     "BridgedModel",
     "NotOnABridge",

@@ -17,16 +17,23 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch import Tensor
 
 __all__ = [
+    "RESUME_TOLERANCE",
     "check_hooks_from",
     "keeps_logits",
     "layer_of",
     "may_keep",
     "read_positions",
+    "resumes_exactly",
     "skipping_blocks",
 ]
+
+# a restart that reproduces the forward within this (relative to the logits' scale) is exact: float
+# rounding of the same operations in another order stays orders of magnitude below it
+RESUME_TOLERANCE = 1e-4
 
 
 def keeps_logits(hf_model: Any) -> bool:
@@ -89,3 +96,32 @@ def skipping_blocks(bridge: Any, layer: int) -> Iterator[None]:
     finally:
         for block in blocks:
             block.__dict__.pop("forward", None)
+
+
+def resumes_exactly(bridge: Any, d_vocab: int, n_tokens: int = 7) -> bool:
+    """Whether the bridge restarted at a layer's input (``start_at_layer``, the earlier blocks
+    passed by) reproduces its own forward: checked once on ``n_tokens`` tokens at layers 1, the
+    middle one and the last, from the inputs its own forward cached there. Read from the bridge,
+    not from its model type: BLOOM's bridge, which drops ALiBi when it starts inside the model
+    (and whose decoder loop reads a block's output as a tuple, which a passed-by block is not),
+    fails it, and the probes then run whole forwards (exact, slower)."""
+    n_layers = len(bridge.blocks)
+    layers = sorted({min(1, n_layers - 1), n_layers // 2, n_layers - 1})
+    g = torch.Generator().manual_seed(0)
+    device = next(bridge.parameters()).device
+    tokens = torch.randint(0, d_vocab, (1, n_tokens), generator=g).to(device)
+    names = [f"blocks.{layer}.hook_resid_pre" for layer in layers]
+    with torch.no_grad():
+        full, cache = bridge.run_with_cache(tokens, names_filter=names)
+        scale = float(full.abs().max()) or 1.0
+        for layer, name in zip(layers, names):
+            try:
+                with skipping_blocks(bridge, layer):
+                    again = bridge(cache[name], start_at_layer=layer)
+            except (RuntimeError, IndexError, TypeError, ValueError):  # BLOOM: a tuple expected
+                return False
+            if again.shape != full.shape or not bool(
+                ((again - full).abs() <= RESUME_TOLERANCE * scale).all()
+            ):
+                return False
+    return True

@@ -169,6 +169,9 @@ def test_zero_ablation_equals_a_naive_hook_z_loop(families, family):
         ref = hf(tokens, attention_mask=mask.long()).logits
         ours = bridge(tokens, attention_mask=mask.long())
     assert (ours - ref)[mask].abs().max() <= 1e-4
+    # the sweep restarts at each layer's input: a check on the bridge itself found that exact
+    # (bridge_forward.resumes_exactly), no list of model types names these families
+    assert model.can_resume
     got = ablate_heads(
         model, tokens, labels, pad_mask=mask, metric="loss", n_bootstrap=0, per_example=True
     )
