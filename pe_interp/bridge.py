@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pe_interp.bridge_encoding import BridgeEncoding
+from pe_interp.bridge_encoding import BridgeEncoding, encoding_names
 from pe_interp.bridge_forward import (
     check_hooks_from,
     keeps_logits,
@@ -43,7 +43,6 @@ from pe_interp.bridge_forward import (
     skipping_blocks,
 )
 from pe_interp.checks import check_pad_mask_tensor, check_token_ids
-from pe_interp.config import ARCH_ENCODINGS
 from pe_interp.hf_arch import read_answers
 from pe_interp.probe_model import KVLayout, Restart
 
@@ -157,14 +156,7 @@ class BridgedModel(nn.Module):
         self._keeps: bool | None = None
         kind = getattr(hf, "model_type", "?")
         arch = ARCH_OF.get(kind, kind)
-        name, how = ARCH_ENCODINGS.get(arch, ("unknown", "unknown"))
-        if kind == "gpt_neox":
-            share = (
-                getattr(hf, "rotary_pct", None)
-                or getattr(hf, "partial_rotary_factor", None)
-                or (getattr(hf, "rope_parameters", None) or {}).get("partial_rotary_factor")
-            )
-            name = f"partial rotary ({share:g} of each head)" if share else name
+        name, how = encoding_names(bridge, hf)
         self.cfg = BridgeConfig(
             n_layers=c.n_layers,
             n_heads=c.n_heads,

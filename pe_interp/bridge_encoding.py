@@ -313,3 +313,30 @@ def _attention_scaling(mod: Any, layer_type: Any) -> float:
     value = getattr(mod, f"{layer_type}_attention_scaling", None) if layer_type else None
     value = getattr(mod, "attention_scaling", None) if value is None else value
     return float(value) if isinstance(value, (int, float)) else 1.0
+
+
+def encoding_names(bridge: Any, hf_config: Any) -> tuple[str, str]:
+    """``(name, kind)`` of where a bridge's positions enter, for results and messages, read from
+    its components and config as :class:`BridgeEncoding` reads them: a rotary module or hooked
+    cos/sin tables ("rope", or "partial rotary (f of each head)" where the config rotates a
+    fraction ``f < 1`` of each head; multiplicative), a learned position table ("learned
+    absolute", additive), BLOOM's ALiBi (additive), else "unknown"."""
+    own = getattr(bridge, "_modules", {})
+    rotary = "rotary_emb" in own or any(n.endswith(".attn.hook_cos") for n in bridge.hook_dict)
+    rotary = rotary or any(
+        n.split(".")[-1] == "rotary_emb" for n, _ in bridge.original_model.named_modules()
+    )
+    if rotary:
+        share = (
+            getattr(hf_config, "rotary_pct", None)
+            or getattr(hf_config, "partial_rotary_factor", None)
+            or (getattr(hf_config, "rope_parameters", None) or {}).get("partial_rotary_factor")
+        )
+        if share and float(share) < 1:
+            return f"partial rotary ({float(share):g} of each head)", "multiplicative"
+        return "rope", "multiplicative"
+    if "pos_embed" in own:
+        return "learned absolute", "additive"
+    if getattr(hf_config, "model_type", None) == "bloom":
+        return "alibi", "additive"
+    return "unknown", "unknown"

@@ -172,6 +172,11 @@ def test_zero_ablation_equals_a_naive_hook_z_loop(families, family):
     # the sweep restarts at each layer's input: a check on the bridge itself found that exact
     # (bridge_forward.resumes_exactly), no list of model types names these families
     assert model.can_resume
+    # where positions enter, read from the bridge's rotary module and config, no table of names
+    assert model.cfg.encoding_kind == "multiplicative", model.cfg.encoding_name
+    share = FAMILIES[family][1].get("partial_rotary_factor")
+    want = f"partial rotary ({share:g} of each head)" if share else "rope"
+    assert model.cfg.encoding_name == f"{hf.config.model_type}: {want}"
     got = ablate_heads(
         model, tokens, labels, pad_mask=mask, metric="loss", n_bootstrap=0, per_example=True
     )
