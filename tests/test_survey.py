@@ -152,3 +152,21 @@ def test_head_types_and_frequency_equal_the_probes(surveyed):
     text = (out / "SURVEY.md").read_text()
     assert "## Head types" in text and "## RoPE frequency usage" in text
     assert (out / "head_types.png").is_file() and (out / "frequency.png").is_file()
+
+
+def test_a_step_is_done_by_its_weights_not_by_the_path_they_were_named_by(tmp_path):
+    """A survey started on ``.cache/x.gguf`` resumes when named by its absolute path: the weights
+    are the same (sha256, origin); other weights or another n are not done."""
+    import json
+
+    from pe_interp.commands.survey import _done
+
+    def stamp(file, sha="ab", n=64):
+        source = {"weights": "model.safetensors", "gguf": {"sha256": "cd"}, "file": file}
+        return {"weights": {"sha256": sha, "step": None, "source": source}, "prompts": {}, "n": n}
+
+    path = tmp_path / "ablation.json"
+    path.write_text(json.dumps({"survey": stamp(".cache/x.gguf")}))
+    assert _done(path, stamp("/home/me/.cache/x.gguf"))
+    assert not _done(path, stamp("/home/me/.cache/x.gguf", sha="ef"))
+    assert not _done(path, stamp(".cache/x.gguf", n=32))

@@ -103,12 +103,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _done(path: Path, stamp: dict[str, Any]) -> bool:
-    """The step's file records these weights, these prompts and this n."""
+    """The step's file records these weights, these prompts and this n (the weights by their
+    hash and origin, not by the path the model was named by: a survey resumes under another)."""
     try:
         saved = json.loads(path.read_text())["survey"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return json.loads(json.dumps(stamp, default=str)) == saved
+    return _identity(json.loads(json.dumps(stamp, default=str))) == _identity(saved)
+
+
+def _identity(stamp: Any) -> Any:
+    """A stamp without the path the weights were named by (``weights.source.file``)."""
+    if not isinstance(stamp, dict):
+        return stamp
+    source = (stamp.get("weights") or {}).get("source")
+    if isinstance(source, dict) and "file" in source:
+        source = {k: v for k, v in source.items() if k != "file"}
+        return {**stamp, "weights": {**stamp["weights"], "source": source}}
+    return stamp
 
 
 def _prompts(loaded, n: int):
