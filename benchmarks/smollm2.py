@@ -367,7 +367,7 @@ def part_routes(args, bridge, model) -> None:
         print(
             f"    exhaustive: {te:.1f} s, {last:.1f} forwards by the last block, {weighted:.1f} layer-weighted"
         )
-    units = [(a, h) for a, h in zip(*np.nonzero(full.routes))]
+    units = [(int(a), int(h)) for a, h in zip(*np.nonzero(full.routes))]
     top10 = set(sorted(units, key=lambda u: -abs(full.shares[u]))[:10])
     v_full = positional_dominance(full)
     print(f"    exhaustive top 10 by |share|: {sorted(top10)}; verdict: {v_full.text()}")

@@ -103,6 +103,15 @@ def test_the_report_is_rebuilt_from_the_findings(surveyed, tmp_path):
     with pytest.raises(ValueError, match="no survey findings"):
         write_survey_report(tmp_path / "empty")
     json.loads((out / "routes.json").read_text())  # the files stay plain JSON
+    # the heads across probes: each probe's top head is a row, at rank 1 in its own column
+    steps = load_steps(out)
+    drops = np.array(steps["ablation"]["result"]["drops"], dtype=float)
+    shares = np.array(steps["routes"]["result"]["shares"], dtype=float)
+    for grid, column, scale in ((drops, 1, 100.0), (shares, 3, 100.0)):
+        lh = np.unravel_index(np.argmax(grid), grid.shape)
+        across = text.split("## The heads the probes single out")[1]
+        row = next(r for r in across.splitlines() if r.startswith(f"| L{lh[0]}H{lh[1]} |"))
+        assert row.split(" | ")[column] == f"{scale * grid[lh]:+.1f} [1]"
 
 
 def test_demo_real_without_smollm2_says_how_to_install_it(tmp_path, monkeypatch, capsys):

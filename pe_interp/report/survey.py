@@ -16,6 +16,7 @@ import numpy as np
 from pe_interp.io import atomic_write_text
 from pe_interp.report.findings import update_readme
 from pe_interp.report.survey_figures import ablation_figure, patching_figure
+from pe_interp.report.survey_heads import heads_across
 
 STEPS = ("accuracy", "ablation", "patching", "routes", "head_types", "frequency")  # in run order
 DEPOSIT_DROP = 0.5  # the single-head deposit's bar: one head costs >= 50 points
@@ -256,6 +257,8 @@ def survey_markdown(out: Path, steps: dict[str, dict[str, Any]], figures: dict[s
     for name, (title, section) in sections.items():
         if name in steps:
             lines += [title, "", *section(steps[name]), ""]
+    if across := heads_across(steps):
+        lines += ["## The heads the probes single out", "", *across, ""]
     missing = [s for s in STEPS if s not in steps]
     if missing:
         lines += [f"Not yet run: {', '.join(missing)} (`pe-interp survey MODEL --out {out}`)."]
@@ -281,7 +284,19 @@ def readme_block(out: Path, steps: dict[str, dict[str, Any]]) -> str:
         lines.append(f"- Accuracy on natural prompts: {acc}.")
     if "ablation" in steps:
         a = steps["ablation"]
-        lines.append(f"- Exact ablation of all heads: single-head deposit {a['single']['text']}.")
+        drops = np.array(a["result"]["drops"], dtype=float)
+        layer, head = np.unravel_index(np.nanargmax(drops), drops.shape)
+        lines.append(
+            f"- Exact ablation of all heads: single-head deposit {a['single']['text']}; the "
+            f"largest drop L{layer}H{head} {100 * drops[layer, head]:.1f} of "
+            f"{100 * a['result']['baseline']:.1f} points."
+        )
+    if "patching" in steps:
+        top = steps["patching"]["result"]["top"][:3]
+        heads = ", ".join(
+            f"L{t['cell']['layer']}H{t['cell']['head']} {t['value']:+.2f}" for t in top
+        )
+        lines.append(f"- Head patching on position-only pairs, most restoring: {heads}.")
     if "routes" in steps:
         lines.append(f"- Route shares: {steps['routes']['verdict']}.")
     if "head_types" in steps:
