@@ -277,7 +277,7 @@ def test_the_attribution_engine_reads_the_same_gradients_and_verifies_exactly(br
     }
 
 
-@pytest.mark.parametrize("site", ["z", "v", "pattern"])
+@pytest.mark.parametrize("site", ["z", "q", "k", "v", "pattern", "attn_out", "mlp_out"])
 def test_patching_on_a_bridge_runs_each_layer_from_its_input(bridge, site, capsys, monkeypatch):
     """Head patching resumes at the patched layer's input (the receiving run's, cached): layer l's
     cells run blocks l.. only, and every value equals the same patching run from the embedding
@@ -296,7 +296,7 @@ def test_patching_on_a_bridge_runs_each_layer_from_its_input(bridge, site, capsy
         fast = patch(model, tokens, corrupt, progress=True, **kw)
     finally:
         rows.close()
-    n, cells = len(tokens), fast.values.shape[1]
+    n, cells = len(tokens), fast.values[0].numel()  # heads, or one cell a layer
     # the pairs' check (clean, corrupt) and the two cached runs through every block, then each
     # layer's cells from that layer on
     assert rows.blocks == [n * (4 + cells * (layer + 1)) for layer in range(L)]
