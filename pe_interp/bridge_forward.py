@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,6 +24,7 @@ from torch import Tensor
 __all__ = [
     "RESUME_TOLERANCE",
     "check_hooks_from",
+    "check_resume",
     "keeps_logits",
     "layer_of",
     "may_keep",
@@ -98,7 +100,17 @@ def skipping_blocks(bridge: Any, layer: int) -> Iterator[None]:
             block.__dict__.pop("forward", None)
 
 
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> resumes_exactly
+
+
 def resumes_exactly(bridge: Any, d_vocab: int, n_tokens: int = 7) -> bool:
+    """:func:`check_resume`, once per bridge (every wrapper of one bridge reads the same answer)."""
+    if bridge not in _CHECKED:
+        _CHECKED[bridge] = check_resume(bridge, d_vocab, n_tokens)
+    return _CHECKED[bridge]
+
+
+def check_resume(bridge: Any, d_vocab: int, n_tokens: int = 7) -> bool:
     """Whether the bridge restarted at a layer's input (``start_at_layer``, the earlier blocks
     passed by) reproduces its own forward: checked once on ``n_tokens`` tokens at layers 1, the
     middle one and the last, from the inputs its own forward cached there. Read from the bridge,
