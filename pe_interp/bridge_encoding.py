@@ -52,16 +52,7 @@ class BridgeEncoding(ForwardCheck):
         c, bridge = model.cfg, model.bridge
         self._spans: dict[int, tuple[RotarySpan, ...]] = {}
         self._tables: dict[tuple[Any, Any], tuple[Tensor, Tensor]] = {}  # per rotary config
-        # where the positions enter, read from the bridge's components and hooks (no table of
-        # model names): a rotary module or every layer's hook_cos/hook_sin; a learned position
-        # table (pos_embed); BLOOM's ALiBi, whose slopes are BLOOM's own table
-        names = bridge.hook_dict
-        hooked = all(
-            f"blocks.{i}.attn.hook_{t}" in names for i in range(c.n_layers) for t in ("cos", "sin")
-        )
-        self._rotary = self._model_rotary is not None or hooked
-        self._learned = "pos_embed" in getattr(bridge, "_modules", {})
-        self._alibi = c.model_type == "bloom"
+        self._rotary, self._learned, self._alibi = position_sources(bridge, c.model_type)
         self.why_not = None  # why no probe can read this architecture's positions
         if not (self._rotary or self._learned or self._alibi):
             self.why_not = (
@@ -167,15 +158,7 @@ class BridgeEncoding(ForwardCheck):
 
     @cached_property
     def _model_rotary(self) -> Any:
-        """The model's shared rotary module: the bridge's ``rotary_emb`` component, else the
-        Hugging Face model's first module named ``rotary_emb`` (None: it has none)."""
-        own = getattr(self.model.bridge, "rotary_emb", None)
-        if own is not None:
-            return own
-        for name, m in self.model.bridge.original_model.named_modules():
-            if name.split(".")[-1] == "rotary_emb" and ".layers." not in f".{name}.":
-                return m
-        return None
+        return model_rotary(self.model.bridge)
 
     def _compute(self, key: tuple[Any, Any], n: int) -> None:
         """The cos/sin tables ``[n, rotary dim]`` of ``key`` (:meth:`_rope_key`) at ``n``
@@ -315,17 +298,38 @@ def _attention_scaling(mod: Any, layer_type: Any) -> float:
     return float(value) if isinstance(value, (int, float)) else 1.0
 
 
-def encoding_names(bridge: Any, hf_config: Any) -> tuple[str, str]:
-    """``(name, kind)`` of where a bridge's positions enter, for results and messages, read from
-    its components and config as :class:`BridgeEncoding` reads them: a rotary module or hooked
-    cos/sin tables ("rope", or "partial rotary (f of each head)" where the config rotates a
-    fraction ``f < 1`` of each head; multiplicative), a learned position table ("learned
-    absolute", additive), BLOOM's ALiBi (additive), else "unknown"."""
-    own = getattr(bridge, "_modules", {})
-    rotary = "rotary_emb" in own or any(n.endswith(".attn.hook_cos") for n in bridge.hook_dict)
-    rotary = rotary or any(
-        n.split(".")[-1] == "rotary_emb" for n, _ in bridge.original_model.named_modules()
+def model_rotary(bridge: Any) -> Any:
+    """The model's shared rotary module: the bridge's ``rotary_emb`` component, else the Hugging
+    Face model's first module named ``rotary_emb`` (None: it has none)."""
+    own = getattr(bridge, "rotary_emb", None)
+    if own is not None:
+        return own
+    for name, m in bridge.original_model.named_modules():
+        if name.split(".")[-1] == "rotary_emb" and ".layers." not in f".{name}.":
+            return m
+    return None
+
+
+def position_sources(bridge: Any, model_type: str) -> tuple[bool, bool, bool]:
+    """``(rotary, learned, alibi)``: where a bridge's positions enter, read from its components
+    and hooks (no table of model names): a rotary module or every layer's ``hook_cos``/
+    ``hook_sin``; a learned position table (``pos_embed``); BLOOM's ALiBi, whose slopes are
+    BLOOM's own table."""
+    names = bridge.hook_dict
+    n_layers = len(bridge.blocks)
+    hooked = all(
+        f"blocks.{i}.attn.hook_{t}" in names for i in range(n_layers) for t in ("cos", "sin")
     )
+    rotary = model_rotary(bridge) is not None or hooked
+    return rotary, "pos_embed" in getattr(bridge, "_modules", {}), model_type == "bloom"
+
+
+def encoding_names(bridge: Any, hf_config: Any) -> tuple[str, str]:
+    """``(name, kind)`` of where a bridge's positions enter (:func:`position_sources`), for
+    results and messages: "rope", or "partial rotary (f of each head)" where the config rotates a
+    fraction ``f < 1`` of each head (multiplicative); "learned absolute" and BLOOM's "alibi"
+    (additive); else "unknown"."""
+    rotary, learned, alibi = position_sources(bridge, getattr(hf_config, "model_type", ""))
     if rotary:
         share = (
             getattr(hf_config, "rotary_pct", None)
@@ -335,8 +339,8 @@ def encoding_names(bridge: Any, hf_config: Any) -> tuple[str, str]:
         if share and float(share) < 1:
             return f"partial rotary ({float(share):g} of each head)", "multiplicative"
         return "rope", "multiplicative"
-    if "pos_embed" in own:
+    if learned:
         return "learned absolute", "additive"
-    if getattr(hf_config, "model_type", None) == "bloom":
+    if alibi:
         return "alibi", "additive"
     return "unknown", "unknown"
