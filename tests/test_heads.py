@@ -79,19 +79,24 @@ def test_accuracy_is_the_share_of_margins_that_cross_zero():
     np.testing.assert_allclose(est["estimate"], (base > 0).mean() - after.mean(-1), atol=1e-12)
 
 
-def test_joint_path_derivative_is_autograd_of_the_scaled_model():
-    """One node (a = 1/2): each head's estimate is minus the derivative of the mean metric in its
-    own output scale with every head at 1/2, taken here by finite differences."""
+@pytest.mark.parametrize(
+    "path,a0,double,rel,abs_",
+    [("joint", 0.5, False, 1e-5, 1e-8), ("clean", 1.0, True, 1e-6, 1e-9)],
+)
+def test_one_node_is_the_derivative_of_the_scaled_model(path, a0, double, rel, abs_):
+    """One node: each head's estimate is minus the derivative of the mean metric in its own
+    output scale, with every head at 1/2 ("joint") or live at 1 ("clean", AtP), taken here by
+    finite differences (drop = -(-d) over [0, 1] at one node); "clean" takes no more nodes."""
     model = random_model("t5")
+    model = model.double() if double else model
     tokens, labels, pad = inputs(6)
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    est = rank_heads(model, tokens, labels, pad, surrogate="logprob", steps=1, path="joint")[
-        "estimate"
-    ]
+    est = rank_heads(model, tokens, labels, pad, surrogate="logprob", steps=1, path=path)
+    est = est["estimate"]
 
     def mean_logprob(layer, head, eps):
         def hook(z, hook):
-            scale = torch.full((H,), 0.5, dtype=z.dtype)
+            scale = torch.full((H,), a0, dtype=z.dtype)
             if int(hook.name.split(".")[1]) == layer:
                 scale[head] += eps
             return z * scale[None, None, :, None]
@@ -105,9 +110,10 @@ def test_joint_path_derivative_is_autograd_of_the_scaled_model():
     for layer in range(L):
         for h in range(H):
             d = (mean_logprob(layer, h, 1e-5) - mean_logprob(layer, h, -1e-5)) / 2e-5
-            assert est[layer, h] == pytest.approx(
-                d, rel=1e-5, abs=1e-8
-            )  # drop = -(-d) over [0, 1] at one node
+            assert est[layer, h] == pytest.approx(d, rel=rel, abs=abs_)
+    if path == "clean":
+        with pytest.raises(ValueError, match="steps=1"):
+            rank_heads(model, tokens, labels, pad, steps=2, path="clean")
 
 
 def test_attribution_engine_reports_the_agreement_it_saw():
@@ -150,33 +156,3 @@ def test_find_deposits_refuses_a_partial_grid():
     one_layer = ablate_heads(model, tokens, labels, pad_mask=pad, layers=[1], n_bootstrap=0)
     assert [s.layer for s in find_deposits(one_layer).layers] == [1]  # whole layers are fine
     assert accuracy_per_example  # the grid's metric
-
-
-def test_the_clean_path_is_the_derivative_with_every_head_live():
-    """path="clean" (AtP): each head's estimate is the derivative of the mean log-probability in
-    its own output scale at 1 (every head live), by finite differences here."""
-    model = random_model("t5").double()
-    tokens, labels, pad = inputs(6)
-    L, H = model.cfg.n_layers, model.cfg.n_heads
-    est = rank_heads(model, tokens, labels, pad, surrogate="logprob", steps=1, path="clean")
-    est = est["estimate"]
-
-    def mean_logprob(layer, head, eps):
-        def hook(z, hook):
-            scale = torch.ones(H, dtype=z.dtype)
-            if int(hook.name.split(".")[1]) == layer:
-                scale[head] += eps
-            return z * scale[None, None, :, None]
-
-        with torch.no_grad():
-            logits = model.run_with_hooks(
-                tokens, pad, fwd_hooks=[(f"blocks.{i}.attn.hook_z", hook) for i in range(L)]
-            )
-        return float(logits.log_softmax(-1).gather(1, labels[:, None]).mean())
-
-    for layer in range(L):
-        for h in range(H):
-            d = (mean_logprob(layer, h, 1e-5) - mean_logprob(layer, h, -1e-5)) / 2e-5
-            assert est[layer, h] == pytest.approx(d, rel=1e-6, abs=1e-9)
-    with pytest.raises(ValueError, match="steps=1"):
-        rank_heads(model, tokens, labels, pad, steps=2, path="clean")
