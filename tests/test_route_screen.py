@@ -169,3 +169,39 @@ def test_a_bad_screen_is_one_line():
         _shares(m, p, screen=2, screen_steps=0)
     with pytest.raises(ValueError, match="screen_path must be 'clean' \\(steps 1\\) or 'joint'"):
         _shares(m, p, screen=2, screen_path="clean", screen_steps=2)
+
+
+def test_a_screen_says_no_where_a_planted_route_is_split_in_two(tmp_path):
+    """The planted single route (checkpoints/planted-single-yes, every other head silent) with every
+    head rotated, and its head copied into a second head, each writing half: two routes of about
+    half the effect each. A screen of two measures exactly those two (every silent head's
+    estimate is 0), with the exhaustive shares, and both verdicts are no (the runner-up lies
+    outside ±5%); the same model unsplit is yes, screened or not."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from pe_interp.checkpoint import load_run
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(Path(__file__).parents[1] / "checkpoints" / "planted-single-yes", run_dir)
+    cfg = json.loads((run_dir / "config.json").read_text())
+    cfg["model"]["encoding"] = [{"name": "rope"}]
+    (run_dir / "config.json").write_text(json.dumps(cfg))
+    run = load_run(run_dir)
+    p = run.task.counterfactuals(64, kind="position", seed=11)
+    assert positional_dominance(_shares(run.model, p, n_bootstrap=200, screen=2)).verdict == "yes"
+    attn = run.model.blocks[0].attn
+    with torch.no_grad():
+        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V"):
+            getattr(attn, name)[2] = getattr(attn, name)[3]
+        attn.W_O[2:4] *= 0.5
+    full = _shares(run.model, p, n_bootstrap=200)
+    r = _shares(run.model, p, n_bootstrap=200, screen=2)
+    assert r.screened and {(0, 2), (0, 3)} == {
+        tuple(int(i) for i in h) for h in np.argwhere(r.measured)
+    }
+    assert r.unmeasured_max() == 0.0
+    np.testing.assert_allclose(r.shares[r.measured], full.shares[r.measured], atol=1e-5)
+    v, w = positional_dominance(r), positional_dominance(full)
+    assert v.verdict == w.verdict == "no" and "share lies outside ±5%" in v.why, v.text()
