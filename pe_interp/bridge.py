@@ -15,7 +15,9 @@ ablation sweep stacks copies, :func:`probes.ablation.sweeps.sweep_stacked`; path
 (:meth:`BridgedModel.resume`, running that layer and the later ones only) where a check on the
 bridge itself found it exact (:func:`~pe_interp.bridge_forward.resumes_exactly`: not BLOOM, whose
 ALiBi the bridge then drops); a forward returning class logits unembeds only the position it reads;
-edges need per-head forks before the norm (:data:`FORKS_BEFORE_NORM`: not BLOOM); and padding
+edges need each head's residual term to be its own and per-head forks before the norm
+(:func:`~pe_interp.bridge_forward.check_edges`, a check on the bridge: not BLOOM, Gemma 2 or OLMo 2);
+and padding
 must be on the right (a causal model then never lets a pad reach a real token).
 
     from transformer_lens.model_bridge import TransformerBridge
@@ -41,6 +43,7 @@ from pe_interp.bridge_forward import (
     read_positions,
     resumes_exactly,
     skipping_blocks,
+    why_no_edges,
 )
 from pe_interp.checks import check_pad_mask_tensor, check_token_ids
 from pe_interp.hf_arch import read_answers
@@ -48,10 +51,6 @@ from pe_interp.probe_model import KVLayout, Restart
 
 # Hugging Face model_type -> our name of the architecture (ModelConfig.arch, pe-interp train --arch)
 ARCH_OF = {"gpt2": "gpt2", "gpt_neox": "gpt-neox", "llama": "llama", "bloom": "bloom"}
-
-# where the bridge's per-head q/k/v forks come before the layer norm, so that a writer's residual term
-# can be added to one head's input (tests/test_bridge_circuits.py); BLOOM's come after it
-FORKS_BEFORE_NORM = ("gpt2", "gpt_neox", "llama")
 
 
 class NotOnABridge(AttributeError, ValueError):
@@ -225,13 +224,13 @@ class BridgedModel(nn.Module):
 
     # the per-head forks of the circuit probes (TransformerLens' flags, the bridge's own setters)
     def check_forks(self) -> None:
-        """Raise, in one line, where the forks cannot carry an edge (:data:`FORKS_BEFORE_NORM`)."""
-        if self.cfg.model_type not in FORKS_BEFORE_NORM:
+        """Raise, in one line, where an edge cannot be carried (a check on the bridge, once:
+        :func:`~pe_interp.bridge_forward.check_edges`)."""
+        why = why_no_edges(self.bridge, self.cfg.d_vocab)
+        if why is not None:
             raise ValueError(
-                f"{self.cfg.encoding_name}: the bridge forks each head's q/k/v input after the layer norm "
-                "(TransformerLens #1317), where a writer's residual term cannot be added to one head; edge "
-                "attribution, path patching and circuits need that (node attribution, ablation and "
-                "patching run)"
+                f"{self.cfg.encoding_name}: {why}; edge attribution, path patching and circuits "
+                "need that (node attribution, ablation and patching run)"
             )
 
     def set_use_split_qkv_input(self, on: bool) -> None:
@@ -382,7 +381,6 @@ class BridgedModel(nn.Module):
 __all__ = [
     "ARCH_OF",
     "BridgeEncoding",
-    "FORKS_BEFORE_NORM",
     "BridgeConfig",
     "BridgedModel",
     "NotOnABridge",

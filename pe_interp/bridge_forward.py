@@ -24,13 +24,16 @@ from torch import Tensor
 __all__ = [
     "RESUME_TOLERANCE",
     "check_hooks_from",
+    "check_edges",
     "check_resume",
+    "cached",
     "keeps_logits",
     "layer_of",
     "may_keep",
     "read_positions",
     "resumes_exactly",
     "skipping_blocks",
+    "why_no_edges",
 ]
 
 # a restart that reproduces the forward within this (relative to the logits' scale) is exact: float
@@ -137,3 +140,129 @@ def check_resume(bridge: Any, d_vocab: int, n_tokens: int = 7) -> bool:
             ):
                 return False
     return True
+
+
+def cached(bridge: Any, tokens: Tensor, names: list[str]) -> tuple[dict[str, Tensor], str | None]:
+    """The hooks ``names`` of one no-grad forward of ``tokens``, and the first that did not fire
+    (None: all did)."""
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(tokens, names_filter=names)
+    got = cache.cache_dict if hasattr(cache, "cache_dict") else cache
+    return got, next((n for n in names if n not in got), None)
+
+
+_EDGES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> why_no_edges
+
+
+def why_no_edges(bridge: Any, d_vocab: int, n_tokens: int = 7) -> str | None:
+    """:func:`check_edges`, once per bridge."""
+    if bridge not in _EDGES:
+        _EDGES[bridge] = check_edges(bridge, d_vocab, n_tokens)
+    return _EDGES[bridge]
+
+
+def check_edges(bridge: Any, d_vocab: int, n_tokens: int = 7) -> str | None:
+    """Why the edge probes (attribution, path patching, circuits) cannot run on the bridge, in one
+    line; None where they can. They add a writer's residual term to one head's q/k/v input, so:
+
+    - each block writes ``sum_h z_h W_O[h] + b_O`` (``hook_attn_out``) plus ``hook_mlp_out`` to
+      the residual, so a head's term is its own (not where a norm follows the attention, as in
+      Gemma 2 and 3 and OLMo 2);
+    - the per-head forks (TransformerLens' ``use_split_qkv_input``) come before the layer norm:
+      every layer's ``hook_q_input``/``hook_k_input``/``hook_v_input`` holds the layer's input
+      (``hook_resid_pre``) in every head, and a term added to head 0's ``hook_q_input`` of layer 0
+      moves that head's ``hook_q`` and no other head's (BLOOM's bridge forks after the norm,
+      TransformerLens #1317).
+
+    Read from the bridge on ``n_tokens`` tokens (three forwards), not from its model type."""
+    g = torch.Generator().manual_seed(0)
+    device = next(bridge.parameters()).device
+    tokens = torch.randint(0, d_vocab, (1, n_tokens), generator=g).to(device)
+    n_layers = len(bridge.blocks)
+    kinds = ("hook_resid_pre", "hook_resid_post", "attn.hook_z", "hook_attn_out", "hook_mlp_out")
+    writes = [f"blocks.{i}.{k}" for i in range(n_layers) for k in kinds]
+    got, missing = cached(bridge, tokens, writes)
+    if missing is not None:
+        return f"the bridge fires no {missing}, where a writer's residual term is read"
+    for i in range(n_layers):
+        attn = bridge.blocks[i].attn
+        z, out = got[f"blocks.{i}.attn.hook_z"], got[f"blocks.{i}.hook_attn_out"]
+        b_o = getattr(attn, "b_O", None)
+        heads = torch.einsum("bphd,hdm->bpm", z, attn.W_O) + (0 if b_o is None else b_o)
+        step = got[f"blocks.{i}.hook_resid_post"] - got[f"blocks.{i}.hook_resid_pre"]
+        tol = RESUME_TOLERANCE * (float(step.abs().max()) or 1.0)
+        if not bool(((heads - out).abs() <= tol).all()):
+            return (
+                f"layer {i}'s attention output is not the sum of its heads' z_h W_O[h] (a norm "
+                "after the attention), so a head's residual term is not its own"
+            )
+        if not bool(((out + got[f"blocks.{i}.hook_mlp_out"] - step).abs() <= tol).all()):
+            return f"layer {i} writes more to the residual than hook_attn_out plus hook_mlp_out"
+    return _why_not_forks(bridge, tokens)
+
+
+AFTER_NORM = (
+    "the bridge forks each head's q/k/v input after the layer norm (TransformerLens #1317), where "
+    "a writer's residual term cannot be added to one head"
+)
+
+
+def _why_not_forks(bridge: Any, tokens: Tensor) -> str | None:
+    """The forks' half of :func:`check_edges`."""
+    g = torch.Generator().manual_seed(1)
+    device = tokens.device
+    n_layers = len(bridge.blocks)
+    inputs = [f"blocks.{i}.attn.hook_{t}_input" for i in range(n_layers) for t in "qkv"]
+    names = (
+        inputs + [f"blocks.{i}.hook_resid_pre" for i in range(n_layers)] + ["blocks.0.attn.hook_q"]
+    )
+    was = bool(getattr(bridge.cfg, "use_split_qkv_input", False))
+    attn_in = bool(getattr(bridge.cfg, "use_attn_in", False))  # exclusive with the forks
+    if attn_in:
+        bridge.set_use_attn_in(False)
+    bridge.set_use_split_qkv_input(True)
+    try:
+        with torch.no_grad():
+            got, missing = cached(bridge, tokens, names)
+            if missing is not None:
+                return f"the bridge fires no {missing} with its per-head forks on"
+            for name in inputs:
+                x, resid = got[name], got[f"blocks.{layer_of(name)}.hook_resid_pre"]
+                if x.dim() != 4 or x.shape[:2] != resid.shape[:2]:
+                    return f"{name} is not [batch, pos, head, d_model]"
+                tol = RESUME_TOLERANCE * (float(resid.abs().max()) or 1.0)
+                if not bool(((x - resid[:, :, None]).abs() <= tol).all()):
+                    return AFTER_NORM
+            n_q, n_kv = got[inputs[0]].shape[2], got[inputs[1]].shape[2]
+            if n_kv != n_q:
+                return (
+                    f"its {n_q} query heads share {n_kv} key/value heads, whose k/v forks are one "
+                    "per key/value head, and the edge graph has one k and one v reader per query head"
+                )
+            q = got["blocks.0.attn.hook_q"]
+            if q.dim() != 4 or q.shape[2] != n_q:
+                return "blocks.0.attn.hook_q is not [batch, pos, query head, d_head]"
+            bump = torch.randn(got[inputs[0]][:, :, 0].shape, generator=g).to(device)
+
+            def add(x: Tensor, hook: Any) -> Tensor:
+                x = x.clone()
+                x[:, :, 0] += bump
+                return x
+
+            moved: dict[str, Tensor] = {}
+            bridge.run_with_hooks(
+                tokens,
+                fwd_hooks=[
+                    (inputs[0], add),
+                    ("blocks.0.attn.hook_q", lambda x, hook: moved.__setitem__("q", x)),
+                ],
+            )
+    finally:
+        bridge.set_use_split_qkv_input(was)
+        if attn_in:
+            bridge.set_use_attn_in(True)
+    change = (moved["q"] - q).abs().amax(dim=(0, 1, 3))  # per head
+    tol = RESUME_TOLERANCE * (float(q.abs().max()) or 1.0)
+    if bool(change[0] > tol) and bool((change[1:] <= tol).all()):
+        return None
+    return "a term added to one head's hook_q_input does not move that head's query alone"

@@ -1,0 +1,112 @@
+"""The edge probes (edge attribution, path patching, circuits) on the families no other test builds
+(issue 47, item 3; the families of ``test_held_back_families``). Whether an edge can be carried is
+read from the bridge (:func:`pe_interp.bridge_forward.check_edges`), not from its model type: a
+family whose heads each write their own ``z_h W_O[h]`` to the residual and whose per-head forks
+come before the layer norm runs (each family built here with one key/value head per query head), and
+the forks are checked against the Hugging Face layer's own norm input; a family with a norm after
+the attention (Gemma 2 and 3, OLMo 2) or with grouped key/value heads refuses in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from test_held_back_families import (  # noqa: F401
+    ANSWERS,
+    COMMON,
+    FAMILIES,
+    TOK,
+    H,
+    _examples,
+    _pairs,
+    families,
+)
+
+from pe_interp.bridge import BridgedModel
+from pe_interp.bridge_forward import check_edges
+from pe_interp.hf_arch import boot_bridge, save_model_dir
+from pe_interp.tasks.batch import Batch, CounterfactualPairs
+from probes import attribute
+from probes.circuits.engine import forks
+from probes.circuits.graph import build_graph
+
+NORM_AFTER_ATTENTION = {"gemma2", "gemma3", "olmo2"}
+
+
+def _counterfactuals() -> CounterfactualPairs:
+    clean, corrupt, good, bad = _pairs()
+    mask = torch.ones_like(clean, dtype=torch.bool)
+    return CounterfactualPairs(Batch(clean, good, mask), Batch(corrupt, bad, mask))
+
+
+def _ungrouped(family: str, tmp_path) -> BridgedModel:
+    """The family's tiny model with one key/value head per query head, as a bridge."""
+    cls, own = FAMILIES[family]
+    config = getattr(transformers, cls)(**{**COMMON, "num_key_value_heads": H}, **own)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        hf = transformers.AutoModelForCausalLM.from_config(config).eval()
+    return BridgedModel(boot_bridge(save_model_dir(hf, TOK, tmp_path / "model")), answers=ANSWERS)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma3"])
+def test_edges_refuse_grouped_key_value_heads_in_one_line(families, family):  # noqa: F811
+    """k/v forks come one per key/value head; the edge graph has a reader per query head."""
+    _, model, _ = families(family)
+    why = check_edges(model.bridge, 30)
+    if family in NORM_AFTER_ATTENTION:  # the first thing it lacks is named
+        assert "attention output is not the sum of its heads" in why
+        return
+    assert why == (
+        f"its {H} query heads share 2 key/value heads, whose k/v forks are one per key/value "
+        "head, and the edge graph has one k and one v reader per query head"
+    )
+    with pytest.raises(ValueError, match="share 2 key/value heads.*circuits need that"):
+        attribute(model, _counterfactuals(), granularity="edge")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_edges_run_only_where_each_head_writes_its_own_term_before_a_norm(family, tmp_path):
+    model = _ungrouped(family, tmp_path)
+    pairs = _counterfactuals()
+    if family in NORM_AFTER_ATTENTION:
+        assert "attention output is not the sum of its heads" in check_edges(model.bridge, 30)
+        with pytest.raises(
+            ValueError,
+            match=r"attention output is not the sum of its heads' z_h W_O\[h\] .*; edge "
+            "attribution, path patching and circuits need that",
+        ):
+            attribute(model, pairs, granularity="edge")
+        return
+    assert check_edges(model.bridge, 30) is None
+    # the forks: a delta at every head's q, k and v input of layer 1 is a delta at the input of
+    # the norm that the Hugging Face layer puts before its attention
+    tokens, mask, _ = _examples()
+    d = torch.randn(*tokens.shape, model.cfg.d_model, generator=torch.Generator().manual_seed(1))
+    hf = model.bridge.original_model
+    handle = hf.model.layers[1].input_layernorm.register_forward_pre_hook(
+        lambda m, args: (args[0] + d,)
+    )
+    try:
+        with torch.no_grad():
+            logits = hf(tokens, attention_mask=mask.long()).logits
+    finally:
+        handle.remove()
+    want = logits[torch.arange(len(mask)), mask.sum(1) - 1][:, ANSWERS]
+    names = [f"blocks.1.attn.hook_{c}_input" for c in "qkv"]
+    with (
+        forks(model),
+        torch.no_grad(),
+        model.hooks(fwd_hooks=[(n, lambda x, hook: x + d[:, :, None]) for n in names]),
+    ):
+        got = model.forward_unchecked(tokens, mask)
+    with torch.no_grad():
+        clean = model(tokens, mask)
+    assert float((got - clean).abs().max()) > 1e-3  # the delta matters
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+    # the chain rule through every fork: each writer's edges add up to its node score
+    nodes = attribute(model, pairs)
+    edges = attribute(model, pairs, granularity="edge")
+    np.testing.assert_allclose(np.nansum(edges.scores, axis=0), nodes.scores, atol=1e-5)
+    assert np.isnan(edges.scores).sum() == (~build_graph(model.cfg).valid).sum()
