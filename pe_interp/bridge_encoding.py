@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pe_interp.bridge_alibi import alibi_slopes
 from pe_interp.bridge_check import ForwardCheck
 from pe_interp.encodings.base import RotarySpan
 
@@ -33,9 +34,10 @@ class BridgeEncoding(ForwardCheck):
       time), or at ``hook_rot_q``/``hook_rot_k`` where a QK-norm sits between ``hook_q`` and the
       rotation (:attr:`rotation_hooks`);
     - **learned** positions (a ``pos_embed`` component, GPT-2's): the residual route;
-    - **ALiBi** (BLOOM's slopes): a head's bias ``slope_h * j`` moved inside the attention scores
-      (``hook_attn_scores``: :meth:`move_bias`). The logit decomposition needs the bias as a term
-      of its own, which BLOOM's bridge does not hook: it says so in one line.
+    - **ALiBi** (BLOOM's, MPT's, Falcon's: the slopes read from the bridge's scores,
+      :mod:`pe_interp.bridge_alibi`): a head's bias ``slope_h * j`` moved inside the attention
+      scores (``hook_attn_scores``: :meth:`move_bias`). The logit decomposition needs the bias as
+      a term of its own, which these bridges do not hook: it says so in one line.
 
     Before route shares or the decomposition read a rotary bridge, one forward of a few tokens
     (:meth:`_check`) shows that these tables reproduce the bridge's rotated q/k in every layer
@@ -52,12 +54,12 @@ class BridgeEncoding(ForwardCheck):
         c, bridge = model.cfg, model.bridge
         self._spans: dict[int, tuple[RotarySpan, ...]] = {}
         self._tables: dict[tuple[Any, Any], tuple[Tensor, Tensor]] = {}  # per rotary config
-        self._rotary, self._learned, self._alibi = position_sources(bridge, c.model_type)
+        self._rotary, self._learned, self._alibi = position_sources(bridge)
         self.why_not = None  # why no probe can read this architecture's positions
         if not (self._rotary or self._learned or self._alibi):
             self.why_not = (
                 f"{c.encoding_name}: the bridge has no rotary module (rotary_emb, hook_cos/hook_sin), "
-                "learned position table (pos_embed) or BLOOM's ALiBi, so no probe can read where its "
+                "learned position table (pos_embed) or ALiBi bias in its scores, so no probe can read where its "
                 "positions enter; ablation, patching, attribution and circuits run on it"
             )
         self._checked: dict[str, Any] | None = None  # what one forward showed (_check)
@@ -100,11 +102,12 @@ class BridgeEncoding(ForwardCheck):
 
     @cached_property
     def slopes(self) -> Tensor:
-        """BLOOM's ALiBi slope of each head ``[n_heads]``, from Hugging Face's own table."""
-        from transformers.models.bloom.modeling_bloom import build_alibi_tensor
-
-        ones = torch.ones(1, 2, dtype=torch.long, device=self.model.W_E.device)
-        return build_alibi_tensor(ones, self.model.cfg.n_heads, torch.float32)[:, 0, 1]
+        """Each head's ALiBi slope ``[n_heads]``, in the units of the attention scores, read from
+        the bridge's own forward (:func:`pe_interp.bridge_alibi.alibi_slopes`)."""
+        slopes = alibi_slopes(self.model.bridge)
+        if slopes is None:
+            raise ValueError(f"{self.model.cfg.encoding_name}: the bridge adds no ALiBi bias")
+        return slopes.to(self.model.W_E.device)
 
     def rotary_spans(self, layer: int, n_pos: int | None = None) -> tuple[RotarySpan, ...] | None:
         """The rotated span of ``layer`` (Hugging Face's ``rotate_half`` pairs), its cos/sin
@@ -235,9 +238,9 @@ class BridgeEncoding(ForwardCheck):
         return turn(q), turn(k)
 
     def bias(self, n_q: int, n_k: int, layer: int) -> Tensor | None:
-        """BLOOM's ALiBi term ``[head, q, k]``: ``slope_h * j``, a key's position times the head's
-        slope (Hugging Face's form; ``slope_h * (j - i)`` differs by a constant per query row, which
-        the softmax ignores). None for the other architectures."""
+        """The ALiBi term ``[head, q, k]``: ``slope_h * j``, a key's position times the head's
+        slope (BLOOM's form; ``slope_h * (j - i)`` differs by a constant per query row, which the
+        softmax ignores). None without ALiBi."""
         if not self.has_bias:
             return None
         j = torch.arange(n_k, dtype=torch.float32, device=self.slopes.device)
@@ -310,26 +313,29 @@ def model_rotary(bridge: Any) -> Any:
     return None
 
 
-def position_sources(bridge: Any, model_type: str) -> tuple[bool, bool, bool]:
+def position_sources(bridge: Any) -> tuple[bool, bool, bool]:
     """``(rotary, learned, alibi)``: where a bridge's positions enter, read from its components
     and hooks (no table of model names): a rotary module or every layer's ``hook_cos``/
-    ``hook_sin``; a learned position table (``pos_embed``); BLOOM's ALiBi, whose slopes are
-    BLOOM's own table."""
+    ``hook_sin``; a learned position table (``pos_embed``); an ALiBi bias in the attention
+    scores (:func:`pe_interp.bridge_alibi.alibi_slopes`: one forward of a few tokens, once per
+    bridge)."""
     names = bridge.hook_dict
     n_layers = len(bridge.blocks)
     hooked = all(
         f"blocks.{i}.attn.hook_{t}" in names for i in range(n_layers) for t in ("cos", "sin")
     )
     rotary = model_rotary(bridge) is not None or hooked
-    return rotary, "pos_embed" in getattr(bridge, "_modules", {}), model_type == "bloom"
+    alibi = alibi_slopes(bridge) is not None
+    # a model that adds ALiBi may still build a rotary module it never calls (Falcon, alibi=True)
+    return rotary and not alibi, "pos_embed" in getattr(bridge, "_modules", {}), alibi
 
 
 def encoding_names(bridge: Any, hf_config: Any) -> tuple[str, str]:
     """``(name, kind)`` of where a bridge's positions enter (:func:`position_sources`), for
     results and messages: "rope", or "partial rotary (f of each head)" where the config rotates a
-    fraction ``f < 1`` of each head (multiplicative); "learned absolute" and BLOOM's "alibi"
-    (additive); else "unknown"."""
-    rotary, learned, alibi = position_sources(bridge, getattr(hf_config, "model_type", ""))
+    fraction ``f < 1`` of each head (multiplicative); "learned absolute" and "alibi" (additive);
+    else "unknown"."""
+    rotary, learned, alibi = position_sources(bridge)
     if rotary:
         share = (
             getattr(hf_config, "rotary_pct", None)

@@ -52,8 +52,8 @@ rotated q/k are the bridge's own ``hook_rot_q/k`` where it caches them (Llama, Q
 own layer 0 on each part of its input (``blocks.0.hook_resid_pre`` replaced, ``ln1.hook_scale``
 and a QK-norm's ``q_norm``/``k_norm.hook_scale`` frozen). What the encoding of a family never
 tested here cannot show, it refuses in one line (:class:`pe_interp.bridge_encoding.BridgeEncoding`
-checks its tables and the scores on one short forward first): BLOOM's ALiBi, added inside the
-bridge's scores with no hook of its own; Gemma 2's attention-logit soft-capping; a QK-norm whose
+checks its tables and the scores on one short forward first): ALiBi (BLOOM's, MPT's, Falcon's),
+added inside the bridge's scores with no hook of its own; Gemma 2's attention-logit soft-capping; a QK-norm whose
 scale the bridge does not hook (layer 0 only); a rotation its tables do not reproduce.
 :func:`positional_scores` leaves the direct term NaN there, and fits each head's template over
 its own mask (sliding-window layers allow fewer entries than global ones).
