@@ -10,7 +10,8 @@ Within the causal mask, each head's scores are fitted, per layer, as
 
 (``r_i`` a constant per query row, removed by centring each row; ``c_h`` the head's scale, which
 is the model's own: ``1/sqrt(d_head)``, or, in Falcon, the same factor applied to the bias too). A
-bridge has ALiBi where the fit is exact in every layer, some slope is not zero, and every layer
+bridge has ALiBi where the fit is exact in every layer (to float32 rounding of the scores, and to
+bfloat16 rounding of the bias, which Falcon builds in bfloat16), some slope is not zero, and every layer
 has the same slopes; they are returned in the scores' units. A rotary model whose ``hook_q``/
 ``hook_k`` hold q/k before the rotation does not fit (the rotation is not a bias), and one that
 hooks them after it fits with every slope zero: neither has ALiBi.
@@ -29,6 +30,7 @@ from pe_interp.bridge_forward import cached
 __all__ = ["alibi_slopes", "read_alibi_slopes"]
 
 FIT_TOLERANCE = 1e-4  # of the scores' scale: float32 rounding of the same sums stays far below
+BIAS_ROUNDING = 2.0**-7  # of the largest bias: twice bfloat16's rounding of the bias itself
 
 _READ: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> slopes or None
 
@@ -96,8 +98,10 @@ def _fit(q: Tensor, k: Tensor, scores: Tensor) -> Tensor | None:
     design = torch.stack([x1.flatten(1), x2.flatten(1)], dim=-1)  # [H, entries, 2]
     coef = torch.linalg.lstsq(design, y.flatten(1)[..., None]).solution[..., 0]  # [H, 2]
     fitted = (design @ coef[..., None])[..., 0]
-    tol = FIT_TOLERANCE * max(1.0, float(s[:, allowed].abs().max()))
-    if float((fitted - y.flatten(1)).abs().max()) > tol:
-        return None
     slopes = coef[:, 1]
+    tol = FIT_TOLERANCE * max(1.0, float(s[:, allowed].abs().max()))
+    # Falcon builds its bias in bfloat16 (slope times position, rounded): exact to 2^-8 of itself
+    rounding = BIAS_ROUNDING * float(slopes.abs().max()) * (p - 1)
+    if float((fitted - y.flatten(1)).abs().max()) > tol + rounding:
+        return None
     return torch.where(slopes.abs() * (p - 1) > tol, slopes, torch.zeros_like(slopes))

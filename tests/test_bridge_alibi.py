@@ -88,6 +88,33 @@ def test_alibi_is_read_from_the_scores_with_the_models_own_slopes(built, family)
     )
 
 
+def test_falcons_bias_built_in_bfloat16_is_still_read_as_alibi(tmp_path):
+    """With 12 heads Falcon's slopes are not all powers of two, and its bias, slope times
+    position rounded to bfloat16, is linear in the position only to 2^-8 of itself."""
+    heads = 12
+    config = transformers.FalconConfig(
+        vocab_size=V,
+        hidden_size=8 * heads,
+        num_attention_heads=heads,
+        num_hidden_layers=2,
+        alibi=True,
+        new_decoder_architecture=False,
+        multi_query=False,
+        parallel_attn=True,
+    )
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model = BridgedModel(boot_bridge(save_model_dir(hf, TOK, tmp_path / "m")))
+    assert model.cfg.encoding_name == "falcon: alibi" and not model.encoding.rotates
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor
+
+    bias = build_alibi_tensor(torch.ones(1, 40, dtype=torch.long), heads, torch.float32)[:, 0]
+    t = bias[:, 1]
+    assert float((bias - t[:, None] * torch.arange(40)).abs().max()) > 1e-3  # not linear in j
+    want = 2 * t * hf.transformer.h[0].self_attention.inv_norm_factor  # as _reference_slopes
+    torch.testing.assert_close(model.encoding.slopes, want, rtol=2.0**-8, atol=0.0)
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt-neox", "bloom"])
 def test_no_alibi_where_positions_enter_otherwise_and_blooms_own_table_where_they_do(
     arch, tmp_path
