@@ -110,3 +110,23 @@ def test_edges_run_only_where_each_head_writes_its_own_term_before_a_norm(family
     edges = attribute(model, pairs, granularity="edge")
     np.testing.assert_allclose(np.nansum(edges.scores, axis=0), nodes.scores, atol=1e-5)
     assert np.isnan(edges.scores).sum() == (~build_graph(model.cfg).valid).sum()
+
+
+def test_a_residual_far_larger_than_each_layers_write_is_no_reason_to_refuse(tmp_path):
+    """SmolLM2's massive activations: float32 rounding of the residual's size shows up in the
+    difference of two of them; the check compares at the residual's scale (a Llama whose
+    embeddings are a million times their initialisation)."""
+    from pe_interp.hf_arch import build_hf_model, word_tokenizer
+
+    hf = build_hf_model(
+        "llama", seed=2, n_layers=2, d_model=32, n_heads=4, d_mlp=40, n_ctx=16, d_vocab=30, pad_id=0
+    )
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.mul_(1e6)
+    bridge = boot_bridge(save_model_dir(hf, word_tokenizer(30, 0), tmp_path / "m"))
+    tokens = torch.randint(1, 30, (1, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(tokens)
+    step = cache["blocks.1.hook_resid_post"] - cache["blocks.1.hook_resid_pre"]
+    assert float(cache["blocks.1.hook_resid_post"].abs().max()) > 1e4 * float(step.abs().max())
+    assert check_edges(bridge, 30) is None
