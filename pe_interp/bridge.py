@@ -16,8 +16,8 @@ ablation sweep stacks copies, :func:`probes.ablation.sweeps.sweep_stacked`; path
 bridge itself found it exact (:func:`~pe_interp.bridge_forward.resumes_exactly`: not BLOOM, whose
 ALiBi the bridge then drops); a forward returning class logits unembeds only the position it reads;
 edges need each head's residual term to be its own and per-head forks before the norm
-(:func:`~pe_interp.bridge_forward.check_edges`, a check on the bridge: not BLOOM, Gemma 2 or OLMo 2);
-and padding
+(:func:`~pe_interp.bridge_forward.check_edges`, a check on the bridge: not BLOOM, Gemma 2 or OLMo 2,
+nor, for now, grouped key/value heads); and padding
 must be on the right (a causal model then never lets a pad reach a real token).
 
     from transformer_lens.model_bridge import TransformerBridge
@@ -229,8 +229,8 @@ class BridgedModel(nn.Module):
         why = why_no_edges(self.bridge, self.cfg.d_vocab)
         if why is not None:
             raise ValueError(
-                f"{self.cfg.encoding_name}: {why}; edge attribution, path patching and circuits "
-                "need that (node attribution, ablation and patching run)"
+                f"{self.cfg.encoding_name}: {why}; so edge attribution, path patching and "
+                "circuits do not run on it (node attribution, ablation and patching do)"
             )
 
     def set_use_split_qkv_input(self, on: bool) -> None:

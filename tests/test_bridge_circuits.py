@@ -177,7 +177,7 @@ def _refuses_edges(model, call) -> bool:
         return False
     with pytest.raises(
         ValueError,
-        match="after the layer norm .* edge attribution, path patching and circuits need",
+        match="after the layer norm .* edge attribution, path patching and circuits do not run",
     ):
         call()
     return True

@@ -62,7 +62,7 @@ def test_edges_refuse_grouped_key_value_heads_in_one_line(families, family):  # 
         f"its {H} query heads share 2 key/value heads, whose k/v forks are one per key/value "
         "head, and the edge graph has one k and one v reader per query head"
     )
-    with pytest.raises(ValueError, match="share 2 key/value heads.*circuits need that"):
+    with pytest.raises(ValueError, match="share 2 key/value heads.*circuits do not run on it"):
         attribute(model, _counterfactuals(), granularity="edge")
 
 
@@ -74,8 +74,8 @@ def test_edges_run_only_where_each_head_writes_its_own_term_before_a_norm(family
         assert "attention output is not the sum of its heads" in check_edges(model.bridge, 30)
         with pytest.raises(
             ValueError,
-            match=r"attention output is not the sum of its heads' z_h W_O\[h\] .*; edge "
-            "attribution, path patching and circuits need that",
+            match=r"attention output is not the sum of its heads' z_h W_O\[h\] .*; so edge "
+            "attribution, path patching and circuits do not run on it",
         ):
             attribute(model, pairs, granularity="edge")
         return
