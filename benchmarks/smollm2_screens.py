@@ -20,8 +20,9 @@ One run, one process, metric ``loss`` on ``--n`` induction prompts (seed 0, as
      head's direct path (AtP*'s "QK fix", Kramar et al. 2024, carried from query/key nodes to
      head outputs): for head h and every later layer l', the clean pattern gradient times
      (the pattern with h's output taken out of l''s input, exactly, minus the same change
-     linearised by a finite difference). The patterns are recomputed by the Hugging Face Llama
-     layers in float64 and checked against the bridge's ``hook_pattern`` first (a model whose
+     linearised by a central difference). The patterns are recomputed by the Hugging Face Llama
+     layers in float64, every difference taken from that recomputation, checked against the
+     bridge's ``hook_pattern`` first (a model whose
      recomputation differs by more than 1e-4 stops the run). A diagnostic, written plainly:
      its time is reported, not optimised.
 
@@ -127,7 +128,10 @@ def qk_fix(path: Path, model, tokens, labels, pad_mask) -> np.ndarray:
 
     corr = np.zeros((L, H))
     with torch.no_grad():
-        gap = max(float((pattern(layer, X[layer]) - A0[layer]).abs().max()) for layer in range(L))
+        # the float64 recomputation is the baseline of every difference: the bridge's own float32
+        # pattern differs from it by ~1e-6, which a difference quotient would amplify
+        base = [pattern(layer, X[layer]) for layer in range(L)]
+        gap = max(float((base[layer] - A0[layer]).abs().max()) for layer in range(L))
         if gap > 1e-4:
             raise SystemExit(
                 f"qk fix: the recomputed patterns differ from hook_pattern by {gap:.1e}"
@@ -144,8 +148,11 @@ def qk_fix(path: Path, model, tokens, labels, pad_mask) -> np.ndarray:
                         for layer, h in part
                     ]
                 )  # each head's direct write into the residual, [S, n, p, d_model]
-                exact = pattern(later, X[later][None] - out) - A0[later]
-                linear = (pattern(later, X[later][None] - eps * out) - A0[later]) / eps
+                exact = pattern(later, X[later][None] - out) - base[later]
+                linear = (
+                    pattern(later, X[later][None] - eps * out)
+                    - pattern(later, X[later][None] + eps * out)
+                ) / (2 * eps)  # a central difference, in float64 throughout
                 moved = ((exact - linear) * G[later][None]).sum((2, 3, 4)).sum(1) / n
                 for (layer, h), c in zip(part, moved.tolist()):
                     corr[layer, h] += c

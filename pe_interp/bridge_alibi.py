@@ -10,9 +10,11 @@ Within the causal mask, each head's scores are fitted, per layer, as
 
 (``r_i`` a constant per query row, removed by centring each row; ``c_h`` the head's scale, which
 is the model's own: ``1/sqrt(d_head)``, or, in Falcon, the same factor applied to the bias too). A
-bridge has ALiBi where the fit is exact in every layer (to float32 rounding of the scores, and to
-bfloat16 rounding of the bias, which Falcon builds in bfloat16), some slope is not zero, and every layer
-has the same slopes; they are returned in the scores' units. A rotary model whose ``hook_q``/
+bridge has ALiBi where the fit is exact in every layer (to float32 rounding of the scores, a few
+units in the last place of half-precision ones, and bfloat16 rounding of the bias, which Falcon
+builds in bfloat16; masked entries, -inf in TransformerLens' compatibility mode, are left out),
+some slope is larger than that rounding allows, and every layer has the same slopes; they are
+returned in the scores' units. A rotary model whose ``hook_q``/
 ``hook_k`` hold q/k before the rotation does not fit (the rotation is not a bias), and one that
 hooks them after it fits with every slope zero: neither has ALiBi.
 """
@@ -31,6 +33,7 @@ __all__ = ["alibi_slopes", "read_alibi_slopes"]
 
 FIT_TOLERANCE = 1e-4  # of the scores' scale: float32 rounding of the same sums stays far below
 BIAS_ROUNDING = 2.0**-7  # of the largest bias: twice bfloat16's rounding of the bias itself
+HALF = (torch.float16, torch.bfloat16)
 
 _READ: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bridge -> slopes or None
 
@@ -60,19 +63,21 @@ def read_alibi_slopes(bridge: Any, n_tokens: int = 7) -> Tensor | None:
     found = None
     for i in range(n_layers):
         pre = f"blocks.{i}.attn.hook_"
-        slopes = _fit(got[pre + "q"], got[pre + "k"], got[pre + "attn_scores"])
-        if slopes is None:
+        fit = _fit(got[pre + "q"], got[pre + "k"], got[pre + "attn_scores"])
+        if fit is None:
             return None
+        slopes, resolution = fit
         if found is None:
             found = slopes
-        elif not torch.allclose(slopes, found, rtol=1e-3, atol=1e-6):
+        elif not torch.allclose(slopes, found, rtol=1e-3, atol=2 * resolution):
             return None  # ALiBi's slopes are the model's, the same in every layer
     return found.float() if found is not None and bool((found != 0).any()) else None
 
 
-def _fit(q: Tensor, k: Tensor, scores: Tensor) -> Tensor | None:
-    """The slopes of one layer, where ``scores`` is ``c_h q.k + slope_h j + r_i`` exactly under the
-    causal mask (None where it is not, or the hooks have other shapes). ``q [b, pos, H, d]``,
+def _fit(q: Tensor, k: Tensor, scores: Tensor) -> tuple[Tensor, float] | None:
+    """The slopes of one layer and how finely they are resolved, where ``scores`` is
+    ``c_h q.k + slope_h j + r_i`` under the causal mask to the scores' own rounding (None where it
+    is not, or the hooks have other shapes; every slope 0 where none is resolved). ``q [b, pos, H, d]``,
     ``k [b, pos, H_kv, d]`` (grouped heads repeated as Hugging Face repeats them), ``scores
     [b, H, pos, pos]``."""
     if q.dim() != 4 or k.dim() != 4 or scores.dim() != 4:
@@ -86,22 +91,29 @@ def _fit(q: Tensor, k: Tensor, scores: Tensor) -> Tensor | None:
     allowed = torch.ones(p, p, dtype=torch.bool, device=s.device).tril()
     if not bool(torch.isfinite(s[:, allowed]).all()):
         return None
-    rows = allowed.double()
-    count = rows.sum(1, keepdim=True)
+    count = allowed.sum(1, keepdim=True).double()
     j = torch.arange(p, dtype=torch.float64, device=s.device)[None].expand(p, -1)
 
     def centred(x: Tensor) -> Tensor:  # [..., q, k]: each row minus its mean over allowed keys
-        x = x * rows
-        return (x - x.sum(-1, keepdim=True) / count) * rows
+        x = torch.where(allowed, x, 0.0)  # masked entries may be -inf: never multiplied
+        return torch.where(allowed, x - x.sum(-1, keepdim=True) / count, 0.0)
 
     y, x1, x2 = centred(s), centred(raw), centred(j)[None].expand_as(raw)
     design = torch.stack([x1.flatten(1), x2.flatten(1)], dim=-1)  # [H, entries, 2]
-    coef = torch.linalg.lstsq(design, y.flatten(1)[..., None]).solution[..., 0]  # [H, 2]
-    fitted = (design @ coef[..., None])[..., 0]
-    slopes = coef[:, 1]
-    tol = FIT_TOLERANCE * max(1.0, float(s[:, allowed].abs().max()))
+    coef = torch.linalg.lstsq(design.cpu(), y.flatten(1)[..., None].cpu()).solution[..., 0]
+    fitted = (design.cpu() @ coef[..., None])[..., 0]
+    slopes = coef[:, 1]  # [H]
+    # the scores' own rounding: float32's well below FIT_TOLERANCE, half precision's a few ulps
+    ulps = 4 * torch.finfo(scores.dtype).eps if scores.dtype in HALF else 0.0
+    tol = max(FIT_TOLERANCE, ulps) * max(1.0, float(s[:, allowed].abs().max()))
     # Falcon builds its bias in bfloat16 (slope times position, rounded): exact to 2^-8 of itself
     rounding = BIAS_ROUNDING * float(slopes.abs().max()) * (p - 1)
-    if float((fitted - y.flatten(1)).abs().max()) > tol + rounding:
+    err = float((fitted - y.flatten(1).cpu()).abs().max())
+    if not err <= tol + rounding:  # NaN included
         return None
-    return torch.where(slopes.abs() * (p - 1) > tol, slopes, torch.zeros_like(slopes))
+    # a bias is there where some head's moves a score by more than the rounding over the prompt;
+    # then every head keeps its fitted slope (ALiBi gives every head one), else none has a bias
+    resolution = tol / (p - 1)
+    if not float(slopes.abs().max()) > resolution:
+        return torch.zeros_like(slopes).to(q.device), resolution
+    return slopes.to(q.device), resolution

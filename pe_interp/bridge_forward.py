@@ -189,17 +189,17 @@ def check_edges(bridge: Any, d_vocab: int, n_tokens: int = 7) -> str | None:
         z, out = got[f"blocks.{i}.attn.hook_z"], got[f"blocks.{i}.hook_attn_out"]
         b_o = getattr(attn, "b_O", None)
         heads = torch.einsum("bphd,hdm->bpm", z, attn.W_O) + (0 if b_o is None else b_o)
-        post = got[f"blocks.{i}.hook_resid_post"]
-        step = post - got[f"blocks.{i}.hook_resid_pre"]
+        pre, post = got[f"blocks.{i}.hook_resid_pre"], got[f"blocks.{i}.hook_resid_post"]
+        step = post - pre
         tol = RESUME_TOLERANCE * (float(out.abs().max()) or 1.0)
         if not bool(((heads - out).abs() <= tol).all()):
             return (
                 f"layer {i}'s attention output is not the sum of its heads' z_h W_O[h] (a norm "
                 "after the attention), so a head's residual term is not its own"
             )
-        # the residual's own scale: a large residual (SmolLM2's massive activations) leaves float32
-        # rounding of its size in the difference of two of them
-        tol = RESUME_TOLERANCE * (float(post.abs().max()) or 1.0)
+        # each entry at its own scale: where the residual is large (SmolLM2's massive activations)
+        # the difference of two of them keeps float32 rounding of their size, elsewhere not
+        tol = RESUME_TOLERANCE * (pre.abs() + post.abs() + float(step.abs().max()))
         if not bool(((out + got[f"blocks.{i}.hook_mlp_out"] - step).abs() <= tol).all()):
             return f"layer {i} writes more to the residual than hook_attn_out plus hook_mlp_out"
     return _why_not_forks(bridge, tokens)
@@ -222,10 +222,10 @@ def _why_not_forks(bridge: Any, tokens: Tensor) -> str | None:
     )
     was = bool(getattr(bridge.cfg, "use_split_qkv_input", False))
     attn_in = bool(getattr(bridge.cfg, "use_attn_in", False))  # exclusive with the forks
-    if attn_in:
-        bridge.set_use_attn_in(False)
-    bridge.set_use_split_qkv_input(True)
     try:
+        if attn_in:
+            bridge.set_use_attn_in(False)
+        bridge.set_use_split_qkv_input(True)
         with torch.no_grad():
             got, missing = cached(bridge, tokens, names)
             if missing is not None:

@@ -16,7 +16,7 @@ import transformers
 from prompt_env import make_tokenizer
 
 from pe_interp.bridge import BridgedModel
-from pe_interp.bridge_alibi import read_alibi_slopes
+from pe_interp.bridge_alibi import _fit, read_alibi_slopes
 from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir
 from probes import route_shares
 from probes.inputs import position_permutation
@@ -126,6 +126,11 @@ def test_no_alibi_where_positions_enter_otherwise_and_blooms_own_table_where_the
     got = read_alibi_slopes(bridge)
     if arch != "bloom":
         assert got is None
+        if arch == "gpt2":  # the fit itself ran: q.k scaled, and no bias
+            _, cache = bridge.run_with_cache(torch.randint(3, 20, (1, 7)))
+            pre = "blocks.1.attn.hook_"
+            slopes, _ = _fit(cache[pre + "q"], cache[pre + "k"], cache[pre + "attn_scores"])
+            assert torch.equal(slopes, torch.zeros(4))
         return
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
@@ -175,3 +180,54 @@ def test_route_shares_on_an_alibi_bridge_equal_a_naive_loop_with_the_models_slop
         for h in range(H):
             share = float((base - ld(_move(slopes, sigma, layer, [h]))).mean()) / effect
             assert r.shares[layer, h] == pytest.approx(share, rel=1e-3, abs=1e-4), (layer, h)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "bloom"])
+def test_masked_scores_at_minus_infinity_do_not_stop_the_read(arch, tmp_path):
+    """TransformerLens' compatibility mode fills masked scores with -inf."""
+    hf = build_hf_model(
+        arch, seed=1, n_layers=2, d_model=32, n_heads=4, d_mlp=40, n_ctx=16, d_vocab=V, pad_id=PAD
+    )
+    bridge = boot_bridge(save_model_dir(hf, TOK, tmp_path / "m"))
+    bridge.enable_compatibility_mode(no_processing=True)
+    _, cache = bridge.run_with_cache(torch.randint(3, 20, (1, 7)))
+    assert cache["blocks.0.attn.hook_attn_scores"][0, 0, 0, 1] == float("-inf")
+    got = read_alibi_slopes(bridge)
+    assert (got is None) == (arch == "gpt2")
+    assert BridgedModel(bridge).cfg.encoding_kind == "additive"
+
+
+def _scores(q, k, slopes, rotate: bool = False):
+    """Scores as a model in q's dtype computes them: ``q.k / sqrt(d) + slope_h j`` (or with q and
+    k rotated by RoPE first, and no bias), masked to -inf above the diagonal."""
+    p, d = q.shape[1], q.shape[-1]
+    if rotate:
+        ang = torch.arange(p)[:, None] * 10000.0 ** (-torch.arange(0, d, 2) / d)  # [p, d/2]
+        cos, sin = ang.cos().repeat(1, 2), ang.sin().repeat(1, 2)
+
+        def turn(x):
+            x = x.float()
+            half = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1)
+            return (x * cos[None, :, None] + half * sin[None, :, None]).to(q.dtype)
+
+        q, k = turn(q), turn(k)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / d**0.5
+    s = s + (slopes[:, None, None] * torch.arange(p)).to(q.dtype)
+    return s.masked_fill(~torch.ones(p, p, dtype=torch.bool).tril(), float("-inf"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fit_finds_a_bias_in_half_precision_and_no_bias_where_there_is_none(dtype):
+    g = torch.Generator().manual_seed(0)
+    q, k = (
+        (10 * torch.randn(1, 9, 4, 16, generator=g)).to(dtype),
+        torch.randn(1, 9, 4, 16, generator=g).to(dtype),
+    )
+    slopes = torch.tensor([0.5, 0.125, 0.03125, 2.0**-0.5])
+    got, _ = _fit(q, k, _scores(q, k, slopes))
+    torch.testing.assert_close(
+        got.float(), slopes, rtol=0.0, atol=0.02 if dtype != torch.float32 else 1e-5
+    )
+    none, _ = _fit(q, k, _scores(q, k, torch.zeros(4)))
+    assert torch.equal(none, torch.zeros(4, dtype=none.dtype))  # no bias: every slope 0
+    assert _fit(q, k, _scores(q, k, torch.zeros(4), rotate=True)) is None  # a rotation: no fit
