@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pe_interp.bridge_forward import cached
+
 __all__ = ["ForwardCheck"]
 
 
@@ -52,9 +54,7 @@ class ForwardCheck:
         tokens = torch.randint(0, c.d_vocab, (1, n), generator=g).to(self.model.W_E.device)
         kinds = ("q", "k", "q_normed", "k_normed", "rot_q", "rot_k", "attn_scores")
         names = {f"blocks.{i}.attn.hook_{t}" for i in range(c.n_layers) for t in kinds}
-        with torch.no_grad():
-            _, cache = bridge.run_with_cache(tokens, names_filter=lambda name: name in names)
-        got = cache.cache_dict if hasattr(cache, "cache_dict") else cache
+        got, _ = cached(bridge, tokens, sorted(names))  # the normed and rotated ones are optional
         for layer in range(c.n_layers):
             why = self._check_layer(layer, got, out)
             if why is not None:

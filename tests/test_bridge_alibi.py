@@ -25,21 +25,28 @@ TOK = make_tokenizer()
 V, PAD = len(TOK), TOK.pad_token_id
 ANSWERS = [V - 4, V - 3, V - 2, V - 1]
 H, D, P, N = 4, 32, 8, 12
-CONFIGS = {
-    "mpt": lambda: transformers.MptConfig(
-        vocab_size=V, d_model=D, n_heads=H, n_layers=2, max_seq_len=32, expansion_ratio=2
-    ),
-    "falcon": lambda: transformers.FalconConfig(
+
+
+def _falcon_config(heads: int, hidden: int):
+    """Falcon with ALiBi (its rotary module built, never called), attention and MLP side by side."""
+    return transformers.FalconConfig(
         vocab_size=V,
-        hidden_size=D,
-        num_attention_heads=H,
+        hidden_size=hidden,
+        num_attention_heads=heads,
         num_hidden_layers=2,
         alibi=True,
         new_decoder_architecture=False,
         multi_query=False,
         parallel_attn=True,
         bias=True,
+    )
+
+
+CONFIGS = {
+    "mpt": lambda: transformers.MptConfig(
+        vocab_size=V, d_model=D, n_heads=H, n_layers=2, max_seq_len=32, expansion_ratio=2
     ),
+    "falcon": lambda: _falcon_config(H, D),
 }
 
 
@@ -92,16 +99,7 @@ def test_falcons_bias_built_in_bfloat16_is_still_read_as_alibi(tmp_path):
     """With 12 heads Falcon's slopes are not all powers of two, and its bias, slope times
     position rounded to bfloat16, is linear in the position only to 2^-8 of itself."""
     heads = 12
-    config = transformers.FalconConfig(
-        vocab_size=V,
-        hidden_size=8 * heads,
-        num_attention_heads=heads,
-        num_hidden_layers=2,
-        alibi=True,
-        new_decoder_architecture=False,
-        multi_query=False,
-        parallel_attn=True,
-    )
+    config = _falcon_config(heads, 8 * heads)
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(config).eval()
     model = BridgedModel(boot_bridge(save_model_dir(hf, TOK, tmp_path / "m")))
