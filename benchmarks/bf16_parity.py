@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import pe_interp  # noqa: E402
-from pe_interp import hardware  # noqa: E402
-from pe_interp.checkpoint import CONFIG  # noqa: E402
+from pe_interp.runs.checkpoint import CONFIG  # noqa: E402
+from pe_interp.util import hardware
 from probes import ablate_heads, find_deposits  # noqa: E402
 
 # The probe tolerance stated in the README: a head's drop under bf16 autocast is within this many

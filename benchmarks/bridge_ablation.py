@@ -1,5 +1,5 @@
 """Benchmark: exact single-head zero ablation on a TransformerLens 4 bridge, batched
-(``probes.ablate_heads`` on :class:`pe_interp.bridge.BridgedModel`: stacked copies, one forward
+(``probes.ablate_heads`` on :class:`pe_interp.models.bridge.model.BridgedModel`: stacked copies, one forward
 per many ablations) against the naive loop (one bridge forward per head and batch, a hook
 zeroing that head's ``hook_z``: ``probes.ablate_heads_naive`` on the same bridge).
 
@@ -26,12 +26,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from pe_interp.bridge import BridgedModel  # noqa: E402
-from pe_interp.hardware import cpu_has_bf16  # noqa: E402
-from pe_interp.hf_arch import ARCHS, boot_bridge, build_hf_model, save_model_dir, word_tokenizer  # noqa: E402
-from pe_interp.presets import PRESETS  # noqa: E402
+from pe_interp.config.presets import PRESETS  # noqa: E402
+from pe_interp.models.bridge.hf_arch import (  # noqa: E402
+    ARCHS,
+    boot_bridge,
+    build_hf_model,
+    save_model_dir,
+    word_tokenizer,
+)
+from pe_interp.models.bridge.model import BridgedModel  # noqa: E402
 from pe_interp.tasks import DistanceTask  # noqa: E402
 from pe_interp.tasks.batch import PAD_ID  # noqa: E402
+from pe_interp.util.hardware import cpu_has_bf16  # noqa: E402
 from probes import ablate_heads, ablate_heads_naive  # noqa: E402
 
 

@@ -24,13 +24,13 @@ from probes.ablation import Attribution, Exact, Sampled
 
 ROOT = Path(pe_interp.__file__).resolve().parents[1]
 BELOW = (
-    "pe_interp/model.py",
-    "pe_interp/blocks.py",
-    "pe_interp/attention.py",
-    "pe_interp/attn_routes.py",
+    "pe_interp/models/hooked/model.py",
+    "pe_interp/models/hooked/blocks.py",
+    "pe_interp/models/hooked/attention.py",
+    "pe_interp/models/hooked/attn_routes.py",
     "pe_interp/encodings/",
     "pe_interp/kernels/",
-    "pe_interp/modes.py",
+    "pe_interp/util/modes.py",
 )
 
 

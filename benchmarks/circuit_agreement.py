@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
         sys.stdout.flush()
         if args.out:
-            from pe_interp.io import atomic_write_json
+            from pe_interp.util.io import atomic_write_json
 
             atomic_write_json(args.out, results)
     return 0

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from pe_interp import load_run
-from pe_interp.io import atomic_write_json
+from pe_interp.util.io import atomic_write_json
 from probes.circuits import attribute, faithfulness_curve, minimal_circuit, rank_edges
 from probes.circuits.acdc import acdc, overlap
 from probes.circuits.learned import learn_ranking

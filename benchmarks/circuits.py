@@ -36,7 +36,7 @@ from transformer_lens import patching as tlp
 from transformer_lens.tools.analysis import attribution_patching as ap
 
 from pe_interp import HookedPETransformer, load_run
-from pe_interp.presets import build_run_configs
+from pe_interp.config.presets import build_run_configs
 from probes import ablate_heads, attribute, path_patch
 from probes.ablation import Attribution, Sampled
 

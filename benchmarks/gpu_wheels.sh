@@ -8,7 +8,7 @@
 #
 # The set is the import closure of the code the GPU check runs (pe_interp and its training,
 # the kernel tests, benchmarks/attention_gpu.py and model_step.py), minus what the image has:
-# `import transformer_lens` (pe_interp/model.py) imports `datasets`, which imports dill and
+# `import transformer_lens` (pe_interp/models/hooked/model.py) imports `datasets`, which imports dill and
 # multiprocess. Nothing else (not wandb, beartype, typeguard, fancy-einsum, circuitsvis) is
 # imported on those paths. Versions are our lock's (requirements-lock.txt). Installed there with
 # --no-deps, so pip never reaches for torch, triton or an nvidia-* wheel; this script refuses

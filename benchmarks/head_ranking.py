@@ -6,7 +6,7 @@ For each run directory: the exact grid (zero ablation, accuracy, held-out exampl
 
 - ``atp-logprob``: the old engine (attribution patching at the clean point, the true class's
   log-probability);
-- ``{path}-{surrogate}-K``: :func:`probes.circuits.heads.rank_heads`, integrated along the
+- ``{path}-{surrogate}-K``: :func:`probes.ablation.ranking.rank_heads`, integrated along the
   ``joint`` or ``layer`` ablation path with ``K`` Gauss-Legendre nodes, surrogate ``accuracy``
   (margin flips), ``margin`` or ``logprob`` (``ablate_heads(engine="attribution")`` ranks by
   ``joint-accuracy-4``);
@@ -40,12 +40,12 @@ import numpy as np
 import torch
 
 from pe_interp import load_run
-from pe_interp.io import atomic_write_json
 from pe_interp.tasks.batch import Batch
+from pe_interp.util.io import atomic_write_json
 from probes import ablate_heads, attribute
 from probes.ablation import AblationResult, Sampled
+from probes.ablation.ranking import rank_heads
 from probes.circuits.agreement import spearman
-from probes.circuits.heads import rank_heads
 
 DEFAULT = [
     "atp-logprob",

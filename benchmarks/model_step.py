@@ -7,7 +7,7 @@ whose examples/s are the study's training throughput.
 On a CPU, ``--amp`` adds bf16 contenders: the plain model and ours under
 ``torch.autocast("cpu", dtype=torch.bfloat16)`` (fp32 master weights), with ratios against the
 plain model in fp32 and in bf16 and the fraction of the measured bf16 matmul peak. Without
-``--amp`` they are added only when :func:`pe_interp.hardware.cpu_has_bf16` finds native bf16
+``--amp`` they are added only when :func:`pe_interp.util.hardware.cpu_has_bf16` finds native bf16
 (AVX512-BF16 / AMX); without it bf16 runs emulated and many times slower, which is why
 training does not autocast there. ``--threads 1,0`` repeats everything at 1 thread and at
 torch's default.
@@ -52,7 +52,7 @@ from torch import nn  # noqa: E402
 from pe_interp import HookedPETransformer, ModelConfig  # noqa: E402
 
 PAPER = dict(n_layers=6, d_model=256, n_heads=16, d_mlp=512, n_ctx=128, d_vocab=512, n_classes=70)
-# The deposit study's `mid` model (pe_interp.presets): its throughput is the study's.
+# The deposit study's `mid` model (pe_interp.config.presets): its throughput is the study's.
 MID = dict(n_layers=6, d_model=128, n_heads=16, d_mlp=256, n_ctx=48, d_vocab=128, n_classes=30)
 SIZES = {"paper": (PAPER, 64), "mid": (MID, 128)}  # shape, default batch
 
@@ -162,7 +162,9 @@ def make_step(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor, amp:
     kind = tokens.device.type
 
     def autocast():
-        if amp:  # forced here, whatever pe_interp.hardware would choose: this is the measurement
+        if (
+            amp
+        ):  # forced here, whatever pe_interp.util.hardware would choose: this is the measurement
             return torch.autocast(kind, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def measure(args: argparse.Namespace, device: torch.device) -> dict:
-    from pe_interp.hardware import cpu_has_bf16
+    from pe_interp.util.hardware import cpu_has_bf16
 
     cuda = device.type == "cuda"
     amp_all = bool(args.amp and cuda)  # CUDA: every contender in bf16, as training runs there

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from pe_interp import HookedPETransformer, ModelConfig  # noqa: E402
-from probes.patching import normalized_logit_diff_metric, patch  # noqa: E402
+from probes.patching.sweep import normalized_logit_diff_metric, patch  # noqa: E402
 
 
 def make_pairs(n: int, seq: int, d_vocab: int, n_classes: int, seed: int):

@@ -2,9 +2,9 @@
 same run, medians of ``--repeats``:
 
 - ``route_shares`` (each head's route a replacement of its output in the exact ablation sweep,
-  :mod:`probes.deposit.moving`);
+  :mod:`probes.routes.moving`);
 - the naive per-route loop it replaced: one forward per route and chunk of pairs, from the
-  embedding, with that route's positions moved (:func:`probes.deposit.moving.move_hooks`); the
+  embedding, with that route's positions moved (:func:`probes.routes.moving.move_hooks`); the
   shares of both are compared (they must agree to float rounding);
 - the exact single-head ablation grid on as many examples (:func:`probes.ablate_heads`), the
   other half of a dynamics snapshot's probing.
@@ -25,12 +25,12 @@ import numpy as np
 import torch
 
 import pe_interp
-from pe_interp.hardware import cpu_has_bf16
-from pe_interp.presets import build_run_configs
+from pe_interp.config.presets import build_run_configs
+from pe_interp.util.hardware import cpu_has_bf16
 from probes import ablate_heads, route_shares
-from probes.deposit.moving import move_hooks, position_routes
-from probes.inputs import position_permutation
-from probes.patching import logit_diff
+from probes.common.inputs import position_permutation
+from probes.patching.sweep import logit_diff
+from probes.routes.moving import move_hooks, position_routes
 
 
 @torch.no_grad()

@@ -56,7 +56,7 @@ def find_smollm2(model: str | None) -> Path | None:
     if model is not None:
         p = Path(model).expanduser()
         return p if (p / "config.json").is_file() else None
-    from pe_interp.gguf import cache_root
+    from pe_interp.runs.gguf import cache_root
 
     root = cache_root()
     for d in sorted(root.glob("*")) if root.is_dir() else ():
@@ -289,7 +289,7 @@ class Counter:
 
 def part_counts(args, bridge, model, family) -> None:
     from probes import positional_scores
-    from probes.head_types import head_type_scores
+    from probes.heads.types import head_type_scores
 
     n = args.count_n
     pairs = family.counterfactuals(n, kind="position", seed=0)
@@ -342,7 +342,7 @@ def counted(bridge, n: int, fn):
 def part_routes(args, bridge, model) -> None:
     from pe_interp.prompts.task import load_prompt_task
     from probes import positional_dominance
-    from probes.deposit.route_result import RouteShares
+    from probes.routes.result import RouteShares
 
     n = args.count_n
     task = load_prompt_task("induction", bridge, seed=0)
@@ -427,10 +427,10 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from pe_interp.bridge import BridgedModel
-    from pe_interp.hardware import cpu_has_bf16
-    from pe_interp.hf_arch import boot_bridge
+    from pe_interp.models.bridge.hf_arch import boot_bridge
+    from pe_interp.models.bridge.model import BridgedModel
     from pe_interp.prompts import make_family
+    from pe_interp.util.hardware import cpu_has_bf16
 
     bridge = boot_bridge(path)
     family = make_family("induction", bridge.tokenizer)

@@ -67,7 +67,7 @@ def clean_pass(model, tokens, labels, pad_mask):
     ``z``, and pattern with its gradient (float64)."""
     from functools import partial
 
-    from probes.circuits.heads import _per_example
+    from probes.ablation.ranking import _per_example
 
     L = model.cfg.n_layers
     got: dict[str, torch.Tensor] = {}
@@ -176,13 +176,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from pe_interp.bridge import BridgedModel
-    from pe_interp.hardware import cpu_has_bf16
-    from pe_interp.hf_arch import boot_bridge
+    from pe_interp.models.bridge.hf_arch import boot_bridge
+    from pe_interp.models.bridge.model import BridgedModel
     from pe_interp.prompts import make_family
+    from pe_interp.util.hardware import cpu_has_bf16
     from probes import ablate_heads
-    from probes.circuits.heads import rank_heads
-    from probes.inputs import check_examples
+    from probes.ablation.ranking import rank_heads
+    from probes.common.inputs import check_examples
 
     bridge = boot_bridge(path)
     ps = make_family("induction", bridge.tokenizer).sample(args.n, seed=0)

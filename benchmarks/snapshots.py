@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 import pe_interp
-from pe_interp.hardware import cpu_has_bf16
+from pe_interp.util.hardware import cpu_has_bf16
 
 
 def train_seconds(out: Path, preset: str, epochs: int, snapshots: str, every: int) -> float:

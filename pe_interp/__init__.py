@@ -3,12 +3,12 @@ how position shapes attention (a reimplementation of arXiv 2505.13027)."""
 
 from pe_interp._version import __version__
 from pe_interp.api import train
-from pe_interp.checkpoint import Run, load_run
-from pe_interp.config import ModelConfig, TrainConfig
+from pe_interp.config.model import ModelConfig, TrainConfig
 from pe_interp.encodings import EncodingSpec, available_encodings, register_encoding
-from pe_interp.model import HookedPETransformer
-from pe_interp.snapshots import snapshot_steps
-from pe_interp.training import Trainer, evaluate
+from pe_interp.models.hooked.model import HookedPETransformer
+from pe_interp.runs.checkpoint import Run, load_run
+from pe_interp.runs.snapshots import snapshot_steps
+from pe_interp.training.trainer import Trainer, evaluate
 
 __all__ = [
     "EncodingSpec",

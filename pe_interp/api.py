@@ -1,7 +1,7 @@
 """One call to train a run from a preset: ``pe_interp.train(task="distance", encoding="rope")``.
 
-It sits in the application layer because it resolves a preset (:mod:`pe_interp.presets`); the
-training layer itself (:class:`~pe_interp.training.Trainer`) takes explicit configs.
+It sits in the application layer because it resolves a preset (:mod:`pe_interp.config.presets`); the
+training layer itself (:class:`~pe_interp.training.trainer.Trainer`) takes explicit configs.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pe_interp.callbacks import Callback
-from pe_interp.presets import build_run_configs, train_command
-from pe_interp.training import Trainer, TrainResult
+from pe_interp.config.presets import build_run_configs, train_command
+from pe_interp.training.callbacks import Callback
+from pe_interp.training.trainer import Trainer, TrainResult
 
 __all__ = ["train"]
 

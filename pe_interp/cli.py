@@ -85,7 +85,7 @@ RESUME_HINT = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pe_interp import interrupts
+    from pe_interp.util import interrupts
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -15,10 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pe_interp.io import dir_lock
 from pe_interp.report import write_report
 from pe_interp.report.labels import ENCODINGS, encoding_label
 from pe_interp.sweep import Grid, SweepSummary, parse_grid, run_sweep
+from pe_interp.util.io import dir_lock
 
 SMOKE_ENCODINGS = ["nope", "sinusoidal", "rope"]
 DEFAULT_SEEDS = {"smoke": 1, "quick": 3, "paper": 3}
@@ -132,11 +132,11 @@ def checkpoint_cell(
     Idempotent: a rerun only runs probes the cell lacks, unless the checkpoint's weights changed."""
     import shutil
 
-    from pe_interp.checkpoint import WEIGHTS_KEY, load_run
-    from pe_interp.io import atomic_write_json, read_json
-    from pe_interp.presets import encoding_text
+    from pe_interp.config.presets import encoding_text
+    from pe_interp.runs.checkpoint import WEIGHTS_KEY, load_run
     from pe_interp.sweep import CELL, RESULT, Cell, run_cell
-    from pe_interp.training import evaluate
+    from pe_interp.training.trainer import evaluate
+    from pe_interp.util.io import atomic_write_json, read_json
 
     source = Path(source)
     run = load_run(source)  # a one-line error if the committed files are broken

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pe_interp.checkpoint import (
+from pe_interp.runs.checkpoint import (
     CONFIG,
     WEIGHTS,
     atomic_save_tensors,
@@ -225,7 +225,7 @@ def beside_routes(heads: list[str], routes: np.ndarray) -> list[str]:
 def validation_table(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     """``{probe: {family: {"hits", "n", "low", "high", "named"}}}``: hits over seeds (and tasks)
     with a Wilson 95% interval, and what the probe named in each cell."""
-    from probes.metrics import wilson
+    from probes.common.metrics import wilson
 
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for r in records:

@@ -1,27 +1,28 @@
-"""Probes: pure functions of a model and data that return frozen result objects.
+"""Probes: functions of a model (any :class:`~pe_interp.models.protocol.ProbeModel`) and data that
+return frozen results which save and load themselves.
 
+- :mod:`probes.common`: what every probe shares: input checks, options, metrics, progress bars,
+  the one replacement seam (zero, mean, resample), figures and offline HTML.
 - :mod:`probes.ablation`: head ablation sweeps (zero, mean, resample): one entry, one input check
-  (:mod:`probes.ablation.plan`), one room per engine: batched and exact
-  (:mod:`probes.ablation.exact`), and the cheaper engines that end in exact ablation
-  (:mod:`probes.ablation.sampled`, :mod:`probes.ablation.attribution`).
-- :mod:`probes.deposit`: the single-head deposit (``dominance``), layer concentration
-  (``find_concentrations``, also known as ``find_deposits``), the positional deposit
-  (``route_shares``, ``positional_dominance``: where position enters), verdicts decided on their
-  intervals, and their dynamics during training (``snapshot_dynamics``: every snapshot).
+  (:mod:`probes.ablation.plan`), one room per engine (batched and exact, sampled, attribution),
+  and heads ranked along the ablation path (:mod:`probes.ablation.ranking`).
 - :mod:`probes.patching`: activation patching over heads, positions, q/k/v, pattern, residual.
-- :mod:`probes.decomposition`: attention-logit terms, Toeplitz score, positional score per head.
-- :mod:`probes.gradients`: gradient coherence per head at initialisation (the "seed").
-- :mod:`probes.patterns`: attention patterns of chosen heads.
-- :mod:`probes.head_types`: previous-token, duplicate-token, induction and first-token (sink)
-  heads, every head scored at once on batches of prompts (equal to TransformerLens' ``detect_head``).
-- :mod:`probes.generalization`: accuracy on longer inputs than training (translated, lengthened).
+- :mod:`probes.routes`: where position enters: each positional route's share of the effect.
+- :mod:`probes.deposit`: the single-head deposit (``dominance``), layer concentration, the
+  positional deposit decided on route shares (``positional_dominance``), verdicts on intervals,
+  and their dynamics during training.
+- :mod:`probes.decomposition`: attention-logit terms, Toeplitz score, positional score per head,
+  RoPE frequency usage.
+- :mod:`probes.heads`: head types (previous-token, duplicate, induction, first-token; equal to
+  TransformerLens' ``detect_head``) and attention patterns of chosen heads.
+- :mod:`probes.gradients`: per-head gradients and their coherence at initialisation (the "seed").
 - :mod:`probes.circuits`: attribution patching (AtP, AtP*, EAP-IG) of nodes and edges, exact
   path patching, connected and position-aware circuits, their faithfulness, the exact (ACDC)
-  reference, heads ranked along the ablation path, the circuit graph view.
-- :mod:`probes.plots`, :mod:`probes.viz`: matplotlib figures and offline circuitsvis HTML.
+  reference, the circuit graph view.
+- :mod:`probes.generalization`: accuracy on longer inputs than training (translated, lengthened).
 
-Each result saves and loads itself (``save``/``load``, ``to_dict``/``from_dict``) through
-:mod:`pe_interp.io`. Probes run the model's own forward (its seams: ``start_at_layer``,
+Each package draws its own figures in a ``view`` module. Results save and load themselves through
+:mod:`pe_interp.util.io`. Probes run the model's own forward (its seams: ``start_at_layer``,
 ``start_at="resid_mid"``, ``forward_unchecked``) and ask the encoding what is encoding-specific.
 """
 
@@ -64,7 +65,7 @@ from probes.deposit import (
     snapshot_dynamics,
 )
 from probes.generalization import Condition, GeneralizationResult, length_generalization, widened
-from probes.gradients import (
+from probes.gradients.coherence import (
     QK_PARAMS,
     CoherenceResult,
     coherence_report,
@@ -73,10 +74,10 @@ from probes.gradients import (
     load_coherence,
     save_coherence,
 )
-from probes.head_type_plots import plot_head_types
-from probes.head_types import DEFAULT_THRESHOLDS, HEAD_TYPES, HeadTypeScores, head_type_scores
-from probes.patching import SITES, PatchResult, normalized_logit_diff_metric, patch
-from probes.patterns import AttentionPatterns, attention_patterns
+from probes.heads.patterns import AttentionPatterns, attention_patterns
+from probes.heads.types import DEFAULT_THRESHOLDS, HEAD_TYPES, HeadTypeScores, head_type_scores
+from probes.heads.view import plot_head_types
+from probes.patching.sweep import SITES, PatchResult, normalized_logit_diff_metric, patch
 
 __all__ = [
     "FrequencyUsage",

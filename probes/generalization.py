@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pe_interp.io import load_result, register_result, write_result
-from pe_interp.modes import eval_mode
 from pe_interp.tasks import Batch, SyntheticTask, row_hashes, task_from_dict
-from probes.metrics import wilson
+from pe_interp.util.io import load_result, register_result, write_result
+from pe_interp.util.modes import eval_mode
+from probes.common.metrics import wilson
 
 TRAINED = "trained"
 RESULT_KIND = register_result(
@@ -203,7 +203,7 @@ def widened(model: Any, n_ctx: int) -> tuple[Any | None, str]:
     cfg = model.cfg
     if n_ctx <= cfg.n_ctx:
         return model, ""
-    from pe_interp.model import HookedPETransformer
+    from pe_interp.models.hooked.model import HookedPETransformer
 
     wide = HookedPETransformer(cfg.replace(n_ctx=n_ctx, device="cpu"))
     state, target = model.state_dict(), wide.state_dict()

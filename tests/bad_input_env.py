@@ -21,8 +21,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import pe_interp
-from pe_interp.checkpoint import load_run
 from pe_interp.cli import main
+from pe_interp.runs.checkpoint import load_run
 from pe_interp.tasks import Batch
 
 TINY = dict(preset="smoke", n_train=128, n_test=64, epochs=1, seed=0)

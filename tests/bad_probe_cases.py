@@ -40,7 +40,7 @@ from probes import (
     positional_scores,
 )
 from probes.ablation import head_means
-from probes.metrics import bootstrap_ci, paired_bootstrap
+from probes.common.metrics import bootstrap_ci, paired_bootstrap
 
 
 def _ablate(e: Env, model=None, tokens=None, labels=None, pad_mask=None, **kw):

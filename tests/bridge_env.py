@@ -8,8 +8,13 @@ from pathlib import Path
 
 import torch
 
-from pe_interp.bridge import BridgedModel
-from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir, word_tokenizer
+from pe_interp.models.bridge.hf_arch import (
+    boot_bridge,
+    build_hf_model,
+    save_model_dir,
+    word_tokenizer,
+)
+from pe_interp.models.bridge.model import BridgedModel
 
 
 def sharp_bridge(

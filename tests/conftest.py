@@ -102,9 +102,9 @@ def smoke_trainer(crash_at: int | None = None, **overrides):
     """``run(out, resume=False) -> state dict`` for a smoke-size task-1 RoPE run (2 epochs,
     checkpoints every 3 steps); with ``crash_at`` the run is killed (KeyboardInterrupt) at that
     step, after its first checkpoint: for resume tests."""
-    from pe_interp.callbacks import Callback
-    from pe_interp.presets import build_run_configs
-    from pe_interp.training import Trainer
+    from pe_interp.config.presets import build_run_configs
+    from pe_interp.training.callbacks import Callback
+    from pe_interp.training.trainer import Trainer
 
     model_cfg, task, train_cfg = build_run_configs(
         "distance", "rope", "smoke", 0, epochs=2, checkpoint_every=3, **overrides

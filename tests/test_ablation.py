@@ -1,4 +1,4 @@
-"""Tests for probes.ablation (head ablation sweeps) and probes.metrics (bootstrap).
+"""Tests for probes.ablation (head ablation sweeps) and probes.common.metrics (bootstrap).
 
 The batched sweep is checked against two references: the module's naive loop (one full forward
 per ablation) and hand-written loops in this file (the authors' W_V zeroing, a masked mean from
@@ -28,7 +28,7 @@ from probes.ablation import (
     keep_only,
     resample_sources,
 )
-from probes.metrics import paired_bootstrap
+from probes.common.metrics import paired_bootstrap
 
 N_EX, WIDTH = 20, 10
 
@@ -422,7 +422,7 @@ def test_result_json_round_trip(tmp_path):
 # the CLI, on a fake run (load_run is someone else's)
 # ------------------------------------------------------------------------------------------------
 def test_cli_ablate_writes_outputs(tmp_path, monkeypatch, capsys):
-    import pe_interp.checkpoint
+    import pe_interp.runs.checkpoint
     from pe_interp.commands import ablate as cmd
 
     model = make_model().eval()
@@ -444,7 +444,7 @@ def test_cli_ablate_writes_outputs(tmp_path, monkeypatch, capsys):
 
     calls = []
     monkeypatch.setattr(
-        pe_interp.checkpoint, "load_run", lambda d, device="cpu": calls.append(d) or FakeRun()
+        pe_interp.runs.checkpoint, "load_run", lambda d, device="cpu": calls.append(d) or FakeRun()
     )
     parser = argparse.ArgumentParser()
     cmd.add_parser(parser.add_subparsers(dest="command"))

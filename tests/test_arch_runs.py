@@ -12,11 +12,11 @@ import torch
 from conftest import smoke_trainer
 
 import pe_interp
-from pe_interp.arch_runs import HF_DIR
-from pe_interp.bridge import BridgedModel
-from pe_interp.checkpoint import load_run
 from pe_interp.cli import main
-from pe_interp.hf_arch import boot_bridge
+from pe_interp.models.bridge.hf_arch import boot_bridge
+from pe_interp.models.bridge.model import BridgedModel
+from pe_interp.runs.arch import HF_DIR
+from pe_interp.runs.checkpoint import load_run
 from probes import AblationResult, ablate_heads
 
 

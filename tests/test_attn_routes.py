@@ -1,4 +1,4 @@
-"""The attention route under CPU bf16 autocast (pe_interp.attn_routes): every route computes the
+"""The attention route under CPU bf16 autocast (pe_interp.models.hooked.attn_routes): every route computes the
 hooked path's function within bf16 tolerance (logits and gradients), the choice is the measured
 fastest and is remembered, the override works, and a resumed bf16 run uses the routes its
 checkpoint recorded, which keeps it bit-identical to an uninterrupted one."""
@@ -10,7 +10,9 @@ import torch
 import torch.nn.functional as F
 from conftest import ENCODINGS, TINY, smoke_trainer
 
-from pe_interp import HookedPETransformer, ModelConfig, attn_routes, hardware
+from pe_interp import HookedPETransformer, ModelConfig
+from pe_interp.models.hooked import attn_routes
+from pe_interp.util import hardware
 
 # bf16 keeps 8 bits of mantissa: logits of these tiny models (|logit| < 3) within 5e-2, as in
 # test_fast_path; gradients within 5% of their scale (below).

@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_interp import HookedPETransformer, ModelConfig
-from pe_interp.presets import AUTHORS_ENCODINGS, build_run_configs
+from pe_interp.config.presets import AUTHORS_ENCODINGS, build_run_configs
 
 torch.set_num_threads(1)
 

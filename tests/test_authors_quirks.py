@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from pe_interp import HookedPETransformer, ModelConfig, load_run, train
-from pe_interp.config import TrainConfig
-from pe_interp.presets import AUTHORS_QUIRKS, authors_encoding, build_run_configs
+from pe_interp.config.model import TrainConfig
+from pe_interp.config.presets import AUTHORS_QUIRKS, authors_encoding, build_run_configs
 from pe_interp.tasks import CountTask, DistanceTask, row_hashes
-from pe_interp.training import evaluate
+from pe_interp.training.trainer import evaluate
 
 
 # ---- the whole mode ---------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from bad_input_env import expect_value_error
 from safetensors.torch import load_file, save_file
 
 import pe_interp
-from pe_interp.checkpoint import load_run
 from pe_interp.cli import main
+from pe_interp.runs.checkpoint import load_run
 
 SMOKE = dict(preset="smoke", progress=False)
 CUDA = torch.cuda.is_available()
@@ -768,7 +768,7 @@ API_CASES: list[tuple[str, Callable[[Env], object], str]] = [
     ),
     (
         "check_run_configs(ignore_index beyond the classes)",
-        lambda e: pe_interp.config.check_run_configs(
+        lambda e: pe_interp.config.model.check_run_configs(
             load_run(e.run).model.cfg, pe_interp.TrainConfig(ignore_index=999)
         ),
         r"ignore_index must be a class of the task",

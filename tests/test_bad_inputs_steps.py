@@ -15,8 +15,8 @@ import torch
 from bad_input_env import expect_cli_refusal
 
 import pe_interp
-from pe_interp.checkpoint import load_run
-from pe_interp.snapshots import MANIFEST, SNAPSHOT_DIR, snapshot_path
+from pe_interp.runs.checkpoint import load_run
+from pe_interp.runs.snapshots import MANIFEST, SNAPSHOT_DIR, snapshot_path
 
 
 @pytest.fixture(scope="module")
@@ -468,7 +468,7 @@ API_CASES = [
     (
         "TrainConfig(snapshots) without a run directory",
         lambda r: pe_interp.Trainer(
-            *__import__("pe_interp.presets", fromlist=["x"]).build_run_configs(
+            *__import__("pe_interp.config.presets", fromlist=["x"]).build_run_configs(
                 preset="smoke", snapshots="log"
             ),
             run_dir=None,

@@ -8,8 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from pe_interp.bridge import BridgedModel
-from pe_interp.hf_arch import ARCHS, boot_bridge, build_hf_model, save_model_dir, word_tokenizer
+from pe_interp.models.bridge.hf_arch import (
+    ARCHS,
+    boot_bridge,
+    build_hf_model,
+    save_model_dir,
+    word_tokenizer,
+)
+from pe_interp.models.bridge.model import BridgedModel
 from probes import ablate_heads, ablate_heads_naive
 
 V, PAD = 30, 0
@@ -236,7 +242,7 @@ def test_ablate_reads_a_saved_model_directory_with_task(model_dir, tmp_path, cap
     import shutil
 
     from pe_interp.cli import main
-    from pe_interp.model_dirs import load_model_dir
+    from pe_interp.runs.model_dirs import load_model_dir
     from probes import AblationResult
 
     run = tmp_path / "m"

@@ -1,4 +1,4 @@
-"""ALiBi read from a bridge's own forward (:mod:`pe_interp.bridge_alibi`), not from its model type:
+"""ALiBi read from a bridge's own forward (:mod:`pe_interp.models.bridge.alibi`), not from its model type:
 BLOOM, MPT and Falcon (``alibi=True``, which also builds a rotary module it never calls), tiny and
 random, built from their configs offline.
 
@@ -15,11 +15,11 @@ import torch
 import transformers
 from prompt_env import make_tokenizer
 
-from pe_interp.bridge import BridgedModel
-from pe_interp.bridge_alibi import _fit, read_alibi_slopes
-from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir
+from pe_interp.models.bridge.alibi import _fit, read_alibi_slopes
+from pe_interp.models.bridge.hf_arch import boot_bridge, build_hf_model, save_model_dir
+from pe_interp.models.bridge.model import BridgedModel
 from probes import route_shares
-from probes.inputs import position_permutation
+from probes.common.inputs import position_permutation
 
 TOK = make_tokenizer()
 V, PAD = len(TOK), TOK.pad_token_id

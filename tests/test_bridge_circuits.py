@@ -8,8 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from pe_interp.bridge import BridgedModel
-from pe_interp.hf_arch import ARCHS, boot_bridge, build_hf_model, save_model_dir, word_tokenizer
+from pe_interp.models.bridge.hf_arch import (
+    ARCHS,
+    boot_bridge,
+    build_hf_model,
+    save_model_dir,
+    word_tokenizer,
+)
+from pe_interp.models.bridge.model import BridgedModel
 from pe_interp.tasks.batch import Batch, CounterfactualPairs
 from probes import attribute, path_patch
 from probes.circuits.engine import as_pair, capture, contributions, forks, writer_hooks

@@ -15,7 +15,7 @@ import pytest
 import torch
 from bridge_env import sharp_bridge
 
-from pe_interp.hf_arch import build_hf_model, save_model_dir, word_tokenizer
+from pe_interp.models.bridge.hf_arch import build_hf_model, save_model_dir, word_tokenizer
 from probes import logit_terms, positional_scores
 
 V, PAD = 30, 0
@@ -191,8 +191,8 @@ def test_grouped_key_value_heads_decompose_and_route_shares_run(tmp_path):
     tests/test_bridge_grouped.py)."""
     import transformers
 
-    from pe_interp.bridge import BridgedModel
-    from pe_interp.hf_arch import boot_bridge, hf_config
+    from pe_interp.models.bridge.hf_arch import boot_bridge, hf_config
+    from pe_interp.models.bridge.model import BridgedModel
     from probes import route_shares
 
     cfg = hf_config("llama", **SHAPE)

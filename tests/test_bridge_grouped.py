@@ -13,10 +13,15 @@ import pytest
 import torch
 from bridge_env import sharp_bridge
 
-from pe_interp.bridge import BridgedModel
-from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir, word_tokenizer
+from pe_interp.models.bridge.hf_arch import (
+    boot_bridge,
+    build_hf_model,
+    save_model_dir,
+    word_tokenizer,
+)
+from pe_interp.models.bridge.model import BridgedModel
 from probes import positional_dominance, positional_scores, route_shares
-from probes.inputs import position_permutation
+from probes.common.inputs import position_permutation
 
 V, PAD, P = 30, 0, 9
 ANSWERS = [26, 27, 28, 29]

@@ -11,8 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from pe_interp.bridge import BridgedModel, skipping_blocks
-from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir, word_tokenizer
+from pe_interp.models.bridge.hf_arch import (
+    boot_bridge,
+    build_hf_model,
+    save_model_dir,
+    word_tokenizer,
+)
+from pe_interp.models.bridge.model import BridgedModel, skipping_blocks
 from probes import ablate_heads, ablate_heads_naive
 from probes.ablation.sweeps import even_split
 

@@ -12,10 +12,15 @@ import pytest
 import torch
 from bridge_env import sharp_bridge
 
-from pe_interp.bridge import BridgedModel
-from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir, word_tokenizer
+from pe_interp.models.bridge.hf_arch import (
+    boot_bridge,
+    build_hf_model,
+    save_model_dir,
+    word_tokenizer,
+)
+from pe_interp.models.bridge.model import BridgedModel
 from probes import positional_dominance, route_shares
-from probes.inputs import position_permutation
+from probes.common.inputs import position_permutation
 
 V, PAD, N, P = 30, 0, 16, 9
 ANSWERS = [26, 27, 28, 29]

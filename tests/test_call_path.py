@@ -32,12 +32,12 @@ def test_measure_counts_a_callback_and_a_reentry():
         ("probes/ablation/plan.py", ("probes/ablation/entry.py",)),
         ("probes/ablation/exact.py", ("probes/ablation/entry.py",)),
         ("probes/ablation/plan.py", ("probes/ablation/entry.py",)),
-        ("probes/metrics.py", ("probes/ablation/exact.py", "probes/ablation/entry.py")),
+        ("probes/common/metrics.py", ("probes/ablation/exact.py", "probes/ablation/entry.py")),
         (
             "probes/ablation/exact.py",
-            ("probes/metrics.py", "probes/ablation/exact.py", "probes/ablation/entry.py"),
+            ("probes/common/metrics.py", "probes/ablation/exact.py", "probes/ablation/entry.py"),
         ),
-        ("probes/metrics.py", ("probes/ablation/exact.py", "probes/ablation/entry.py")),
+        ("probes/common/metrics.py", ("probes/ablation/exact.py", "probes/ablation/entry.py")),
     ]
     m = call_path.measure(calls)
     assert m["returns"] == 2 and m["tool_calls"] == 1

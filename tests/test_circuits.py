@@ -11,7 +11,7 @@ import torch
 from circuit_env import FN, SPANS, class_metric, random_model, random_pairs
 from transformer_lens.tools.analysis import attribution_patching as ap
 
-from pe_interp.presets import build_run_configs
+from pe_interp.config.presets import build_run_configs
 from probes import (
     Circuit,
     ablate_heads,
@@ -304,7 +304,7 @@ def test_attribution_engine_verifies_the_top_heads_exactly(smoke, method):
         assert ranked.values[layer, h] == pytest.approx(exact.values[layer, h], abs=1e-12)
     est = np.array(ranked.meta["attribution"])
     assert est.shape == exact.drops.shape and ranked.meta["stand_in"] == "accuracy"
-    from probes.circuits.heads import rank_heads
+    from probes.ablation.ranking import rank_heads
 
     again = rank_heads(
         model, test.tokens, test.labels, test.pad_mask, method=method, surrogate="accuracy", steps=4

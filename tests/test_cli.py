@@ -33,7 +33,7 @@ def test_every_config_and_task_field_has_a_flag_or_a_reason():
     import dataclasses
 
     from pe_interp.commands.options import DERIVED, NOT_FLAGS
-    from pe_interp.config import ModelConfig, TrainConfig
+    from pe_interp.config.model import ModelConfig, TrainConfig
     from pe_interp.tasks import TASKS
 
     fields = {
@@ -67,7 +67,7 @@ def test_flags_build_the_configs_the_api_builds():
     """Every kind of flag (int, float, bool on/off, optional 'none', a pair, a task field, a string
     choice) reaches the same ModelConfig, task and TrainConfig as the same keywords in Python."""
     from pe_interp.commands.train import train_kwargs
-    from pe_interp.presets import build_run_configs
+    from pe_interp.config.presets import build_run_configs
 
     argv = [
         "--preset",
@@ -159,8 +159,8 @@ def test_the_recorded_command_recreates_the_run(tmp_path):
 
     import pe_interp
     from pe_interp.commands.train import train_kwargs
-    from pe_interp.config import ModelConfig, TrainConfig
-    from pe_interp.presets import build_run_configs
+    from pe_interp.config.model import ModelConfig, TrainConfig
+    from pe_interp.config.presets import build_run_configs
 
     pe_interp.train(
         task="count",

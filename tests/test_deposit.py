@@ -1,4 +1,4 @@
-"""Tests for probes.deposit (deposit detection, dynamics callback) and probes.plots.
+"""Tests for probes.deposit (deposit detection, dynamics callback) and probes.ablation.view / probes.deposit.view.
 
 The detection tests use hand-built one-layer models whose weights are set so that the signal
 needed for the task is known exactly: in one, a single head carries it (a deposit); in the other,
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from pe_interp import HookedPETransformer, ModelConfig
 from pe_interp.tasks.batch import Batch
 from probes.ablation import ablate_heads, keep_only
+from probes.ablation.view import plot_drop_heatmap, plot_layer_lines
 from probes.deposit import (
     DepositDynamics,
     DepositReport,
@@ -29,7 +30,7 @@ from probes.deposit import (
     normalized_entropy,
     normalized_gini,
 )
-from probes.plots import plot_drop_heatmap, plot_dynamics, plot_layer_lines
+from probes.deposit.view import plot_dynamics
 
 A = 1  # the signal token
 

@@ -14,8 +14,8 @@ from pe_interp.report.data import CellInfo, cell_baselines, task_baselines
 from pe_interp.report.verdict import deposit_answer, model_line
 from pe_interp.sweep.aggregate import aggregate
 from probes import AblationResult, dominance, find_deposits
+from probes.common.metrics import wilson
 from probes.deposit import layer_stats
-from probes.metrics import wilson
 
 
 def ablation(

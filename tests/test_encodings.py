@@ -493,7 +493,7 @@ def test_bad_spec_strings_say_what_is_wrong(text, message):
 def test_written_parameters_survive_the_authors_defaults():
     """authors_quirks gives a sinusoid next to RoPE the concat layout unless the user wrote one,
     also when it is written in a string, and also when it is the default value."""
-    from pe_interp.presets import authors_encoding
+    from pe_interp.config.presets import authors_encoding
 
     assert str(authors_encoding("sinusoidal+rope")[0]) == "sinusoidal(layout=concat)"
     assert str(authors_encoding("sinusoidal(layout=interleaved)+rope")[0]) == "sinusoidal"

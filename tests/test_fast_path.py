@@ -15,8 +15,9 @@ import pytest
 import torch
 from conftest import ENCODINGS, TINY, smoke_trainer
 
-from pe_interp import HookedPETransformer, ModelConfig, hardware
+from pe_interp import HookedPETransformer, ModelConfig
 from pe_interp.kernels.rope import apply_rope, rope_angles
+from pe_interp.util import hardware
 
 # bf16 keeps 8 bits of mantissa: a relative error of 2^-8 per rounding. Through a 2-layer model the
 # logits of a tiny random model stay within this of fp32 (measured: about 1e-2).
@@ -189,7 +190,7 @@ def test_probes_in_bf16_stay_within_the_stated_tolerance(monkeypatch):
     """ablate_heads(amp=True) and patch(amp=True): within the README's 2-point tolerance of fp32
     on a small trained model (and really computed in bf16: the numbers are not identical)."""
     from pe_interp.api import train
-    from pe_interp.presets import build_run_configs
+    from pe_interp.config.presets import build_run_configs
     from probes import ablate_heads, patch
 
     model = train(

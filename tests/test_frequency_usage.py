@@ -19,6 +19,7 @@ import torch
 from bridge_env import sharp_bridge
 from conftest import tiny_model
 
+from probes.common.metrics import wilson
 from probes.decomposition.frequency import FrequencyUsage, frequency_usage
 from probes.decomposition.frequency_findings import (
     high_frequency_positional,
@@ -27,7 +28,6 @@ from probes.decomposition.frequency_findings import (
 )
 from probes.decomposition.reads import attention_scale
 from probes.decomposition.rope import rope_spans, rope_terms
-from probes.metrics import wilson
 
 V, PAD = 30, 0
 LLAMA = {"n_layers": 2, "d_model": 64, "n_heads": 4, "n_kv_heads": 2, "d_mlp": 40}
@@ -116,7 +116,7 @@ def _entries(model, n: int) -> torch.Tensor:
 
 
 def _model_of(model):
-    from probes.inputs import as_probe_model
+    from probes.common.inputs import as_probe_model
 
     return as_probe_model(model)
 
@@ -240,7 +240,7 @@ def test_findings_count_planted_heads_with_wilson_intervals():
 
 
 def test_bands_top_heads_and_the_figure(models, tmp_path):
-    from probes.decomposition.frequency_plot import plot_frequency_usage
+    from probes.decomposition.view import plot_frequency_usage
 
     model = models["llama"][0]
     tokens, mask = _tokens()

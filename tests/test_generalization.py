@@ -21,7 +21,7 @@ from pe_interp import HookedPETransformer
 from pe_interp.cli import main
 from pe_interp.report.generalization import concentration, layer0_cost, spearman, spearman_ci
 from pe_interp.tasks import Batch
-from pe_interp.training import evaluate
+from pe_interp.training.trainer import evaluate
 from probes import AblationResult, GeneralizationResult, length_generalization, widened
 
 COMPUTED = [
@@ -65,7 +65,7 @@ def test_a_trained_table_per_position_cannot_be_widened(encoding, make_model) ->
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, pe_interp.checkpoint.Run]:
+def runs(tmp_path_factory) -> dict[str, pe_interp.runs.checkpoint.Run]:
     out = {}
     for task, encoding in (("distance", "rope"), ("distance", "learned"), ("count", "alibi")):
         d = tmp_path_factory.mktemp("gen") / f"{task}-{encoding}"
@@ -439,7 +439,7 @@ def test_report_section_from_a_sweep(tmp_path) -> None:
 def test_wilson_interval_closed_forms() -> None:
     from statistics import NormalDist
 
-    from probes.metrics import wilson as wilson_interval
+    from probes.common.metrics import wilson as wilson_interval
 
     z = NormalDist().inv_cdf(0.975)
     assert wilson_interval(0, 3) == (

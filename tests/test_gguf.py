@@ -1,4 +1,4 @@
-"""GGUF files in (pe_interp.gguf): tiny Llamas built from configs, written as GGUF with the gguf
+"""GGUF files in (pe_interp.runs.gguf): tiny Llamas built from configs, written as GGUF with the gguf
 package's writer (tensor names from its llama map, q/k permuted as llama.cpp does, a byte-level
 BPE tokenizer in the metadata), converted once into a cache and held to the original's logits.
 Bad files are refused in one line and leave nothing behind. Nothing is downloaded."""
@@ -14,8 +14,8 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-from pe_interp import gguf as pg  # noqa: E402
-from pe_interp.io import CorruptFileError  # noqa: E402
+from pe_interp.runs import gguf as pg  # noqa: E402
+from pe_interp.util.io import CorruptFileError  # noqa: E402
 
 VOCAB, HIDDEN, HEADS, KV_HEADS, LAYERS, CTX = 300, 64, 4, 2, 2, 64
 
@@ -312,7 +312,7 @@ def test_convert_prints_the_cached_directory(tmp_path, capsys, counted):
 
 def test_ablate_reads_a_gguf_file_with_task(tmp_path, monkeypatch, capsys, counted):
     from pe_interp.cli import main
-    from pe_interp.model_dirs import load_model_dir
+    from pe_interp.runs.model_dirs import load_model_dir
     from probes import AblationResult
 
     path = write_gguf(tiny_llama(seed=2), tmp_path / "tiny.gguf")

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from conftest import tiny_model
 
 from pe_interp import HookedPETransformer, ModelConfig
-from probes.gradients import (
+from probes.gradients.coherence import (
     coherence,
     coherence_report,
     format_coherence_report,

@@ -1,4 +1,4 @@
-"""Positional head types (``probes.head_types``, issue 47 item 4a) against independent references.
+"""Positional head types (``probes.heads.types``, issue 47 item 4a) against independent references.
 
 - TransformerLens' own ``detect_head`` (TL 4.3), run on a list of prompts: on a raw
   ``TransformerBridge`` (a tiny Llama with grouped key/value heads, built offline from a config)
@@ -26,7 +26,7 @@ from bridge_env import sharp_bridge
 from conftest import tiny_model
 from transformer_lens import head_detector as hd
 
-from probes.head_types import (
+from probes.heads.types import (
     DEFAULT_THRESHOLDS,
     HEAD_TYPES,
     TL_HEAD_NAMES,
@@ -327,7 +327,7 @@ def test_focus_is_nan_where_no_prompt_has_a_target(tmp_path):
 
 
 def test_plot_has_a_panel_per_type(tmp_path):
-    from probes.head_type_plots import plot_head_types
+    from probes.heads.view import plot_head_types
 
     r = head_type_scores(_ours(attention_dir="causal"), _padded(_prompts(LENGTHS, high=6)))
     fig = plot_head_types(r, tmp_path / "f" / "h.png")
@@ -343,8 +343,8 @@ def test_plot_has_a_panel_per_type(tmp_path):
 # ------------------------------------------------------------------------------------------------
 def test_heads_command_on_a_saved_model_directory(tmp_path, capsys):
     from pe_interp.cli import main
-    from pe_interp.hf_arch import build_hf_model, save_model_dir, word_tokenizer
-    from pe_interp.model_dirs import load_model_dir
+    from pe_interp.models.bridge.hf_arch import build_hf_model, save_model_dir, word_tokenizer
+    from pe_interp.runs.model_dirs import load_model_dir
 
     shape = {"n_layers": 2, "d_model": 16, "n_heads": 2, "d_mlp": 32, "n_ctx": 16}
     hf = build_hf_model("gpt-neox", seed=1, d_vocab=38, pad_id=0, **shape)

@@ -1,4 +1,4 @@
-"""Heads ranked along the ablation path (``probes.circuits.heads``) against exact ablation, and
+"""Heads ranked along the ablation path (``probes.ablation.ranking``) against exact ablation, and
 ``ablate_heads(engine="attribution")``'s verification; ``find_deposits`` refuses a partial grid."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from circuit_env import inputs, random_model
 
 from probes import ablate_heads, find_deposits
 from probes.ablation import Attribution
-from probes.circuits.heads import rank_heads
-from probes.metrics import accuracy_per_example
+from probes.ablation.ranking import rank_heads
+from probes.common.metrics import accuracy_per_example
 
 
 def margin(logits, labels):

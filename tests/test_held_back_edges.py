@@ -1,6 +1,6 @@
 """The edge probes (edge attribution, path patching, circuits) on the families no other test builds
 (issue 47, item 3; the families of ``test_held_back_families``). Whether an edge can be carried is
-read from the bridge (:func:`pe_interp.bridge_forward.check_edges`), not from its model type: a
+read from the bridge (:func:`pe_interp.models.bridge.forward.check_edges`), not from its model type: a
 family whose heads each write their own ``z_h W_O[h]`` to the residual and whose per-head forks
 come before the layer norm runs (each family built here with one key/value head per query head), and
 the forks are checked against the Hugging Face layer's own norm input; a family with a norm after
@@ -23,9 +23,9 @@ from test_held_back_families import (  # noqa: F401
     families,
 )
 
-from pe_interp.bridge import BridgedModel
-from pe_interp.bridge_forward import check_edges
-from pe_interp.hf_arch import boot_bridge, save_model_dir
+from pe_interp.models.bridge.forward import check_edges
+from pe_interp.models.bridge.hf_arch import boot_bridge, save_model_dir
+from pe_interp.models.bridge.model import BridgedModel
 from pe_interp.tasks.batch import Batch, CounterfactualPairs
 from probes import attribute
 from probes.circuits.engine import forks
@@ -116,7 +116,7 @@ def test_a_residual_far_larger_than_each_layers_write_is_no_reason_to_refuse(tmp
     """SmolLM2's massive activations: float32 rounding of the residual's size shows up in the
     difference of two of them; the check compares at the residual's scale (a Llama whose
     embeddings are a million times their initialisation)."""
-    from pe_interp.hf_arch import build_hf_model, word_tokenizer
+    from pe_interp.models.bridge.hf_arch import build_hf_model, word_tokenizer
 
     hf = build_hf_model(
         "llama", seed=2, n_layers=2, d_model=32, n_heads=4, d_mlp=40, n_ctx=16, d_vocab=30, pad_id=0

@@ -30,11 +30,11 @@ import torch
 import transformers
 from prompt_env import make_tokenizer
 
-from pe_interp.bridge import BridgedModel
-from pe_interp.hf_arch import boot_bridge, save_model_dir
+from pe_interp.models.bridge.hf_arch import boot_bridge, save_model_dir
+from pe_interp.models.bridge.model import BridgedModel
 from pe_interp.prompts import Induction, check_fits, context_limit, family_accuracy
 from probes import ablate_heads, logit_terms, positional_scores, route_shares
-from probes.inputs import position_permutation
+from probes.common.inputs import position_permutation
 
 TOK = make_tokenizer()
 V, PAD = len(TOK), TOK.pad_token_id

@@ -12,7 +12,7 @@ import pytest
 
 from pe_interp.cli import main
 from pe_interp.report.paired import paired_labels, paired_markdown, paired_rows, unpaired
-from probes.metrics import sign_test
+from probes.common.metrics import sign_test
 
 NO = {"single_head": "no", "layer0": "no", "positional": "no"}
 YES0 = {**NO, "layer0": "yes"}

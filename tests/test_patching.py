@@ -12,7 +12,7 @@ from conftest import tiny_model
 from transformer_lens import patching as tlp
 
 from pe_interp import HookedPETransformer, ModelConfig
-from probes.patching import (
+from probes.patching.sweep import (
     PatchResult,
     bootstrap_ratio_ci,
     cell_layout,
@@ -299,13 +299,10 @@ def test_model_training_mode_restored(rope_setup):
 
 
 def test_views_are_offline(rope_setup, tmp_path):
-    from probes.viz import (
-        attention_html,
-        patching_tokens_html,
-        plot_patching,
-        save_html,
-        token_labels,
-    )
+    from probes.common.html import save_html
+    from probes.heads.patterns import token_labels
+    from probes.heads.view import attention_html
+    from probes.patching.view import patching_tokens_html, plot_patching
 
     model, clean, corrupt, pad, cl, co, _ = rope_setup
     r = patch(

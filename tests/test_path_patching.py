@@ -11,7 +11,7 @@ import torch
 from circuit_env import cache_of, class_metric, forks, random_model, random_pairs
 from transformer_lens import patching as tlp
 
-from pe_interp.config import KV_EMBED_NO_EDGES
+from pe_interp.config.model import KV_EMBED_NO_EDGES
 from probes import PathPatch, path_patch
 from probes.circuits.engine import contributions, writer_hooks
 from probes.circuits.graph import build_graph

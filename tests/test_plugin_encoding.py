@@ -26,7 +26,7 @@ from probes import (
     normalized_logit_diff_metric,
     patch,
 )
-from probes.gradients import head_gradient_stats, head_slices, per_example_grads
+from probes.gradients.coherence import head_gradient_stats, head_slices, per_example_grads
 
 VOCAB, POS, N, CLASSES = 24, 8, 6, 4
 

@@ -25,8 +25,8 @@ import torch
 from conftest import tiny_model
 
 from pe_interp.encodings.absolute import sinusoidal_table
-from pe_interp.hf_arch import build_hf_model
 from pe_interp.kernels.rope import rope_frequencies
+from pe_interp.models.bridge.hf_arch import build_hf_model
 
 SHAPE = {"n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 40, "n_ctx": 2048}
 SHAPE |= {"d_vocab": 30, "pad_id": 0}

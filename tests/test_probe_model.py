@@ -1,4 +1,4 @@
-"""The model seam (pe_interp.probe_model, issue 46): both model kinds implement ProbeModel, a probe
+"""The model seam (pe_interp.models.protocol, issue 46): both model kinds implement ProbeModel, a probe
 checks a model against it at its door, and a raw TransformerLens bridge is wrapped there, so that
 ``probes.ablate_heads(bridge, tokens, labels)`` runs and equals the same sweep on a BridgedModel and
 a naive hook loop on the bridge itself."""
@@ -10,11 +10,16 @@ import pytest
 import torch
 
 from pe_interp import HookedPETransformer, ModelConfig
-from pe_interp.bridge import BridgedModel
-from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir, word_tokenizer
-from pe_interp.probe_model import HOOKS, KVLayout, ProbeModel, layer_of, missing
+from pe_interp.models.bridge.hf_arch import (
+    boot_bridge,
+    build_hf_model,
+    save_model_dir,
+    word_tokenizer,
+)
+from pe_interp.models.bridge.model import BridgedModel
+from pe_interp.models.protocol import HOOKS, KVLayout, ProbeModel, layer_of, missing
 from probes import ablate_heads, patch
-from probes.inputs import as_probe_model
+from probes.common.inputs import as_probe_model
 
 V, PAD = 30, 0
 SHAPE = {"n_layers": 2, "d_model": 24, "n_heads": 3, "d_mlp": 40, "n_ctx": 16, "d_vocab": V}

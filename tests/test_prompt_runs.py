@@ -16,10 +16,10 @@ from bad_input_env import expect_cli_refusal
 from prompt_env import make_tokenizer
 
 from pe_interp.cli import main
-from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir
-from pe_interp.model_dirs import load_model_dir
+from pe_interp.models.bridge.hf_arch import boot_bridge, build_hf_model, save_model_dir
 from pe_interp.prompts import family_accuracy, make_family
 from pe_interp.prompts.task import PROMPT_COUNTS, PromptTask, is_prompt_task
+from pe_interp.runs.model_dirs import load_model_dir
 
 TOK = make_tokenizer()
 QUIET = ["--no-progress", "--no-figures"]
@@ -118,9 +118,9 @@ def test_the_accuracy_line_equals_family_accuracy(model_dir):
 
 
 def test_routes_and_patch_read_the_family_pairs(model_dir, capsys):
-    from probes.deposit.routes import route_shares
     from probes.deposit.trajectory import PAIRS_SEED_OFFSET
-    from probes.patching import patch
+    from probes.patching.sweep import patch
+    from probes.routes.shares import route_shares
 
     assert main(
         ["routes", str(model_dir), "--task", "recall", "--n", "24", "--n-bootstrap", "10"]
@@ -229,8 +229,8 @@ def test_a_model_too_large_for_memory_is_refused_before_the_boot(tmp_path, monke
     transformers loads anything; nothing is written."""
     from safetensors import safe_open
 
-    import pe_interp.hf_arch as hf_arch
-    import pe_interp.model_dirs as md
+    import pe_interp.models.bridge.hf_arch as hf_arch
+    import pe_interp.runs.model_dirs as md
 
     d = _model_dir(tmp_path / "model")
     weights = d / "model.safetensors"
@@ -258,7 +258,7 @@ def test_a_sharded_model_loads_and_counts_every_shard(tmp_path):
 
     from transformers import AutoModelForCausalLM
 
-    import pe_interp.model_dirs as md
+    import pe_interp.runs.model_dirs as md
 
     one = _model_dir(tmp_path / "one")
     sharded = tmp_path / "sharded"

@@ -14,7 +14,7 @@ import pytest
 import torch
 from prompt_env import make_tokenizer
 
-from pe_interp.hf_arch import boot_bridge, build_hf_model, save_model_dir
+from pe_interp.models.bridge.hf_arch import boot_bridge, build_hf_model, save_model_dir
 from pe_interp.prompts import (
     FAMILIES,
     Induction,
@@ -29,7 +29,7 @@ from pe_interp.prompts import (
     resolve_tokenizer,
 )
 from pe_interp.prompts.vocab import BosPolicy
-from probes.inputs import position_permutation
+from probes.common.inputs import position_permutation
 
 SMOL = Path(os.path.expanduser("~/.cache/pe-interp/gguf/b179c9523d0e6a0f"))
 
@@ -144,7 +144,7 @@ def _naive(hf, prompts: PromptSet) -> torch.Tensor:
 
 
 def test_family_accuracy_equals_a_naive_loop(tiny, tmp_path):
-    from pe_interp.bridge import BridgedModel
+    from pe_interp.models.bridge.model import BridgedModel
 
     hf, _, bridge = tiny
     lines = [
@@ -172,7 +172,7 @@ def test_family_accuracy_equals_a_naive_loop(tiny, tmp_path):
 
 def test_route_shares_reads_the_pairs(tiny):
     import probes
-    from pe_interp.bridge import BridgedModel
+    from pe_interp.models.bridge.model import BridgedModel
 
     _, _, bridge = tiny
     pairs = Induction(TOK, n_random=6, n_repeat=2).counterfactuals(4, "position", seed=0)
@@ -292,7 +292,7 @@ def test_too_long_and_outside_vocabulary(tiny, tmp_path):
 
 
 def test_padding_pad_ids_and_models(tiny):
-    from pe_interp.bridge import BridgedModel
+    from pe_interp.models.bridge.model import BridgedModel
 
     hf, _, bridge = tiny
     ps = Induction(TOK).sample(2)

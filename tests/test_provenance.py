@@ -19,8 +19,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import pe_interp
-from pe_interp.callbacks import Callback
-from pe_interp.checkpoint import (
+from pe_interp.cli import main
+from pe_interp.runs.checkpoint import (
     CURRENT,
     STALE,
     UNRECORDED,
@@ -28,9 +28,9 @@ from pe_interp.checkpoint import (
     weights_provenance,
     weights_status,
 )
-from pe_interp.cli import main
-from pe_interp.interrupts import Interrupted
 from pe_interp.sweep import collect
+from pe_interp.training.callbacks import Callback
+from pe_interp.util.interrupts import Interrupted
 
 SMOKE = dict(preset="smoke", progress=False)
 PROBES = "probes: [ablation, patching, positional, attention, decomposition, generalization]\n"

@@ -16,7 +16,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from pe_interp.presets import build_run_configs
+from pe_interp.config.presets import build_run_configs
 from pe_interp.tasks import (
     Batch,
     CountTask,

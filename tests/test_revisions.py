@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pe_interp.cli import main
-from pe_interp.hf_arch import build_hf_model, save_model_dir, word_tokenizer
-from pe_interp.model_dirs import load_model_dir
+from pe_interp.models.bridge.hf_arch import build_hf_model, save_model_dir, word_tokenizer
+from pe_interp.runs.model_dirs import load_model_dir
 
 SHAPE = {
     "n_layers": 2,

@@ -1,4 +1,4 @@
-"""Route shares screened by attribution (``route_shares(screen=k)``, probes.deposit.route_screen).
+"""Route shares screened by attribution (``route_shares(screen=k)``, probes.routes.screen).
 
 References: the exhaustive route shares (themselves checked against naive loops in test_routes
 and test_bridge_grouped) for the heads the screen measures; finite differences of the mean logit
@@ -14,10 +14,10 @@ from bridge_env import sharp_bridge
 from test_routes import TASK, model
 
 from probes import positional_dominance, route_shares
-from probes.deposit.moving import MovedOutputs, position_routes
-from probes.deposit.route_result import RouteShares
-from probes.deposit.route_screen import MovedOnce, route_estimates
-from probes.inputs import position_permutation
+from probes.common.inputs import position_permutation
+from probes.routes.moving import MovedOutputs, position_routes
+from probes.routes.result import RouteShares
+from probes.routes.screen import MovedOnce, route_estimates
 
 
 def _model(encoding: str, scale: float = 8.0):
@@ -181,7 +181,7 @@ def test_a_screen_says_no_where_a_planted_route_is_split_in_two(tmp_path):
     import shutil
     from pathlib import Path
 
-    from pe_interp.checkpoint import load_run
+    from pe_interp.runs.checkpoint import load_run
 
     run_dir = tmp_path / "run"
     shutil.copytree(Path(__file__).parents[1] / "checkpoints" / "planted-single-yes", run_dir)

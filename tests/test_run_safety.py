@@ -4,7 +4,7 @@ line and the Python API, each refused with one line and exit status 2 (a ValueEr
 while the directory it aimed at stays byte for byte as it was; then the cases whose outcome is a
 correct result (a stale lock, stray temporary files, a lock file among the run files).
 
-Locks are held by a real second process (``pe_interp.io.dir_lock`` in a subprocess): within one
+Locks are held by a real second process (``pe_interp.util.io.dir_lock`` in a subprocess): within one
 process the lock is re-entrant, as a sweep cell needs.
 """
 
@@ -26,16 +26,16 @@ from pathlib import Path
 import pytest
 
 import pe_interp
-from pe_interp.checkpoint import load_run
 from pe_interp.cli import main
-from pe_interp.io import LOCK_FILE, LockedError, dir_lock
+from pe_interp.runs.checkpoint import load_run
+from pe_interp.util.io import LOCK_FILE, LockedError, dir_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PE_INTERP_CPU_BF16": "0"}
 SMOKE = dict(preset="smoke", progress=False)
 GRID = "name: g\nbase: {preset: smoke, task: distance, epochs: 1, n_train: 128, n_test: 64}\naxes: {encoding: [rope]}\n"
 HOLDER = (
-    "import sys, time\nfrom pe_interp.io import dir_lock\nwith dir_lock(sys.argv[1]), dir_lock(sys.argv[2]):\n"
+    "import sys, time\nfrom pe_interp.util.io import dir_lock\nwith dir_lock(sys.argv[1]), dir_lock(sys.argv[2]):\n"
     "    print('held', flush=True)\n    time.sleep(900)\n"
 )
 
@@ -477,7 +477,7 @@ def test_a_lock_left_by_a_killed_process_does_not_block(dirs, tmp_path):
     """SIGKILL leaves the lock file (with the dead holder's pid) but the OS lock goes with the
     process: the next writer takes it, and its record names the new holder."""
     d = Env(dirs, tmp_path).copy()
-    code = "import sys, time\nfrom pe_interp.io import dir_lock\nwith dir_lock(sys.argv[1]):\n print('held', flush=True)\n time.sleep(900)\n"
+    code = "import sys, time\nfrom pe_interp.util.io import dir_lock\nwith dir_lock(sys.argv[1]):\n print('held', flush=True)\n time.sleep(900)\n"
     proc = subprocess.Popen([sys.executable, "-c", code, str(d)], env=ENV, stdout=subprocess.PIPE)
     assert proc.stdout.readline().strip() == b"held"
     with pytest.raises(LockedError):

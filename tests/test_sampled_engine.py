@@ -9,7 +9,7 @@ from circuit_env import inputs, random_model
 
 from probes import ablate_heads, find_deposits
 from probes.ablation import AblationResult, Sampled, ablate_heads_naive
-from probes.metrics import harm
+from probes.common.metrics import harm
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 from circuit_env import random_model, random_pairs
 
 from pe_interp import ModelConfig
-from pe_interp.presets import build_run_configs
+from pe_interp.config.presets import build_run_configs
 from probes import attribute
 from probes.circuits import Circuit, circuit, prune, rank_edges
 from probes.circuits.graph import build_graph, parse

@@ -26,8 +26,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import pe_interp
-from pe_interp.io import LOCK_FILE, LockedError, dir_lock
 from pe_interp.sweep import load_grid
+from pe_interp.util.io import LOCK_FILE, LockedError, dir_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {

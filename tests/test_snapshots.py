@@ -11,17 +11,17 @@ import pytest
 import torch
 
 import pe_interp
-from pe_interp.callbacks import Callback
-from pe_interp.checkpoint import CheckpointError, load_run, split_step
-from pe_interp.presets import build_run_configs
-from pe_interp.snapshots import (
+from pe_interp.config.presets import build_run_configs
+from pe_interp.runs.checkpoint import CheckpointError, load_run, split_step
+from pe_interp.runs.snapshots import (
     MANIFEST,
     SNAPSHOT_DIR,
     read_manifest,
     snapshot_path,
     snapshot_schedule,
 )
-from pe_interp.training import Trainer
+from pe_interp.training.callbacks import Callback
+from pe_interp.training.trainer import Trainer
 
 
 def test_schedule_is_powers_of_two_then_every_interval_and_the_end():

@@ -13,9 +13,9 @@ import torch
 from prompt_env import make_tokenizer
 
 from pe_interp.cli import main
-from pe_interp.hf_arch import build_hf_model, save_model_dir
-from pe_interp.model_dirs import load_model_dir
+from pe_interp.models.bridge.hf_arch import build_hf_model, save_model_dir
 from pe_interp.report.survey import load_steps, write_survey_report
+from pe_interp.runs.model_dirs import load_model_dir
 
 TOK = make_tokenizer()
 ARGS = ["--n", "16", "--n-bootstrap", "20"]
@@ -41,7 +41,7 @@ def surveyed(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_each_step_equals_the_probe_called_directly(surveyed):
     from probes.ablation import ablate_heads
-    from probes.patching import patch
+    from probes.patching.sweep import patch
 
     model, out = surveyed
     steps = load_steps(out)
@@ -141,7 +141,7 @@ def test_survey_refuses_bad_input_in_one_line(tmp_path, capsys):
 
 def test_head_types_and_frequency_equal_the_probes(surveyed):
     from probes.decomposition import FrequencyUsage, frequency_usage, low_frequency_norm
-    from probes.head_types import HeadTypeScores, head_type_scores
+    from probes.heads.types import HeadTypeScores, head_type_scores
 
     model, out = surveyed
     steps = load_steps(out)

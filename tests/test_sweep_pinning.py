@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pe_interp import attn_routes
-from pe_interp.callbacks import Callback
-from pe_interp.io import atomic_write_json
+from pe_interp.models.hooked import attn_routes
 from pe_interp.sweep import CALLBACKS, PROBES, parse_grid, run_cell, run_sweep
 from pe_interp.sweep.pinning import CELL_ATTN_ROUTE, cell_route, cell_threads
+from pe_interp.training.callbacks import Callback
+from pe_interp.util.io import atomic_write_json
 
 TINY = {
     "name": "pinning",

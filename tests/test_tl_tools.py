@@ -39,8 +39,8 @@ from transformer_lens.tools.analysis import attribution_patching as ap
 
 import pe_interp
 from pe_interp import ModelConfig
-from pe_interp.config import KV_EMBED_NO_EDGES
-from pe_interp.presets import build_run_configs
+from pe_interp.config.model import KV_EMBED_NO_EDGES
+from pe_interp.config.presets import build_run_configs
 
 RANDOM_ENCODINGS = ("rope", "sinusoidal", "t5", "alibi")
 CASES = (*RANDOM_ENCODINGS, "trained-rope")

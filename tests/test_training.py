@@ -17,11 +17,11 @@ import torch
 from safetensors.torch import load_file
 
 import pe_interp
-from pe_interp.callbacks import Callback
-from pe_interp.checkpoint import CheckpointError, load_run
 from pe_interp.cli import main
-from pe_interp.io import LOCK_FILE
-from pe_interp.training import NonFiniteLossError, TrainConfig
+from pe_interp.runs.checkpoint import CheckpointError, load_run
+from pe_interp.training.callbacks import Callback
+from pe_interp.training.trainer import NonFiniteLossError, TrainConfig
+from pe_interp.util.io import LOCK_FILE
 
 SMOKE = dict(preset="smoke", progress=False)
 
@@ -68,7 +68,7 @@ LEARNED_MARGIN = 0.15
 
 def _learns(encoding: str) -> tuple[float, float]:
     """(held-out accuracy, the task's length-only ceiling) of a smoke run trained longer."""
-    from pe_interp.presets import build_run_configs
+    from pe_interp.config.presets import build_run_configs
 
     result = pe_interp.train(encoding=encoding, seed=0, epochs=12, lr=5e-3, **SMOKE)
     _, task, _ = build_run_configs("distance", encoding, "smoke", 0)
@@ -172,8 +172,8 @@ class PoisonAt(Callback):
 
 
 def test_non_finite_loss_stops_with_the_step_and_keeps_last_checkpoint(tmp_path):
-    from pe_interp.presets import build_run_configs
-    from pe_interp.training import Trainer
+    from pe_interp.config.presets import build_run_configs
+    from pe_interp.training.trainer import Trainer
 
     model_cfg, task, train_cfg = build_run_configs(
         "distance", "rope", "smoke", 0, checkpoint_every=4

@@ -37,7 +37,7 @@ def single_yes(tmp_path_factory):
 
 def test_the_mirrored_model_computes_the_same_function_with_two_tied_heads(single_yes, tmp_path):
     from probes import ablate_heads, dominance, positional_dominance, route_shares
-    from probes.deposit.routes import position_routes
+    from probes.routes.shares import position_routes
 
     mirrored = mirror_head(single_yes, tmp_path / "no", (0, 1), (0, 2))
     a, b = pe_interp.load_run(single_yes), pe_interp.load_run(mirrored)
@@ -195,7 +195,7 @@ def test_the_committed_single_yes_model_is_the_paper_criterions_true_positive():
     the positional criterion too (L0H3 is the only route)."""
     from pathlib import Path
 
-    from pe_interp.checkpoint import load_run
+    from pe_interp.runs.checkpoint import load_run
     from probes import ablate_heads, positional_dominance, route_shares
     from probes.deposit import PAIRS_SEED_OFFSET, decide_single, dominance
 

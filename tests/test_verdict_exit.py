@@ -8,7 +8,8 @@ import pytest
 
 from pe_interp.cli import main
 from probes.deposit import decision
-from probes.deposit.routes import RouteShares, positional_dominance
+from probes.deposit.positional import positional_dominance
+from probes.routes.result import RouteShares
 
 
 def _shares(
@@ -64,7 +65,7 @@ def test_routes_prints_the_verdict_and_exits_0_when_decided(tmp_path, capsys):
 
 
 def test_routes_exits_3_when_undecided(tmp_path, capsys, monkeypatch):
-    import probes.deposit.routes as routes
+    import probes.routes.shares as routes
 
     run = _planted(tmp_path)
     monkeypatch.setattr(

@@ -89,7 +89,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from probes.inputs import check_fraction, check_threshold
+    from probes.common.inputs import check_fraction, check_threshold
 
     run_dir = Path(args.run_dir)
     positive_n(args.n, "--n")
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
 def _ablate(args: argparse.Namespace, run_dir: Path, loaded) -> int:
     import numpy as np
 
-    from pe_interp.checkpoint import save_result
+    from pe_interp.runs.checkpoint import save_result
     from probes.ablation import ablate_heads
     from probes.deposit import dominance, find_deposits, too_few
 
@@ -141,7 +141,7 @@ def _ablate(args: argparse.Namespace, run_dir: Path, loaded) -> int:
     save_result(run_dir / "ablation.json", result, loaded.provenance, per_example=False)
     save_result(run_dir / "deposits.json", report, loaded.provenance)
     if not args.no_figures:
-        from probes.plots import plot_drop_heatmap, plot_layer_lines
+        from probes.ablation.view import plot_drop_heatmap, plot_layer_lines
 
         fig_dir = run_dir / "figures"
         plot_drop_heatmap(result, fig_dir / "ablation_heatmap.png", deposits=report.deposits)

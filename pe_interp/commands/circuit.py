@@ -117,7 +117,7 @@ def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
     """The single-head deposit, the layer-concentration head or the top head, and where it comes from."""
     import numpy as np
 
-    from pe_interp.checkpoint import STALE, weights_status
+    from pe_interp.runs.checkpoint import STALE, weights_status
     from probes import AblationResult, ablate_heads, dominance, find_deposits
     from probes.ablation import Sampled
 
@@ -307,8 +307,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _circuit(args: argparse.Namespace, loaded) -> int:
-    from pe_interp.checkpoint import save_result
-    from pe_interp.io import atomic_write_text
+    from pe_interp.runs.checkpoint import save_result
+    from pe_interp.util.io import atomic_write_text
     from probes.circuits.view import circuit_page, circuit_summary, span_counts
 
     t0 = time.perf_counter()

@@ -1,5 +1,5 @@
 """``pe-interp convert FILE.gguf``: convert a GGUF file once into a saved Hugging Face directory in
-the cache (:func:`pe_interp.gguf.convert_gguf`) and print that directory, alone on stdout, so that
+the cache (:func:`pe_interp.runs.gguf.convert_gguf`) and print that directory, alone on stdout, so that
 ``DIR=$(pe-interp convert FILE.gguf)`` works; what was done goes to stderr."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp.gguf import PROVENANCE, convert_gguf, gguf_provenance
+    from pe_interp.runs.gguf import PROVENANCE, convert_gguf, gguf_provenance
 
     t0, wall = time.perf_counter(), time.time()
     out = convert_gguf(args.gguf_file, args.cache)

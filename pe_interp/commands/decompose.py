@@ -64,7 +64,7 @@ def decompose_run(
 ) -> tuple[Any, Any, dict[str, Path]]:
     """The work of ``pe-interp decompose`` on a model and a batch (``tokens``, ``pad_mask``);
     ``weights``: the run's provenance (``Run.provenance``), recorded in the JSON file."""
-    from pe_interp.checkpoint import save_result
+    from pe_interp.runs.checkpoint import save_result
     from probes.decomposition import logit_terms, positional_scores
 
     cfg = model.cfg
@@ -92,7 +92,9 @@ def decompose_run(
     written = {"json": out_dir / f"decompose_{tag}.json"}
     save_result(written["json"], payload, weights, indent=2)
     if figures:
-        from probes.viz import attention_html, plot_logit_terms, plot_rope_terms, save_html
+        from probes.common.html import save_html
+        from probes.decomposition.view import plot_logit_terms, plot_rope_terms
+        from probes.heads.view import attention_html
 
         fig_dir = out_dir / "figures"
         written["terms"] = plot_logit_terms(terms, fig_dir / f"logit_terms_{tag}.png")

@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from pe_interp.presets import PRESETS
+from pe_interp.config.presets import PRESETS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -87,9 +87,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp.checkpoint import CheckpointError, split_step
-    from pe_interp.io import dir_lock
-    from pe_interp.model_dirs import is_gguf_file, is_hub_name, is_model_dir
+    from pe_interp.runs.checkpoint import CheckpointError, split_step
+    from pe_interp.runs.model_dirs import is_gguf_file, is_hub_name, is_model_dir
+    from pe_interp.util.io import dir_lock
 
     for flag, value in (
         ("--n", args.n),
@@ -137,7 +137,7 @@ def revision_steps(revisions: list[str]) -> list[int]:
 
 def _revisions(args: argparse.Namespace) -> tuple[Path, list[Any]]:
     """Where the results go, and a :class:`~probes.deposit.trajectory.Snapshot` per revision."""
-    from pe_interp.model_dirs import (
+    from pe_interp.runs.model_dirs import (
         HUB_RUNS,
         is_gguf_file,
         is_hub_name,
@@ -192,7 +192,7 @@ def _revisions(args: argparse.Namespace) -> tuple[Path, list[Any]]:
 
 
 def _dynamics(args: argparse.Namespace, run_dir, snapshots: list[Any] | None = None) -> int:
-    from pe_interp.checkpoint import save_result
+    from pe_interp.runs.checkpoint import save_result
     from probes.deposit.trajectory import SnapshotDynamics, snapshot_dynamics, walk_snapshots
 
     path = run_dir / DYNAMICS_JSON
@@ -245,7 +245,7 @@ def _dynamics(args: argparse.Namespace, run_dir, snapshots: list[Any] | None = N
                 + (f"; undecided at {len(open_)}" if open_ else "")
             )
     if not args.no_figures:
-        from probes.plots import plot_snapshot_dynamics
+        from probes.deposit.view import plot_snapshot_dynamics
 
         plot_snapshot_dynamics(result, run_dir / "figures" / "dynamics.png")
     print(

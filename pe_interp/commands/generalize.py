@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.seed is not None and args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
-    from pe_interp.checkpoint import STEPS_DIR, split_step
+    from pe_interp.runs.checkpoint import STEPS_DIR, split_step
 
     run_dir, step = split_step(args.run_dir)
     at = run_dir if step is None else run_dir / STEPS_DIR / str(step)  # RUN@S: the step's results
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _generalize(args: argparse.Namespace, loaded, out: Path) -> int:
-    from pe_interp.checkpoint import save_result
+    from pe_interp.runs.checkpoint import save_result
     from probes.generalization import length_generalization
 
     if args.families is not None:

@@ -1,6 +1,6 @@
 """``pe-interp heads RUN_OR_MODEL_DIR``: every head's positional type, named and scored.
 
-Scores every head of the model on ``--n`` held-out examples (:func:`probes.head_types.head_type_scores`:
+Scores every head of the model on ``--n`` held-out examples (:func:`probes.heads.types.head_type_scores`:
 previous-token, duplicate-token, induction and first-token (attention sink) scores, the first
 three equal to TransformerLens' ``detect_head``), prints the top heads of each type and which
 heads are of it, and writes ``head_types.json`` (and ``figures/head_types.png``) into the run
@@ -55,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _heads(args: argparse.Namespace, loaded) -> int:
-    from pe_interp.checkpoint import save_result
-    from probes.head_types import HEAD_TYPES, head_type_scores
+    from pe_interp.runs.checkpoint import save_result
+    from probes.heads.types import HEAD_TYPES, head_type_scores
 
     test = loaded.examples("test", args.n)
     t0 = time.perf_counter()
@@ -79,7 +79,7 @@ def _heads(args: argparse.Namespace, loaded) -> int:
                 + mark
             )
     if not args.no_figures:
-        from probes.head_type_plots import plot_head_types
+        from probes.heads.view import plot_head_types
 
         png = loaded.result_dir / "figures" / "head_types.png"
         plot_head_types(r, png)

@@ -1,7 +1,7 @@
 """Command-line flags generated from the configs, so that the CLI and the API cannot drift.
 
 :func:`add_setting_flags` gives ``pe-interp train`` one flag per field of
-:class:`~pe_interp.config.ModelConfig`, :class:`~pe_interp.config.TrainConfig` and every task
+:class:`~pe_interp.config.model.ModelConfig`, :class:`~pe_interp.config.model.TrainConfig` and every task
 (``n_layers`` -> ``--n-layers``, a bool ``final_norm`` -> ``--final-norm / --no-final-norm``,
 ``betas`` -> ``--betas B1 B2``, an optional field takes ``none``). A flag that is not given is not
 passed at all, so the preset's value stands; a given value goes to the dataclass unchanged and is
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pe_interp.config import (
+from pe_interp.config.model import (
     ACT_FNS,
     ATTENTION_DIRS,
     BACKENDS,
@@ -35,7 +35,7 @@ from pe_interp.config import (
     check_device,
     default_device,
 )
-from pe_interp.presets import flag_name
+from pe_interp.config.presets import flag_name
 from pe_interp.tasks import TASKS
 
 # Fields without a flag of their own, and where they come from instead.
@@ -250,7 +250,7 @@ def add_device_flag(parser: argparse.ArgumentParser, default: str | None = None)
 
 def add_model_dir_flags(parser: argparse.ArgumentParser) -> None:
     """``--task``/``--preset``: probe a saved Hugging Face model directory on one of our tasks
-    (:mod:`pe_interp.model_dirs`); a pe-interp run knows its own."""
+    (:mod:`pe_interp.runs.model_dirs`); a pe-interp run knows its own."""
     parser.add_argument(
         "--task",
         default=None,
@@ -335,15 +335,15 @@ def writing_run(
     model_dir_ok: bool = False,
     revision: str | None = None,
 ) -> Iterator[Any]:
-    """The loaded run (:func:`~pe_interp.checkpoint.load_run`: a one-line error for a missing or
+    """The loaded run (:func:`~pe_interp.runs.checkpoint.load_run`: a one-line error for a missing or
     broken run directory; ``RUN@S`` loads the snapshot of step S, whose results go to
     ``loaded.result_dir``, ``RUN/steps/S/``) with the directory the command writes into locked
     (the run's, or ``out``): not while the run trains, nor while another command writes there (a
     one-line error instead). A saved Hugging Face model directory, or a GGUF file, is read as a run
-    on ``task`` (:func:`pe_interp.model_dirs.load_model_dir`)."""
-    from pe_interp.checkpoint import load_run, split_step
-    from pe_interp.io import dir_lock
-    from pe_interp.model_dirs import is_gguf_file, is_hub_name, is_model_dir, load_model_dir
+    on ``task`` (:func:`pe_interp.runs.model_dirs.load_model_dir`)."""
+    from pe_interp.runs.checkpoint import load_run, split_step
+    from pe_interp.runs.model_dirs import is_gguf_file, is_hub_name, is_model_dir, load_model_dir
+    from pe_interp.util.io import dir_lock
 
     path, step = split_step(run_dir)
     gguf = is_gguf_file(path)

@@ -92,8 +92,8 @@ def patch_run(
 ) -> tuple[Any, dict[str, Path]]:
     """The work of ``pe-interp patch`` on a model and task; returns the result and written files.
     ``weights``: the run's provenance (``Run.provenance``), recorded in the JSON files."""
-    from pe_interp.checkpoint import save_result
-    from probes.patching import RESULT_KIND, patch
+    from pe_interp.runs.checkpoint import save_result
+    from probes.patching.sweep import RESULT_KIND, patch
 
     if n < 1:
         raise ValueError(f"--n must be >= 1, got {n}")
@@ -133,13 +133,10 @@ def patch_run(
         save_result(out_dir / name, payload, weights, indent=2, kind=RESULT_KIND)
         written[name] = out_dir / name
     if figures:
-        from probes.viz import (
-            attention_html,
-            patching_tokens_html,
-            plot_patching,
-            save_html,
-            token_labels,
-        )
+        from probes.common.html import save_html
+        from probes.heads.patterns import token_labels
+        from probes.heads.view import attention_html
+        from probes.patching.view import patching_tokens_html, plot_patching
 
         fig_dir = out_dir / "figures"
         written["png"] = plot_patching(result, fig_dir / f"patching_{key}.png")[0]

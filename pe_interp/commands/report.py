@@ -43,8 +43,8 @@ def link_dirs(values: list[str] | None) -> dict[str, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp.checkpoint import split_step
-    from pe_interp.io import read_json
+    from pe_interp.runs.checkpoint import split_step
+    from pe_interp.util.io import read_json
 
     path, step = split_step(args.dir)
     linked = link_dirs(args.link_with)
@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
     elif linked:
         raise ValueError("--link-with: only a sweep's report links other sweeps' models")
     elif (path / "config.json").is_file():
-        from pe_interp.checkpoint import load_run
         from pe_interp.report.run import write_run_report
+        from pe_interp.runs.checkpoint import load_run
 
         load_run(
             path, step=step

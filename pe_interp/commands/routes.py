@@ -78,9 +78,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _routes(args: argparse.Namespace, loaded) -> int:
-    from pe_interp.checkpoint import save_result
-    from probes.deposit.routes import positional_dominance, route_shares
+    from pe_interp.runs.checkpoint import save_result
+    from probes.deposit.positional import positional_dominance
     from probes.deposit.trajectory import PAIRS_SEED_OFFSET
+    from probes.routes.shares import route_shares
 
     pairs = loaded.task.counterfactuals(
         args.n, kind="position", seed=loaded.train_cfg.seed + PAIRS_SEED_OFFSET + args.seed

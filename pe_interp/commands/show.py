@@ -25,9 +25,9 @@ def _pct(x) -> str:
 
 
 def _status(run_dir: Path, path: Path, step: int | None = None) -> tuple[str, str]:
-    """A result file's :func:`~pe_interp.checkpoint.weights_status`; ("unreadable", why) for a
+    """A result file's :func:`~pe_interp.runs.checkpoint.weights_status`; ("unreadable", why) for a
     file that is not JSON (show lists it, it does not stop)."""
-    from pe_interp.checkpoint import weights_status
+    from pe_interp.runs.checkpoint import weights_status
 
     try:
         return weights_status(run_dir, path, step)
@@ -38,7 +38,7 @@ def _status(run_dir: Path, path: Path, step: int | None = None) -> tuple[str, st
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from pe_interp.checkpoint import STALE, UNRECORDED, load_run
+    from pe_interp.runs.checkpoint import STALE, UNRECORDED, load_run
     from probes import AblationResult, DepositReport, dominance
 
     loaded = load_run(
@@ -169,8 +169,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _snapshots(run_dir: Path) -> None:
     """The snapshots a run kept, its dynamics, and the results computed at each step."""
-    from pe_interp.checkpoint import STEPS_DIR
-    from pe_interp.snapshots import read_manifest
+    from pe_interp.runs.checkpoint import STEPS_DIR
+    from pe_interp.runs.snapshots import read_manifest
 
     kept = read_manifest(run_dir)
     if not kept:

@@ -39,7 +39,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp.io import atomic_write_text
     from pe_interp.report.findings import (
         condition_rows,
         markdown,
@@ -51,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from pe_interp.sweep import load_grid
     from pe_interp.sweep.findings import load_findings
+    from pe_interp.util.io import atomic_write_text
 
     src = Path(args.findings)
     findings = load_findings(src)
@@ -99,13 +99,13 @@ def _trajectories(
 ) -> int:
     import json
 
-    from pe_interp.io import atomic_write_text
     from pe_interp.report.findings import update_readme
     from pe_interp.report.trajectories import (
         trajectory_figure,
         trajectory_markdown,
         trajectory_rows,
     )
+    from pe_interp.util.io import atomic_write_text
 
     rows = trajectory_rows(findings, order)
     table = trajectory_markdown(rows, str(src))
@@ -130,10 +130,10 @@ def _trajectories(
 def _paired(args: argparse.Namespace, src: Path, findings: list, out: Path) -> int:
     import json
 
-    from pe_interp.io import atomic_write_text
     from pe_interp.report.findings import update_readme
     from pe_interp.report.paired import paired_figure, paired_markdown, paired_rows, unpaired
     from pe_interp.sweep.findings import load_findings
+    from pe_interp.util.io import atomic_write_text
 
     ref_dir, _, ref_condition = args.paired.rpartition(":")
     if (

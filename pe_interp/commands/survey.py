@@ -1,7 +1,7 @@
 """``pe-interp survey MODEL --out findings/NAME``: where position lives in a pretrained model.
 
 ``MODEL`` is a saved Hugging Face directory or a GGUF file (converted once,
-:func:`pe_interp.gguf.convert_gguf`). The survey runs, on natural prompts in the model's own tokens
+:func:`pe_interp.runs.gguf.convert_gguf`). The survey runs, on natural prompts in the model's own tokens
 (:mod:`pe_interp.prompts`), one step after another, each written to ``OUT/<step>.json`` with the
 weights it read (sha256 and origin) and the prompts (family, seed, BOS policy):
 
@@ -69,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--n-bootstrap must be >= 1 (the verdicts need intervals), got {args.n_bootstrap}"
         )
-    from pe_interp.checkpoint import CheckpointError
-    from pe_interp.model_dirs import load_model_dir
     from pe_interp.prompts.task import is_prompt_task
+    from pe_interp.runs.checkpoint import CheckpointError
+    from pe_interp.runs.model_dirs import load_model_dir
 
     if not is_prompt_task(args.family):
         raise ValueError(f"--family must be a prompt family or a .jsonl file, got {args.family!r}")
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         payload = STEP_FUNCTIONS[step](loaded, args)
         payload.update(survey=stamp, seconds=time.perf_counter() - t0)
-        from pe_interp.checkpoint import save_result
+        from pe_interp.runs.checkpoint import save_result
 
         save_result(path, payload, loaded.provenance, indent=1, kind=f"survey-{step}")
         print(f"[{i}/{len(todo)}] {step}: {payload.get('line', '')} ({payload['seconds']:.0f} s)")
@@ -170,7 +170,7 @@ def _ablation(loaded, args) -> dict[str, Any]:
 
 
 def _patching(loaded, args) -> dict[str, Any]:
-    from probes.patching import patch
+    from probes.patching.sweep import patch
 
     pairs = loaded.task.prompt_pairs(args.n, "position", seed=args.seed)
     result = patch(
@@ -190,7 +190,8 @@ def _patching(loaded, args) -> dict[str, Any]:
 
 
 def _routes(loaded, args) -> dict[str, Any]:
-    from probes.deposit.routes import positional_dominance, route_shares
+    from probes.deposit.positional import positional_dominance
+    from probes.routes.shares import route_shares
 
     pairs = loaded.task.prompt_pairs(args.n, "position", seed=args.seed)
     r = route_shares(
@@ -209,7 +210,7 @@ def _routes(loaded, args) -> dict[str, Any]:
 
 
 def _head_types(loaded, args) -> dict[str, Any]:
-    from probes.head_types import head_type_scores
+    from probes.heads.types import head_type_scores
 
     ps = _prompts(loaded, args.n)
     result = head_type_scores(loaded.model, ps.tokens, pad_mask=ps.pad_mask, progress=True)

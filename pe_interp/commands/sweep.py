@@ -103,7 +103,7 @@ def run_sweep_cmd(args: argparse.Namespace) -> int:
 def check_local_devices(cells, source) -> None:
     """A one-line error if a cell asks for a device this machine lacks (a grid for a GPU can be
     validated with --dry-run anywhere, and run with --backend ray on a cluster that has it)."""
-    from pe_interp.config import check_device
+    from pe_interp.config.model import check_device
 
     for device in sorted({str(c.kwargs["device"]) for c in cells if c.kwargs.get("device")}):
         try:
@@ -115,9 +115,9 @@ def check_local_devices(cells, source) -> None:
 
 
 def write_report(sweep_dir: Path, axes: list[str]) -> str:
-    from pe_interp.io import atomic_write_json, atomic_write_text
     from pe_interp.report.study import is_study, study_table
     from pe_interp.sweep import aggregate, collect, format_table
+    from pe_interp.util.io import atomic_write_json, atomic_write_text
 
     results, errors = collect(sweep_dir)
     rows = aggregate(results, axes)
@@ -136,7 +136,7 @@ def write_report(sweep_dir: Path, axes: list[str]) -> str:
 
 
 def run_report_cmd(args: argparse.Namespace) -> int:
-    from pe_interp.io import read_json
+    from pe_interp.util.io import read_json
 
     sweep_dir = Path(args.sweep_dir)
     if not sweep_dir.is_dir():

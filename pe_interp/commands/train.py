@@ -19,7 +19,7 @@ from pe_interp.commands.options import (
     out_dir_arg,
     positive_n,
 )
-from pe_interp.presets import PRESETS
+from pe_interp.config.presets import PRESETS
 from pe_interp.tasks import TASKS
 
 ENCODING_HELP = (
@@ -100,8 +100,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from pe_interp.checkpoint import load_run
-    from pe_interp.training import evaluate
+    from pe_interp.runs.checkpoint import load_run
+    from pe_interp.training.trainer import evaluate
 
     positive_n(args.n)
     run = load_run(args.run_dir, device=device_arg(args.device))

@@ -50,10 +50,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp.io import atomic_write_text
     from pe_interp.report.findings import update_readme
     from pe_interp.sweep import load_grid, run_sweep
     from pe_interp.sweep.findings import has_finding
+    from pe_interp.util.io import atomic_write_text
     from pe_interp.validate import dumps, validation_markdown
 
     grid = load_grid(args.grid)
@@ -133,13 +133,14 @@ def _record_of(
 ) -> dict[str, Any]:
     """A cell's validation record: its routes, family, accuracy, every probe's ranking grid and
     every verdict (kept when it was computed from the same weights)."""
-    from pe_interp.checkpoint import load_run
+    from pe_interp.runs.checkpoint import load_run
     from pe_interp.validate import family_of
     from probes import ablate_heads, find_concentrations, patch, positional_scores
     from probes.ablation import Attribution
     from probes.deposit import dominance
-    from probes.deposit.routes import position_routes, positional_dominance, route_shares
+    from probes.deposit.positional import positional_dominance
     from probes.deposit.trajectory import PAIRS_SEED_OFFSET
+    from probes.routes.shares import position_routes, route_shares
 
     run = load_run(run_dir)
     model, task, seed = run.model, run.task, run.train_cfg.seed

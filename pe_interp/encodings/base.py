@@ -8,7 +8,7 @@ An encoding can touch the model in up to three places, and nowhere else:
    (T5, ALiBi).
 
 A fourth, rarer hook, ``extend(x_q, x_kv, q, k, layer)``, appends extra query/key dimensions
-before rotation (MLA-style decoupled RoPE). ``pe_interp/attention.py`` is the one file where all
+before rotation (MLA-style decoupled RoPE). ``pe_interp/models/hooked/attention.py`` is the one file where all
 of these enter the logit.
 
 What a probe or the kernel needs to know about an encoding, the encoding says here, so that a
@@ -61,7 +61,7 @@ class RotarySpan:
     ``cos[p, i]`` and ``sin[p, i]`` (the tables the model itself uses). ``heads`` (bool
     ``[n_heads]``) marks the heads that are rotated; None: all of them. ``halves``: the pairs are
     ``(start + i, start + dim/2 + i)`` instead (Hugging Face's ``rotate_half``, read through a
-    bridge: :class:`pe_interp.bridge.BridgeEncoding`).
+    bridge: :class:`pe_interp.models.bridge.model.BridgeEncoding`).
     """
 
     start: int
@@ -183,7 +183,7 @@ class Encoding(nn.Module):
         """This encoding's parameters that hold one slice per attention head, by name (relative
         to the encoding), with their head and layer axes: e.g. the T5 table ``rel_bias
         [layer, head, bucket]`` is ``{"rel_bias": HeadAxes(head=1, layer=0)}``. Parameters
-        shared by all heads are not listed. Per-head gradients (:mod:`probes.gradients`) read it."""
+        shared by all heads are not listed. Per-head gradients (:mod:`probes.gradients.coherence`) read it."""
         return {}
 
     def fused(self, layer: int, n_pos: int) -> FusedPE | None:
@@ -220,7 +220,7 @@ class Encoding(nn.Module):
 def rotary_spans_for(encoding: Any, layer: int, n_pos: int) -> tuple[RotarySpan, ...] | None:
     """``encoding.rotary_spans(layer)`` with cos/sin tables of at least ``n_pos`` rows. An encoding
     that computes its tables on demand (``sized_spans``: a bridge's,
-    :class:`pe_interp.bridge_encoding.BridgeEncoding`) is asked for that length only, so that no
+    :class:`pe_interp.models.bridge.encoding.BridgeEncoding`) is asked for that length only, so that no
     probe's cost grows with the model's context; every other encoding's tables cover ``n_ctx``."""
     if getattr(type(encoding), "sized_spans", False):
         return encoding.rotary_spans(layer, n_pos)

@@ -31,7 +31,7 @@ __all__ = ["DecoupledRoPE", "RoPE", "apply_rope", "rope_angles"]
 
 def _out_dtype(q: torch.Tensor) -> torch.dtype | None:
     """Under CPU autocast, half-precision q/k leave the rotation in fp32 (where it was computed):
-    the attention either runs in fp32 or casts them once (pe_interp.attn_routes)."""
+    the attention either runs in fp32 or casts them once (pe_interp.models.hooked.attn_routes)."""
     if (
         q.device.type == "cpu"
         and q.dtype in (torch.bfloat16, torch.float16)

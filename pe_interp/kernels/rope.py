@@ -55,7 +55,7 @@ def apply_rope(
     The rotation runs in ``compute_dtype`` (default ``x.dtype``, fp32 for half-precision ``x``)
     and the result has ``out_dtype`` (default ``x.dtype``; under autocast the model keeps the
     fp32 result, which its attention consumes in fp32 or casts once, see
-    :mod:`pe_interp.attn_routes`).
+    :mod:`pe_interp.models.hooked.attn_routes`).
     """
     out_dtype = x.dtype if out_dtype is None else out_dtype
     n_pos = x.shape[2 if heads_first else 1]

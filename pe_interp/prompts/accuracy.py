@@ -1,7 +1,7 @@
 """A model's accuracy on a prompt set: its greedy next token at each prompt's last real token
 against the label (the answer's first token), batched.
 
-``model``: a TransformerLens ``TransformerBridge``, a :class:`~pe_interp.bridge.BridgedModel` with
+``model``: a TransformerLens ``TransformerBridge``, a :class:`~pe_interp.models.bridge.model.BridgedModel` with
 ``answers=None`` (classes are token ids), or a Hugging Face causal language model.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pe_interp.hf_arch import read_answers
+from pe_interp.models.bridge.hf_arch import read_answers
 from pe_interp.prompts.batch import PromptSet
 from pe_interp.prompts.vocab import BosPolicy, context_limit, model_vocab_size
 

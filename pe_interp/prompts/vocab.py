@@ -70,7 +70,7 @@ def resolve_tokenizer(source: Any) -> Any:
     if tok is None or not is_tokenizer(tok):
         raise ValueError(
             f"the model ({type(source).__name__}) has no tokenizer: boot it with one "
-            "(pe_interp.hf_arch.boot_bridge(dir)) or pass the tokenizer itself"
+            "(pe_interp.models.bridge.hf_arch.boot_bridge(dir)) or pass the tokenizer itself"
         )
     return tok
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pe_interp.io import atomic_write_json, atomic_write_text
 from pe_interp.report.data import load_cells
 from pe_interp.report.generalization import (
     concentration_table,
@@ -24,6 +23,7 @@ from pe_interp.report.gradients import gradient_evidence
 from pe_interp.report.html import render_html
 from pe_interp.report.study import is_study, study_table
 from pe_interp.report.summary import build_summary
+from pe_interp.util.io import atomic_write_json, atomic_write_text
 
 
 def write_report(

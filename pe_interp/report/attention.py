@@ -5,7 +5,7 @@ and, for each task-1 model with a rotary part where nothing was flagged, the lay
 ablation hurts most (:func:`pe_interp.sweep.probing.choose_head`). Each widget shows the chosen
 head first, then the other heads of its layer in order of ablation drop, on one held-out
 example. The patterns are what the sweep stored (``attention.json``); widgets come from
-``probes.viz.patterns_html``, and the bundle is inlined once by
+``probes.heads.view.patterns_html``, and the bundle is inlined once by
 :class:`~pe_interp.report.cvis.InlineWidgets`.
 """
 
@@ -20,7 +20,7 @@ from pe_interp.report.cvis import InlineWidgets
 from pe_interp.report.data import CellInfo, label_order
 from pe_interp.report.figures import ROTARY_KINDS, attention_image
 from pe_interp.sweep.attention_probe import choose_head
-from probes.viz import patterns_html
+from probes.heads.view import patterns_html
 
 MAX_MODELS = 8
 

@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from pe_interp.config import ModelConfig
+from pe_interp.config.model import ModelConfig
 from pe_interp.encodings import combined_kind, get_encoding_class, parse_encoding
-from pe_interp.io import read_json
 from pe_interp.report.labels import ENCODINGS, encoding_label
 from pe_interp.sweep import collect
 from pe_interp.sweep.probing import ATTENTION, DECOMPOSITION, AttentionRecord
 from pe_interp.tasks import task_from_dict
+from pe_interp.util.io import read_json
 from probes import AblationResult, DepositReport, PatchResult, PositionalScores
 from probes.deposit import LayerDeposit, dynamics_arrays, layer_stats, load_dynamics
 from probes.deposit.dominance import GRANULE_TOL, LARGE_DROP, SMALL_DROP, Dominance, dominance
@@ -206,9 +206,9 @@ def load_cell(r: dict[str, Any], out_dir: Path, varying: list[str]) -> CellInfo:
 def load_run_cell(run_dir: str | Path, step: int | None = None) -> CellInfo:
     """One run directory (``pe-interp train``, then any of ``ablate``, ``patch``, ``decompose``)
     as a :class:`CellInfo`, from the files the probes wrote into it. A result computed from
-    other weights than the run's (:func:`~pe_interp.checkpoint.weights_status`) is left out and
+    other weights than the run's (:func:`~pe_interp.runs.checkpoint.weights_status`) is left out and
     named in ``extra["stale"]`` (file -> why). ``step``: the results of that snapshot (``steps/S/``)."""
-    from pe_interp.checkpoint import STALE, STEPS_DIR, read_jsonl, weights_status
+    from pe_interp.runs.checkpoint import STALE, STEPS_DIR, read_jsonl, weights_status
 
     run_dir = Path(run_dir)
     results = run_dir if step is None else run_dir / STEPS_DIR / str(step)

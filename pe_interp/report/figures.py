@@ -11,11 +11,12 @@ import textwrap
 
 import numpy as np
 
-import probes.plots as pp
 from pe_interp.report.data import KIND_ORDER, TASK_TITLES, CellInfo, label_order, task_order
 from pe_interp.report.labels import paper_acc
 from pe_interp.sweep.probing import ROTARY_KINDS
 from probes import AblationResult
+from probes.ablation.view import plot_drop_heatmap, plot_layer_lines
+from probes.deposit.view import plot_dynamics
 
 KIND_COLORS = {
     "none": "#7f7f7f",
@@ -216,7 +217,7 @@ def rotary_task1_labels(cells: list[CellInfo]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------
-# figures drawn by probes.plots
+# figures drawn by the probes' views
 # ------------------------------------------------------------------------------------------------
 def mean_result(models: list[CellInfo]) -> AblationResult | None:
     """An ``AblationResult`` of one model, or of the mean drops over seeds (CIs left out)."""
@@ -241,7 +242,7 @@ def mean_result(models: list[CellInfo]) -> AblationResult | None:
 
 
 def model_heatmap(models: list[CellInfo], title: str, vmax: float | None = None) -> str | None:
-    """probes.plots' layers × heads drop heatmap (mean over seeds), flagged heads outlined.
+    """probes.ablation.view's layers × heads drop heatmap (mean over seeds), flagged heads outlined.
 
     ``vmax`` puts every model of a task on one colour scale (``plot_drop_heatmap`` scales each
     figure to its own largest drop, which makes a 1-point drop look as strong as a 60-point one).
@@ -250,7 +251,7 @@ def model_heatmap(models: list[CellInfo], title: str, vmax: float | None = None)
     if result is None:
         return None
     flagged = sorted({h for c in models for h in c.flagged})
-    fig = pp.plot_drop_heatmap(
+    fig = plot_drop_heatmap(
         result,
         deposits=flagged,
         title=wrapped(title, max(4.0, 0.55 * result.drops.shape[1] + 2.0), 9),
@@ -277,7 +278,7 @@ def common_vmax(cells: list[CellInfo], task: str, floor: float = 0.05) -> float:
 def model_layer_lines(cell: CellInfo, title: str) -> str | None:
     if cell.ablation is None:
         return None
-    fig = pp.plot_layer_lines(cell.ablation, separate=True, title=title)
+    fig = plot_layer_lines(cell.ablation, separate=True, title=title)
     if cell.ablation.metric == "accuracy":  # the whole accuracy range, so small wiggles look small
         for ax in fig.axes:
             if ax.get_visible():
@@ -289,7 +290,7 @@ def model_dynamics(cell: CellInfo, title: str) -> str | None:
     records = cell.dynamics()
     if not records:
         return None
-    return to_data_uri(pp.plot_dynamics(records, layer=0, title=title))
+    return to_data_uri(plot_dynamics(records, layer=0, title=title))
 
 
 def logit_terms_figure(record: dict, title: str) -> str | None:

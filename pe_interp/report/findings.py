@@ -29,9 +29,9 @@ import numpy as np
 
 from pe_interp.report.figures import new_figure, save_png
 from pe_interp.sweep.findings import ablation_of, layer_ablation_of
+from probes.common.metrics import wilson
 from probes.deposit import LARGE_DROP, SMALL_DROP, decide_single, dominance, layer_stats
-from probes.deposit.routes import NO_EFFECT
-from probes.metrics import wilson
+from probes.routes.shares import NO_EFFECT
 
 __all__ = [
     "ConditionRow",

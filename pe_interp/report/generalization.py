@@ -48,8 +48,8 @@ from pe_interp.report.model_points import (
     points_from,
 )
 from pe_interp.report.table import Table
+from probes.common.metrics import wilson
 from probes.generalization import TRAINED
-from probes.metrics import wilson
 
 
 def _pm(values: list[float], scale: float = 100.0, digits: int = 1) -> str:

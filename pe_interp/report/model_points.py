@@ -122,7 +122,7 @@ class ModelPoint:
 def _fresh(cell: CellInfo, name: str) -> bool:
     """The result file is there and of the run's weights; a stale one is left out and named in
     ``cell.extra["stale"]``, as :func:`~pe_interp.report.data.load_run_cell` does."""
-    from pe_interp.checkpoint import STALE, weights_status
+    from pe_interp.runs.checkpoint import STALE, weights_status
 
     path = cell.run_dir / name
     if not path.is_file():

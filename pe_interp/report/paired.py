@@ -8,7 +8,7 @@ Per seed: the steps at which layer-0 concentration holds, the layer-0 lead's pea
 and layer 0's top drop at the end (and its head, which may be another), in both runs
 (:func:`pe_interp.report.trajectories.seed_row`, the one reading of a finding's snapshots). Over
 the seeds: each criterion's k of n on either side and the exact sign test on the discordant pairs
-(:func:`probes.metrics.sign_test`); the lead's paired differences. It only reads.
+(:func:`probes.common.metrics.sign_test`); the lead's paired differences. It only reads.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 from pe_interp.report.figures import new_figure, save_png
 from pe_interp.report.trajectories import CRITERIA, seed_row
-from probes.metrics import sign_test
+from probes.common.metrics import sign_test
 
 __all__ = ["paired_figure", "paired_labels", "paired_markdown", "paired_rows", "unpaired"]
 

@@ -14,8 +14,6 @@ import html
 import math
 from pathlib import Path
 
-from pe_interp.checkpoint import STALE, weights_status
-from pe_interp.io import atomic_write_text, read_json
 from pe_interp.report.cvis import InlineWidgets
 from pe_interp.report.data import load_run_cell
 from pe_interp.report.html import CSS, patching_section, positional_section
@@ -23,6 +21,8 @@ from pe_interp.report.markup import inline_md
 from pe_interp.report.summary import Table
 from pe_interp.report.verdict import CSS as VERDICT_CSS
 from pe_interp.report.verdict import decomposition_section, first_screen
+from pe_interp.runs.checkpoint import STALE, weights_status
+from pe_interp.util.io import atomic_write_text, read_json
 
 MAX_FIGURE_BYTES = 2_000_000  # PNGs from RUN_DIR/figures larger than this are linked, not inlined
 
@@ -35,7 +35,7 @@ def _table(t: Table) -> str:
 
 def render_run_html(run_dir: str | Path, step: int | None = None) -> str:
     """A run's report page; ``step``: of the snapshot of that step (its results in ``steps/S/``)."""
-    from pe_interp.checkpoint import STEPS_DIR
+    from pe_interp.runs.checkpoint import STEPS_DIR
 
     run_dir = Path(run_dir)
     results = run_dir if step is None else run_dir / STEPS_DIR / str(step)
@@ -209,7 +209,7 @@ def render_run_html(run_dir: str | Path, step: int | None = None) -> str:
 
 
 def _metrics(run_dir: Path) -> list[dict]:
-    from pe_interp.checkpoint import read_jsonl
+    from pe_interp.runs.checkpoint import read_jsonl
 
     return read_jsonl(run_dir / "metrics.jsonl")
 
@@ -222,7 +222,7 @@ def _fmt(x) -> str:
 
 def write_run_report(run_dir: str | Path, step: int | None = None) -> Path:
     """Write ``RUN_DIR/report.html`` (``step``: ``RUN_DIR/steps/S/report.html``); returns its path."""
-    from pe_interp.checkpoint import STEPS_DIR
+    from pe_interp.runs.checkpoint import STEPS_DIR
 
     run_dir = Path(run_dir)
     out = run_dir if step is None else run_dir / STEPS_DIR / str(step)

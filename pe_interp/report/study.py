@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pe_interp.io import read_json
 from pe_interp.report.claims import Context, c7, c8, c14, c16
 from pe_interp.report.data import (
     LARGE_DROP,
@@ -33,6 +32,7 @@ from pe_interp.report.data import (
 )
 from pe_interp.report.summary import Table
 from pe_interp.sweep.grid import condition_name
+from pe_interp.util.io import read_json
 
 __all__ = [
     "Condition",

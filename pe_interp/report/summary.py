@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pe_interp.io import read_json
 from pe_interp.report.claims import PAPER_SETTING, STATUSES, Claim, Context, evaluate_claims
 from pe_interp.report.data import (
     TASK_TITLES,
@@ -29,6 +28,7 @@ from pe_interp.report.summary_tables import (
     deposit_table,
 )
 from pe_interp.report.table import Table
+from pe_interp.util.io import read_json
 
 SOURCE_NOTE = (
     "Paper numbers come from secondary summaries of the paper (papernotes, opennovelty; digest §5, "

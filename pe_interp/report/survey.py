@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from pe_interp.io import atomic_write_text
 from pe_interp.report.findings import update_readme
 from pe_interp.report.survey_figures import ablation_figure, patching_figure
 from pe_interp.report.survey_heads import heads_across
+from pe_interp.util.io import atomic_write_text
 
 STEPS = ("accuracy", "ablation", "patching", "routes", "head_types", "frequency")  # in run order
 DEPOSIT_DROP = 0.5  # the single-head deposit's bar: one head costs >= 50 points
@@ -131,7 +131,7 @@ def _patching_section(step: dict[str, Any], fig: Path | None) -> list[str]:
 
 
 def _routes_section(step: dict[str, Any]) -> list[str]:
-    from probes.deposit.routes import RouteShares
+    from probes.routes.shares import RouteShares
 
     r = RouteShares.from_dict(step["result"])
     lines = [
@@ -162,7 +162,7 @@ def _routes_section(step: dict[str, Any]) -> list[str]:
 
 
 def _head_types_section(step: dict[str, Any], fig: Path | None) -> list[str]:
-    from probes.head_types import HEAD_TYPES, HeadTypeScores
+    from probes.heads.types import HEAD_TYPES, HeadTypeScores
 
     r = HeadTypeScores.from_dict(step["result"])
     n_layers, n_heads = r.shape
@@ -339,15 +339,15 @@ def write_survey_report(out: str | Path, readme: str | Path | None = None) -> li
     if "patching" in steps:
         figures["patching"] = patching_figure(steps["patching"]["result"], out / "patching.png")
     if "head_types" in steps:
-        from probes.head_type_plots import plot_head_types
-        from probes.head_types import HeadTypeScores
+        from probes.heads.types import HeadTypeScores
+        from probes.heads.view import plot_head_types
 
         result = HeadTypeScores.from_dict(steps["head_types"]["result"])
         plot_head_types(result, out / "head_types.png", by="focus")
         figures["head_types"] = out / "head_types.png"
     if "frequency" in steps:
         from probes.decomposition import FrequencyUsage
-        from probes.decomposition.frequency_plot import plot_frequency_usage
+        from probes.decomposition.view import plot_frequency_usage
 
         usage = FrequencyUsage.from_dict(steps["frequency"]["result"])
         heads = [tuple(h) for h in steps["frequency"]["positional_heads"]]

@@ -4,7 +4,7 @@
 
 Per condition: in how many seeds each criterion holds at some snapshot (k of n, Wilson 95%), with
 each criterion's one definition (:mod:`probes.deposit.dominance`, :mod:`probes.deposit.detection`,
-:mod:`probes.deposit.routes`, decided on intervals by :mod:`probes.deposit.decision`); its onset
+:mod:`probes.routes.shares`, decided on intervals by :mod:`probes.deposit.decision`); its onset
 (first step it holds), last step and lifetime (the steps from its onset to the next snapshot
 after the last one it holds at); the layer-0 lead's peak; and, where the lead fades, where the
 work goes: the change from that peak to the last step in the summed drops of layer 0's other
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from pe_interp.report.figures import new_figure, save_png
-from probes.metrics import wilson
+from probes.common.metrics import wilson
 
 CRITERIA = (
     ("single_head", "single-head deposit"),

@@ -7,9 +7,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from pe_interp.checkpoint import CURRENT, STALE, WEIGHTS, weights_status
-from pe_interp.io import read_json
+from pe_interp.runs.checkpoint import CURRENT, STALE, WEIGHTS, weights_status
 from pe_interp.sweep.grid import ERROR, RESULT
+from pe_interp.util.io import read_json
 from probes import DepositReport
 
 __all__ = ["aggregate", "collect", "deposits_of", "format_table"]

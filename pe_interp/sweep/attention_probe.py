@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pe_interp.checkpoint import save_result
-from pe_interp.io import load_result, register_result, write_result
+from pe_interp.runs.checkpoint import save_result
 from pe_interp.sweep.probe_files import ABLATION, ATTENTION, DEPOSITS, ROTARY_KINDS
+from pe_interp.util.io import load_result, register_result, write_result
 from probes import AblationResult, AttentionPatterns, DepositReport, attention_patterns
 
 if TYPE_CHECKING:
-    from pe_interp.checkpoint import Run
+    from pe_interp.runs.checkpoint import Run
 
 __all__ = [
     "ATTENTION_EXAMPLES",

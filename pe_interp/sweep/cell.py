@@ -13,16 +13,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from pe_interp import interrupts
 from pe_interp.api import train
-from pe_interp.checkpoint import WEIGHTS_KEY, load_run
-from pe_interp.hardware import machine
-from pe_interp.io import atomic_write_json, dir_lock, read_json
+from pe_interp.runs.checkpoint import WEIGHTS_KEY, load_run
 from pe_interp.sweep.grid import CELL, ERROR, PROBES_RUN, RESULT, Cell
 from pe_interp.sweep.owner import OPTIONS_RUN, probes_to_rerun
 from pe_interp.sweep.pinning import cell_route, pinned
 from pe_interp.sweep.probing import CALLBACKS, PROBES
 from pe_interp.sweep.workers import WORKER
+from pe_interp.util import interrupts
+from pe_interp.util.hardware import machine
+from pe_interp.util.io import atomic_write_json, dir_lock, read_json
 
 __all__ = ["CELL_LOCK_WAIT", "CHAOS_ENV", "missing_probes", "run_cell"]
 
@@ -56,7 +56,7 @@ def _run_probes(
     result[WEIGHTS_KEY] = run.provenance
 
 
-# A cell's run directory is locked while the cell trains and probes (pe_interp.io.dir_lock); a
+# A cell's run directory is locked while the cell trains and probes (pe_interp.util.io.dir_lock); a
 # worker of an earlier, killed sweep may hold it for the few seconds it takes to stop.
 CELL_LOCK_WAIT = 60.0
 

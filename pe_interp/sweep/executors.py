@@ -10,9 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pe_interp import interrupts
-from pe_interp.checkpoint import WEIGHTS, weights_provenance
-from pe_interp.io import atomic_write_json, dir_lock, read_json
+from pe_interp.runs.checkpoint import WEIGHTS, weights_provenance
 from pe_interp.sweep.aggregate import collect
 from pe_interp.sweep.cell import CHAOS_ENV, _safe_run_cell, missing_probes, run_cell
 from pe_interp.sweep.findings import has_finding, write_finding
@@ -23,12 +21,14 @@ from pe_interp.sweep.probing import PROBES, SWEEP_PROBES
 from pe_interp.sweep.progress import Progress
 from pe_interp.sweep.workers import stop_workers as _stop_workers
 from pe_interp.sweep.workers import worker_init as _worker_init
+from pe_interp.util import interrupts
+from pe_interp.util.io import atomic_write_json, dir_lock, read_json
 
 __all__ = ["CHAOS_ENV", "SweepSummary", "missing_probes", "run_cell", "run_sweep", "sweep_lock"]
 
 
 def sweep_lock(sweep_dir: str | Path):
-    """The sweep directory's lock (:func:`pe_interp.io.dir_lock`), re-entrant: a command may take
+    """The sweep directory's lock (:func:`pe_interp.util.io.dir_lock`), re-entrant: a command may take
     it before :func:`run_sweep` does, to refuse before it prints anything."""
     return dir_lock(
         sweep_dir,
@@ -62,7 +62,7 @@ def run_sweep(
     error) and belongs to one grid (:func:`~pe_interp.sweep.owner.claim`). A finished cell runs
     again exactly its out-of-date probes, and says which. SIGINT and SIGTERM stop the workers
     (each running cell saves a checkpoint) and raise
-    :class:`~pe_interp.interrupts.Interrupted`, whose message says how to resume."""
+    :class:`~pe_interp.util.interrupts.Interrupted`, whose message says how to resume."""
     if backend not in ("local", "ray"):
         raise ValueError(f"backend must be 'local' or 'ray', got {backend!r}")
     sweep_dir = Path(sweep_dir)

@@ -25,8 +25,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pe_interp.io import atomic_write_json, read_json, read_jsonl
 from pe_interp.sweep.grid import Cell, Grid
+from pe_interp.util.io import atomic_write_json, read_json, read_jsonl
 from probes import AblationResult
 
 __all__ = [

@@ -1,5 +1,5 @@
 """Probes over a whole sweep rather than one cell: C15's evidence, gradient coherence at
-initialisation (:func:`probes.gradients.gradient_coherence`) for several encodings at the size of
+initialisation (:func:`probes.gradients.coherence.gradient_coherence`) for several encodings at the size of
 the sweep's task-1 model, written to ``SWEEP_DIR/gradients.json`` and read back by the report."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pe_interp.config import ModelConfig
-from pe_interp.io import atomic_write_json, read_json
+from pe_interp.config.model import ModelConfig
 from pe_interp.tasks import task_from_dict
+from pe_interp.util.io import atomic_write_json, read_json
 from probes import gradient_coherence, load_coherence, save_coherence
 
 # ---- over the whole sweep -----------------------------------------------------------------------
@@ -47,7 +47,7 @@ def _gradients_key(
 
 
 def sweep_gradients(sweep_dir: str | Path, results: list[dict[str, Any]]) -> None:
-    """Write ``SWEEP_DIR/gradients.json`` (:func:`probes.gradients.save_coherence`), unless it is
+    """Write ``SWEEP_DIR/gradients.json`` (:func:`probes.gradients.coherence.save_coherence`), unless it is
     there already for the same model size, task, seeds and batch. A failure is recorded in the
     file (``error``) for the report to show."""
     sweep_dir = Path(sweep_dir)
@@ -73,7 +73,11 @@ def sweep_gradients(sweep_dir: str | Path, results: list[dict[str, Any]]) -> Non
             )
     except Exception as err:  # noqa: BLE001 - recorded; the report says why C15 is not measured
         atomic_write_json(
-            path, {"key": key, "error": f"probes.gradients failed: {type(err).__name__}: {err}"}
+            path,
+            {
+                "key": key,
+                "error": f"probes.gradients.coherence failed: {type(err).__name__}: {err}",
+            },
         )
         return
     save_coherence(path, coherence, key=key)

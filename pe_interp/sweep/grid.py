@@ -15,8 +15,8 @@ from typing import Any
 import tomllib
 import yaml
 
-from pe_interp.config import ModelConfig, TrainConfig, check_run_configs
-from pe_interp.presets import build_run_configs
+from pe_interp.config.model import ModelConfig, TrainConfig, check_run_configs
+from pe_interp.config.presets import build_run_configs
 from pe_interp.sweep.grid_checks import (
     _check_probe_options,
     _check_resources,

@@ -18,10 +18,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pe_interp.checkpoint import WEIGHTS_KEY
-from pe_interp.io import atomic_write_json, read_json
+from pe_interp.runs.checkpoint import WEIGHTS_KEY
 from pe_interp.sweep.grid import PROBES_RUN, RESULT, Grid
 from pe_interp.sweep.probing import CALLBACKS, PROBES
+from pe_interp.util.io import atomic_write_json, read_json
 
 __all__ = [
     "DEPENDS",

@@ -13,7 +13,7 @@ the process that ran it:
   ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` (measured: the same losses with either set to 1 or
   4). The inter-op pool is left as it is: eager CPU ops do not use it, and torch allows setting it
   only once per process, before any parallel work.
-- the attention route under CPU bf16 autocast (:mod:`pe_interp.attn_routes`): chosen by timing
+- the attention route under CPU bf16 autocast (:mod:`pe_interp.models.hooked.attn_routes`): chosen by timing
   each route in the process, once, then kept for the process's later cells. Timings depend on the
   load, so the same grid chose ``sdpa`` for a cell locally and ``sdpa32`` on Ray and gave other
   losses. A cell now runs one fixed route, :data:`CELL_ATTN_ROUTE` (or ``$PE_INTERP_ATTN_ROUTE``),
@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from pe_interp import attn_routes
-from pe_interp.io import read_json
+from pe_interp.models.hooked import attn_routes
 from pe_interp.sweep.grid import CELL, RESULT
+from pe_interp.util.io import read_json
 
 __all__ = ["CELL_ATTN_ROUTE", "cell_route", "cell_threads", "pinned"]
 

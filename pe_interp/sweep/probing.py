@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pe_interp.checkpoint import save_result
-from pe_interp.presets import build_run_configs
+from pe_interp.config.presets import build_run_configs
+from pe_interp.runs.checkpoint import save_result
 from pe_interp.sweep.attention_probe import AttentionRecord, _probe_attention
 from pe_interp.sweep.gradients import sweep_gradients
 from pe_interp.sweep.probe_files import (
@@ -47,7 +47,7 @@ from probes import (
 )
 
 if TYPE_CHECKING:
-    from pe_interp.checkpoint import Run
+    from pe_interp.runs.checkpoint import Run
 
 __all__ = [
     "ATTENTION",
@@ -213,7 +213,7 @@ def _shares(terms, mats: dict[str, Any]) -> dict[str, float]:
 
 def _probe_routes(run: Run, n: int = 512) -> dict[str, Any] | None:
     """Each route's share of the positional effect on ``n`` position-only pairs (the dynamics' pairs
-    seed), and the positional verdict (:mod:`probes.deposit.routes`; None: position changes no label,
+    seed), and the positional verdict (:mod:`probes.routes.shares`; None: position changes no label,
     or nothing can move the model's positions: a bridge over BLOOM)."""
     from probes.deposit import (
         PAIRS_SEED_OFFSET,
@@ -248,7 +248,7 @@ def _probe_snapshot_dynamics(
     """Every deposit criterion at every snapshot of the cell's run (``snapshots: log`` in the
     grid; None without snapshots): ``dynamics.json`` in the run, written after each snapshot so
     that a stopped sweep resumes the probe where it was."""
-    from pe_interp.snapshots import snapshot_steps
+    from pe_interp.runs.snapshots import snapshot_steps
     from probes.deposit.trajectory import SnapshotDynamics, snapshot_dynamics
 
     path = run.run_dir / SNAPSHOT_DYNAMICS

@@ -12,7 +12,7 @@ back:
    it is fast without approximating anything), :mod:`probes.ablation.sampled` or
    :mod:`probes.ablation.attribution` (each ending in exact ablation of the heads it ranks first);
 3. below them, :mod:`probes.ablation.sweeps` (the exact sweeps), :mod:`probes.ablation.replace`
-   (the request's replacement, through :mod:`probes.replace`) and :mod:`probes.ablation.result`
+   (the request's replacement, through :mod:`probes.common.replace`) and :mod:`probes.ablation.result`
    (the result, which saves and loads itself).
 """
 
@@ -25,8 +25,8 @@ from probes.ablation.replace import head_means
 from probes.ablation.request import default_batch_size
 from probes.ablation.result import METHODS, AblationResult, Head
 from probes.ablation.sampled import Sampled
-from probes.metrics import resample_sources
-from probes.options import ENGINES
+from probes.common.metrics import resample_sources
+from probes.common.options import ENGINES
 
 __all__ = [
     "ENGINES",

@@ -1,6 +1,6 @@
 """``engine=Attribution(steps, path, verify_top)`` of :func:`probes.ablation.ablate_heads`
 (``"attribution"``: the defaults): integrated gradients along the
-ablation path (:func:`probes.circuits.heads.rank_heads`) rank every head of the grid; the
+ablation path (:func:`probes.ablation.ranking.rank_heads`) rank every head of the grid; the
 ``verify_top`` heads estimated to hurt most are then ablated exactly
 (:func:`probes.ablation.exact.exact_engine`), and only they get a value.
 
@@ -19,7 +19,7 @@ from probes.ablation.exact import exact_engine
 from probes.ablation.request import AblationRequest
 from probes.ablation.result import AblationResult, verification_summary
 from probes.ablation.sampled import check_verify_top
-from probes.options import INTEGRATION_PATHS, IntegrationPath
+from probes.common.options import INTEGRATION_PATHS, IntegrationPath
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def attribution_engine(
 ) -> AblationResult:
     """The grid with the verified heads' exact values and NaN elsewhere; ``meta`` holds the
     estimates (``"attribution"``), the stand-in metric, the verified heads and ``"verification"``."""
-    from probes.circuits.heads import rank_heads
+    from probes.ablation.ranking import rank_heads
 
     m = req.metric
     if m.name in ("accuracy", "loss", "logit"):

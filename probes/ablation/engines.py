@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from probes.ablation.attribution import Attribution
 from probes.ablation.exact import Exact, Naive
 from probes.ablation.sampled import Sampled
-from probes.options import ENGINES
+from probes.common.options import ENGINES
 
 if TYPE_CHECKING:
     from probes.ablation.request import AblationRequest

@@ -13,8 +13,8 @@ from probes.ablation.engines import AblationEngine
 from probes.ablation.exact import Naive
 from probes.ablation.plan import check_request
 from probes.ablation.result import AblationResult, Head
-from probes.metrics import Metric, MetricFn
-from probes.options import AblationMethod, Engine
+from probes.common.metrics import Metric, MetricFn
+from probes.common.options import AblationMethod, Engine
 
 
 def ablate_heads(
@@ -62,7 +62,7 @@ def ablate_heads(
             Default :func:`default_batch_size` (128 on CPU, 2048 on GPU).
         progress: show a tqdm bar.
         amp: run the forwards under bf16 autocast where the device runs bf16 natively
-            (:mod:`pe_interp.hardware`); default fp32, exact. In bf16 every drop is within 2
+            (:mod:`pe_interp.util.hardware`); default fp32, exact. In bf16 every drop is within 2
             accuracy points of fp32 and the deposit verdicts are the same (``benchmarks/bf16_parity.py``).
         engine: how the grid is covered (:mod:`probes.ablation.engines`): an engine object
             that holds its own options, or a string for one with its defaults.
@@ -76,7 +76,7 @@ def ablate_heads(
             noise (``benchmarks/head_ranking.py``). ``"attribution"``/
             :class:`~probes.ablation.Attribution` ``(steps=4, path="joint", verify_top=3)`` ranks
             every head of the grid by integrated gradients along the ablation path
-            (:func:`probes.circuits.heads.rank_heads`: each head's output moved from its live value
+            (:func:`probes.ablation.ranking.rank_heads`: each head's output moved from its live value
             to the ablated one, ``steps`` Gauss-Legendre nodes, along ``path`` ``"joint"`` or
             ``"layer"``), in the units of ``metric`` (accuracy: each example's margin change,
             counted as a flip where it crosses zero; loss; logit; a callable integrated itself),

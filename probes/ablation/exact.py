@@ -54,14 +54,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pe_interp.hardware import autocast
-from pe_interp.modes import eval_mode
+from pe_interp.util.hardware import autocast
+from pe_interp.util.modes import eval_mode
 from probes.ablation.replace import for_request
 from probes.ablation.request import AblationRequest
 from probes.ablation.result import AblationResult
 from probes.ablation.sweeps import sweep_batched, sweep_naive, sweep_stacked
-from probes.inputs import FiniteWatch
-from probes.metrics import harm, paired_bootstrap
+from probes.common.inputs import FiniteWatch
+from probes.common.metrics import harm, paired_bootstrap
 
 
 @dataclass(frozen=True)

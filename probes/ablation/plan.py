@@ -18,7 +18,7 @@ from torch import Tensor
 from probes.ablation.engines import check_engine
 from probes.ablation.request import AblationRequest, default_batch_size
 from probes.ablation.result import METHODS, Head
-from probes.inputs import (
+from probes.common.inputs import (
     as_probe_model,
     check_count,
     check_examples,
@@ -27,7 +27,7 @@ from probes.inputs import (
     check_layer,
     check_layers,
 )
-from probes.metrics import resolve_metric
+from probes.common.metrics import resolve_metric
 
 
 def keep_only(model_or_n_heads: Any, layer: int, head: int) -> frozenset[Head]:
@@ -123,7 +123,7 @@ def check_request(
     rows: bool = False,
 ) -> AblationRequest:
     """Every check of a sweep, in one place: a one-line ``ValueError`` for the first bad argument.
-    A raw TransformerLens bridge is wrapped here (:func:`probes.inputs.as_probe_model`).
+    A raw TransformerLens bridge is wrapped here (:func:`probes.common.inputs.as_probe_model`).
 
     ``rows``: the metric reads each example by its row index, not a class label (route shares read
     a row's pair of labels so): ``labels`` must be None and become ``0..n-1``."""

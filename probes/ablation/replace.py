@@ -1,6 +1,6 @@
 """What replaces an ablated head in :func:`probes.ablation.ablate_heads`, from its checked request:
 the request's examples, reference, seed and batch size handed to the one replacement seam
-(:mod:`probes.replace`), and :func:`head_means`, the mean-ablation values as a public function."""
+(:mod:`probes.common.replace`), and :func:`head_means`, the mean-ablation values as a public function."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from collections.abc import Iterable
 
 from torch import Tensor
 
-from pe_interp.probe_model import HOOKS
+from pe_interp.models.protocol import HOOKS
 from probes.ablation.request import AblationRequest, default_batch_size
-from probes.inputs import check_examples, check_layers, takes_probe_model
-from probes.replace import Replacement, position_means, replacement
+from probes.common.inputs import check_examples, check_layers, takes_probe_model
+from probes.common.replace import Replacement, position_means, replacement
 
 
 def for_request(req: AblationRequest) -> Replacement:
@@ -45,7 +45,7 @@ def head_means(
     ``tokens``). Position ``p`` averages the examples whose position ``p`` is a real token;
     positions that are real in no example (beyond the reference's lengths) get the mean over
     all real tokens of all positions. With ``cfg.mask_padding=False`` every position counts as
-    a token, as the model sees it (:func:`probes.replace.position_means`).
+    a token, as the model sees it (:func:`probes.common.replace.position_means`).
     """
     tokens, _, pad_mask = check_examples(model, tokens, None, pad_mask)
     layers = sorted(

@@ -9,7 +9,7 @@ from typing import Any
 from torch import Tensor
 
 from probes.ablation.result import Head
-from probes.metrics import Metric
+from probes.common.metrics import Metric
 
 __all__ = ["AblationRequest", "default_batch_size"]
 

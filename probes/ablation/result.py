@@ -9,17 +9,17 @@ from typing import Any
 
 import numpy as np
 
-from pe_interp.io import (
+from pe_interp.util.io import (
     load_result,
     nan_array,
     register_result,
     to_json,
     write_result,
 )
-from probes.inputs import (
+from probes.common.inputs import (
     check_layer,
 )
-from probes.replace import METHODS
+from probes.common.replace import METHODS
 
 Head = tuple[int, int]
 
@@ -46,7 +46,7 @@ class AblationResult:
     ablation hurt**: ``baseline - values`` for higher-is-better metrics (accuracy, true-class
     logit) and ``values - baseline`` for lower-is-better ones (loss). ``ci_low``/``ci_high``
     bound ``drops`` (paired percentile bootstrap over examples, see
-    :func:`probes.metrics.paired_bootstrap`; NaN when ``n_bootstrap == 0``).
+    :func:`probes.common.metrics.paired_bootstrap`; NaN when ``n_bootstrap == 0``).
     ``per_example`` (``[..., n_examples]``, optional) holds the per-example metric under
     ablation and ``baseline_per_example`` the clean one.
     """

@@ -63,7 +63,7 @@ def sampled_engine(req: AblationRequest, *, sample: float, verify_top: int) -> A
     idx = torch.randperm(n, generator=torch.Generator().manual_seed(req.seed))[:k].sort().values
     on = idx.to(req.tokens.device)
     # mean and resample take their values from the evaluated set, not from the sample (resample:
-    # each sampled example draws its source from it uniformly, see probes.replace)
+    # each sampled example draws its source from it uniformly, see probes.common.replace)
     ref = (
         (req.tokens, req.pad_mask)
         if req.reference is None and req.method != "zero"

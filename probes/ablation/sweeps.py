@@ -11,11 +11,11 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from pe_interp.probe_model import HOOKS
+from pe_interp.models.protocol import HOOKS
 from probes.ablation.request import AblationRequest
-from probes.inputs import FiniteWatch
-from probes.progress import SweepProgress
-from probes.replace import Replacement, needed_width, overwrite_hook, replace_hook
+from probes.common.inputs import FiniteWatch
+from probes.common.progress import SweepProgress
+from probes.common.replace import Replacement, needed_width, overwrite_hook, replace_hook
 
 
 def even_split(n: int, most: int) -> int:
@@ -139,7 +139,7 @@ def sweep_stacked(
     input of the ablations' first layer where the model resumes there exactly
     (``model.can_resume``: step 2 without its last part), else from the embedding. For models
     without :meth:`~pe_interp.HookedPETransformer.forward_unchecked` (``model.can_restart``
-    False, e.g. :class:`pe_interp.bridge.BridgedModel`, whose restart runs the ablated layer and
+    False, e.g. :class:`pe_interp.models.bridge.model.BridgedModel`, whose restart runs the ablated layer and
     the later ones only, and unembeds only the read position); the padding cut of step 4 applies.
     An ablation of layer ``l`` then costs ``(L - l) / L`` of a forward: a whole grid
     ``(L + 1) / 2`` layers per head, at most ``2L / (L + 1)`` times faster than one whole forward per

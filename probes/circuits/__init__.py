@@ -13,7 +13,7 @@ residual-stream graph of :mod:`probes.circuits.graph`.
 - :mod:`~probes.circuits.acdc`: the exact reference, iterative edge pruning (ACDC).
 - :mod:`~probes.circuits.learned`: units ranked by masks learnt for faithfulness and sparsity.
 - :mod:`~probes.circuits.families`: every edge scored under each counterfactual family.
-- :mod:`~probes.circuits.heads`: heads ranked by integrated gradients along the ablation path.
+- :mod:`~probes.ablation.ranking`: heads ranked by integrated gradients along the ablation path.
 - :mod:`~probes.circuits.route`, :mod:`~probes.circuits.agreement`, :mod:`~probes.circuits.view`:
   what enters one head, rank agreement, the offline graph.
 """

@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from probes.circuits.engine import Run
-from probes.inputs import position_permutation
+from probes.common.inputs import position_permutation
 
 
 def moved(clean: Run, corrupt: Run | None, who: str) -> Tensor:

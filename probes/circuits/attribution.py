@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_interp.modes import eval_mode
+from pe_interp.util.modes import eval_mode
 from probes.circuits.alignment import moved
 from probes.circuits.attribution_chunk import _chunk
 from probes.circuits.engine import (
@@ -66,9 +66,9 @@ from probes.circuits.engine import (
 )
 from probes.circuits.graph import build_graph, parse
 from probes.circuits.scores import Attribution, span_ids
-from probes.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
-from probes.options import ATTRIBUTION_ABLATIONS, ATTRIBUTION_METHODS
-from probes.replace import position_means
+from probes.common.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
+from probes.common.options import ATTRIBUTION_ABLATIONS, ATTRIBUTION_METHODS
+from probes.common.replace import position_means
 
 METHODS = ATTRIBUTION_METHODS
 GRANULARITIES = ("node", "edge")

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_interp.io import load_result, nan_array, register_result, to_json, write_result
+from pe_interp.util.io import load_result, nan_array, register_result, to_json, write_result
 from probes.circuits.graph import Graph, node_layer
 
 __all__ = ["RESULT_KIND", "Circuit", "circuit_from_mask"]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_interp.modes import eval_mode
+from pe_interp.util.modes import eval_mode
 from probes.circuits.alignment import align, moved
 from probes.circuits.engine import (
     Run,
@@ -34,10 +34,10 @@ from probes.circuits.engine import (
 )
 from probes.circuits.graph import Graph, build_graph
 from probes.circuits.scores import span_ids
-from probes.inputs import check_count, check_finite_model
-from probes.metrics import resample_sources
-from probes.options import FAITHFULNESS_ABLATIONS
-from probes.replace import position_means
+from probes.common.inputs import check_count, check_finite_model
+from probes.common.metrics import resample_sources
+from probes.common.options import FAITHFULNESS_ABLATIONS
+from probes.common.replace import position_means
 
 __all__ = ["ABLATIONS", "ablated_metric", "has_gap", "unit_span_names"]
 

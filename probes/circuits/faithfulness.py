@@ -29,7 +29,7 @@ from probes.circuits.edge_ablation import (
 from probes.circuits.graph import Graph, build_graph
 from probes.circuits.scores import Attribution
 from probes.circuits.selection import Circuit, Ranking, curve_area, default_sizes, rank_edges
-from probes.inputs import takes_probe_model
+from probes.common.inputs import takes_probe_model
 
 
 def _ranking(scores, *, select, positional, by) -> Ranking:

@@ -9,7 +9,7 @@ import numpy as np
 
 from probes.circuits.attribution import Attribution, attribute
 from probes.circuits.graph import build_graph, parse
-from probes.inputs import takes_probe_model
+from probes.common.inputs import takes_probe_model
 
 
 def exact_edges(

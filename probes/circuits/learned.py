@@ -48,11 +48,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from pe_interp.modes import eval_mode
+from pe_interp.util.modes import eval_mode
 from probes.circuits.edge_ablation import _Evaluator, ablated_metric, has_gap, unit_span_names
 from probes.circuits.engine import capture, contributions, resolve, writer_hooks
 from probes.circuits.selection import SELECTIONS, Ranking, order_units
-from probes.inputs import check_count
+from probes.common.inputs import check_count
 
 
 def learn_ranking(

@@ -32,15 +32,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from pe_interp.config import KV_EMBED_NO_EDGES
-from pe_interp.io import (
+from pe_interp.config.model import KV_EMBED_NO_EDGES
+from pe_interp.util.io import (
     load_result,
     nan_array,
     register_result,
     to_json,
     write_result,
 )
-from pe_interp.modes import eval_mode
+from pe_interp.util.modes import eval_mode
 from probes.circuits.engine import (
     as_pair,
     attend_with,
@@ -53,7 +53,7 @@ from probes.circuits.engine import (
     writer_hooks,
 )
 from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
-from probes.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
+from probes.common.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
 
 RESULT_KIND = register_result("path patching", "PathPatch.load", ("senders", "receivers", "values"))
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_interp.io import (
+from pe_interp.util.io import (
     load_result,
     register_result,
     to_json,

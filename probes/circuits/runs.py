@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probes.inputs import check_examples
+from probes.common.inputs import check_examples
 
 __all__ = ["METRICS", "PerExample", "Run", "as_pair", "as_run", "pair_labels", "resolve"]
 
@@ -91,7 +91,7 @@ class Run:
 def as_run(model, x: Any, labels: Tensor | None = None, what: str = "clean", who: str = "") -> Run:
     """A :class:`Run` from a ``Batch`` (tokens, labels, pad_mask) or a token tensor (then
     ``labels`` default to zeros: pass them for the built-in metrics), checked
-    (:func:`probes.inputs.check_examples`; ``who`` prefixes the message)."""
+    (:func:`probes.common.inputs.check_examples`; ``who`` prefixes the message)."""
     if hasattr(x, "tokens") and hasattr(x, "pad_mask"):
         tokens, pad_mask = x.tokens, x.pad_mask
         labels = x.labels if labels is None else labels

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_interp.io import (
+from pe_interp.util.io import (
     load_result,
     nan_array,
     register_result,

@@ -5,7 +5,7 @@ Paper digest §2. For head h of layer l, with ``s = 1/sqrt(d_qk)``, the logit th
     L[i, j] = s * rot(q_i) . rot(k_j) + B[i, j]          (then + mask, then softmax)
 
 where ``rot`` is the encoding's rotation (RoPE; identity otherwise) and ``B`` its relative bias
-(T5, ALiBi; zero otherwise). See :mod:`pe_interp.attention`.
+(T5, ALiBi; zero otherwise). See :mod:`pe_interp.models.hooked.attention`.
 
 **Layer 0, any encoding** (:func:`logit_terms`). The layer's input is ``x = c + p``: token embedding
 ``c`` (``hook_embed``) plus the absolute positional vector ``p`` (``hook_pos_embed``; absent for
@@ -46,12 +46,12 @@ content path of decoupled RoPE). Pairs are RoPE's **adjacent (interleaved)** pai
 ``(2k, 2k+1)`` of each rotated span in our models, and Hugging Face's ``rotate_half`` pairs
 ``(k, k + dim/2)`` on a TransformerLens bridge over Llama or GPT-NeoX.
 
-**On a bridge** (:class:`pe_interp.bridge.BridgedModel`; :mod:`~probes.decomposition.reads`): the
+**On a bridge** (:class:`pe_interp.models.bridge.model.BridgedModel`; :mod:`~probes.decomposition.reads`): the
 rotated q/k are the bridge's own ``hook_rot_q/k`` where it caches them (Llama, Qwen, Gemma, ...) or
 ``hook_q/k`` rotated as the bridge does (GPT-NeoX, Phi-3); layer 0's components run the bridge's
 own layer 0 on each part of its input (``blocks.0.hook_resid_pre`` replaced, ``ln1.hook_scale``
 and a QK-norm's ``q_norm``/``k_norm.hook_scale`` frozen). What the encoding of a family never
-tested here cannot show, it refuses in one line (:class:`pe_interp.bridge_encoding.BridgeEncoding`
+tested here cannot show, it refuses in one line (:class:`pe_interp.models.bridge.encoding.BridgeEncoding`
 checks its tables and the scores on one short forward first): ALiBi (BLOOM's, MPT's, Falcon's),
 added inside the bridge's scores with no hook of its own; Gemma 2's attention-logit soft-capping; a QK-norm whose
 scale the bridge does not hook (layer 0 only); a rotation its tables do not reproduce.

@@ -11,7 +11,7 @@ fastest pair, the last the slowest; ties keep the spans' order):
   every example of the Euclidean norm of the query's 2-D chunk ``p`` (rotated, which leaves the
   norm as it is); ``k_norm`` the same for the key. With grouped key/value heads a key chunk
   belongs to the key/value head, and each query head reports its own key/value head's
-  (:meth:`~pe_interp.probe_model.KVLayout.kv_head`). ``norm_share`` is a chunk's share of the
+  (:meth:`~pe_interp.models.protocol.KVLayout.kv_head`). ``norm_share`` is a chunk's share of the
   summed mean chunk norms, averaged over queries and keys.
 - **view B, logits**: the pair's exact term of the logit, ``a_p[m, n] = s (rq0_m rk0_n + rq1_m
   rk1_n)`` (:attr:`~probes.decomposition.RopeTerms.pair_logits`, the Hadamard form's pair ``p``);
@@ -51,16 +51,16 @@ import torch
 from torch import Tensor
 
 from pe_interp.encodings import rotary_spans_for
-from pe_interp.io import load_result, nan_array, register_result, write_result
-from pe_interp.modes import eval_mode
-from probes.decomposition.reads import allowed
-from probes.inputs import (
+from pe_interp.util.io import load_result, nan_array, register_result, write_result
+from pe_interp.util.modes import eval_mode
+from probes.common.inputs import (
     check_count,
     check_examples,
     check_finite_model,
     check_layers,
     takes_probe_model,
 )
+from probes.decomposition.reads import allowed
 
 __all__ = ["FrequencyUsage", "frequency_usage"]
 

@@ -11,7 +11,7 @@ as counts of heads with an interval, from a :class:`~probes.decomposition.Freque
 
 Which heads are positional is the caller's choice (:func:`top_heads` of a ``[layers, heads]``
 score, e.g. :attr:`probes.PositionalScores.scores` or previous-token attention). The interval is
-Wilson's score interval on ``k / n`` (:func:`probes.metrics.wilson`): over these heads of this
+Wilson's score interval on ``k / n`` (:func:`probes.common.metrics.wilson`): over these heads of this
 model on these prompts, not over models.
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from probes.common.metrics import wilson
 from probes.decomposition.frequency import FrequencyUsage
-from probes.metrics import wilson
 
 __all__ = ["BandFinding", "high_frequency_positional", "low_frequency_norm", "top_heads"]
 

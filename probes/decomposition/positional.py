@@ -11,16 +11,16 @@ import torch
 from torch import Tensor
 
 from pe_interp.encodings import rotary_spans_for
-from pe_interp.io import (
+from pe_interp.util.io import (
     load_result,
     nan_array,
     register_result,
     write_result,
 )
-from pe_interp.modes import eval_mode
+from pe_interp.util.modes import eval_mode
+from probes.common.inputs import check_count, check_examples, check_finite_model, takes_probe_model
 from probes.decomposition.reads import allowed, attention_scale, qk_hooks, rotated_qk, unrotated_qk
 from probes.decomposition.toeplitz import toeplitz_score
-from probes.inputs import check_count, check_examples, check_finite_model, takes_probe_model
 
 __all__ = ["PositionalScores", "positional_scores"]
 

@@ -1,10 +1,10 @@
 """What the logit decomposition reads of a model, on our own models and on a TransformerLens bridge
-(:class:`pe_interp.bridge.BridgedModel`) alike: the rotated queries and keys, the attention scale,
+(:class:`pe_interp.models.bridge.model.BridgedModel`) alike: the rotated queries and keys, the attention scale,
 the entries the mask allows, and layer 0's queries and keys on a part of its input.
 
 Our models cache the rotated vectors (``hook_rot_q``/``hook_rot_k``); a bridge over Llama caches
 them too, one over GPT-NeoX does not, and there the encoding rotates ``hook_q``/``hook_k`` as the
-bridge does (:meth:`pe_interp.bridge.BridgeEncoding.rotate`). A bridge masks with the dtype's
+bridge does (:meth:`pe_interp.models.bridge.model.BridgeEncoding.rotate`). A bridge masks with the dtype's
 lowest value where our models write ``-inf``.
 """
 

@@ -11,7 +11,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pe_interp.modes import eval_mode
+from pe_interp.util.modes import eval_mode
+from probes.common.inputs import (
+    check_decomposable,
+    check_example,
+    check_examples,
+    check_finite_model,
+    check_head,
+    check_layer,
+    takes_probe_model,
+)
 from probes.decomposition.reads import (
     FROZEN_SCALES,
     allowed,
@@ -21,15 +30,6 @@ from probes.decomposition.reads import (
 )
 from probes.decomposition.rope import RopeTerms, rope_spans, rope_terms
 from probes.decomposition.toeplitz import toeplitz_score
-from probes.inputs import (
-    check_decomposable,
-    check_example,
-    check_examples,
-    check_finite_model,
-    check_head,
-    check_layer,
-    takes_probe_model,
-)
 
 __all__ = ["LogitTerms", "logit_terms"]
 

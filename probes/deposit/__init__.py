@@ -1,6 +1,6 @@
 """The single-head deposit pattern: its one definition (:mod:`probes.deposit.dominance`), the
 looser per-layer flag, layer concentration (:mod:`probes.deposit.detection`), the positional
-deposit, which asks where position enters (:mod:`probes.deposit.routes`), verdicts decided on
+deposit, which asks where position enters (:mod:`probes.routes.shares`), verdicts decided on
 intervals (:mod:`probes.deposit.decision`), and watching them form during training
 (:mod:`probes.deposit.dynamics`, a callback; :mod:`probes.deposit.trajectory`, every snapshot)."""
 
@@ -26,14 +26,9 @@ from probes.deposit.detection import (
 )
 from probes.deposit.dominance import LARGE_DROP, SMALL_DROP, Dominance, at_least, at_most, dominance
 from probes.deposit.dynamics import DYNAMICS_FILE, DepositDynamics, dynamics_arrays, load_dynamics
-from probes.deposit.routes import (
-    PositionalDominance,
-    RouteShares,
-    can_move_positions,
-    positional_dominance,
-    route_shares,
-)
+from probes.deposit.positional import PositionalDominance, positional_dominance
 from probes.deposit.trajectory import PAIRS_SEED_OFFSET, SnapshotDynamics, snapshot_dynamics
+from probes.routes import RouteShares, can_move_positions, route_shares
 
 __all__ = [
     "DEFAULT_MIN_DROP_ACCURACY",

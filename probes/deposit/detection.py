@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from pe_interp.io import (
+from pe_interp.util.io import (
     load_result,
     nan_float,
     register_result,
@@ -30,8 +30,8 @@ from pe_interp.io import (
     write_result,
 )
 from probes.ablation import AblationResult, Head
+from probes.common.inputs import check_fraction, check_layers, check_threshold
 from probes.deposit.dominance import GRANULE_TOL, at_least
-from probes.inputs import check_fraction, check_layers, check_threshold
 
 DEFAULT_MIN_DROP_ACCURACY = 0.2
 DEFAULT_MIN_SHARE = 0.5

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pe_interp.callbacks import Callback
-from pe_interp.io import append_jsonl, nan_float, read_jsonl, to_json, write_jsonl
+from pe_interp.training.callbacks import Callback
+from pe_interp.util.io import append_jsonl, nan_float, read_jsonl, to_json, write_jsonl
 from probes.ablation import ablate_heads
 from probes.deposit.detection import layer_stats
 
@@ -29,7 +29,7 @@ __all__ = ["DYNAMICS_FILE", "DepositDynamics", "dynamics_arrays", "load_dynamics
 
 def load_dynamics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of a ``deposit_dynamics.jsonl`` file (a run dir is accepted too); a torn last
-    line (a crash mid-write) is skipped (:func:`pe_interp.io.read_jsonl`)."""
+    line (a crash mid-write) is skipped (:func:`pe_interp.util.io.read_jsonl`)."""
     path = Path(path)
     if path.is_dir():
         path = path / DYNAMICS_FILE

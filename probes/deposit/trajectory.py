@@ -1,11 +1,11 @@
 """The deposit over training: every criterion at every snapshot of a run.
 
 A run trained with ``snapshots="log"`` keeps its weights at steps 0, 1, 2, 4, ... and every few
-steps after (:mod:`pe_interp.snapshots`). :func:`snapshot_dynamics` walks them and, at each step,
+steps after (:mod:`pe_interp.runs.snapshots`). :func:`snapshot_dynamics` walks them and, at each step,
 computes the whole model's single-head zero-ablation grid on the same first ``n`` held-out
 examples (the examples ``ablate`` uses), the three verdicts decided on their intervals
 (:mod:`probes.deposit.decision`): the single-head deposit, layer-0 concentration and the
-positional deposit (:mod:`probes.deposit.routes`, on the same position-only counterfactual pairs
+positional deposit (:mod:`probes.routes.shares`, on the same position-only counterfactual pairs
 at every step). A step where any verdict is not a clear "no" on the screening set is measured
 again on ``n_confirm`` examples (and pairs), and that record replaces the screen.
 """
@@ -19,12 +19,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pe_interp.checkpoint import load_run
-from pe_interp.io import load_result, register_result, to_json, write_result
-from pe_interp.snapshots import read_manifest
+from pe_interp.runs.checkpoint import load_run
+from pe_interp.runs.snapshots import read_manifest
+from pe_interp.util.io import load_result, register_result, to_json, write_result
 from probes.ablation import ablate_heads
 from probes.deposit.decision import NO, decide_concentration, decide_single
-from probes.deposit.routes import NO_EFFECT, can_move_positions, positional_dominance, route_shares
+from probes.deposit.positional import positional_dominance
+from probes.routes.shares import NO_EFFECT, can_move_positions, route_shares
 
 RESULT_KIND = register_result("snapshot dynamics", "SnapshotDynamics.load", ("records", "options"))
 PAIRS_SEED_OFFSET = (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pe_interp.presets import build_run_configs
+from pe_interp.config.presets import build_run_configs
 from pe_interp.report import gradients as grad
 from pe_interp.report.claims.base import (
     CONTROLS,
@@ -115,7 +115,7 @@ def c15(ctx: Context) -> Claim:
         grad.criterion(n),
     )
     if not g.get("available"):
-        cl.evidence = g.get("reason", "probes.gradients is not available")
+        cl.evidence = g.get("reason", "probes.gradients.coherence is not available")
         return cl
     verdict = grad.judge(g["results"], n) if g.get("results") else g
     cl.status = verdict.get("status", NOT_MEASURED)

@@ -1,0 +1,227 @@
+"""The seam between a model and the probes: what a probe may ask of any model, named once.
+
+Two kinds of model implement :class:`ProbeModel` today: our own
+:class:`~pe_interp.HookedPETransformer` and a TransformerLens bridge seen as a classifier,
+:class:`pe_interp.models.bridge.model.BridgedModel`. A probe reads a model through this Protocol only, so what
+it may ask is known before it runs, and a third kind (a pretrained bridge with grouped key/value
+heads, say) is checked against the same list. :func:`probes.common.inputs.as_probe_model` checks a model
+against it at a probe's door (and wraps a raw ``TransformerBridge`` there).
+
+What the Protocol holds:
+
+- ``cfg`` (:class:`ProbeConfig`): the shape, the pad id, the classes, how padding and keys behave;
+- the hook names (:data:`HOOKS`, TransformerLens' vocabulary) and :func:`layer_of`;
+- the forward: :meth:`ProbeModel.check_inputs` once, then :meth:`ProbeModel.forward_unchecked`;
+  ``run_with_hooks``, ``run_with_cache`` and ``hooks`` as in TransformerLens;
+- where the forward restarts (:attr:`ProbeModel.restart`, :class:`Restart`);
+- the key/value-head layout (:attr:`ProbeModel.kv_layout`, :class:`KVLayout`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
+
+from torch import Tensor
+
+Restart = Literal["resid_mid", "resid_pre", "embed"]
+"""Where a model's forward can start again, from the finest seam to none:
+
+- ``"resid_mid"``: :meth:`ProbeModel.forward_unchecked` takes ``start_at_layer``, ``residual`` and
+  ``start_at="resid_mid"``: a layer's input, or the output of its attention (our own model);
+- ``"resid_pre"``: :meth:`ProbeModel.resume` restarts at a layer's input exactly (a bridge whose
+  architecture was checked to resume exactly);
+- ``"embed"``: every forward runs from the embedding.
+"""
+RESTARTS: tuple[str, ...] = get_args(Restart)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How query heads share key/value heads: ``n_kv_heads`` groups of ``n_heads / n_kv_heads``
+    consecutive query heads (grouped-query attention; one group per head is multi-head, one
+    group in all is multi-query). ``hook_k``/``hook_v`` carry ``n_kv_heads`` heads."""
+
+    n_heads: int
+    n_kv_heads: int
+
+    def __post_init__(self) -> None:
+        if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"{self.n_heads} query heads cannot share {self.n_kv_heads} key/value heads evenly"
+            )
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head."""
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def grouped(self) -> bool:
+        """Whether a key/value head serves more than one query head."""
+        return self.n_kv_heads < self.n_heads
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head that query head ``head`` reads."""
+        return head // self.group
+
+    def query_heads(self, kv_head: int) -> range:
+        """The query heads that read key/value head ``kv_head``."""
+        return range(kv_head * self.group, (kv_head + 1) * self.group)
+
+    def per_query_head(self, x: Tensor, dim: int = 2) -> Tensor:
+        """``x`` with its key/value heads (axis ``dim``) repeated to one per query head, as Hugging
+        Face's ``repeat_kv`` does (a view-free copy only where grouped)."""
+        return x.repeat_interleave(self.group, dim=dim) if self.grouped else x
+
+
+class ProbeConfig(Protocol):
+    """What a probe reads of a model's configuration (:class:`pe_interp.ModelConfig` and
+    :class:`pe_interp.models.bridge.model.BridgeConfig` have all of it)."""
+
+    n_layers: int
+    n_heads: int
+    d_head: int
+    d_model: int
+    d_vocab: int
+    n_ctx: int
+    pad_id: int  # -1: no row may be padded
+    n_classes: int
+    encoding_name: str
+    encoding_kind: str
+    mask_padding: bool  # pads reach no real token (so a chunk may be cut to its longest row)
+    kv_source: str  # "residual", or "embed": every layer's keys and values read the layer-0 input
+    attention_dir: str  # "causal" or "bidirectional"
+
+
+class _Hooks:
+    """TransformerLens' hook names, the ones the probes use (``HOOKS.z(3)`` is
+    ``"blocks.3.attn.hook_z"``)."""
+
+    embed = "hook_embed"
+    pos_embed = "hook_pos_embed"
+
+    @staticmethod
+    def resid_pre(layer: int) -> str:
+        return f"blocks.{layer}.hook_resid_pre"
+
+    @staticmethod
+    def resid_mid(layer: int) -> str:
+        return f"blocks.{layer}.hook_resid_mid"
+
+    @staticmethod
+    def resid_post(layer: int) -> str:
+        return f"blocks.{layer}.hook_resid_post"
+
+    @staticmethod
+    def attn(layer: int, name: str) -> str:
+        """``blocks.{layer}.attn.hook_{name}`` (``z``, ``q``, ``k``, ``v``, ``pattern``, ...)."""
+        return f"blocks.{layer}.attn.hook_{name}"
+
+    def z(self, layer: int) -> str:
+        return self.attn(layer, "z")
+
+
+HOOKS = _Hooks()
+
+
+def layer_of(hook: Any) -> int:
+    """The layer of a hook point named ``blocks.{layer}.…`` (TransformerLens' ``HookPoint.layer``)."""
+    return int(hook.layer())
+
+
+@runtime_checkable
+class ProbeModel(Protocol):
+    """What a probe may ask of a model (module docstring). ``isinstance(model, ProbeModel)``
+    checks that every name is there; the meanings are in the docstrings."""
+
+    cfg: Any  # a ProbeConfig
+    restart: str  # a Restart
+    kv_layout: KVLayout
+    W_E: Tensor
+    blocks: Any  # blocks[l].attn.W_O [n_heads, d_head, d_model], b_O
+
+    @property
+    def can_restart(self) -> bool:
+        """Whether :meth:`forward_unchecked` restarts inside a layer (``restart == "resid_mid"``)."""
+        ...
+
+    @property
+    def can_resume(self) -> bool:
+        """Whether the forward restarts exactly at a layer's input (:meth:`resume`)."""
+        ...
+
+    def check_inputs(self, tokens: Tensor, pad_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """``(tokens, key_valid)`` checked once: int64 ids, and the pad mask (None: no pads)."""
+        ...
+
+    def forward_unchecked(self, tokens: Tensor, key_valid: Tensor | None, **restart: Any) -> Tensor:
+        """Class logits ``[batch, n_classes]`` of inputs :meth:`check_inputs` checked; the restart
+        keywords (``start_at_layer``, ``residual``, ``start_at``) only where :attr:`can_restart`."""
+        ...
+
+    def resume(
+        self,
+        tokens: Tensor,
+        layer: int,
+        residual: Tensor,
+        key_valid: Tensor | None,
+        fwd_hooks: Sequence = (),
+    ) -> Tensor:
+        """Class logits of the forward restarted at ``blocks.{layer}.hook_resid_pre`` =
+        ``residual`` with ``fwd_hooks`` (where :attr:`can_resume`)."""
+        ...
+
+    def run_with_hooks(
+        self, tokens: Tensor, pad_mask: Tensor | None = None, **kwargs: Any
+    ) -> Tensor:
+        """TransformerLens' ``run_with_hooks``, returning class logits."""
+        ...
+
+    def run_with_cache(self, tokens: Tensor, pad_mask: Tensor | None = None, **kwargs: Any) -> Any:
+        """TransformerLens' ``run_with_cache``: ``(class logits, ActivationCache)``."""
+        ...
+
+    def hooks(self, fwd_hooks: Sequence = (), **kwargs: Any) -> AbstractContextManager:
+        """TransformerLens' hook context: the hooks are removed on exit."""
+        ...
+
+
+def missing(model: Any) -> list[str]:
+    """The names of :class:`ProbeModel` and :class:`ProbeConfig` that ``model`` lacks."""
+    names = [n for n in _PROTOCOL_NAMES if not _has(model, n)]
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None:
+        names += [f"cfg.{n}" for n in ProbeConfig.__annotations__ if not _has(cfg, n)]
+    return names
+
+
+def _has(obj: Any, name: str) -> bool:
+    try:
+        getattr(obj, name)
+    except (
+        AttributeError,
+        ValueError,
+    ):  # a bridge's config says what it lacks with a ValueError too
+        return False
+    return True
+
+
+_PROTOCOL_NAMES = tuple(ProbeModel.__annotations__) + tuple(
+    n
+    for n, v in vars(ProbeModel).items()
+    if not n.startswith("_") and (callable(v) or isinstance(v, property))
+)
+
+__all__ = [
+    "HOOKS",
+    "RESTARTS",
+    "KVLayout",
+    "ProbeConfig",
+    "ProbeModel",
+    "Restart",
+    "layer_of",
+    "missing",
+]

@@ -1,0 +1,366 @@
+"""A user's own checkpoint is a run: a saved Hugging Face causal language model (``save_pretrained``
+with its tokenizer) probed on one of our tasks in language-model form.
+
+The form: the task's ids are the model's input ids (``0`` is the pad), and class ``c`` is the
+answer token ``task.d_vocab + c`` (:func:`answer_ids`), read at the last real position. The model's
+vocabulary must hold both, and its context the task's longest input; otherwise one line says
+which is too small. :func:`load_model_dir` gives back a :class:`~pe_interp.runs.checkpoint.Run` whose
+model is a :class:`~pe_interp.models.bridge.model.BridgedModel` and whose splits are the preset's, so every
+command that takes a run reads the directory (``pe-interp ablate DIR --task distance``).
+
+A prompt family (``--task induction``, ``recall``, ``successor``) or a prompts file (``--task
+my.jsonl``) reads the model on natural prompts in its own tokens instead
+(:mod:`pe_interp.prompts.task`): classes are token ids, and the model's accuracy on the prompts is
+printed first.
+
+A GGUF file (``pe-interp ablate model.gguf --task distance``) is converted once into a saved
+directory in the cache (:func:`pe_interp.runs.gguf.convert_gguf`) and read as that directory: its
+results go there, and the run's source records the file's provenance (``config["model_dir"]
+["gguf"]``: its name, sha256, size and quantisation types).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pe_interp.prompts.task import PROMPT_COUNTS, PromptSplits, is_prompt_task, load_prompt_task
+from pe_interp.runs.checkpoint import CheckpointError, Run
+from pe_interp.runs.gguf import (
+    GIB,
+    MEMORY_FACTOR,
+    MEMORY_MARGIN,
+    available_memory,
+    convert_gguf,
+    gguf_provenance,
+    is_gguf_file,
+)
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+HUB_RUNS = (
+    Path("runs") / "hub"
+)  # where a hub model's results go: runs/hub/<owner>__<name>/<revision>/
+
+
+def is_hub_name(text: str | Path) -> bool:
+    """``owner/name`` that is no local path: a model on the Hugging Face hub."""
+    return (
+        bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", str(text)))
+        and not Path(text).exists()
+    )
+
+
+def is_model_dir(path: str | Path) -> bool:
+    """True when ``path`` holds a saved Hugging Face model (a ``config.json`` with a ``model_type``)."""
+    config = Path(path) / "config.json"
+    try:
+        return config.is_file() and "model_type" in json.loads(config.read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def answer_ids(task: Any) -> range:
+    """The answer token of each class in language-model form: ``task.d_vocab + c``."""
+    return range(task.d_vocab, task.d_vocab + task.n_classes)
+
+
+def load_model_dir(
+    path: str | Path,
+    task: str | None,
+    preset: str = "quick",
+    seed: int = 0,
+    device: str = "cpu",
+    revision: str | None = None,
+) -> Run:
+    """The saved model at ``path`` as a run on ``task`` (the ``preset``'s task and splits, ``seed``);
+    ``path`` may be a GGUF file (converted once, :func:`pe_interp.runs.gguf.convert_gguf`) or a hub name
+    (``owner/name``, at ``revision``) where the hub is reachable."""
+    from pe_interp.models.bridge.hf_arch import boot_bridge
+
+    hub = is_hub_name(path) and not is_gguf_file(path)
+    if revision is not None and not hub:
+        raise CheckpointError(
+            f"{path}: --revision is for a model on the Hugging Face hub (owner/name)"
+        )
+    if hub:
+        if task is None:
+            raise CheckpointError(
+                f"{path}: a model on the Hugging Face hub: say which task to probe it on with --task"
+            )
+        return _load_hub(str(path), task, preset, seed, device, revision)
+    path = given = Path(path)
+    if is_gguf_file(path):
+        if task is None:
+            raise CheckpointError(
+                f"{path}: a GGUF model file, not a pe-interp run: say which task to probe it on "
+                "with --task (and --preset for the task's size)"
+            )
+        _check_task(path, task, preset, seed)  # a bad --task or --preset before converting
+        path = convert_gguf(path)
+    if not is_model_dir(path):
+        raise CheckpointError(
+            f"{path}: not a saved Hugging Face model (no config.json with a model_type)"
+        )
+    if task is None:
+        raise CheckpointError(
+            f"{path}: a saved Hugging Face model, not a pe-interp run: say which task to "
+            "probe it on with --task (and --preset for the task's size)"
+        )
+    _check_task(path, task, preset, seed)  # a bad --task or --preset before the boot
+    check_causal(path, given)
+    weights = next((path / f for f in WEIGHT_FILES if (path / f).is_file()), None)
+    if weights is None:
+        raise CheckpointError(f"{path}: no weights ({' or '.join(WEIGHT_FILES)})")
+    files = weight_files(weights)
+    check_memory(files, given or path)
+    provenance = {"sha256": _sha256(files), "step": None}
+    source: dict[str, Any] = {"weights": weights.name}
+    gguf = gguf_provenance(path)  # a directory converted from a GGUF file: which file, how
+    if gguf is not None:
+        source["gguf"] = gguf
+    if given != path:  # what the user named: the GGUF file, in messages
+        source["file"] = str(given)
+    provenance["source"] = source  # every result records where its weights came from
+    if is_prompt_task(task):
+        return _as_prompt_run(
+            path, boot_bridge(path, device=device), task, preset, seed, provenance
+        )
+    return _as_run(path, boot_bridge(path, device=device), task, preset, seed, provenance, source)
+
+
+def weight_files(weights: Path) -> list[Path]:
+    """The files holding the weights: ``weights`` itself, or the shards a ``*.index.json`` maps
+    (one-line CheckpointError for a shard that is missing or an index that is not one)."""
+    if not weights.name.endswith(".index.json"):
+        return [weights]
+    try:
+        names = sorted(set(json.loads(weights.read_text())["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise CheckpointError(f"{weights}: not a weights index (no weight_map)") from None
+    missing = [n for n in names if not (weights.parent / n).is_file()]
+    if missing or not names:
+        raise CheckpointError(f"{weights}: the shard {missing[0] if missing else '?'} is missing")
+    return [weights.parent / n for n in names]
+
+
+def _sha256(files: list[Path]) -> str:
+    """sha256 of the files' bytes in order, read in 16-MiB blocks."""
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 24):
+                h.update(block)
+    return h.hexdigest()
+
+
+def weight_count(weights: Path) -> int | None:
+    """Parameters in a ``.safetensors`` file, read from its header (8 bytes of length, then JSON
+    naming each tensor's shape) without loading a tensor; None for any other file."""
+    if weights.suffix != ".safetensors":
+        return None
+    with open(weights, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    count = 0
+    for name, entry in header.items():
+        if name != "__metadata__":
+            n = 1
+            for dim in entry["shape"]:
+                n *= int(dim)
+            count += n
+    return count
+
+
+def check_memory(files: list[Path], where: Any) -> None:
+    """A one-line CheckpointError, before the boot, when the model would not fit in memory: its
+    weights in fp32 (the parameters of the safetensors headers, or a ``.bin`` file's own size)
+    about twice over (the Hugging Face model and the bridge around it, as converting a GGUF
+    needs), and Python, torch and transformers themselves (:data:`pe_interp.runs.gguf.MEMORY_MARGIN`)."""
+    counts = [weight_count(f) for f in files]
+    count = None if None in counts else sum(counts)
+    fp32 = 4 * count if count is not None else sum(f.stat().st_size for f in files)
+    need, free = MEMORY_FACTOR * fp32 + MEMORY_MARGIN, available_memory()
+    if free is not None and need > free:
+        what = f"{count / 1e6:.1f}M parameters" if count is not None else "its weight files"
+        raise CheckpointError(
+            f"{where}: booting it needs about {need / GIB:.1f} GiB of memory "
+            f"({what} in fp32, {fp32 / GIB:.2f} GiB), and {free / GIB:.1f} GiB is available"
+        )
+
+
+def check_causal(path: Path, given: Any = None) -> None:
+    """A one-line CheckpointError unless the saved model is a causal language model: its config
+    names an architecture that ``transformers`` lists as causal for its model type, and it is no
+    encoder-decoder (an encoder-only or masked model attends both ways, so no probe's reading of
+    a last position means what it means in a causal model)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = json.loads((path / "config.json").read_text())
+    where, names = given or path, config.get("architectures") or []
+    causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"))
+    if config.get("is_encoder_decoder"):
+        raise CheckpointError(
+            f"{where}: an encoder-decoder model ({', '.join(names) or config.get('model_type')}); "
+            "the probes read causal language models"
+        )
+    if names and not any(n == causal or n.endswith("ForCausalLM") for n in names):
+        raise CheckpointError(
+            f"{where}: {', '.join(names)} is not a causal language model (an encoder-only or "
+            "masked model attends both ways); the probes read causal language models"
+        )
+
+
+def _check_task(where: Any, task: str, preset: str, seed: int) -> None:
+    """A one-line error for a bad ``--task`` or ``--preset``, before any model is loaded."""
+    if not is_prompt_task(task):
+        _task_configs(where, task, preset, seed)
+    elif preset not in PROMPT_COUNTS:
+        raise CheckpointError(
+            f"{where}: --preset must be one of {', '.join(PROMPT_COUNTS)} for prompts; got {preset!r}"
+        )
+    elif str(task).endswith(".jsonl") and not Path(task).is_file():
+        raise CheckpointError(f"{where}: --task {task}: no such prompts file")
+
+
+def _as_prompt_run(
+    run_dir: Path, bridge: Any, task: str, preset: str, seed: int, provenance: dict[str, Any]
+) -> Run:
+    """A booted bridge as a run on natural prompts (:mod:`pe_interp.prompts.task`): classes are its
+    token ids; the model's accuracy on the prompts is measured once and kept in the run's config
+    (``config["accuracy"]``), which commands print first."""
+    from pe_interp.models.bridge.model import BridgedModel
+    from pe_interp.prompts import family_accuracy
+
+    source = provenance["source"]
+    where = source.get("hub") or source.get("file") or run_dir
+    try:
+        prompt_task = load_prompt_task(task, bridge, preset, seed, where=where)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    model = BridgedModel(bridge, pad_id=prompt_task.pad_id).eval()
+    accuracy = family_accuracy(model, prompt_task.prompts)
+    config = {
+        "model_dir": {"model_type": model.cfg.model_type, **source},
+        "task": prompt_task.to_dict(),
+        "accuracy": {**accuracy.to_dict(), "summary": accuracy.summary()},
+        "preset": preset,
+        "seed": seed,
+    }
+    splits = PromptSplits(n_test=len(prompt_task.prompts), seed=seed)
+    return Run(run_dir, model, prompt_task, splits, config, provenance)
+
+
+def _task_configs(where: Any, task: str, preset: str, seed: int) -> tuple[Any, Any]:
+    from pe_interp.config.presets import build_run_configs
+
+    try:
+        _, task_obj, train_cfg = build_run_configs(task=task, preset=preset, seed=seed)
+    except ValueError as err:
+        raise CheckpointError(f"{where}: {err}") from None
+    return task_obj, train_cfg
+
+
+def _as_run(
+    run_dir: Path,
+    bridge: Any,
+    task: str,
+    preset: str,
+    seed: int,
+    provenance: dict[str, Any],
+    source: dict[str, Any],
+) -> Run:
+    """A booted bridge as a run on ``task``: one line when its vocabulary or context is too small."""
+    from pe_interp.models.bridge.model import BridgedModel
+    from pe_interp.tasks.batch import PAD_ID
+
+    task_obj, train_cfg = _task_configs(run_dir, task, preset, seed)
+    c, where = bridge.cfg, source.get("hub") or source.get("file") or run_dir
+    need = task_obj.d_vocab + task_obj.n_classes
+    if c.d_vocab < need:
+        raise CheckpointError(
+            f"{where}: the model's vocabulary ({c.d_vocab}) is too small for task {task!r} at preset "
+            f"{preset!r}: it needs {task_obj.d_vocab} input ids and {task_obj.n_classes} answer ids "
+            f"({need})"
+        )
+    if c.n_ctx < task_obj.max_len:
+        raise CheckpointError(
+            f"{where}: the model's context ({c.n_ctx}) is shorter than task {task!r}'s longest "
+            f"input at preset {preset!r} ({task_obj.max_len})"
+        )
+    model = BridgedModel(bridge, answers=answer_ids(task_obj), pad_id=PAD_ID)
+    config = {
+        "model_dir": {"model_type": model.cfg.model_type, **source},
+        "task": task_obj.to_dict(),
+        "preset": preset,
+        "seed": seed,
+    }
+    return Run(run_dir, model.eval(), task_obj, train_cfg, config, provenance)
+
+
+def _load_hub(
+    name: str, task: str, preset: str, seed: int, device: str, revision: str | None
+) -> Run:
+    """A hub model as a run: fetched at ``revision`` (Pythia's training checkpoints are revisions
+    ``step1000``, ...), its results under :data:`HUB_RUNS`."""
+    at = f"{name}@{revision or 'main'}"
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise CheckpointError(
+            f"{at}: no local directory of that name, and the Hugging Face hub is off (HF_HUB_OFFLINE=1): "
+            "fetch and save_pretrained it where the hub is reachable, then pass its directory"
+        )
+    import socket
+
+    try:  # a quick look first: unreachable, the hub libraries would retry for a minute
+        socket.create_connection(("huggingface.co", 443), timeout=5).close()
+    except OSError as err:
+        raise CheckpointError(
+            f"{at}: no local directory of that name, and the Hugging Face hub is not reachable from "
+            f"here ({err.strerror or err}): fetch and save_pretrained it where it is, then pass its "
+            "directory"
+        ) from None
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, revision=revision)
+        bridge = TransformerBridge.boot_transformers(
+            name, tokenizer=tokenizer, revision=revision, device=device
+        ).eval()
+    except Exception as err:  # no network, no such model or revision: one line either way
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        raise CheckpointError(
+            f"{at}: could not fetch it from the Hugging Face hub ({first[:200]})"
+        ) from None
+    out = HUB_RUNS / name.replace("/", "__") / (revision or "main")
+    out.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    for value in bridge.original_model.state_dict().values():
+        digest.update(
+            value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        )
+    source = {"hub": name, "revision": revision}
+    provenance = {"sha256": digest.hexdigest(), "step": None, "source": source}
+    if is_prompt_task(task):
+        return _as_prompt_run(out, bridge, task, preset, seed, provenance)
+    return _as_run(out, bridge, task, preset, seed, provenance, source)
+
+
+__all__ = [
+    "HUB_RUNS",
+    "answer_ids",
+    "is_gguf_file",
+    "is_hub_name",
+    "is_model_dir",
+    "load_model_dir",
+]

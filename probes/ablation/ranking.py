@@ -1,0 +1,212 @@
+"""Heads ranked by integrated gradients along the ablation path: the engine of
+``ablate_heads(engine="attribution")``.
+
+Ablating head ``h`` moves its output ``z_h`` from its live value to ``other_h`` (zero, its mean
+per position, or a resampled example's). Write ``z_h(a) = other_h + a (z_h - other_h)`` and
+``m(a)`` for the per-example metric with every head at ``a``: the change ablation causes is
+``m(0_h) - m(1) = -integral_0^1 dm/da_h da``. A first-order estimate (attribution patching) takes
+the derivative at ``a = 1`` only and misses heads whose output scale sits near a stationary
+point there; here it is integrated by Gauss-Legendre quadrature with ``steps`` nodes along one
+of two paths that share their gradients between heads:
+
+- ``"joint"`` (default): every head of every layer at the same ``a`` (``steps`` forwards and
+  backwards of the whole model);
+- ``"layer"``: the heads of one layer at ``a``, the other layers at 1 (``n_layers x steps``);
+- ``"clean"``: no integral, the derivative at ``a = 1`` only (attribution patching, AtP: every
+  head live, as a single head's ablation leaves the others; ``steps`` must be 1).
+
+The derivative of each head's scale is taken per example (rows are independent), so the
+estimate is in the units of the metric the exact grid reports:
+
+- ``"accuracy"``: the margin (true logit minus the largest other) integrated per example, and an
+  example counted wrong after ablating ``h`` when its margin plus that change is below zero;
+  the estimate is the share of examples that flip, right to wrong minus wrong to right.
+- ``"loss"``: cross-entropy; ``"logit"``: the true class's logit; ``"margin"``, ``"logprob"``:
+  their means (drops positive when the ablation hurts, as :func:`probes.ablate_heads`: a rise of
+  the loss, a fall of the others).
+
+``replace``: any :class:`probes.common.replace.Replacement` instead of ``method``'s (the layers it does
+not list keep their live output, so their heads' estimates are 0): route shares screen each
+head's moved positions this way (:mod:`probes.routes.screen`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pe_interp.models.protocol import HOOKS
+from pe_interp.util.modes import eval_mode
+from probes.common.inputs import takes_probe_model
+from probes.common.options import INTEGRATION_PATHS, SURROGATES
+from probes.common.replace import Replacement, replacement
+
+PATHS = INTEGRATION_PATHS
+
+
+def _margin(logits: Tensor, labels: Tensor) -> Tensor:
+    own = logits.gather(1, labels[:, None])[:, 0]
+    return own - logits.scatter(1, labels[:, None], float("-inf")).max(1).values
+
+
+def _per_example(surrogate: Any, logits: Tensor, labels: Tensor) -> Tensor:
+    """The differentiable per-example quantity whose change is integrated (higher is better)."""
+    if callable(surrogate):
+        return surrogate(logits, labels)
+    if surrogate in ("accuracy", "margin"):
+        return _margin(logits, labels)
+    if surrogate in ("loss", "logprob"):
+        return logits.log_softmax(-1).gather(1, labels[:, None])[:, 0]
+    return logits.gather(1, labels[:, None])[:, 0]
+
+
+def _nodes(steps: int) -> tuple[np.ndarray, np.ndarray]:
+    x, w = np.polynomial.legendre.leggauss(steps)
+    return (x + 1) / 2, w / 2
+
+
+def _others(model, tokens, pad_mask, method, reference, seed, rows) -> Replacement:
+    """What replaces every head of every layer (:mod:`probes.common.replace`), for the examples."""
+    if method == "mean" and reference is not None and reference[0].shape[1] < tokens.shape[1]:
+        raise ValueError(
+            f"rank_heads: the mean's reference is shorter ({reference[0].shape[1]}) than the "
+            f"examples ({tokens.shape[1]})"
+        )
+    layers = range(model.cfg.n_layers)
+    return replacement(
+        model, method, layers, tokens, pad_mask, reference=reference, seed=seed, batch_size=rows
+    )
+
+
+def _full(value: Tensor | None, like: Tensor) -> Tensor:
+    """A replacement's value for one layer (None: zero; ``[pos, H, D]``: every row) as ``like``."""
+    if value is None:
+        return torch.zeros_like(like)
+    return value[None].expand_as(like) if value.ndim == 3 else value
+
+
+@takes_probe_model
+def rank_heads(
+    model,
+    tokens: Tensor,
+    labels: Tensor,
+    pad_mask: Tensor,
+    *,
+    method: str = "zero",
+    reference: tuple[Tensor, Tensor] | None = None,
+    seed: int = 0,
+    surrogate: Any = "accuracy",
+    steps: int = 4,
+    path: str = "joint",
+    batch_size: int | None = None,
+    replace: Replacement | None = None,
+) -> dict[str, Any]:
+    """Each head's estimated harm when ablated by ``method`` (see the module docstring).
+
+    ``surrogate``: one of :data:`SURROGATES` or ``fn(logits, labels) -> [n]`` (differentiable,
+    higher is better). ``tokens``, ``labels``, ``pad_mask``: checked inputs on the model's device; ``reference``:
+    ``(tokens, pad_mask)`` for ``mean`` and ``resample`` (default the evaluated examples).
+    Returns ``{"estimate": [n_layers, n_heads] (positive = hurts), "tiebreak" (the mean fall of
+    the integrated quantity, which orders heads of equal estimate: accuracy estimates are counts),
+    "baseline" (the metric's clean mean), "surrogate", "steps", "path", "per_example_change"
+    ([n, n_layers, n_heads])}``."""
+    if not callable(surrogate) and surrogate not in SURROGATES:
+        raise ValueError(
+            f"rank_heads: surrogate must be one of {', '.join(SURROGATES)} or a callable; got {surrogate!r}"
+        )
+    if path not in PATHS:
+        raise ValueError(f"rank_heads: path must be one of {', '.join(PATHS)}; got {path!r}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"rank_heads: steps must be a positive integer, got {steps!r}")
+    if path == "clean" and steps != 1:
+        raise ValueError(
+            f"rank_heads: path 'clean' takes the derivative at one point (steps=1), got steps={steps}"
+        )
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    rows = batch_size or (128 if model.W_E.device.type == "cpu" else 2048)
+    alphas, weights = (np.ones(1), np.ones(1)) if path == "clean" else _nodes(steps)
+    groups = [[layer] for layer in range(L)] if path == "layer" else [list(range(L))]
+    n = len(tokens)
+    change = torch.zeros(n, L, H, dtype=torch.float64)  # per example: m(h ablated) - m(clean)
+    base = torch.zeros(n, dtype=torch.float64)
+    chunk = max(1, rows // steps)
+    with eval_mode(model):
+        other_of = (
+            _others(model, tokens, pad_mask, method, reference, seed, rows)
+            if replace is None
+            else replace
+        )
+        for c0 in range(0, n, chunk):
+            sl = slice(c0, c0 + chunk)
+            toks, pm, lab = tokens[sl], pad_mask[sl], labels[sl]
+            b = len(toks)
+            with torch.no_grad():
+                live: dict[int, Tensor] = {}
+                hooks = [
+                    (
+                        HOOKS.z(layer),
+                        lambda x, hook, layer=layer, live=live: live.__setitem__(layer, x),
+                    )
+                    for layer in range(L)
+                ]
+                logits = model.run_with_hooks(toks, pm, fwd_hooks=hooks)
+                base[sl] = _per_example(surrogate, logits, lab).double().cpu()
+                idx = torch.arange(c0, c0 + b, device=toks.device)
+                now = other_of.for_chunk(idx, toks.shape[1])
+                other = {
+                    k: (_full(now[k], live[k]) if k in now else live[k]).detach() for k in range(L)
+                }
+            a = torch.tensor(alphas, dtype=model.W_E.dtype, device=toks.device).repeat_interleave(
+                b
+            )  # [steps * b]
+            for group in groups:
+                scale = {
+                    layer: a[:, None].expand(-1, H).clone().requires_grad_(True) for layer in group
+                }
+
+                def hook(z, hook, layer, scale=scale, other=other):
+                    o = other[layer].repeat(steps, 1, 1, 1)
+                    return o + scale[layer][:, None, :, None] * (z - o)
+
+                fwd = [(HOOKS.z(layer), partial(hook, layer=layer)) for layer in group]
+                out = model.run_with_hooks(
+                    toks.repeat(steps, 1), pm.repeat(steps, 1), fwd_hooks=fwd
+                )
+                m = _per_example(surrogate, out, lab.repeat(steps))
+                grads = torch.autograd.grad(m.sum(), [scale[layer] for layer in group])
+                w = torch.tensor(
+                    weights, dtype=torch.float64, device=toks.device
+                ).repeat_interleave(b)[:, None]
+                for layer, g in zip(group, grads):
+                    per = (g.double() * w).view(steps, b, H).sum(0)  # integral of dm/da over [0, 1]
+                    change[sl, layer] = -per.cpu()
+    tiebreak = -change.mean(0)  # the mean fall of the integrated quantity
+    if surrogate == "accuracy":
+        right = base > 0
+        after = (base[:, None, None] + change) > 0
+        estimate = (right[:, None, None].double() - after.double()).mean(0)
+        baseline = float(right.double().mean())
+    elif surrogate == "loss":
+        # loss = -logprob per example: its rise (the drop ablate_heads reports) is logprob's fall
+        estimate = -change.mean(0)
+        baseline = float(-base.mean())
+    else:
+        estimate = -change.mean(0)
+        baseline = float(base.mean())
+    name = surrogate if isinstance(surrogate, str) else getattr(surrogate, "__name__", "custom")
+    return {
+        "estimate": estimate.numpy(),
+        "tiebreak": tiebreak.numpy(),
+        "baseline": baseline,
+        "surrogate": name,
+        "steps": steps,
+        "path": path,
+        "per_example_change": change.numpy(),
+    }
+
+
+__all__ = ["PATHS", "SURROGATES", "rank_heads"]

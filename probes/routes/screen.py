@@ -1,0 +1,100 @@
+"""Route shares screened by attribution: every head's route estimated at once, the largest exact.
+
+Exact route shares (:func:`probes.routes.shares.route_shares`) run one restarted copy of the
+forward per route head, from the head's layer on: ``(L + 1) / 2`` layers per head on average,
+about 146 forwards of the prompts for SmolLM2's 270 heads. With ``screen=k`` it first estimates
+every head's numerator ``ld(x) - ld(x; h sees σ)`` at once and then measures only the ``k`` heads
+of largest estimate (in absolute value) exactly:
+
+- **The estimate** is :func:`probes.ablation.ranking.rank_heads` with the moved outputs as the
+  replacement (:class:`~probes.routes.moving.MovedOutputs`) on the path ``z' + a (z - z')`` of
+  each route head: by default (``path="clean"``, attribution patching) the derivative of the
+  logit difference at ``a = 1``, every route live, as when one route moves alone (one forward and
+  backward of the prompts); ``path="joint"`` integrates it with every route at one ``a``
+  (``steps`` Gauss-Legendre nodes). Either is a first-order estimate: a head whose effect runs
+  through later attention's softmax can be ranked too low, so the screen can miss a route; the
+  benchmark measures how often (``benchmarks/smollm2.py --part routes``).
+- **The moved outputs** ``z'`` are computed once for every pair (:class:`MovedOnce`) and read by
+  both the screen and the exact sweep.
+
+A screened :class:`~probes.routes.result.RouteShares` has no share for the heads it did
+not measure (NaN, as its intervals) and keeps every route head's estimated share in
+``estimates``; :func:`~probes.deposit.positional.positional_dominance` decides on the measured routes
+and says how many were measured and how large the others' estimates are; it never says "yes"
+while an unmeasured route's estimate lies outside ±5%.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from probes.ablation.ranking import rank_heads
+from probes.patching.sweep import logit_diff
+from probes.routes.moving import MovedOutputs
+
+__all__ = ["MovedOnce", "route_estimates", "screened_heads"]
+
+
+class MovedOnce:
+    """:class:`MovedOutputs` of every pair computed once (full width, in chunks of ``rows``) and
+    served to every later chunk (a :class:`probes.common.replace.Replacement`). A chunk cut to fewer
+    columns reads the first columns: the real tokens' outputs do not depend on the pads after
+    them (causal attention, or pads masked as keys)."""
+
+    method = "positions moved"
+
+    def __init__(self, moved: MovedOutputs, rows: int) -> None:
+        self.layers = moved.layers
+        n, width = moved.tokens.shape
+        parts: dict[int, list[Tensor]] = {layer: [] for layer in self.layers}
+        for c0 in range(0, n, rows):
+            idx = torch.arange(c0, min(n, c0 + rows), device=moved.tokens.device)
+            for layer, z in moved.for_chunk(idx, width).items():
+                parts[layer].append(z)
+        self.z = {layer: torch.cat(zs) for layer, zs in parts.items() if zs}
+
+    def for_chunk(self, idx: Tensor, width: int) -> dict[int, Tensor]:
+        return {layer: z[idx, :width] for layer, z in self.z.items()}
+
+
+def route_estimates(
+    model,
+    clean: Tensor,
+    mask: Tensor,
+    good: Tensor,
+    bad: Tensor,
+    moved: MovedOnce,
+    *,
+    path: str = "clean",
+    steps: int = 1,
+    batch_size: int,
+) -> np.ndarray:
+    """``[n_layers, n_heads]``: each head's estimated mean ``ld(x) - ld(x; h sees σ)`` (module
+    docstring; 0 where the head is not a route)."""
+
+    def ld(logits: Tensor, i: Tensor) -> Tensor:  # the pair's labels by row index
+        return logit_diff(logits, good[i], bad[i])
+
+    rows = torch.arange(len(clean), device=clean.device)
+    with torch.enable_grad():
+        est = rank_heads(
+            model,
+            clean,
+            rows,
+            mask,
+            surrogate=ld,
+            steps=steps,
+            path=path,
+            batch_size=batch_size * steps,
+            replace=moved,
+        )
+    return np.asarray(est["estimate"], dtype=np.float64)
+
+
+def screened_heads(estimates: np.ndarray, routes: np.ndarray, k: int) -> list[tuple[int, int]]:
+    """The ``k`` route heads of largest ``|estimate|`` (ties in layer, head order), in layer order."""
+    heads = [(int(a), int(h)) for a, h in zip(*np.nonzero(routes))]
+    order = sorted(range(len(heads)), key=lambda i: -abs(float(estimates[heads[i]])))
+    return sorted(heads[i] for i in order[:k])
