@@ -7,6 +7,7 @@ from pe_interp.config.model import ModelConfig, TrainConfig
 from pe_interp.encodings import EncodingSpec, available_encodings, register_encoding
 from pe_interp.models.hooked.model import HookedPETransformer
 from pe_interp.runs.checkpoint import Run, load_run
+from pe_interp.runs.load import Origin, load
 from pe_interp.runs.snapshots import snapshot_steps
 from pe_interp.training.trainer import Trainer, evaluate
 
@@ -18,7 +19,9 @@ __all__ = [
     "TrainConfig",
     "Trainer",
     "evaluate",
+    "load",
     "load_run",
+    "Origin",
     "train",
     "__version__",
     "available_encodings",

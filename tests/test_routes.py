@@ -13,11 +13,11 @@ from pe_interp.kernels.rope import apply_rope
 from pe_interp.tasks import CountTask, DistanceTask
 from probes.ablation import AblationResult
 from probes.deposit.decision import decide_concentration, decide_single
+from probes.deposit.positional import positional_dominance
 from probes.routes.shares import (
     RouteShares,
     position_permutation,
     position_routes,
-    positional_dominance,
     route_shares,
 )
 

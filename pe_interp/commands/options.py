@@ -340,34 +340,13 @@ def writing_run(
     ``loaded.result_dir``, ``RUN/steps/S/``) with the directory the command writes into locked
     (the run's, or ``out``): not while the run trains, nor while another command writes there (a
     one-line error instead). A saved Hugging Face model directory, or a GGUF file, is read as a run
-    on ``task`` (:func:`pe_interp.runs.model_dirs.load_model_dir`)."""
-    from pe_interp.runs.checkpoint import load_run, split_step
-    from pe_interp.runs.model_dirs import is_gguf_file, is_hub_name, is_model_dir, load_model_dir
+    on ``task`` (:func:`pe_interp.runs.load.open_run`, the one dispatch)."""
+    from pe_interp.runs.load import open_run
     from pe_interp.util.io import dir_lock
 
-    path, step = split_step(run_dir)
-    gguf = is_gguf_file(path)
-    if (
-        is_model_dir(path)
-        or gguf
-        or (model_dir_ok and (task is not None or revision is not None) and is_hub_name(run_dir))
-    ):
-        what = "a GGUF model file" if gguf else "a saved Hugging Face model"
-        if not model_dir_ok:
-            raise ValueError(
-                f"{run_dir}: {what}; this command reads pe-interp runs only (ablate, patch, "
-                "routes and decompose read a model directory or a GGUF file with --task)"
-            )
-        if step is not None:
-            raise ValueError(f"{run_dir}: {what} has no snapshots; give it without @STEP")
-        loaded = load_model_dir(path, task, preset, device=device, revision=revision)
-    elif task is not None or revision is not None:
-        raise ValueError(
-            f"{run_dir}: --task and --revision are for a saved Hugging Face model (a directory, or owner/name "
-            "on the hub); a pe-interp run knows its task"
-        )
-    else:
-        loaded = load_run(run_dir, device=device)
+    loaded = open_run(
+        run_dir, task, preset=preset, device=device, revision=revision, pretrained_ok=model_dir_ok
+    )
     accuracy = (getattr(loaded, "config", None) or {}).get("accuracy", {}).get("summary")
     if accuracy:  # natural prompts: the model's accuracy on them comes first
         print(f"{loaded.name}: {accuracy}")

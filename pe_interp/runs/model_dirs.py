@@ -82,10 +82,13 @@ def load_model_dir(
     seed: int = 0,
     device: str = "cpu",
     revision: str | None = None,
+    whole_vocab: bool = False,
 ) -> Run:
     """The saved model at ``path`` as a run on ``task`` (the ``preset``'s task and splits, ``seed``);
     ``path`` may be a GGUF file (converted once, :func:`pe_interp.runs.gguf.convert_gguf`) or a hub name
-    (``owner/name``, at ``revision``) where the hub is reachable."""
+    (``owner/name``, at ``revision``) where the hub is reachable. With ``whole_vocab`` and no
+    ``task``, the model reads its whole vocabulary (a label is a token id) and the run has no task."""
+    bare = whole_vocab and task is None
     from pe_interp.models.bridge.hf_arch import boot_bridge
 
     hub = is_hub_name(path) and not is_gguf_file(path)
@@ -94,30 +97,32 @@ def load_model_dir(
             f"{path}: --revision is for a model on the Hugging Face hub (owner/name)"
         )
     if hub:
-        if task is None:
+        if task is None and not bare:
             raise CheckpointError(
                 f"{path}: a model on the Hugging Face hub: say which task to probe it on with --task"
             )
-        return _load_hub(str(path), task, preset, seed, device, revision)
+        return _load_hub(str(path), task, preset, seed, device, revision, bare)
     path = given = Path(path)
     if is_gguf_file(path):
-        if task is None:
+        if task is None and not bare:
             raise CheckpointError(
                 f"{path}: a GGUF model file, not a pe-interp run: say which task to probe it on "
                 "with --task (and --preset for the task's size)"
             )
-        _check_task(path, task, preset, seed)  # a bad --task or --preset before converting
+        if not bare:
+            _check_task(path, task, preset, seed)  # a bad --task or --preset before converting
         path = convert_gguf(path)
     if not is_model_dir(path):
         raise CheckpointError(
             f"{path}: not a saved Hugging Face model (no config.json with a model_type)"
         )
-    if task is None:
+    if task is None and not bare:
         raise CheckpointError(
             f"{path}: a saved Hugging Face model, not a pe-interp run: say which task to "
             "probe it on with --task (and --preset for the task's size)"
         )
-    _check_task(path, task, preset, seed)  # a bad --task or --preset before the boot
+    if not bare:
+        _check_task(path, task, preset, seed)  # a bad --task or --preset before the boot
     check_causal(path, given)
     weights = next((path / f for f in WEIGHT_FILES if (path / f).is_file()), None)
     if weights is None:
@@ -132,6 +137,8 @@ def load_model_dir(
     if given != path:  # what the user named: the GGUF file, in messages
         source["file"] = str(given)
     provenance["source"] = source  # every result records where its weights came from
+    if bare:
+        return _as_vocab_run(path, boot_bridge(path, device=device), provenance, source)
     if is_prompt_task(task):
         return _as_prompt_run(
             path, boot_bridge(path, device=device), task, preset, seed, provenance
@@ -308,8 +315,25 @@ def _as_run(
     return Run(run_dir, model.eval(), task_obj, train_cfg, config, provenance)
 
 
+def _as_vocab_run(
+    run_dir: Path, bridge: Any, provenance: dict[str, Any], source: dict[str, Any]
+) -> Run:
+    """A booted bridge on its whole vocabulary (a label is a token id), with no task."""
+    from pe_interp.models.bridge.model import BridgedModel
+
+    model = BridgedModel(bridge).eval()
+    config = {"model_dir": {"model_type": model.cfg.model_type, **source}, "task": None}
+    return Run(run_dir, model, None, None, config, provenance)
+
+
 def _load_hub(
-    name: str, task: str, preset: str, seed: int, device: str, revision: str | None
+    name: str,
+    task: str | None,
+    preset: str,
+    seed: int,
+    device: str,
+    revision: str | None,
+    bare: bool = False,
 ) -> Run:
     """A hub model as a run: fetched at ``revision`` (Pythia's training checkpoints are revisions
     ``step1000``, ...), its results under :data:`HUB_RUNS`."""
@@ -351,6 +375,8 @@ def _load_hub(
         )
     source = {"hub": name, "revision": revision}
     provenance = {"sha256": digest.hexdigest(), "step": None, "source": source}
+    if bare:
+        return _as_vocab_run(out, bridge, provenance, source)
     if is_prompt_task(task):
         return _as_prompt_run(out, bridge, task, preset, seed, provenance)
     return _as_run(out, bridge, task, preset, seed, provenance, source)
