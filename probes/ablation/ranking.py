@@ -42,15 +42,11 @@ from torch import Tensor
 from pe_interp.models.protocol import HOOKS
 from pe_interp.util.modes import eval_mode
 from probes.common.inputs import takes_probe_model
+from probes.common.metrics import margin
 from probes.common.options import INTEGRATION_PATHS, SURROGATES
 from probes.common.replace import Replacement, replacement
 
 PATHS = INTEGRATION_PATHS
-
-
-def _margin(logits: Tensor, labels: Tensor) -> Tensor:
-    own = logits.gather(1, labels[:, None])[:, 0]
-    return own - logits.scatter(1, labels[:, None], float("-inf")).max(1).values
 
 
 def _per_example(surrogate: Any, logits: Tensor, labels: Tensor) -> Tensor:
@@ -58,7 +54,7 @@ def _per_example(surrogate: Any, logits: Tensor, labels: Tensor) -> Tensor:
     if callable(surrogate):
         return surrogate(logits, labels)
     if surrogate in ("accuracy", "margin"):
-        return _margin(logits, labels)
+        return margin(logits, labels)
     if surrogate in ("loss", "logprob"):
         return logits.log_softmax(-1).gather(1, labels[:, None])[:, 0]
     return logits.gather(1, labels[:, None])[:, 0]

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from probes.common.inputs import check_examples
+from probes.common.metrics import logit_diff, margin
 
 __all__ = ["METRICS", "PerExample", "Run", "as_pair", "as_run", "pair_labels", "resolve"]
 
@@ -26,10 +27,6 @@ PerExample = Callable[[Tensor, Tensor, Tensor], Tensor]
 # ---------------------------------------------------------------------------------------------
 # metrics: logits [n, C], clean labels [n], corrupt labels [n] -> [n], differentiable
 # ---------------------------------------------------------------------------------------------
-def _logit_diff(logits: Tensor, good: Tensor, bad: Tensor) -> Tensor:
-    return logits.gather(1, good[:, None])[:, 0] - logits.gather(1, bad[:, None])[:, 0]
-
-
 def _logprob(logits: Tensor, good: Tensor, bad: Tensor) -> Tensor:
     return logits.log_softmax(-1).gather(1, good[:, None])[:, 0]
 
@@ -40,13 +37,11 @@ def _logit(logits: Tensor, good: Tensor, bad: Tensor) -> Tensor:
 
 def _margin(logits: Tensor, good: Tensor, bad: Tensor) -> Tensor:
     """The clean label's logit minus the largest other logit (> 0 exactly when it is predicted)."""
-    own = logits.gather(1, good[:, None])[:, 0]
-    others = logits.scatter(1, good[:, None], float("-inf"))
-    return own - others.max(1).values
+    return margin(logits, good)
 
 
 METRICS: dict[str, PerExample] = {
-    "logit_diff": _logit_diff,
+    "logit_diff": logit_diff,
     "logprob": _logprob,
     "logit": _logit,
     "margin": _margin,

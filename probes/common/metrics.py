@@ -200,7 +200,23 @@ def resample_sources(n_examples: int, n_reference: int | None, seed: int) -> Ten
     return torch.randint(n_reference, (n_examples,), generator=gen)
 
 
+def logit_diff(logits: Tensor, good: Tensor, bad: Tensor) -> Tensor:
+    """``logits[..., i, good_i] - logits[..., i, bad_i]`` per example (any leading dims)."""
+    return logits.gather(-1, good[..., None]).squeeze(-1) - logits.gather(
+        -1, bad[..., None]
+    ).squeeze(-1)
+
+
+def margin(logits: Tensor, good: Tensor) -> Tensor:
+    """The label's logit minus the largest other logit per example (``logits [n, C]``): above 0
+    exactly when the label is predicted."""
+    own = logits.gather(1, good[:, None])[:, 0]
+    return own - logits.scatter(1, good[:, None], float("-inf")).max(1).values
+
+
 __all__ = [
+    "logit_diff",
+    "margin",
     "METRICS",
     "Metric",
     "MetricFn",

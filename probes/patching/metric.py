@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from probes.common.metrics import bootstrap_ci
+from probes.common.metrics import bootstrap_ci, logit_diff
 
 __all__ = ["bootstrap_ratio_ci", "logit_diff", "normalized_logit_diff_metric"]
 
@@ -29,13 +29,6 @@ def bootstrap_ratio_ci(
         torch.as_tensor(lo, device=numer.device).to(numer.dtype),
         torch.as_tensor(hi, device=numer.device).to(numer.dtype),
     )
-
-
-def logit_diff(logits: Tensor, good: Tensor, bad: Tensor) -> Tensor:
-    """``logits[..., i, good_i] - logits[..., i, bad_i]`` per example (any leading dims)."""
-    return logits.gather(-1, good[..., None]).squeeze(-1) - logits.gather(
-        -1, bad[..., None]
-    ).squeeze(-1)
 
 
 def normalized_logit_diff_metric(
