@@ -141,7 +141,7 @@ def test_hooking_pattern_forces_eager_on_that_layer(make_model, tokens_fn):
 
 
 def test_plain_torch_hook_on_pattern_is_not_silently_skipped(make_model, tokens_fn):
-    """Regression (fixed): ``attention._has_hooks`` looked only at TransformerLens' ``fwd_hooks``/
+    """Regression (fixed): ``attention.has_hooks`` looked only at TransformerLens' ``fwd_hooks``/
     ``bwd_hooks`` lists, so a hook added with plain ``register_forward_hook`` on ``hook_pattern``
     never fired on the sdpa backend (the module docstring promises hooks never silently miss)."""
     model = make_model(encoding="rope", attn_backend="sdpa")

@@ -16,7 +16,7 @@ __all__ = ["DEVICE_FORMS", "check_device", "default_device"]
 DEVICE_FORMS = "'cpu', 'cuda', 'cuda:N' or 'mps'"
 
 
-def _device_syntax_ok(device: Any) -> bool:
+def device_syntax_ok(device: Any) -> bool:
     if not isinstance(device, str):
         return False
     kind, _, index = device.partition(":")
@@ -29,7 +29,7 @@ def check_device(device: Any, owner: str = "device") -> str:
     """``device`` if this machine has it, else a one-line ValueError naming ``owner`` (a flag
     or a field) that says what is available. A config only checks the spelling (a grid for a
     GPU can be validated on a laptop); whatever puts tensors on the device checks it here."""
-    if not _device_syntax_ok(device):
+    if not device_syntax_ok(device):
         raise ValueError(f"{owner} must be {DEVICE_FORMS}, got {device!r}")
     kind, _, index = device.partition(":")
     if kind == "cuda":
@@ -58,7 +58,7 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _check_mapping(owner: str, data: Any) -> None:
+def check_mapping(owner: str, data: Any) -> None:
     if not isinstance(data, dict):
         raise ValueError(
             f"{owner}: expected a mapping of field names to values, got {type(data).__name__} {data!r:.60}"

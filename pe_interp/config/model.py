@@ -14,10 +14,10 @@ import torch
 
 from pe_interp.config.checks import (
     DEVICE_FORMS,
-    _check_mapping,
-    _device_syntax_ok,
     check_device,
+    check_mapping,
     default_device,
+    device_syntax_ok,
 )
 from pe_interp.config.train import LR_SCHEDULES, TrainConfig
 from pe_interp.encodings import EncodingSpec, combined_kind, get_encoding_class, parse_encoding
@@ -165,7 +165,7 @@ class ModelConfig:
         )
         if self.pad_id >= self.d_vocab:
             raise ValueError(f"{own}.pad_id must be < d_vocab={self.d_vocab}, got {self.pad_id}")
-        if not _device_syntax_ok(self.device):
+        if not device_syntax_ok(self.device):
             raise ValueError(f"{own}.device must be {DEVICE_FORMS}, got {self.device!r}")
         try:
             specs = parse_encoding(self.encoding)
@@ -254,7 +254,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        _check_mapping("ModelConfig", data)
+        check_mapping("ModelConfig", data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pe_interp.config.checks import DEVICE_FORMS, _check_mapping, _device_syntax_ok
+from pe_interp.config.checks import DEVICE_FORMS, check_mapping, device_syntax_ok
 from pe_interp.util.checks import check_bool, check_choice, check_float, check_int
 
 __all__ = ["LR_SCHEDULES", "TrainConfig"]
@@ -78,7 +78,7 @@ class TrainConfig:
         if len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas):
             raise ValueError(f"{own}.betas must be two numbers in [0, 1), got {self.betas!r}")
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
-        if not _device_syntax_ok(self.device):
+        if not device_syntax_ok(self.device):
             raise ValueError(f"{own}.device must be {DEVICE_FORMS}, got {self.device!r}")
         check_bool(own, "amp", self.amp)
         if self.ignore_index is not None:
@@ -120,7 +120,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        _check_mapping("TrainConfig", data)
+        check_mapping("TrainConfig", data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -51,7 +51,7 @@ from pe_interp.runs.provenance import (
     STALE,
     UNRECORDED,
     WEIGHTS_KEY,
-    _provenance,
+    provenance_of,
     save_result,
     weights_provenance,
     weights_status,
@@ -231,7 +231,7 @@ def load_run(run_dir: str | Path, device: str = "cpu", step: int | None = None) 
         raise CheckpointError(f"{path}: file not found")
     else:
         data = path.read_bytes()  # hashed and loaded from the same bytes: the provenance is exact
-        provenance = _provenance(path, data)
+        provenance = provenance_of(path, data)
     try:
         state = load_bytes(data)
     except (SafetensorError, ValueError, RuntimeError) as err:

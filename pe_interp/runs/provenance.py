@@ -33,7 +33,7 @@ WEIGHTS_KEY = "weights"
 CURRENT, STALE, UNRECORDED = "current", "stale", "unrecorded"
 
 
-def _provenance(path: Path, data: bytes) -> dict[str, Any]:
+def provenance_of(path: Path, data: bytes) -> dict[str, Any]:
     """``{"sha256", "step"}`` of a weights file's bytes (the step from its metadata; None if absent)."""
     try:
         n = int.from_bytes(data[:8], "little")
@@ -59,7 +59,7 @@ def weights_provenance(run_dir: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: file not found") from None
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
     if key not in _PROVENANCE:
-        _PROVENANCE[key] = _provenance(path, path.read_bytes())
+        _PROVENANCE[key] = provenance_of(path, path.read_bytes())
     return dict(_PROVENANCE[key])
 
 

@@ -1,7 +1,7 @@
 """The sweep's attention probe: the patterns of one chosen head's layer, kept for the report's widgets.
 
 :func:`choose_head` picks the head (the single-head deposit if there is one, else the head whose
-ablation hurts most); :func:`_probe_attention` records the patterns on a few held-out examples,
+ablation hurts most); :func:`probe_attention` records the patterns on a few held-out examples,
 all heads of its layer when they are small enough, else the chosen head and the three others that
 matter most, rounded to what the widgets show (:class:`AttentionRecord`, ``attention.json``).
 """
@@ -101,7 +101,7 @@ def choose_head(
     return None
 
 
-def _probe_attention(run: Run) -> dict[str, Any] | None:
+def probe_attention(run: Run) -> dict[str, Any] | None:
     """Attention patterns of the head :func:`choose_head` picks (needs the ablation probe first)."""
     if not (run.run_dir / ABLATION).is_file():
         return None

@@ -2,7 +2,7 @@
 ``result.json``; in a worker, with its failure written as the cell's error instead of raised.
 
 :func:`run_cell` holds the cell's run directory locked while it trains and probes;
-:func:`_safe_run_cell` is what an executor's worker calls (:mod:`pe_interp.sweep.executors`).
+:func:`safe_run_cell` is what an executor's worker calls (:mod:`pe_interp.sweep.executors`).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def run_cell(
 CHAOS_ENV = "PE_INTERP_CHAOS_KILL_ONCE"
 
 
-def _safe_run_cell(
+def safe_run_cell(
     cell: Cell,
     sweep_dir: str,
     probes: tuple[str, ...],

@@ -12,7 +12,7 @@ from typing import Any
 
 from pe_interp.runs.checkpoint import WEIGHTS, weights_provenance
 from pe_interp.sweep.aggregate import collect
-from pe_interp.sweep.cell import CHAOS_ENV, _safe_run_cell, missing_probes, run_cell
+from pe_interp.sweep.cell import CHAOS_ENV, missing_probes, run_cell, safe_run_cell
 from pe_interp.sweep.findings import has_finding, write_finding
 from pe_interp.sweep.grid import ERROR, RESULT, Cell, Grid
 from pe_interp.sweep.owner import GRID_FILE, claim, option_changes, probes_to_rerun, record_options
@@ -202,7 +202,7 @@ def _run_local(
 
     if workers <= 1 or len(cells) <= 1:
         for cell in cells:
-            done(_safe_run_cell(cell, sweep_dir, probes, threads, options))
+            done(safe_run_cell(cell, sweep_dir, probes, threads, options))
         return outcomes
     import multiprocessing as mp
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -214,7 +214,7 @@ def _run_local(
     )
     try:
         pending = {
-            pool.submit(_safe_run_cell, c, sweep_dir, probes, threads, options): c for c in cells
+            pool.submit(safe_run_cell, c, sweep_dir, probes, threads, options): c for c in cells
         }
         while pending:
             finished, _ = wait(
@@ -266,7 +266,7 @@ def _run_ray(
     try:
         cpus = float(grid.resources.get("cpus", 1))
         gpus = float(grid.resources.get("gpus", 0))
-        remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries)(_safe_run_cell)
+        remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries)(safe_run_cell)
         pending = [
             remote.remote(
                 c, sweep_dir, grid.probes, cell_threads(grid.resources), grid.probe_options

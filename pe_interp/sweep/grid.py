@@ -18,13 +18,13 @@ import yaml
 from pe_interp.config.model import ModelConfig, TrainConfig, check_run_configs
 from pe_interp.config.presets import build_run_configs
 from pe_interp.sweep.grid_checks import (
-    _check_probe_options,
-    _check_resources,
-    _check_seeds,
-    _distance,
+    check_probe_options,
+    check_resources,
+    check_seeds,
+    grid_distance,
 )
 from pe_interp.sweep.probing import CALLBACKS, PROBES, SWEEP_PROBES
-from pe_interp.sweep.yaml12 import _YAML12Loader, _yaml_error
+from pe_interp.sweep.yaml12 import YAML12Loader, yaml_error
 from pe_interp.tasks import TASKS
 
 __all__ = [
@@ -213,17 +213,17 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
     for section, mapping in sections:
         for key in mapping:
             if key == "seeds" and section.startswith("variants"):
-                _check_seeds(mapping[key], f"{source}: {section}.seeds", allow_count=False)
+                check_seeds(mapping[key], f"{source}: {section}.seeds", allow_count=False)
                 continue
             if key not in allowed:
-                close = sorted(allowed, key=lambda a: _distance(a, key))[:3]
+                close = sorted(allowed, key=lambda a: grid_distance(a, key))[:3]
                 raise ValueError(
                     f"{source}: {section}.{key} is not a setting; did you mean {', '.join(close)}?"
                 )
     for key, values in axes.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"{source}: axes.{key} must be a non-empty list, got {values!r}")
-    seeds = _check_seeds(data.get("seeds", [0]), f"{source}: seeds", allow_count=True)
+    seeds = check_seeds(data.get("seeds", [0]), f"{source}: seeds", allow_count=True)
     probes = [] if data.get("probes") is None else data["probes"]
     known = sorted(PROBES) + sorted(CALLBACKS) + sorted(SWEEP_PROBES)
     if not isinstance(probes, list):
@@ -233,11 +233,11 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
     for p in probes:
         if p not in known:
             raise ValueError(f"{source}: probes: unknown probe {p!r}; allowed: {known}")
-    options = _check_probe_options(data.get("probe_options") or {}, source)
+    options = check_probe_options(data.get("probe_options") or {}, source)
     findings = data.get("findings")
     if findings is not None and not (isinstance(findings, str) and findings.strip()):
         raise ValueError(f"{source}: 'findings' must be a directory path, got {findings!r}")
-    resources = _check_resources(data.get("resources"), source)
+    resources = check_resources(data.get("resources"), source)
     n_cells = count_cells({**data, "seeds": seeds, "axes": axes, "variants": variants})
     if n_cells > max_cells:
         shape = " x ".join(f"{len(v)} {k}" for k, v in axes.items()) or "no axes"
@@ -290,9 +290,9 @@ def load_grid(path: str | Path, max_cells: int = MAX_CELLS) -> Grid:
         if path.suffix == ".toml":
             data = tomllib.loads(text)
         else:
-            data = yaml.load(text, Loader=_YAML12Loader)  # noqa: S506 - a SafeLoader
+            data = yaml.load(text, Loader=YAML12Loader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as err:
-        raise ValueError(f"{path}: {_yaml_error(err)}") from None
+        raise ValueError(f"{path}: {yaml_error(err)}") from None
     except Exception as err:  # tomllib.TOMLDecodeError: its message names the line and column
         raise ValueError(f"{path}: invalid TOML: {str(err).splitlines()[0]}") from None
     grid = parse_grid(data, str(path), max_cells=max_cells)

@@ -15,7 +15,7 @@ __all__ = ["RESOURCE_KEYS"]
 RESOURCE_KEYS = ("cpus", "gpus")
 
 
-def _check_resources(resources: Any, source: str) -> dict[str, float]:
+def check_resources(resources: Any, source: str) -> dict[str, float]:
     """``resources: {cpus: N, gpus: M}``: what one cell needs (numbers; cpus > 0, gpus >= 0)."""
     if resources is None:
         return {}
@@ -35,7 +35,7 @@ def _check_resources(resources: Any, source: str) -> dict[str, float]:
     return dict(resources)
 
 
-def _check_seeds(seeds: Any, where: str, allow_count: bool) -> list[int]:
+def check_seeds(seeds: Any, where: str, allow_count: bool) -> list[int]:
     if allow_count and isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0:
         return list(range(seeds))
     ok = (
@@ -49,7 +49,7 @@ def _check_seeds(seeds: Any, where: str, allow_count: bool) -> list[int]:
     return list(seeds)
 
 
-def _check_probe_options(options: Any, source: str) -> dict[str, dict[str, Any]]:
+def check_probe_options(options: Any, source: str) -> dict[str, dict[str, Any]]:
     """``probe_options: {probe: {option: value}}``, each option a keyword of that probe."""
     if not isinstance(options, dict):
         raise ValueError(f"{source}: probe_options must be a mapping of probe name to options")
@@ -94,7 +94,7 @@ def _option_error(key: str, value: Any) -> str | None:
     return None
 
 
-def _distance(a: str, b: str) -> int:
+def grid_distance(a: str, b: str) -> int:
     """Levenshtein distance, for 'did you mean' hints."""
     prev = list(range(len(b) + 1))
     for i, ca in enumerate(a, 1):

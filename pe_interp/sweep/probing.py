@@ -19,7 +19,7 @@ import numpy as np
 
 from pe_interp.config.presets import build_run_configs
 from pe_interp.runs.checkpoint import save_result
-from pe_interp.sweep.attention_probe import AttentionRecord, _probe_attention
+from pe_interp.sweep.attention_probe import AttentionRecord, probe_attention
 from pe_interp.sweep.gradients import sweep_gradients
 from pe_interp.sweep.probe_files import (
     ABLATION,
@@ -288,7 +288,7 @@ PROBES: dict[str, Callable[[Any], dict[str, Any] | None]] = {
     "ablation": _probe_ablation,
     "patching": _probe_patching,
     "positional": _probe_positional,
-    "attention": _probe_attention,
+    "attention": probe_attention,
     "decomposition": _probe_decomposition,
     "generalization": _probe_generalization,
     "snapshot_dynamics": _probe_snapshot_dynamics,

@@ -5,7 +5,7 @@ A worker ignores Ctrl-C (the terminal sends it to the whole process group; the p
 gets SIGTERM when its parent dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``), so that no
 orphan goes on writing a cell. The parent stops its workers with SIGTERM: a training cell saves
 a checkpoint at its step and the worker exits (:mod:`pe_interp.util.interrupts`,
-``pe_interp.sweep.cell._safe_run_cell``), any other work stops at once.
+``pe_interp.sweep.cell.safe_run_cell``), any other work stops at once.
 """
 
 from __future__ import annotations

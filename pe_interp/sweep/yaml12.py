@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 
-class _YAML12Loader(yaml.SafeLoader):
+class YAML12Loader(yaml.SafeLoader):
     """YAML with YAML 1.2's booleans: only true/false. PyYAML's 1.1 rules read the key ``on``
     (``probe_options: {ablation: {on: all}}``) as True, and ``no`` as False. A key given twice
     in one mapping is an error (PyYAML keeps the last one silently)."""
@@ -36,16 +36,16 @@ class _YAML12Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_YAML12Loader.yaml_implicit_resolvers = {
+YAML12Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_YAML12Loader.add_implicit_resolver(
+YAML12Loader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
 
 
-def _yaml_error(err: yaml.YAMLError) -> str:
+def yaml_error(err: yaml.YAMLError) -> str:
     """PyYAML's error on one line, with the line and column of the problem (its marks are 0-based)."""
     problem = getattr(err, "problem", None) or str(err).splitlines()[0]
     mark = getattr(err, "problem_mark", None)

@@ -33,7 +33,7 @@ def evaluate(
     with eval_mode(model):
         for i in range(0, len(batch), batch_size):
             part = batch[i : i + batch_size].to(device)
-            with _autocast(device, amp):
+            with autocast_for(device, amp):
                 logits = model(part.tokens, part.pad_mask).float()
             keep = part.labels != ignore_index if ignore_index is not None else slice(None)
             logits, labels = logits[keep], part.labels[keep]
@@ -51,6 +51,6 @@ def evaluate(
     return {"acc": correct / counted, "loss": loss_sum / counted}
 
 
-def _autocast(device: torch.device, amp: bool):
+def autocast_for(device: torch.device, amp: bool):
     """bf16 autocast when ``amp`` and the device runs bf16 natively (:mod:`pe_interp.util.hardware`)."""
     return hardware.autocast(device, amp)

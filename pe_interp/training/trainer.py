@@ -23,7 +23,7 @@ from pe_interp.runs.arch import build_model, save_hf
 from pe_interp.runs.checkpoint import CONFIG, CONFIG_KEYS, METRICS, CheckpointError, append_jsonl
 from pe_interp.runs.snapshots import SnapshotWriter, snapshot_schedule
 from pe_interp.training.callbacks import Callback
-from pe_interp.training.evaluation import _autocast, evaluate
+from pe_interp.training.evaluation import autocast_for, evaluate
 from pe_interp.training.state import RunDirectory
 from pe_interp.util import interrupts
 from pe_interp.util.io import dir_lock
@@ -158,7 +158,7 @@ class Trainer(RunDirectory):
                 part = self.train[idx].to(self.device)
                 for group in opt.param_groups:
                     group["lr"] = cfg.lr_at(self.step)
-                with _autocast(self.device, cfg.amp):
+                with autocast_for(self.device, cfg.amp):
                     logits = model(part.tokens, part.pad_mask)
                 counted = part.labels != ignore
                 n_counted = int(counted.sum())

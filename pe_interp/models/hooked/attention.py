@@ -102,7 +102,7 @@ def _cast_once(dtype: torch.dtype, *xs: Tensor) -> list[Tensor]:
     return [done[id(x)] for x in xs]
 
 
-def _has_hooks(*points: HookPoint) -> bool:
+def has_hooks(*points: HookPoint) -> bool:
     # TransformerLens' add_hook registers plain torch hooks too; look at those, so no hook is missed.
     return any(
         p.fwd_hooks or p.bwd_hooks or p._forward_hooks or p._forward_pre_hooks or p._backward_hooks
@@ -160,10 +160,10 @@ class Attention(nn.Module):
 
     def backend(self, ctx: AttnContext) -> str:
         """Which backend this layer uses for this forward (see the module docstring)."""
-        if self.cfg.attn_backend == "eager" or _has_hooks(self.hook_attn_scores, self.hook_pattern):
+        if self.cfg.attn_backend == "eager" or has_hooks(self.hook_attn_scores, self.hook_pattern):
             return "eager"
         dropout_on = self.training and self.cfg.attn_dropout > 0
-        pe_hooked = _has_hooks(self.hook_rot_q, self.hook_rot_k, self.hook_pos_bias)
+        pe_hooked = has_hooks(self.hook_rot_q, self.hook_rot_k, self.hook_pos_bias)
         if self.cfg.attn_backend == "triton":
             return "sdpa" if pe_hooked else "triton"
         if (

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from pe_interp.config.model import ModelConfig
-from pe_interp.models.hooked.attention import Attention, AttnContext, _has_hooks, affine
+from pe_interp.models.hooked.attention import Attention, AttnContext, affine, has_hooks
 
 __all__ = ["MLP", "Norm", "TransformerBlock"]
 
@@ -38,7 +38,7 @@ class Norm(nn.Module):
             out = F.layer_norm(x, shape, self.w, self.b, self.eps)
         else:
             out = F.rms_norm(x, shape, self.w, self.eps)
-        if _has_hooks(self.hook_scale):
+        if has_hooks(self.hook_scale):
             centred = x - x.mean(-1, keepdim=True) if self.center else x
             scale = (centred.pow(2).mean(-1, keepdim=True) + self.eps).sqrt()
             given = self.hook_scale(scale)

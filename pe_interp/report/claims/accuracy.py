@@ -8,11 +8,11 @@ from pe_interp.report.claims.base import (
     PAPER_SIX,
     Claim,
     Context,
-    _acc_str,
-    _missing,
-    _verdict,
+    acc_str,
+    missing_row,
     pct,
     pts,
+    verdict_of,
 )
 from pe_interp.report.data import (
     NOT_REPRODUCED,
@@ -45,15 +45,14 @@ def c1(ctx: Context) -> Claim:
     level = rope >= 0.90
     best = all(rope > ctx.mean(lab, "distance") for lab in others)
     parts = [
-        f"{_acc_str(ctx, 'rope', 'distance')} (paper 92.64%): level {'≥' if level else '<'} 90%",
-        f"best other: {_acc_str(ctx, best_other, 'distance')} → RoPE {'is' if best else 'is not'} best",
+        f"{acc_str(ctx, 'rope', 'distance')} (paper 92.64%): level {'≥' if level else '<'} 90%",
+        f"best other: {acc_str(ctx, best_other, 'distance')} → RoPE {'is' if best else 'is not'} best",
     ]
     if ("sinusoidal+rope", "distance") in ctx.acc:
-        parts.append(
-            f"(authors' 'rope' = APE+RoPE: {_acc_str(ctx, 'sinusoidal+rope', 'distance')})"
-        )
-    cl.status = _verdict(
-        level and best, _missing(ctx, ("nope", "sinusoidal", "learned", "t5", "alibi"), "distance")
+        parts.append(f"(authors' 'rope' = APE+RoPE: {acc_str(ctx, 'sinusoidal+rope', 'distance')})")
+    cl.status = verdict_of(
+        level and best,
+        missing_row(ctx, ("nope", "sinusoidal", "learned", "t5", "alibi"), "distance"),
     )
     cl.evidence = "; ".join(parts)
     return cl
@@ -81,13 +80,15 @@ def c2(ctx: Context) -> Claim:
             continue
         ok = m <= lo + 0.05
         oks.append(ok)
-        parts.append(f"{_acc_str(ctx, lab, 'distance')} {'≤' if ok else '>'} {pct(lo)} + 5 pts")
+        parts.append(f"{acc_str(ctx, lab, 'distance')} {'≤' if ok else '>'} {pct(lo)} + 5 pts")
     alibi = _alibi_slopes(ctx)
     if alibi:
         parts.append(f"alibi slopes: {alibi}")
     if ctx.mean("nope", "distance") is not None:
         parts.append(_nope_by_construction(ctx))
-    cl.status = _verdict(all(oks) if oks else None, _missing(ctx, ("nope", "alibi"), "distance"))
+    cl.status = verdict_of(
+        all(oks) if oks else None, missing_row(ctx, ("nope", "alibi"), "distance")
+    )
     cl.evidence = (
         "; ".join(parts)
         + f" (length-only ceiling {pct(lo)}, chance {pct(ctx.baselines['distance']['chance'])})"
@@ -150,7 +151,7 @@ def c3(ctx: Context) -> Claim:
     abs_best = max((a for a in ABSOLUTE if a in order), key=lambda a: ctx.mean(a, "distance"))
     others = [lab for lab in order if lab not in ABSOLUTE or lab == abs_best]
     ok = others[:2] == ["rope", abs_best]
-    cl.status = _verdict(ok, _missing(ctx, PAPER_SIX, "distance"))
+    cl.status = verdict_of(ok, missing_row(ctx, PAPER_SIX, "distance"))
     cl.evidence = "task-1 ranking: " + " > ".join(
         f"{lab} {pct(ctx.mean(lab, 'distance'))}" for lab in order
     )
@@ -189,7 +190,7 @@ def c4(ctx: Context) -> Claim:
         return cl
     gap = n - r
     cl.status = REPRODUCED if gap >= 0.02 else NOT_REPRODUCED
-    cl.evidence = f"{_acc_str(ctx, 'nope', 'count')}, {_acc_str(ctx, 'rope', 'count')}: NoPE − RoPE = {pts(gap)} (paper 8.3 pts)"
+    cl.evidence = f"{acc_str(ctx, 'nope', 'count')}, {acc_str(ctx, 'rope', 'count')}: NoPE − RoPE = {pts(gap)} (paper 8.3 pts)"
     return cl
 
 
@@ -209,7 +210,7 @@ def c5(ctx: Context) -> Claim:
         cl.evidence = _ceiling_text(ctx, PAPER_SIX, "count")
         return cl
     ok = order[-1] == "alibi"
-    cl.status = _verdict(ok, _missing(ctx, PAPER_SIX, "count"))
+    cl.status = verdict_of(ok, missing_row(ctx, PAPER_SIX, "count"))
     cl.evidence = (
         "task-2 ranking: "
         + " > ".join(f"{lab} {pct(ctx.mean(lab, 'count'))}" for lab in order)
@@ -244,10 +245,10 @@ def c6(ctx: Context) -> Claim:
         ok = m >= ctx.acc[best].mean - 0.05
         oks.append(ok)
         parts.append(
-            f"{task}: {_acc_str(ctx, 'decoupled_rope', task)} (paper {paper}) vs best "
+            f"{task}: {acc_str(ctx, 'decoupled_rope', task)} (paper {paper}) vs best "
             f"{best[0]} {pct(ctx.acc[best].mean)} → {'within' if ok else 'not within'} 5 pts"
         )
     missing = [t for t in ("distance", "count") if ctx.mean("decoupled_rope", t) is None] + ceiling
-    cl.status = _verdict(all(oks) if oks else None, missing)
+    cl.status = verdict_of(all(oks) if oks else None, missing)
     cl.evidence = "; ".join(parts)
     return cl

@@ -85,22 +85,22 @@ def pts(x: float | None) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f} pts"
 
 
-def _acc_str(ctx: Context, label: str, task: str) -> str:
+def acc_str(ctx: Context, label: str, task: str) -> str:
     s = ctx.acc.get((label, task))
     if s is None:
         return f"{label}: not run"
     return f"{label} {100 * s.mean:.1f} ± {100 * s.std:.1f}% (n={s.n})"
 
 
-def _majority(flags: list[bool]) -> bool:
+def majority(flags: list[bool]) -> bool:
     return sum(flags) * 2 > len(flags)
 
 
-def _missing(ctx: Context, labels: tuple[str, ...] | list[str], task: str) -> list[str]:
+def missing_row(ctx: Context, labels: tuple[str, ...] | list[str], task: str) -> list[str]:
     return [lab for lab in labels if (lab, task) not in ctx.acc]
 
 
-def _verdict(ok: bool | None, missing: list[str]) -> str:
+def verdict_of(ok: bool | None, missing: list[str]) -> str:
     """Conjunctive rule: a failed measured part beats a missing one."""
     if ok is False:
         return NOT_REPRODUCED

@@ -7,12 +7,12 @@ from pe_interp.report.claims.base import (
     DOMINANT,
     Claim,
     Context,
-    _acc_str,
-    _majority,
-    _missing,
-    _verdict,
+    acc_str,
+    majority,
+    missing_row,
     pct,
     pts,
+    verdict_of,
 )
 from pe_interp.report.data import (
     LARGE_DROP,
@@ -29,7 +29,7 @@ from probes.deposit import at_most
 # ------------------------------------------------------------------------------------------------
 # ablation claims
 # ------------------------------------------------------------------------------------------------
-def _ablated(ctx: Context, label: str, task: str) -> list[CellInfo]:
+def ablated(ctx: Context, label: str, task: str) -> list[CellInfo]:
     return [c for c in ctx.models(label, task) if c.ablation is not None]
 
 
@@ -40,10 +40,10 @@ def _learned(ctx: Context, c: CellInfo) -> bool:
     return c.ablation.baseline > lo + 0.05
 
 
-def _rope_models(ctx: Context, cl: Claim) -> tuple[list[CellInfo], list[str]]:
+def rope_models(ctx: Context, cl: Claim) -> tuple[list[CellInfo], list[str]]:
     """Qualifying `rope` task-1 models (learned the task, room for a large drop), and evidence
     lines about the ones left out."""
-    models = _ablated(ctx, "rope", "distance")
+    models = ablated(ctx, "rope", "distance")
     if not models:
         cl.evidence = "needs the head-ablation sweep of `rope` on task 1"
         return [], []
@@ -71,14 +71,14 @@ def _rope_models(ctx: Context, cl: Claim) -> tuple[list[CellInfo], list[str]]:
     return keep, skipped
 
 
-def _judge(
+def judge(
     cl: Claim,
     flags: list[bool],
     parts: list[str],
     skipped: list[str],
     what: str = "qualifying seeds",
 ) -> Claim:
-    cl.status = REPRODUCED if _majority(flags) else NOT_REPRODUCED
+    cl.status = REPRODUCED if majority(flags) else NOT_REPRODUCED
     cl.evidence = f"{sum(flags)}/{len(flags)} {what} pass; " + "; ".join(parts + skipped)
     return cl
 
@@ -104,7 +104,7 @@ def c7(ctx: Context) -> Claim:
         "learned the task (baseline > length-only ceiling + 5 pts) and baseline ≥ 50% (room "
         "for a 50-point drop).",
     )
-    models, skipped = _rope_models(ctx, cl)
+    models, skipped = rope_models(ctx, cl)
     if not models:
         return cl
     flags, parts = [], []
@@ -114,7 +114,7 @@ def c7(ctx: Context) -> Claim:
         parts.append(
             f"seed {c.seed}: {d.text()}{'' if d.layer == 0 else ' (not in layer 0)'}{_detector(c)}"
         )
-    return _judge(cl, flags, parts, skipped)
+    return judge(cl, flags, parts, skipped)
 
 
 def c8(ctx: Context) -> Claim:
@@ -131,7 +131,7 @@ def c8(ctx: Context) -> Claim:
         "compared with); reproduced when a strict majority of the judged seeds pass, not "
         "measured when none is judged. The size of the one head is C7's part.",
     )
-    models, skipped = _rope_models(ctx, cl)
+    models, skipped = rope_models(ctx, cl)
     if not models:
         return cl
     flags, parts, none = [], [], []
@@ -154,7 +154,7 @@ def c8(ctx: Context) -> Claim:
             "for the others to be negligible beside (see C7); " + "; ".join(none + skipped)
         )
         return cl
-    return _judge(cl, flags, parts, none + skipped, "judged seeds")
+    return judge(cl, flags, parts, none + skipped, "judged seeds")
 
 
 def _no_deposit_claim(
@@ -164,7 +164,7 @@ def _no_deposit_claim(
     ok: bool | None = None
     parts, missing = [], []
     for label, task in list(pairs) + list(extra):
-        models = _ablated(ctx, label, task)
+        models = ablated(ctx, label, task)
         if not models:
             if (label, task) in pairs:
                 missing.append(f"{label}/{task}")
@@ -195,7 +195,7 @@ def _no_deposit_claim(
             + (("; " + "; ".join(parts)) if parts else "")
         )
         return cl
-    cl.status = _verdict(ok, missing)
+    cl.status = verdict_of(ok, missing)
     cl.evidence = "; ".join(parts) + (f"; not run: {', '.join(missing)}" if missing else "")
     return cl
 
@@ -262,9 +262,9 @@ def c12(ctx: Context) -> Claim:
             continue
         oks.append(m >= 0.85)
         rel = f", {100 * m / full:.0f}% of full RoPE's {pct(full)}" if full else ""
-        parts.append(f"{_acc_str(ctx, lab, 'distance')}{rel}")
-    cl.status = _verdict(
-        all(oks) if oks else None, _missing(ctx, ("rope (1 head)", "rope (2 heads)"), "distance")
+        parts.append(f"{acc_str(ctx, lab, 'distance')}{rel}")
+    cl.status = verdict_of(
+        all(oks) if oks else None, missing_row(ctx, ("rope (1 head)", "rope (2 heads)"), "distance")
     )
     cl.evidence = "; ".join(parts)
     return cl

@@ -12,7 +12,7 @@ from pe_interp.report.claims.base import (
     Context,
     pts,
 )
-from pe_interp.report.claims.deposits import _ablated, _judge, _rope_models
+from pe_interp.report.claims.deposits import ablated, judge, rope_models
 from pe_interp.report.data import (
     LARGE_DROP,
     NOT_MEASURED,
@@ -30,7 +30,7 @@ from pe_interp.report.data import (
 def _deposit_models(ctx: Context, cl: Claim) -> tuple[list[tuple[CellInfo, Dominance]], list[str]]:
     """Qualifying `rope` task-1 seeds that have a deposit (a single-head deposit), and evidence
     lines about the others; with none, ``cl.evidence`` says why the claim is not measured."""
-    models, skipped = _rope_models(ctx, cl)
+    models, skipped = rope_models(ctx, cl)
     if not models:
         return [], []
     keep, out = [], list(skipped)
@@ -82,7 +82,7 @@ def c14(ctx: Context) -> Claim:
     controls = [
         (lab, c, dominance(c.ablation))
         for lab in CONTROLS + ("sinusoidal+rope",)
-        for c in _ablated(ctx, lab, "distance")
+        for c in ablated(ctx, lab, "distance")
     ]
     if controls:
         parts.append(
@@ -100,7 +100,7 @@ def c14(ctx: Context) -> Claim:
                 "is where the top head sits regardless of a deposit"
             )
     note = _depth_note([c for c, _ in found])
-    return _judge(cl, flags, parts + ([note] if note else []), others, "seeds with a deposit")
+    return judge(cl, flags, parts + ([note] if note else []), others, "seeds with a deposit")
 
 
 def c15(ctx: Context) -> Claim:
@@ -164,7 +164,7 @@ def c16(ctx: Context) -> Claim:
             f"{100 * (LARGE_DROP - SMALL_DROP):.0f} pts while every layer-1 drop is ≤ "
             f"{100 * SMALL_DROP:.0f} pts, so it adds nothing beyond C14; {PAPER_SETTING}"
         )
-    return _judge(cl, flags, parts, others, "seeds with a deposit")
+    return judge(cl, flags, parts, others, "seeds with a deposit")
 
 
 def _margin_trend(vals: list[tuple[int, float]]) -> str:
