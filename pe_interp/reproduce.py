@@ -87,7 +87,8 @@ DEMO_ENCODINGS = ["rope", "sinusoidal", "nope"]
 DEMO_PROBES = ("ablation", "routes", "patching", "positional", "attention", "decomposition")
 # The quick preset trained 4 epochs instead of 6 (384 steps instead of 576), and ablated on 1,000
 # held-out examples instead of 2,000: a third less work, so that the demo fits in ten minutes on a
-# loaded 2-core machine. RoPE still learns task 1 at this length (README, "The demo").
+# loaded 2-core machine. RoPE still learns task 1 at this length (docs/commands.md, "`make demo`,
+# in full").
 DEMO_OVERRIDES = {"quick": {"epochs": 4}}
 DEMO_PROBE_OPTIONS = {"ablation": {"n": 1000}}
 # Committed checkpoints the demo opens up too: CHECKPOINTS/<name>/{config.json, model.safetensors},

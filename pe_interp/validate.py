@@ -13,7 +13,8 @@ neither single-head criterion can hold.
 :func:`score_cell` turns one cell's probe results into hits: a ranking probe hits when its top
 head is a route; a verdict hits when it is the verdict the construction implies
 (:data:`EXPECTED`). :func:`validation_table` counts hits per family with Wilson intervals over
-seeds, and :func:`validation_markdown` writes the README's "Does it find what is there?" table.
+seeds, and :func:`validation_markdown` writes findings/README.md's "Does it find what is there?"
+table.
 """
 
 from __future__ import annotations
@@ -243,7 +244,8 @@ def validation_table(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[
 
 
 def validation_markdown(records: list[dict[str, Any]], tasks: str = "") -> str:
-    """The README's tables, one per task: a row per probe, a column per family, ``k/n [low-high%]``."""
+    """findings/README.md's tables, one per task: a row per probe, a column per family,
+    ``k/n [low-high%]``."""
     parts = []
     for task in sorted({r["task"] for r in records}):
         parts.append(f"Task `{task}`:\n\n" + _task_table([r for r in records if r["task"] == task]))

@@ -318,7 +318,8 @@ def _grid_without_findings(tmp: Path, drop: bool = True) -> Path:
 
 
 def _readme(tmp: Path) -> Path:
-    path = tmp / "README.md"
+    path = tmp / "findings" / "README.md"
+    path.parent.mkdir(exist_ok=True)
     path.write_text("# no markers here\n")
     return path
 

@@ -89,7 +89,8 @@ def test_other_probe_options_do_not_count(swept, tmp_path):
 
 def test_study_from_findings(swept, tmp_path, capsys):
     root, grid, _ = swept
-    readme = tmp_path / "README.md"
+    readme = tmp_path / "findings" / "README.md"  # where the committed studies' blocks live
+    readme.parent.mkdir()
     readme.write_text("intro\n<!-- study:found begin -->\nold\n<!-- study:found end -->\nrest\n")
     assert (
         main(
@@ -264,6 +265,40 @@ def test_the_positional_column_appears_where_a_model_was_measured():
         "Positional deposit (one route carries ≥ 50% of the positional effect, every other ≤ 5%) in 1 of the 2 "
         "models it was measured on (Wilson 95% 9–91%)."
     ) in verdict(conds, models)
+
+
+def test_the_committed_blocks_live_in_findings_readme():
+    """Every --readme of the Makefile writes findings/README.md, which holds each block's markers;
+    the top-level README holds no generated block."""
+    from pe_interp.report.findings import BEGIN, END
+
+    root = Path(__file__).resolve().parents[1]
+    blocks = (root / "findings" / "README.md").read_text()
+    names = []
+    for line in (root / "Makefile").read_text().splitlines():
+        if "--readme" not in line:
+            continue
+        assert "--readme findings/README.md" in line, line
+        words = line.split()
+        if "study" in words:
+            name = Path(words[words.index("study") + 1]).name
+            names.append(f"{name}-paired" if "--paired" in words else name)
+        elif "validate" in words:
+            names.append("planted-quick")
+        else:
+            names.append(Path(words[words.index("--report") + 1]).name)
+    assert sorted(names) == [
+        "arch-mid",
+        "deposit-dynamics",
+        "deposit-dynamics-fade",
+        "deposit-dynamics-fade-paired",
+        "deposit-mid",
+        "planted-quick",
+        "smollm2",
+    ]
+    for name in names:
+        assert BEGIN.format(name=name) in blocks and END.format(name=name) in blocks, name
+    assert "<!-- study:" not in (root / "README.md").read_text()
 
 
 def test_readme_needs_its_markers(tmp_path):

@@ -145,7 +145,8 @@ def test_the_study_command_writes_the_paired_table_and_figure(tmp_path, capsys):
         (tmp_path / name).mkdir()
         for i, f in enumerate(found):
             (tmp_path / name / f"{i}.json").write_text(json.dumps(f))
-    readme = tmp_path / "README.md"
+    readme = tmp_path / "findings" / "README.md"  # where the committed studies' blocks live
+    readme.parent.mkdir()
     readme.write_text(
         "a\n<!-- study:fade-paired begin -->\nold\n<!-- study:fade-paired end -->\nb\n"
     )

@@ -92,7 +92,8 @@ def test_the_report_is_rebuilt_from_the_findings(surveyed, tmp_path):
     assert text.startswith("# Where does position live? `tiny`")
     assert "| induction | " in text and "## Exact ablation of every head" in text
     assert (out / "ablation.png").stat().st_size > 0 and (out / "patching.png").stat().st_size > 0
-    readme = tmp_path / "README.md"
+    readme = tmp_path / "findings" / "README.md"  # where the committed survey's block lives
+    readme.parent.mkdir()
     readme.write_text("intro\n<!-- study:tiny begin -->\nold\n<!-- study:tiny end -->\nend\n")
     (out / "SURVEY.md").unlink()
     write_survey_report(out, readme)

@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     if planted:
         print(
             "  (the paper's criterion asks whether one head is *useful* alone; the positional one where position "
-            '*enters*: README, "Does it find what is there?")'
+            '*enters*: findings/README.md, "Does it find what is there?")'
         )
     for name, err in summary.failed.items():
         print(f"  FAILED {name}: {err}")

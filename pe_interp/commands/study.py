@@ -1,10 +1,11 @@
 """``pe-interp study FINDINGS_DIR``: the deposit study from its committed findings (one JSON file
 per finished cell, written by a sweep whose grid names ``findings``): in ``FINDINGS_DIR/study/``,
 ``STUDY.md`` (the table by condition with rates and Wilson intervals, the verdict, the table by
-model), ``study.json`` and ``dynamics.png`` (layer 0 over training), and, with ``--readme``, the
-README's study table. With ``--paired REFERENCE_DIR``, a dynamics study is compared seed by seed
-with another over the same seeds (``PAIRED.md``, ``paired.json``, ``paired.png``; the README block
-``study:NAME-paired``). It only reads the findings, so it can be rerun at any time, on any machine."""
+model), ``study.json`` and ``dynamics.png`` (layer 0 over training), and, with ``--readme
+findings/README.md``, the study's table there. With ``--paired REFERENCE_DIR``, a dynamics study is
+compared seed by seed with another over the same seeds (``PAIRED.md``, ``paired.json``,
+``paired.png``; the block ``study:NAME-paired``). It only reads the findings, so it can be rerun at
+any time, on any machine."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--readme",
         default=None,
         help="also replace the block between <!-- study:NAME begin/end --> markers in this file "
-        "(NAME: the findings directory's name)",
+        "(NAME: the findings directory's name); the committed studies' blocks are in "
+        "findings/README.md",
     )
     p.add_argument(
         "--paired",

@@ -15,8 +15,8 @@ weights it read (sha256 and origin) and the prompts (family, seed, BOS policy):
 
 A step whose file records these weights and these prompts is not run again: a stopped survey
 resumes where it stopped (``--redo STEP`` runs one again). ``pe-interp survey --report OUT
---readme README.md`` rebuilds ``OUT/SURVEY.md``, its figures and the README block between
-``<!-- study:NAME begin/end -->`` from the findings alone
+--readme findings/README.md`` rebuilds ``OUT/SURVEY.md``, its figures and the block between
+``<!-- study:NAME begin/end -->`` in ``findings/README.md`` from the findings alone
 (:mod:`pe_interp.report.survey`).
 """
 
@@ -42,7 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "head types, RoPE frequency usage (resumable)",
         description="Run every probe on a pretrained model (a saved Hugging Face directory or a GGUF "
         "file) on natural prompts, one step at a time, each saved under --out; a stopped survey "
-        "resumes. --report rebuilds the summary, figures and README block from the findings.",
+        "resumes. --report rebuilds the summary, figures and (--readme) the findings/README.md "
+        "block from the findings.",
     )
     p.add_argument("model", metavar="MODEL", nargs="?", help="a model directory or a GGUF file")
     p.add_argument("--out", default=None, help="the findings directory (e.g. findings/smollm2)")
@@ -53,7 +54,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
     p.add_argument("--redo", nargs="+", choices=STEPS, default=[], help="run these steps again")
     p.add_argument("--report", metavar="OUT", default=None, help="only rebuild the report of OUT")
-    p.add_argument("--readme", default=None, help="with --report: update this README's block")
+    p.add_argument(
+        "--readme",
+        default=None,
+        help="with --report: update the block between <!-- study:NAME begin/end --> "
+        "markers in this file (NAME: OUT's name), findings/README.md for the committed surveys",
+    )
     add_device_flag(p)
     p.set_defaults(run=run)
 

@@ -4,8 +4,9 @@ Trains what is missing of the planted grid (``grids/planted_quick.yaml``, resuma
 whose finding is committed is not trained again), builds each ``single_no`` model from its
 ``single_yes`` run (:func:`pe_interp.validate.mirror_head`), runs the probes that localise on
 every model, scores them against the routes (:mod:`pe_interp.validate`), and writes
-``findings/planted-quick/validation.json`` and, with ``--readme``, the README's table. A cell
-scored before keeps its record, so a fresh clone regenerates the table from the committed file.
+``findings/planted-quick/validation.json`` and, with ``--readme findings/README.md``, the table
+there. A cell scored before keeps its record, so a fresh clone regenerates the table from the
+committed file.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--readme",
         default=None,
-        help="write the table between <!-- study:planted-quick --> markers",
+        help="write the table between the <!-- study:planted-quick begin/end --> markers of "
+        "this file (findings/README.md)",
     )
     p.add_argument("--no-train", action="store_true", help="score only what is trained or recorded")
     p.add_argument(

@@ -4,8 +4,8 @@ topology on one CPU core, about 20 minutes), ``paper`` (a GPU).
 A preset fixes the model shape, the task's size and the optimisation; the encoding, the task and
 the seed are chosen per run, and any field can be overridden.
 
-``quick`` was sized by experiment on the 2-core CI machine (see README, "Findings"): the smallest
-model and data at which RoPE still learns task 1 well in a few minutes.
+``quick`` was sized by experiment on the 2-core CI machine (see findings/README.md, "The `quick`
+preset"): the smallest model and data at which RoPE still learns task 1 well in a few minutes.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ PRESETS: dict[str, Preset] = {
     ),
     # The paper's topology (6 layers x 16 heads, 96 heads) cut in width to train on one CPU core
     # in about 15-20 minutes, on quick's task (distances 2-31). d_head 8 keeps RoPE 4 frequency
-    # pairs; d_mlp = 2 d_model as in the paper. Sized by experiment (README, "Findings").
+    # pairs; d_mlp = 2 d_model as in the paper. Sized by experiment (findings/README.md, "The
+    # deposit study at `mid`").
     "mid": Preset(
         model=dict(n_layers=6, d_model=128, n_heads=16, d_mlp=256, dropout=0.0),
         task={

@@ -134,8 +134,8 @@ def paired_markdown(
     reference_source: str,
     left_out: tuple[list[int], list[int]] = ([], []),
 ) -> str:
-    """The README's per-seed table and what the seeds say together (``left_out``: the seeds run on
-    one side only, test's and reference's, from :func:`unpaired`)."""
+    """The findings/README.md per-seed table and what the seeds say together (``left_out``: the
+    seeds run on one side only, test's and reference's, from :func:`unpaired`)."""
     test_label, ref_label = paired_labels(rows)
     head = [
         "seed",
@@ -200,7 +200,7 @@ def paired_markdown(
         f"{ref_label} and {statistics.median(fall('test')):.1f} with {test_label} (paired difference "
         f"{_spread(fell)}; further with {test_label} in {sum(d > 0 for d in fell)} of {n} seeds). From "
         f"`{test_source}` against `{reference_source}` (`pe-interp study {test_source} --paired "
-        f"{reference_source} --readme README.md` regenerates this table and `{test_source}/study/paired.png`).",
+        f"{reference_source} --readme findings/README.md` regenerates this table and `{test_source}/study/paired.png`).",
     ]
     return "\n".join(lines)
 

@@ -1,5 +1,6 @@
 """The report of a pretrained model's survey (``pe-interp survey``), rebuilt from its findings alone:
-``OUT/SURVEY.md``, its figures, and the README block ``<!-- study:NAME begin/end -->``.
+``OUT/SURVEY.md``, its figures, and the block ``<!-- study:NAME begin/end -->`` in
+``findings/README.md``.
 
 It reads the steps' JSON files (:data:`STEPS`, run by :mod:`pe_interp.commands.survey`) and writes what they
 hold; a step not yet run is named as missing, never filled in.
@@ -275,7 +276,8 @@ def _sentence(text: str) -> str:
 
 
 def readme_block(out: Path, steps: dict[str, dict[str, Any]]) -> str:
-    """The README's short form: accuracy, the verdicts, where to read more."""
+    """The findings/README.md block, the survey's short form: accuracy, the verdicts, where to
+    read more."""
     lines = []
     if "accuracy" in steps:
         acc = ", ".join(
@@ -320,15 +322,16 @@ def readme_block(out: Path, steps: dict[str, dict[str, Any]]) -> str:
     if missing:
         lines.append(f"- Not yet run: {', '.join(missing)} (the survey resumes where it stopped).")
     lines.append(
-        f"\nFrom `{out}` (`pe-interp survey --report {out} --readme README.md` regenerates this "
+        f"\nFrom `{out}` (`pe-interp survey --report {out} --readme findings/README.md` regenerates this "
         f"block; the whole survey is `{out}/SURVEY.md`)."
     )
     return "\n".join(lines)
 
 
 def write_survey_report(out: str | Path, readme: str | Path | None = None) -> list[Path]:
-    """Write ``OUT/SURVEY.md`` and its figures from the findings in ``out`` (and the README block
-    where ``readme`` is given); a one-line ValueError where ``out`` holds no survey step."""
+    """Write ``OUT/SURVEY.md`` and its figures from the findings in ``out`` (and the block in
+    ``readme``, findings/README.md for the committed surveys, where it is given); a one-line
+    ValueError where ``out`` holds no survey step."""
     out = Path(out)
     steps = load_steps(out)
     if not steps:

@@ -120,7 +120,7 @@ def _med(xs: list[float | None], fmt: str = "{:.0f}") -> str:
 
 
 def trajectory_markdown(rows: list[dict[str, Any]], source: str) -> str:
-    """The README's table of the dynamics study, and its notes."""
+    """The dynamics study's table in findings/README.md, and its notes."""
     head = ["condition", "seeds", "final held-out acc %"]
     head += [f"{label} at some step, k of n [95% CI]" for _, label in CRITERIA]
     head += [
@@ -163,7 +163,7 @@ def trajectory_markdown(rows: list[dict[str, Any]], source: str) -> str:
         "",
         f"Over all conditions: {notes}. Verdicts are decided on bootstrap intervals at every snapshot "
         f"({undecided} snapshot verdicts stayed undecided after confirmation). From `{source}` ({total} runs; "
-        f"`pe-interp study {source} --readme README.md` regenerates this table and "
+        f"`pe-interp study {source} --readme findings/README.md` regenerates this table and "
         f"`{source}/study/dynamics.png`).",
     ]
     return "\n".join(lines)
