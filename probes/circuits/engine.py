@@ -34,8 +34,7 @@ def forks(model, on: bool = True) -> Iterator[None]:
     if not on:
         yield
         return
-    if hasattr(model, "check_forks"):  # a bridge: some architectures fork after the norm
-        model.check_forks()
+    model.check_forks()  # a bridge: some architectures fork after the norm
     try:
         if saved[2]:
             model.set_use_attn_in(False)
@@ -54,15 +53,16 @@ def no_forks(model) -> Iterator[None]:
     """The per-head forks off for a block (restored after)."""
     cfg = model.cfg
     saved = (cfg.use_split_qkv_input, cfg.use_attn_in)
+    setters = (model.set_use_split_qkv_input, model.set_use_attn_in)
     try:
-        for name, value in (("split_qkv_input", saved[0]), ("attn_in", saved[1])):
+        for setter, value in zip(setters, saved, strict=True):
             if value:
-                getattr(model, f"set_use_{name}")(False)
+                setter(False)
         yield
     finally:
-        for name, value in (("split_qkv_input", saved[0]), ("attn_in", saved[1])):
+        for setter, value in zip(setters, saved, strict=True):
             if value:
-                getattr(model, f"set_use_{name}")(True)
+                setter(True)
 
 
 def attend_with(

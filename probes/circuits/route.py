@@ -172,9 +172,7 @@ def head_route(
             if a is not None:
                 estimate[kind][comp] = {s: a.edge(s, reader) for s in senders}
     layer0 = None
-    if site.layer == 0 and getattr(
-        model.encoding, "decomposes", True
-    ):  # not over a bridge's BLOOM (ALiBi unseen)
+    if site.layer == 0 and model.encoding.decomposes:  # not over a bridge's BLOOM (ALiBi unseen)
         layer0 = layer0_terms(model, task.sample(16, seed=seed), site.head)
     return HeadRoute(name, metric, n, exact, {k: v for k, v in estimate.items() if v}, gaps, layer0)
 

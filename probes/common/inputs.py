@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_interp.models.bridge.model import BridgedModel
+from pe_interp.models.bridge.model import BridgedModel, is_bridge
 from pe_interp.models.protocol import ProbeModel, missing
 from pe_interp.util.checks import (
     check_finite_weights,
@@ -73,12 +73,7 @@ def as_probe_model(model: Any, who: str = "") -> ProbeModel:
 
 
 def _is_raw_bridge(model: Any) -> bool:
-    return (
-        not isinstance(model, BridgedModel)
-        and hasattr(model, "original_model")
-        and hasattr(model, "run_with_hooks")
-        and hasattr(model, "cfg")
-    )
+    return not isinstance(model, BridgedModel) and is_bridge(model)
 
 
 def check_model(model: Any, who: str = "") -> None:
@@ -114,7 +109,7 @@ def check_decomposable(model, who: str = "") -> None:
     architecture's positions, :class:`pe_interp.models.bridge.model.BridgeEncoding`): the logit decomposition
     splits our own encoding modules' terms."""
     enc = model.encoding
-    if not getattr(enc, "decomposes", True):
+    if not enc.decomposes:
         raise ValueError(f"{_p(who)}{enc.not_ours()}")
 
 
@@ -227,8 +222,8 @@ def _index(value: Any, size: int, name: str, who: str, has: str) -> int:
     return int(value)
 
 
-def _n_layers(model_or_n: Any) -> int:
-    return model_or_n.cfg.n_layers if hasattr(model_or_n, "cfg") else int(model_or_n)
+def _n_layers(model_or_n: ProbeModel | int) -> int:
+    return int(model_or_n) if isinstance(model_or_n, int | np.integer) else model_or_n.cfg.n_layers
 
 
 def check_layer(model_or_n_layers: Any, layer: Any, who: str = "", name: str = "layer") -> int:
@@ -237,7 +232,11 @@ def check_layer(model_or_n_layers: Any, layer: Any, who: str = "", name: str = "
 
 
 def check_head(model_or_n_heads: Any, head: Any, who: str = "", name: str = "head") -> int:
-    n = model_or_n_heads.cfg.n_heads if hasattr(model_or_n_heads, "cfg") else int(model_or_n_heads)
+    n = (
+        int(model_or_n_heads)
+        if isinstance(model_or_n_heads, int | np.integer)
+        else model_or_n_heads.cfg.n_heads
+    )
     return _index(head, n, name, who, f"each layer has {n} heads")
 
 

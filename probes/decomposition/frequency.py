@@ -236,7 +236,7 @@ def frequency_usage(
         rotates = enc.rotates
     except ValueError as err:
         raise ValueError(f"{who}: {err}") from None
-    why = getattr(enc, "cannot_move", None)  # a bridge whose rotation our tables do not reproduce
+    why = enc.cannot_move  # a bridge whose rotation our tables do not reproduce
     if why:
         raise ValueError(f"{who}: {why}")
     if not rotates:

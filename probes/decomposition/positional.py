@@ -131,7 +131,7 @@ def positional_scores(
     names = [f"blocks.{layer}.attn.hook_attn_scores" for layer in range(L)]
     enc = model.encoding
     # the encoding's own term needs its terms (not over a bridge's ALiBi: NaN there, the rest is measured)
-    reads_direct = getattr(enc, "decomposes", True)
+    reads_direct = enc.decomposes
     direct_names = [
         n for layer in range(L) for n in qk_hooks(layer) + [f"blocks.{layer}.attn.hook_pos_bias"]
     ]

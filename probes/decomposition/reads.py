@@ -43,7 +43,7 @@ def unrotated_qk(model, cache, layer: int) -> tuple[Tensor, Tensor] | None:
     ``hook_q``/``hook_k``); None where only the rotated ones are cached (our models, and a bridge
     whose QK-norm sits between ``hook_q`` and the rotation: undo the rotation with the encoding's
     tables)."""
-    hooks = getattr(model.encoding, "unrotated_hooks", None)
+    hooks = model.encoding.unrotated_hooks
     if hooks is None:
         return None
     pre = f"blocks.{layer}.attn."

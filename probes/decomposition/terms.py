@@ -196,8 +196,7 @@ def _component_qk(
     """
     ln_scale = cache.get("blocks.0.ln1.hook_scale")  # absent when the model has no norm
     frozen = {n: cache[n] for n in FROZEN_SCALES if n in cache}  # a QK-norm's too
-    unhooked = getattr(model.encoding, "unhooked_qk_norms", None)
-    missing = unhooked(0) if callable(unhooked) else ()
+    missing = model.encoding.unhooked_qk_norms(0)
     if missing:
         raise ValueError(
             f"logit_terms: {model.cfg.encoding_name}: QK-norm in layer 0 whose scale the bridge "
@@ -221,7 +220,7 @@ def _check_layer0_input(model, cache: dict[str, Tensor], c: Tensor, p: Tensor | 
     as cached: something between them (an embedding scale or norm applied after the hook) would
     leave the content and position parts short of the input the model's layer 0 reads."""
     real = cache.get("blocks.0.hook_resid_pre")
-    if real is None or not hasattr(model, "bridge"):
+    if real is None:  # (ours: the sum as cached, by construction)
         return
     parts = c if p is None else c + p
     gap = float((parts.double() - real.double()).abs().max()) if parts.shape == real.shape else 1.0
@@ -278,6 +277,6 @@ def _logit_terms(model, toks, pm, layer, head, cache) -> dict[str, Any]:
         "query_valid": query_valid,
         "rope": rope,
         "components": components,
-        "encoding": str(getattr(cfg, "encoding_name", None) or cfg.encoding),
+        "encoding": cfg.encoding_name,
         "scale": scale,
     }

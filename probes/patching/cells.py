@@ -96,7 +96,7 @@ def resumes(model, site: str) -> bool:
     """Whether a model without ``forward_unchecked``'s restart (a bridge) runs a patched forward
     of a layer from that layer's input: its ``resume``, where exact, from the receiving run's
     cached input, for every site inside the block (not its input, ``resid_pre``)."""
-    return bool(getattr(model, "can_resume", False)) and site != "resid_pre"
+    return model.can_resume and site != "resid_pre"
 
 
 def first_block(model, site: str, layer: int) -> int:

@@ -245,8 +245,8 @@ def patch(
         src_tokens, recv_tokens = corrupt_tokens, clean_tokens
 
     heads = cfg.n_heads
-    if site in ("k", "v") and (kv := getattr(model, "kv_layout", None)) is not None:
-        heads = kv.n_kv_heads  # grouped heads: hook_k/hook_v carry the key/value heads only
+    if site in ("k", "v"):
+        heads = model.kv_layout.n_kv_heads  # grouped heads: hook_k/hook_v carry those heads only
     masks, cell_shape, axis_names = cell_layout(site, by_position, n_pos, heads)
     masks = masks.to(device)
     n_cells = masks.shape[0]
