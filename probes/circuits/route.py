@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
 from probes.circuits.path_patching import path_patch
 from probes.circuits.scores import Attribution
 from probes.decomposition import logit_terms
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 RESULT_KIND = register_result(
     "head route", "HeadRoute.load", ("head", "metric", "n_examples", "exact", "layer0")
@@ -100,7 +103,7 @@ class HeadRoute:
         return load_result(path, RESULT_KIND, cls.from_dict)
 
 
-def layer0_terms(model, batch, head: int, n: int = 16) -> dict[str, Any]:
+def layer0_terms(model: ProbeModel, batch, head: int, n: int = 16) -> dict[str, Any]:
     """Mean over ``n`` rows of ``batch`` of a layer-0 head's grouped logit terms (content-content,
     content-position, ..., offset, relative_bias): each one's share of the logit variance and its
     Toeplitz score (how much of it is a function of the offset ``j - i`` alone); plus, for a
@@ -132,7 +135,7 @@ def layer0_terms(model, batch, head: int, n: int = 16) -> dict[str, Any]:
 
 
 def head_route(
-    model,
+    model: ProbeModel,
     task,
     head: str | tuple[int, int],
     *,

@@ -104,7 +104,7 @@ def takes_probe_model(fn: Callable) -> Callable:
     return probe
 
 
-def check_decomposable(model, who: str = "") -> None:
+def check_decomposable(model: ProbeModel, who: str = "") -> None:
     """A one-line ValueError where ``model``'s encoding is not one of ours (a bridge's view of its
     architecture's positions, :class:`pe_interp.models.bridge.model.BridgeEncoding`): the logit decomposition
     splits our own encoding modules' terms."""
@@ -113,14 +113,14 @@ def check_decomposable(model, who: str = "") -> None:
         raise ValueError(f"{_p(who)}{enc.not_ours()}")
 
 
-def check_finite_model(model, who: str = "") -> None:
+def check_finite_model(model: ProbeModel, who: str = "") -> None:
     """A one-line ValueError when a weight of ``model`` is NaN or inf (see
     :func:`pe_interp.util.checks.check_finite_weights`)."""
     check_finite_weights(model, who)
 
 
 def check_pad_mask(
-    model, tokens: Tensor, pad_mask: Tensor, who: str = "", what: str = "pad_mask"
+    model: ProbeModel, tokens: Tensor, pad_mask: Tensor, who: str = "", what: str = "pad_mask"
 ) -> None:
     """``pad_mask`` (already shaped and typed like ``tokens``) must mark exactly the positions
     that hold a real token (pads hold ``cfg.pad_id``, which no real token uses): a mask of
@@ -141,7 +141,7 @@ def check_pad_mask(
 
 
 def check_examples(
-    model,
+    model: ProbeModel,
     tokens: Any,
     labels: Any = None,
     pad_mask: Any = None,
@@ -226,12 +226,16 @@ def _n_layers(model_or_n: ProbeModel | int) -> int:
     return int(model_or_n) if isinstance(model_or_n, int | np.integer) else model_or_n.cfg.n_layers
 
 
-def check_layer(model_or_n_layers: Any, layer: Any, who: str = "", name: str = "layer") -> int:
+def check_layer(
+    model_or_n_layers: ProbeModel | int, layer: Any, who: str = "", name: str = "layer"
+) -> int:
     n = _n_layers(model_or_n_layers)
     return _index(layer, n, name, who, f"the model has {n} layers")
 
 
-def check_head(model_or_n_heads: Any, head: Any, who: str = "", name: str = "head") -> int:
+def check_head(
+    model_or_n_heads: ProbeModel | int, head: Any, who: str = "", name: str = "head"
+) -> int:
     n = (
         int(model_or_n_heads)
         if isinstance(model_or_n_heads, int | np.integer)
@@ -241,7 +245,7 @@ def check_head(model_or_n_heads: Any, head: Any, who: str = "", name: str = "hea
 
 
 def check_layers(
-    model_or_n_layers: Any, layers: Iterable[Any] | None, who: str = ""
+    model_or_n_layers: ProbeModel | int, layers: Iterable[Any] | None, who: str = ""
 ) -> list[int] | None:
     """Layer indices in ``0..n_layers - 1`` (None passes: every layer); a one-line error naming
     the first one out of range."""
@@ -252,7 +256,7 @@ def check_layers(
     return [check_layer(model_or_n_layers, layer, who) for layer in layers]
 
 
-def check_heads(model, heads: Iterable[Any], who: str = "") -> list[tuple[int, int]]:
+def check_heads(model: ProbeModel, heads: Iterable[Any], who: str = "") -> list[tuple[int, int]]:
     """``(layer, head)`` pairs of the model; a one-line error for a malformed or out-of-range one."""
     out = []
     for h in heads:

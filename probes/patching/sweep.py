@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -84,6 +85,9 @@ from probes.patching.cells import (
 from probes.patching.metric import bootstrap_ratio_ci, logit_diff, normalized_logit_diff_metric
 from probes.patching.result import RESULT_KIND, PatchResult
 
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
+
 DIRECTIONS = ("clean_to_corrupt", "corrupt_to_clean")
 DEFAULT_METRIC_NAME = "normalized_logit_diff"
 
@@ -101,7 +105,7 @@ def _check_tokens(name: str, t: Tensor) -> Tensor:
 
 
 def _check_pairs_differ(
-    model, clean: Tensor, corrupt: Tensor, good: Tensor, bad: Tensor, pad_mask: Tensor
+    model: ProbeModel, clean: Tensor, corrupt: Tensor, good: Tensor, bad: Tensor, pad_mask: Tensor
 ) -> None:
     """Before any patching: the default metric divides by the clean run's logit difference minus
     the corrupt run's. Refuse, in one line, labels that no pair changes (no forward) and pairs
@@ -131,7 +135,7 @@ def _check_pairs_differ(
 
 @takes_probe_model
 def patch(
-    model,
+    model: ProbeModel,
     clean_tokens: Tensor,
     corrupt_tokens: Tensor,
     *,

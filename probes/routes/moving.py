@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from pe_interp.encodings import rotary_spans_for
-from pe_interp.models.protocol import HOOKS
+from pe_interp.models.protocol import HOOKS, ProbeModel
 from probes.common.replace import capture, capture_z
 
 EMBED = "embed"
@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 
-def position_routes(model) -> tuple[list[str], np.ndarray]:
+def position_routes(model: ProbeModel) -> tuple[list[str], np.ndarray]:
     """``(extra routes, heads [n_layers, n_heads] bool)``: ``["embed"]`` when the encoding adds a
     residual term, and the heads whose logits depend on position (rotated, or a bias that varies
     over query and key positions)."""
@@ -91,7 +91,7 @@ def position_routes(model) -> tuple[list[str], np.ndarray]:
     return extra, heads
 
 
-def can_move_positions(model) -> bool:
+def can_move_positions(model: ProbeModel) -> bool:
     """Whether :func:`route_shares` can move this model's positions (our own models always; a
     bridge where :class:`pe_interp.models.bridge.model.BridgeEncoding` says so, grouped key/value heads too)."""
     try:
@@ -122,7 +122,9 @@ def rerotate(t: Tensor, spans, sigma: Tensor, heads: Tensor) -> Tensor:
     return out
 
 
-def move_hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, first: int) -> list:
+def move_hooks(
+    model: ProbeModel, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, first: int
+) -> list:
     """Forward hooks that let ``layer_heads [B, n_layers, n_heads]`` (and the residual term for
     ``embed_rows [B]``) see the positions ``sigma [B, pos]``, from layer ``first`` on. Where the
     key hook carries grouped key/value heads, a key head moves when any of its query heads does
@@ -194,7 +196,7 @@ class MovedOutputs:
     method = "positions moved"
 
     def __init__(
-        self, model, tokens: Tensor, pad_mask: Tensor, sigma: Tensor, routes: np.ndarray
+        self, model: ProbeModel, tokens: Tensor, pad_mask: Tensor, sigma: Tensor, routes: np.ndarray
     ) -> None:
         self.model, self.tokens, self.pad_mask, self.sigma = model, tokens, pad_mask, sigma
         self.routes = torch.as_tensor(routes, device=tokens.device)
