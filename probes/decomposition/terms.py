@@ -225,7 +225,7 @@ def _check_layer0_input(
     as cached: something between them (an embedding scale or norm applied after the hook) would
     leave the content and position parts short of the input the model's layer 0 reads."""
     real = cache.get("blocks.0.hook_resid_pre")
-    if real is None:  # (ours: the sum as cached, by construction)
+    if real is None:  # (ours adds the two hooks' outputs, so it passes by construction)
         return
     parts = c if p is None else c + p
     gap = float((parts.double() - real.double()).abs().max()) if parts.shape == real.shape else 1.0
