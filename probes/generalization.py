@@ -27,7 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -36,6 +36,9 @@ from pe_interp.tasks import Batch, SyntheticTask, row_hashes, task_from_dict
 from pe_interp.util.io import load_result, register_result, write_result
 from pe_interp.util.modes import eval_mode
 from probes.common.metrics import wilson
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 TRAINED = "trained"
 RESULT_KIND = register_result(
@@ -197,7 +200,7 @@ class GeneralizationResult:
         return task_from_dict(self.task)
 
 
-def widened(model: Any, n_ctx: int) -> tuple[Any | None, str]:
+def widened(model: ProbeModel, n_ctx: int) -> tuple[ProbeModel | None, str]:
     """``(model, "")`` when ``n_ctx`` fits, else a model with ``n_ctx`` positions and the same
     trained weights, or ``(None, why)`` when a trained parameter has one entry per position."""
     cfg = model.cfg
@@ -221,7 +224,7 @@ def widened(model: Any, n_ctx: int) -> tuple[Any | None, str]:
     return wide.to(model.W_E.device).eval(), ""
 
 
-def _score(model: Any, batch: Batch, batch_size: int) -> int:
+def _score(model: ProbeModel, batch: Batch, batch_size: int) -> int:
     device = model.W_E.device
     correct = 0
     with eval_mode(model), torch.no_grad():
@@ -245,7 +248,7 @@ def _without(batch: Batch, exclude_keys: Tensor | None, exclude_width: int) -> t
 
 
 def length_generalization(
-    model: Any,
+    model: ProbeModel,
     task: SyntheticTask,
     *,
     n: int = 1000,

@@ -5,6 +5,8 @@ a naive hook loop on the bridge itself."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +19,14 @@ from pe_interp.models.bridge.hf_arch import (
     word_tokenizer,
 )
 from pe_interp.models.bridge.model import BridgedModel
-from pe_interp.models.protocol import HOOKS, KVLayout, ProbeModel, layer_of, missing
+from pe_interp.models.protocol import (
+    HOOKS,
+    KVLayout,
+    PositionView,
+    ProbeModel,
+    layer_of,
+    missing,
+)
 from probes import ablate_heads, patch
 from probes.common.inputs import as_probe_model
 
@@ -63,6 +72,52 @@ def test_a_model_that_lacks_a_seam_is_refused_in_one_line_naming_it():
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="lacks"):
         patch(Half(), torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long))
+
+
+def test_both_encodings_implement_the_position_view(llama_bridge):
+    """``model.encoding`` is a PositionView on both kinds: our encodings answer every name the
+    probes read with the base class's defaults, a bridge's from its forward."""
+    ours, bridged = _ours(), BridgedModel(llama_bridge)
+    for model in (ours, bridged):
+        assert isinstance(model.encoding, PositionView)
+    enc = ours.encoding
+    assert (enc.sized_spans, enc.rotates, enc.has_bias, enc.decomposes) == (
+        False,
+        True,
+        False,
+        True,
+    )
+    assert enc.cannot_move is None and enc.unrotated_hooks is None
+    assert enc.rotation_hooks == ("hook_rot_q", "hook_rot_k")
+    assert enc.unhooked_qk_norms(0) == [] and enc.head_parameters() == {}
+    assert enc.move_bias(0, torch.arange(4)[None], torch.ones(1, 2, dtype=torch.bool)) is None
+    assert enc.rotary_spans(0)[0].cos.shape[0] == ours.cfg.n_ctx
+    enc = bridged.encoding
+    assert (enc.sized_spans, enc.rotates, enc.has_bias, enc.decomposes) == (True, True, False, True)
+    assert enc.cannot_move is None
+    assert enc.rotation_hooks == enc.unrotated_hooks == ("hook_q", "hook_k")
+    assert enc.unhooked_qk_norms(0) == [] and enc.head_parameters() == {}
+    assert enc.residual(3) is None and enc.bias(3, 3, 0) is None
+    assert 5 <= enc.rotary_spans(0, 5)[0].cos.shape[0] < bridged.cfg.n_ctx  # the length asked
+
+
+def test_a_model_without_a_position_view_is_refused_in_one_line_naming_it():
+    ours = _ours()
+    names = ("cfg", "restart", "kv_layout", "W_E", "blocks", "can_restart", "can_resume")
+    names += ("check_inputs", "forward_unchecked", "resume", "run_with_hooks", "run_with_cache")
+    names += ("hooks", "check_forks", "set_use_split_qkv_input", "set_use_attn_in")
+    no_encoding = SimpleNamespace(set_use_hook_mlp_in=ours.set_use_hook_mlp_in)
+    for name in names:
+        setattr(no_encoding, name, getattr(ours, name))
+    assert missing(no_encoding) == ["encoding"]
+    tokens, labels = torch.ones(2, 3, dtype=torch.long), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"^ablate_heads: .* which lacks encoding$") as e:
+        ablate_heads(no_encoding, tokens, labels)
+    assert "\n" not in str(e.value)
+    ours.encoding = torch.nn.Identity()  # an encoding that says nothing of its positions
+    assert "encoding.cannot_move" in missing(ours) and "encoding.rotary_spans" in missing(ours)
+    with pytest.raises(ValueError, match=r"^ablate_heads: .* which lacks encoding\.sized_spans"):
+        ablate_heads(ours, tokens, labels)
 
 
 def test_kv_layout_groups_consecutive_query_heads():

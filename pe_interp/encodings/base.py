@@ -186,6 +186,28 @@ class Encoding(nn.Module):
         shared by all heads are not listed. Per-head gradients (:mod:`probes.gradients.coherence`) read it."""
         return {}
 
+    # ---- what a probe reads of any model's positions (pe_interp.models.protocol.PositionView) ---
+    # A bridge's view of its architecture's positions answers these from the bridge; every
+    # encoding of ours answers them the same way, here.
+    sized_spans: ClassVar[bool] = False  # rotary_spans(layer): tables covering n_ctx
+    decomposes: ClassVar[bool] = True  # the logit decomposition splits every term of ours
+    cannot_move: ClassVar[str | None] = None  # route shares move any head's positions
+    # route shares turn a head's rotation after it (hook_rot_q/hook_rot_k fire where rotates)
+    rotation_hooks: ClassVar[tuple[str, str]] = ("hook_rot_q", "hook_rot_k")
+    unrotated_hooks: ClassVar[tuple[str, str] | None] = None  # only the rotated q/k are cached
+
+    def unhooked_qk_norms(self, layer: int) -> list[str]:
+        """QK-norms whose scale is not hooked: none (our model has no QK-norm)."""
+        return []
+
+    def move_bias(self, layer: int, sigma: Tensor, heads: Tensor) -> None:
+        """None: our bias is hooked at ``hook_pos_bias``, where route shares move it."""
+        return None
+
+    def not_ours(self) -> str:
+        """Why the logit decomposition cannot split this encoding: it can (:attr:`decomposes`)."""
+        return f"{self.registry_name or type(self).__name__}: the logit decomposition splits it"
+
     def fused(self, layer: int, n_pos: int) -> FusedPE | None:
         """The kernel's view of this encoding in ``layer``; None when it cannot be fused.
 
@@ -222,7 +244,7 @@ def rotary_spans_for(encoding: Any, layer: int, n_pos: int) -> tuple[RotarySpan,
     that computes its tables on demand (``sized_spans``: a bridge's,
     :class:`pe_interp.models.bridge.encoding.BridgeEncoding`) is asked for that length only, so that no
     probe's cost grows with the model's context; every other encoding's tables cover ``n_ctx``."""
-    if getattr(type(encoding), "sized_spans", False):
+    if encoding.sized_spans:
         return encoding.rotary_spans(layer, n_pos)
     return encoding.rotary_spans(layer)
 

@@ -10,21 +10,29 @@ against it at a probe's door (and wraps a raw ``TransformerBridge`` there).
 What the Protocol holds:
 
 - ``cfg`` (:class:`ProbeConfig`): the shape, the pad id, the classes, how padding and keys behave;
+- ``encoding`` (:class:`PositionView`): where the positions enter, as route shares and the logit
+  decomposition read them;
 - the hook names (:data:`HOOKS`, TransformerLens' vocabulary) and :func:`layer_of`;
 - the forward: :meth:`ProbeModel.check_inputs` once, then :meth:`ProbeModel.forward_unchecked`;
   ``run_with_hooks``, ``run_with_cache`` and ``hooks`` as in TransformerLens;
 - where the forward restarts (:attr:`ProbeModel.restart`, :class:`Restart`);
-- the key/value-head layout (:attr:`ProbeModel.kv_layout`, :class:`KVLayout`).
+- the key/value-head layout (:attr:`ProbeModel.kv_layout`, :class:`KVLayout`);
+- the per-head forks of the circuit probes: TransformerLens' ``set_use_split_qkv_input``,
+  ``set_use_attn_in`` and ``set_use_hook_mlp_in``, and :meth:`ProbeModel.check_forks`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, get_args, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args, runtime_checkable
 
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from pe_interp.encodings.base import HeadAxes, RotarySpan
 
 Restart = Literal["resid_mid", "resid_pre", "embed"]
 """Where a model's forward can start again, from the finest seam to none:
@@ -94,6 +102,111 @@ class ProbeConfig(Protocol):
     mask_padding: bool  # pads reach no real token (so a chunk may be cut to its longest row)
     kv_source: str  # "residual", or "embed": every layer's keys and values read the layer-0 input
     attention_dir: str  # "causal" or "bidirectional"
+    # TransformerLens' fork flags, as the circuit probes find and restore them
+    # (ProbeModel.set_use_split_qkv_input and the rest)
+    use_split_qkv_input: bool
+    use_attn_in: bool
+    use_hook_mlp_in: bool
+
+
+@runtime_checkable
+class PositionView(Protocol):
+    """What a probe reads of a model's positional encoding (``model.encoding``): every encoding of
+    ours (:class:`pe_interp.encodings.Encoding`, whose base class gives the defaults below) and a
+    bridge's view of its architecture's positions
+    (:class:`pe_interp.models.bridge.encoding.BridgeEncoding`) have all of it.
+
+    Where the positions enter: ``residual`` (a vector per position), ``rotate`` (queries and keys
+    turned by position, :meth:`rotary_spans` saying how), ``bias`` (a term of the attention
+    logits). What a probe may do with them: :attr:`decomposes` (the logit decomposition splits
+    them, else :meth:`not_ours` says why), :attr:`cannot_move` (route shares move one head's
+    positions, at :attr:`rotation_hooks` or with :meth:`move_bias`).
+
+    ``isinstance(x, PositionView)`` checks that every name is there; on Python 3.11 it reads the
+    properties to do so, which on a bridge runs its one checking forward (cached)."""
+
+    @property
+    def sized_spans(self) -> bool:
+        """Whether :meth:`rotary_spans` takes ``(layer, n_pos)`` and computes tables of ``n_pos``
+        rows only (a bridge's); else its tables cover the model's context
+        (:func:`pe_interp.encodings.rotary_spans_for` asks the right way)."""
+        ...
+
+    @property
+    def rotates(self) -> bool:
+        """Whether :meth:`rotate` turns the queries and keys (``hook_rot_q``/``hook_rot_k``)."""
+        ...
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether :meth:`bias` adds a term to the attention logits."""
+        ...
+
+    @property
+    def decomposes(self) -> bool:
+        """Whether the logit decomposition splits this encoding's terms (ours always; a bridge's
+        where one checking forward shows it can); :meth:`not_ours` says why not."""
+        ...
+
+    @property
+    def cannot_move(self) -> str | None:
+        """Why route shares cannot move one head's positions, in one line (None: they can)."""
+        ...
+
+    @property
+    def rotation_hooks(self) -> tuple[str, str]:
+        """The q/k hooks (``hook_…`` names in ``blocks.{l}.attn``) where route shares turn a
+        head's rotation to new positions (ours: ``hook_rot_q``/``hook_rot_k``)."""
+        ...
+
+    @property
+    def unrotated_hooks(self) -> tuple[str, str] | None:
+        """The q/k hooks holding the queries and keys right before the rotation, read as the
+        decomposition's direct term (a bridge's ``hook_q``/``hook_k``); None where only the
+        rotated ones are cached (ours), and the rotation is undone with the tables instead."""
+        ...
+
+    def residual(self, n_pos: int) -> Tensor | None:
+        """The vector added to the token embedding at each position ``[n_pos, d_model]``, or None."""
+        ...
+
+    def rotate(self, q: Tensor, k: Tensor, layer: int) -> tuple[Tensor, Tensor]:
+        """``q``, ``k`` ``[batch, pos, head, d]`` turned by position as the model turns them."""
+        ...
+
+    def bias(self, n_q: int, n_k: int, layer: int) -> Tensor | None:
+        """The term ``[head, n_q, n_k]`` added to layer ``layer``'s attention logits, or None."""
+        ...
+
+    def rotary_spans(self, layer: int) -> tuple[RotarySpan, ...] | None:
+        """The rotated spans of ``layer`` with their frequencies and tables (``()``: nothing is
+        rotated; None: rotated without saying how). :attr:`sized_spans` says whether a length may
+        be asked too."""
+        ...
+
+    def head_parameters(self) -> dict[str, HeadAxes]:
+        """The encoding's parameters holding one slice per head, by name under ``encoding.``
+        (per-head gradients read them; none on a bridge)."""
+        ...
+
+    def unhooked_qk_norms(self, layer: int) -> list[str]:
+        """The QK-norms of ``layer`` whose scale the model does not hook (``attn.q_norm.hook_scale``),
+        so that the layer-0 decomposition cannot freeze them (none in ours)."""
+        ...
+
+    def move_bias(
+        self, layer: int, sigma: Tensor, heads: Tensor
+    ) -> Callable[[Tensor, Any], Tensor] | None:
+        """A ``hook_attn_scores`` hook letting ``heads [batch, head]`` see positions ``sigma
+        [batch, pos]`` where the bias is added inside the scores with no hook of its own (a
+        bridge's ALiBi); None where the bias is hooked at ``hook_pos_bias`` (ours), which route
+        shares move there."""
+        ...
+
+    def not_ours(self) -> str:
+        """Why the logit decomposition cannot split this encoding's terms, in one line (read where
+        :attr:`decomposes` is False)."""
+        ...
 
 
 class _Hooks:
@@ -137,8 +250,9 @@ class ProbeModel(Protocol):
     """What a probe may ask of a model (module docstring). ``isinstance(model, ProbeModel)``
     checks that every name is there; the meanings are in the docstrings."""
 
-    cfg: Any  # a ProbeConfig
-    restart: str  # a Restart
+    cfg: ProbeConfig
+    restart: Restart
+    encoding: PositionView
     kv_layout: KVLayout
     W_E: Tensor
     blocks: Any  # blocks[l].attn.W_O [n_heads, d_head, d_model], b_O
@@ -188,13 +302,35 @@ class ProbeModel(Protocol):
         """TransformerLens' hook context: the hooks are removed on exit."""
         ...
 
+    def check_forks(self) -> None:
+        """A one-line ValueError where the per-head forks cannot carry an edge (a bridge whose
+        architecture forks after the norm); nothing where they can (ours)."""
+        ...
+
+    def set_use_split_qkv_input(self, on: bool) -> None:
+        """Fire the per-head q/k/v inputs (``attn.hook_q_input`` …), as in TransformerLens."""
+        ...
+
+    def set_use_attn_in(self, on: bool) -> None:
+        """Fire ``attn.hook_attn_in`` (one per-head input shared by q, k and v)."""
+        ...
+
+    def set_use_hook_mlp_in(self, on: bool) -> None:
+        """Fire ``hook_mlp_in`` (the MLP's input)."""
+        ...
+
 
 def missing(model: Any) -> list[str]:
-    """The names of :class:`ProbeModel` and :class:`ProbeConfig` that ``model`` lacks."""
+    """The names of :class:`ProbeModel`, :class:`ProbeConfig` and :class:`PositionView` that
+    ``model`` lacks (the encoding's looked up without being read: a bridge's properties run a
+    forward)."""
     names = [n for n in _PROTOCOL_NAMES if not _has(model, n)]
     cfg = getattr(model, "cfg", None)
     if cfg is not None:
         names += [f"cfg.{n}" for n in ProbeConfig.__annotations__ if not _has(cfg, n)]
+    if "encoding" not in names:
+        enc = model.encoding
+        names += [f"encoding.{n}" for n in _POSITION_NAMES if not _has_static(enc, n)]
     return names
 
 
@@ -209,16 +345,31 @@ def _has(obj: Any, name: str) -> bool:
     return True
 
 
-_PROTOCOL_NAMES = tuple(ProbeModel.__annotations__) + tuple(
-    n
-    for n, v in vars(ProbeModel).items()
-    if not n.startswith("_") and (callable(v) or isinstance(v, property))
-)
+def _has_static(obj: Any, name: str) -> bool:
+    try:
+        inspect.getattr_static(obj, name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _names(protocol: type) -> tuple[str, ...]:
+    """A protocol's names: its annotated attributes, then its methods and properties."""
+    return tuple(getattr(protocol, "__annotations__", {})) + tuple(
+        n
+        for n, v in vars(protocol).items()
+        if not n.startswith("_") and (callable(v) or isinstance(v, property))
+    )
+
+
+_PROTOCOL_NAMES = _names(ProbeModel)
+_POSITION_NAMES = _names(PositionView)
 
 __all__ = [
     "HOOKS",
     "RESTARTS",
     "KVLayout",
+    "PositionView",
     "ProbeConfig",
     "ProbeModel",
     "Restart",

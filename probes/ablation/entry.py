@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
@@ -16,9 +16,12 @@ from probes.ablation.result import AblationResult, Head
 from probes.common.metrics import Metric, MetricFn
 from probes.common.options import AblationMethod, Engine
 
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
+
 
 def ablate_heads(
-    model,
+    model: ProbeModel,
     tokens: Tensor,
     labels: Tensor,
     *,
@@ -115,7 +118,7 @@ def ablate_heads(
 
 
 def ablate_heads_naive(
-    model,
+    model: ProbeModel,
     tokens: Tensor,
     labels: Tensor,
     *,

@@ -10,7 +10,7 @@ take a request and check nothing again.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -29,8 +29,11 @@ from probes.common.inputs import (
 )
 from probes.common.metrics import resolve_metric
 
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
-def keep_only(model_or_n_heads: Any, layer: int, head: int) -> frozenset[Head]:
+
+def keep_only(model_or_n_heads: ProbeModel | int, layer: int, head: int) -> frozenset[Head]:
     """The head set that ablates every head of ``layer`` except ``head`` ("keep only one").
 
     Ablating it measures how much of the layer's contribution ``head`` carries alone.
@@ -55,7 +58,7 @@ def as_inputs(ref: Any) -> tuple[Tensor, Tensor | None]:
     raise ValueError("reference must be a token tensor, a (tokens, pad_mask) pair or a Batch")
 
 
-def check_reference(model, reference: Any, who: str) -> tuple[Tensor, Tensor]:
+def check_reference(model: ProbeModel, reference: Any, who: str) -> tuple[Tensor, Tensor]:
     """A reference set's ``(tokens, pad_mask)``, checked like the evaluated examples."""
     tokens, pad_mask = as_inputs(reference)
     tokens, _, pad_mask = check_examples(
@@ -71,7 +74,7 @@ def check_reference(model, reference: Any, who: str) -> tuple[Tensor, Tensor]:
 
 
 def units_of(
-    model, layers, heads, head_sets, who: str = "ablate_heads"
+    model: ProbeModel, layers, heads, head_sets, who: str = "ablate_heads"
 ) -> tuple[list[tuple[Head, ...]], bool]:
     """The ablations of a sweep: one per head of the layers x heads grid, or one per head set."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -99,7 +102,7 @@ def units_of(
 
 
 def check_request(
-    model,
+    model: ProbeModel,
     tokens,
     labels,
     *,

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_interp.models.protocol import HOOKS
+from pe_interp.models.protocol import HOOKS, ProbeModel
 from pe_interp.util.modes import eval_mode
 from probes.common.inputs import takes_probe_model
 from probes.common.metrics import margin
@@ -65,7 +65,7 @@ def _nodes(steps: int) -> tuple[np.ndarray, np.ndarray]:
     return (x + 1) / 2, w / 2
 
 
-def _others(model, tokens, pad_mask, method, reference, seed, rows) -> Replacement:
+def _others(model: ProbeModel, tokens, pad_mask, method, reference, seed, rows) -> Replacement:
     """What replaces every head of every layer (:mod:`probes.common.replace`), for the examples."""
     if method == "mean" and reference is not None and reference[0].shape[1] < tokens.shape[1]:
         raise ValueError(
@@ -87,7 +87,7 @@ def _full(value: Tensor | None, like: Tensor) -> Tensor:
 
 @takes_probe_model
 def rank_heads(
-    model,
+    model: ProbeModel,
     tokens: Tensor,
     labels: Tensor,
     pad_mask: Tensor,

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from torch import Tensor
 
-from pe_interp.models.protocol import HOOKS
+from pe_interp.models.protocol import HOOKS, ProbeModel
 from probes.ablation.request import AblationRequest, default_batch_size
 from probes.common.inputs import check_examples, check_layers, takes_probe_model
 from probes.common.replace import Replacement, position_means, replacement
@@ -31,7 +31,7 @@ def for_request(req: AblationRequest) -> Replacement:
 
 @takes_probe_model
 def head_means(
-    model,
+    model: ProbeModel,
     tokens: Tensor,
     pad_mask: Tensor | None = None,
     *,

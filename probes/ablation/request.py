@@ -4,12 +4,15 @@ one input check, :func:`probes.ablation.plan.check_request`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from probes.ablation.result import Head
 from probes.common.metrics import Metric
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 __all__ = ["AblationRequest", "default_batch_size"]
 
@@ -39,7 +42,7 @@ class AblationRequest:
     engine: Any = None  # the AblationEngine that runs it (probes.ablation.engines)
 
 
-def default_batch_size(model: Any) -> int:
+def default_batch_size(model: ProbeModel) -> int:
     """Rows per forward when not given: 128 on CPU, where larger batches fall out of cache and
     run slower per row (measured at the paper's size), 2048 on an accelerator."""
     return 128 if model.W_E.device.type == "cpu" else 2048

@@ -20,7 +20,7 @@ with no unit kept and halves after one whose first unit is kept.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,9 +29,12 @@ from probes.circuits.engine import resolve
 from probes.circuits.paths import _backward, prune
 from probes.circuits.selection import Circuit, circuit_from_mask
 
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
+
 
 def acdc(
-    model,
+    model: ProbeModel,
     clean: Any,
     corrupt: Any = None,
     *,

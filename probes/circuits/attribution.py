@@ -46,7 +46,7 @@ it to exact patching there and to TransformerLens' ``attribution_patch`` everywh
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -70,6 +70,9 @@ from probes.common.inputs import FiniteWatch, check_count, check_finite_model, t
 from probes.common.options import ATTRIBUTION_ABLATIONS, ATTRIBUTION_METHODS
 from probes.common.replace import position_means
 
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
+
 METHODS = ATTRIBUTION_METHODS
 GRANULARITIES = ("node", "edge")
 ABLATIONS = ATTRIBUTION_ABLATIONS
@@ -78,7 +81,7 @@ DIRECTIONS = ("denoise", "noise")
 
 @takes_probe_model
 def attribute(
-    model,
+    model: ProbeModel,
     clean: Any,
     corrupt: Any = None,
     *,

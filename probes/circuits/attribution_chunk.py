@@ -9,6 +9,8 @@ averaged) scores of nodes and edges, summed over positions, per position or per 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
@@ -24,6 +26,9 @@ from probes.circuits.engine import (
     writer_hooks,
 )
 from probes.circuits.graph import Graph, head_name
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 
 def _binned(x: Tensor, bins: tuple[Tensor, int] | None) -> Tensor:
@@ -72,7 +77,7 @@ def _edge_by_pos(graph: Graph, contrib: Tensor, grads: dict[str, Tensor], bins=N
 
 
 def _qk_fix(
-    model,
+    model: ProbeModel,
     graph: Graph,
     base: Run,
     acts: dict,
@@ -126,7 +131,7 @@ def _qk_fix(
 
 
 def _chunk(
-    model,
+    model: ProbeModel,
     graph,
     clean: Run,
     other: Run | None,
@@ -246,7 +251,7 @@ def _chunk(
     return results
 
 
-def _scores(graph, delta, grads, edges, model, bins=None) -> Tensor:
+def _scores(graph, delta, grads, edges, model: ProbeModel, bins=None) -> Tensor:
     if not edges:
         return _node_by_pos(graph, delta, grads, bins)
     return _edge_by_pos(graph, contributions(model, graph, delta), grads, bins)

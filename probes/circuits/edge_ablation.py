@@ -11,7 +11,7 @@ clean run (everything kept) and the corrupt one (nothing kept) as the ends of th
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ from probes.common.metrics import resample_sources
 from probes.common.options import FAITHFULNESS_ABLATIONS
 from probes.common.replace import position_means
 
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
+
 __all__ = ["ABLATIONS", "ablated_metric", "has_gap", "unit_span_names"]
 
 
@@ -46,7 +49,7 @@ ABLATIONS = FAITHFULNESS_ABLATIONS
 
 
 def ablated_metric(
-    model,
+    model: ProbeModel,
     graph: Graph,
     run: Run,
     repl: Tensor,
@@ -161,7 +164,7 @@ class _Evaluator:
 
     def __init__(
         self,
-        model,
+        model: ProbeModel,
         clean,
         corrupt,
         *,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,12 +22,15 @@ from torch import Tensor
 from probes.circuits.graph import COMPONENTS, Graph
 from probes.circuits.runs import METRICS, PerExample, Run, as_pair, as_run, pair_labels, resolve
 
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
+
 
 # ---------------------------------------------------------------------------------------------
 # the per-head forks (TransformerLens' use_split_qkv_input, use_hook_mlp_in)
 # ---------------------------------------------------------------------------------------------
 @contextmanager
-def forks(model, on: bool = True) -> Iterator[None]:
+def forks(model: ProbeModel, on: bool = True) -> Iterator[None]:
     """Turn on the per-head q/k/v input forks and ``hook_mlp_in`` (``use_attn_in`` off while they
     are), and give the caller's flags back afterwards, also on error."""
     cfg = model.cfg
@@ -34,8 +38,7 @@ def forks(model, on: bool = True) -> Iterator[None]:
     if not on:
         yield
         return
-    if hasattr(model, "check_forks"):  # a bridge: some architectures fork after the norm
-        model.check_forks()
+    model.check_forks()  # a bridge: some architectures fork after the norm
     try:
         if saved[2]:
             model.set_use_attn_in(False)
@@ -50,23 +53,24 @@ def forks(model, on: bool = True) -> Iterator[None]:
 
 
 @contextmanager
-def no_forks(model) -> Iterator[None]:
+def no_forks(model: ProbeModel) -> Iterator[None]:
     """The per-head forks off for a block (restored after)."""
     cfg = model.cfg
     saved = (cfg.use_split_qkv_input, cfg.use_attn_in)
+    setters = (model.set_use_split_qkv_input, model.set_use_attn_in)
     try:
-        for name, value in (("split_qkv_input", saved[0]), ("attn_in", saved[1])):
+        for setter, value in zip(setters, saved, strict=True):
             if value:
-                getattr(model, f"set_use_{name}")(False)
+                setter(False)
         yield
     finally:
-        for name, value in (("split_qkv_input", saved[0]), ("attn_in", saved[1])):
+        for setter, value in zip(setters, saved, strict=True):
             if value:
-                getattr(model, f"set_use_{name}")(True)
+                setter(True)
 
 
 def attend_with(
-    model,
+    model: ProbeModel,
     layer: int,
     run: Run,
     resid: Tensor,
@@ -111,7 +115,7 @@ class _Stop(Exception):
 
 
 def _attend_hooked(
-    model, layer, tokens, kv, resid, component, delta, hooks, seen
+    model: ProbeModel, layer, tokens, kv, resid, component, delta, hooks, seen
 ) -> dict[str, Tensor]:
     if not model.cfg.use_split_qkv_input:
         raise RuntimeError(
@@ -175,7 +179,7 @@ def reader_hooks(graph: Graph) -> list[str]:
     return [hook for hook, _, _, _ in reader_groups(graph)]
 
 
-def writer_term(model, name: str, act: Tensor) -> Tensor:
+def writer_term(model: ProbeModel, name: str, act: Tensor) -> Tensor:
     """The residual terms ``[batch, pos, writers, d_model]`` of one writer hook's writers, from its
     activation: ``z_h W_O[h]`` per head at ``attn.hook_z``, the value itself at ``hook_embed`` or
     ``hook_mlp_out`` (one writer)."""
@@ -185,7 +189,7 @@ def writer_term(model, name: str, act: Tensor) -> Tensor:
 
 
 def contributions(
-    model, graph: Graph, acts: dict[str, Tensor], n_writers: int | None = None
+    model: ProbeModel, graph: Graph, acts: dict[str, Tensor], n_writers: int | None = None
 ) -> Tensor:
     """The residual terms of the first ``n_writers`` writers, ``[batch, pos, writers, d_model]``,
     from activations at :func:`writer_hooks` (see :func:`writer_term`)."""
@@ -197,7 +201,7 @@ def contributions(
 # one forward (and backward) at named hooks
 # ---------------------------------------------------------------------------------------------
 def capture(
-    model,
+    model: ProbeModel,
     run: Run,
     names: Sequence[str],
     *,
@@ -251,7 +255,9 @@ def capture(
     return acts, grads, values.detach()
 
 
-def mean_metric(model, run: Run, fn: PerExample, good: Tensor, bad: Tensor, rows: int) -> float:
+def mean_metric(
+    model: ProbeModel, run: Run, fn: PerExample, good: Tensor, bad: Tensor, rows: int
+) -> float:
     """The mean of ``fn`` over ``run``'s rows (no gradient)."""
     total = 0.0
     with torch.no_grad():

@@ -15,7 +15,7 @@ held-out pairs, another seed of the same family).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from probes.circuits.graph import Graph, build_graph
 from probes.circuits.scores import Attribution
 from probes.circuits.selection import Circuit, Ranking, curve_area, default_sizes, rank_edges
 from probes.common.inputs import takes_probe_model
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 
 def _ranking(scores, *, select, positional, by) -> Ranking:
@@ -80,7 +83,7 @@ def _summary(ev: _Evaluator, sizes, kept, per, total) -> dict[str, Any]:
 
 @takes_probe_model
 def faithfulness_curve(
-    model,
+    model: ProbeModel,
     scores: Any,
     clean: Any,
     corrupt: Any = None,
@@ -167,7 +170,7 @@ def faithfulness_curve(
 
 
 def minimal_circuit(
-    model,
+    model: ProbeModel,
     scores: Any,
     clean: Any,
     corrupt: Any = None,

@@ -4,6 +4,7 @@ or exact, so that every edge (per span, position-aware) gets a positional and a 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -11,9 +12,12 @@ from probes.circuits.attribution import Attribution, attribute
 from probes.circuits.graph import build_graph, parse
 from probes.common.inputs import takes_probe_model
 
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
+
 
 def exact_edges(
-    model, clean, corrupt=None, *, metric="margin", batch_size: int | None = None
+    model: ProbeModel, clean, corrupt=None, *, metric="margin", batch_size: int | None = None
 ) -> Attribution:
     """Every edge's exact effect (:func:`probes.path_patch`, clean into corrupt) in the shape of an
     edge :class:`Attribution` (``method="path_patch"``), so that circuits and the agreement
@@ -52,7 +56,7 @@ def exact_edges(
 
 @takes_probe_model
 def family_attributions(
-    model,
+    model: ProbeModel,
     task,
     n: int = 256,
     *,

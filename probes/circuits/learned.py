@@ -43,7 +43,7 @@ circuit the optimisation ended on is the prefix of the units with ``theta > 0``
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -54,9 +54,12 @@ from probes.circuits.engine import capture, contributions, resolve, writer_hooks
 from probes.circuits.selection import SELECTIONS, Ranking, order_units
 from probes.common.inputs import check_count
 
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
+
 
 def learn_ranking(
-    model,
+    model: ProbeModel,
     clean: Any,
     corrupt: Any = None,
     *,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -54,6 +54,9 @@ from probes.circuits.engine import (
 )
 from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
 from probes.common.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 RESULT_KIND = register_result("path patching", "PathPatch.load", ("senders", "receivers", "values"))
 
@@ -141,7 +144,7 @@ def _names(graph, senders, receivers, component: str) -> tuple[list[str], list[s
 
 @takes_probe_model
 def path_patch(
-    model,
+    model: ProbeModel,
     clean: Any,
     corrupt: Any = None,
     senders: Any = None,
@@ -253,7 +256,7 @@ def path_patch(
 
 
 def _site(
-    model, run, acts, delta, layer, kind, comp, receivers, senders, fn, good, bad, rows
+    model: ProbeModel, run, acts, delta, layer, kind, comp, receivers, senders, fn, good, bad, rows
 ) -> np.ndarray:
     """Summed metric ``[len(senders), len(receivers)]`` for one receiver layer and kind."""
     b = len(run)
@@ -322,7 +325,20 @@ def _site(
 
 
 def _site_hooked(
-    model, graph, run, delta, layer, kind, comp, receivers, senders, valid, fn, good, bad, rows
+    model: ProbeModel,
+    graph,
+    run,
+    delta,
+    layer,
+    kind,
+    comp,
+    receivers,
+    senders,
+    valid,
+    fn,
+    good,
+    bad,
+    rows,
 ) -> np.ndarray:
     """What :func:`_site` sums, for a model without restart seams (a bridge): each valid (sender,
     receiver) pair is one copy of the corrupt run, the sender's delta added at that receiver's

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
 from probes.circuits.path_patching import path_patch
 from probes.circuits.scores import Attribution
 from probes.decomposition import logit_terms
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 RESULT_KIND = register_result(
     "head route", "HeadRoute.load", ("head", "metric", "n_examples", "exact", "layer0")
@@ -100,7 +103,7 @@ class HeadRoute:
         return load_result(path, RESULT_KIND, cls.from_dict)
 
 
-def layer0_terms(model, batch, head: int, n: int = 16) -> dict[str, Any]:
+def layer0_terms(model: ProbeModel, batch, head: int, n: int = 16) -> dict[str, Any]:
     """Mean over ``n`` rows of ``batch`` of a layer-0 head's grouped logit terms (content-content,
     content-position, ..., offset, relative_bias): each one's share of the logit variance and its
     Toeplitz score (how much of it is a function of the offset ``j - i`` alone); plus, for a
@@ -132,7 +135,7 @@ def layer0_terms(model, batch, head: int, n: int = 16) -> dict[str, Any]:
 
 
 def head_route(
-    model,
+    model: ProbeModel,
     task,
     head: str | tuple[int, int],
     *,
@@ -172,9 +175,7 @@ def head_route(
             if a is not None:
                 estimate[kind][comp] = {s: a.edge(s, reader) for s in senders}
     layer0 = None
-    if site.layer == 0 and getattr(
-        model.encoding, "decomposes", True
-    ):  # not over a bridge's BLOOM (ALiBi unseen)
+    if site.layer == 0 and model.encoding.decomposes:  # not over a bridge's BLOOM (ALiBi unseen)
         layer0 = layer0_terms(model, task.sample(16, seed=seed), site.head)
     return HeadRoute(name, metric, n, exact, {k: v for k, v in estimate.items() if v}, gaps, layer0)
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from probes.common.inputs import check_examples
 from probes.common.metrics import logit_diff, margin
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 __all__ = ["METRICS", "PerExample", "Run", "as_pair", "as_run", "pair_labels", "resolve"]
 
@@ -83,7 +86,9 @@ class Run:
         return Run(self.tokens[sl], kv, self.pad_mask[sl], self.labels[sl])
 
 
-def as_run(model, x: Any, labels: Tensor | None = None, what: str = "clean", who: str = "") -> Run:
+def as_run(
+    model: ProbeModel, x: Any, labels: Tensor | None = None, what: str = "clean", who: str = ""
+) -> Run:
     """A :class:`Run` from a ``Batch`` (tokens, labels, pad_mask) or a token tensor (then
     ``labels`` default to zeros: pass them for the built-in metrics), checked
     (:func:`probes.common.inputs.check_examples`; ``who`` prefixes the message)."""
@@ -111,7 +116,7 @@ def as_run(model, x: Any, labels: Tensor | None = None, what: str = "clean", who
     return Run(tokens, key_valid, pad_mask, labels)
 
 
-def as_pair(model, clean: Any, corrupt: Any, who: str = "") -> tuple[Run, Run | None]:
+def as_pair(model: ProbeModel, clean: Any, corrupt: Any, who: str = "") -> tuple[Run, Run | None]:
     """Clean and corrupt runs from ``(CounterfactualPairs, None)``, ``(Batch, Batch)``,
     ``(tokens, tokens)`` or ``(Batch, None)`` (no corrupt run)."""
     if hasattr(clean, "clean") and hasattr(clean, "corrupt"):

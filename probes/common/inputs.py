@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pe_interp.models.bridge.model import BridgedModel
+from pe_interp.models.bridge.model import BridgedModel, is_bridge
 from pe_interp.models.protocol import ProbeModel, missing
 from pe_interp.util.checks import (
     check_finite_weights,
@@ -73,12 +73,7 @@ def as_probe_model(model: Any, who: str = "") -> ProbeModel:
 
 
 def _is_raw_bridge(model: Any) -> bool:
-    return (
-        not isinstance(model, BridgedModel)
-        and hasattr(model, "original_model")
-        and hasattr(model, "run_with_hooks")
-        and hasattr(model, "cfg")
-    )
+    return not isinstance(model, BridgedModel) and is_bridge(model)
 
 
 def check_model(model: Any, who: str = "") -> None:
@@ -109,23 +104,23 @@ def takes_probe_model(fn: Callable) -> Callable:
     return probe
 
 
-def check_decomposable(model, who: str = "") -> None:
+def check_decomposable(model: ProbeModel, who: str = "") -> None:
     """A one-line ValueError where ``model``'s encoding is not one of ours (a bridge's view of its
     architecture's positions, :class:`pe_interp.models.bridge.model.BridgeEncoding`): the logit decomposition
     splits our own encoding modules' terms."""
     enc = model.encoding
-    if not getattr(enc, "decomposes", True):
+    if not enc.decomposes:
         raise ValueError(f"{_p(who)}{enc.not_ours()}")
 
 
-def check_finite_model(model, who: str = "") -> None:
+def check_finite_model(model: ProbeModel, who: str = "") -> None:
     """A one-line ValueError when a weight of ``model`` is NaN or inf (see
     :func:`pe_interp.util.checks.check_finite_weights`)."""
     check_finite_weights(model, who)
 
 
 def check_pad_mask(
-    model, tokens: Tensor, pad_mask: Tensor, who: str = "", what: str = "pad_mask"
+    model: ProbeModel, tokens: Tensor, pad_mask: Tensor, who: str = "", what: str = "pad_mask"
 ) -> None:
     """``pad_mask`` (already shaped and typed like ``tokens``) must mark exactly the positions
     that hold a real token (pads hold ``cfg.pad_id``, which no real token uses): a mask of
@@ -146,7 +141,7 @@ def check_pad_mask(
 
 
 def check_examples(
-    model,
+    model: ProbeModel,
     tokens: Any,
     labels: Any = None,
     pad_mask: Any = None,
@@ -227,22 +222,30 @@ def _index(value: Any, size: int, name: str, who: str, has: str) -> int:
     return int(value)
 
 
-def _n_layers(model_or_n: Any) -> int:
-    return model_or_n.cfg.n_layers if hasattr(model_or_n, "cfg") else int(model_or_n)
+def _n_layers(model_or_n: ProbeModel | int) -> int:
+    return int(model_or_n) if isinstance(model_or_n, int | np.integer) else model_or_n.cfg.n_layers
 
 
-def check_layer(model_or_n_layers: Any, layer: Any, who: str = "", name: str = "layer") -> int:
+def check_layer(
+    model_or_n_layers: ProbeModel | int, layer: Any, who: str = "", name: str = "layer"
+) -> int:
     n = _n_layers(model_or_n_layers)
     return _index(layer, n, name, who, f"the model has {n} layers")
 
 
-def check_head(model_or_n_heads: Any, head: Any, who: str = "", name: str = "head") -> int:
-    n = model_or_n_heads.cfg.n_heads if hasattr(model_or_n_heads, "cfg") else int(model_or_n_heads)
+def check_head(
+    model_or_n_heads: ProbeModel | int, head: Any, who: str = "", name: str = "head"
+) -> int:
+    n = (
+        int(model_or_n_heads)
+        if isinstance(model_or_n_heads, int | np.integer)
+        else model_or_n_heads.cfg.n_heads
+    )
     return _index(head, n, name, who, f"each layer has {n} heads")
 
 
 def check_layers(
-    model_or_n_layers: Any, layers: Iterable[Any] | None, who: str = ""
+    model_or_n_layers: ProbeModel | int, layers: Iterable[Any] | None, who: str = ""
 ) -> list[int] | None:
     """Layer indices in ``0..n_layers - 1`` (None passes: every layer); a one-line error naming
     the first one out of range."""
@@ -253,7 +256,7 @@ def check_layers(
     return [check_layer(model_or_n_layers, layer, who) for layer in layers]
 
 
-def check_heads(model, heads: Iterable[Any], who: str = "") -> list[tuple[int, int]]:
+def check_heads(model: ProbeModel, heads: Iterable[Any], who: str = "") -> list[tuple[int, int]]:
     """``(layer, head)`` pairs of the model; a one-line error for a malformed or out-of-range one."""
     out = []
     for h in heads:

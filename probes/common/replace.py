@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from pe_interp.models.protocol import HOOKS
+from pe_interp.models.protocol import HOOKS, ProbeModel
 from pe_interp.util.modes import eval_mode
 from probes.common.metrics import resample_sources
 from probes.common.options import ABLATION_METHODS, AblationMethod
@@ -104,7 +104,7 @@ class ResampleReplacement:
 
 
 def replacement(
-    model: Any,
+    model: ProbeModel,
     method: str,
     layers: Sequence[int],
     tokens: Tensor,
@@ -135,7 +135,7 @@ def replacement(
     raise ValueError(f"unknown method {method!r}; expected one of {', '.join(map(repr, METHODS))}")
 
 
-def needed_width(model: Any, pad_mask: Tensor) -> Tensor:
+def needed_width(model: ProbeModel, pad_mask: Tensor) -> Tensor:
     """Columns each row needs: through its last real token when pads are masked, else all."""
     n = pad_mask.shape[1]
     if not model.cfg.mask_padding:
@@ -145,7 +145,11 @@ def needed_width(model: Any, pad_mask: Tensor) -> Tensor:
 
 
 def capture(
-    model: Any, tokens: Tensor, pad_mask: Tensor, names: Sequence[str], stop_at_layer: int | None
+    model: ProbeModel,
+    tokens: Tensor,
+    pad_mask: Tensor,
+    names: Sequence[str],
+    stop_at_layer: int | None,
 ) -> dict[str, Tensor]:
     """``{name: activation}`` of one forward (``stop_at_layer``: stopped before that block)."""
     store: dict[str, Tensor] = {}
@@ -155,7 +159,7 @@ def capture(
 
 
 def capture_z(
-    model: Any, tokens: Tensor, pad_mask: Tensor, layers: Sequence[int]
+    model: ProbeModel, tokens: Tensor, pad_mask: Tensor, layers: Sequence[int]
 ) -> dict[int, Tensor]:
     """``{layer: hook_z}`` of one forward, stopped after the last of ``layers``."""
     acts = capture(model, tokens, pad_mask, [HOOKS.z(layer) for layer in layers], max(layers) + 1)
@@ -163,7 +167,7 @@ def capture_z(
 
 
 def position_means(
-    model: Any,
+    model: ProbeModel,
     tokens: Tensor,
     pad_mask: Tensor,
     names: Sequence[str],

@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -61,6 +61,9 @@ from probes.common.inputs import (
     takes_probe_model,
 )
 from probes.decomposition.reads import allowed
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 __all__ = ["FrequencyUsage", "frequency_usage"]
 
@@ -206,7 +209,7 @@ class FrequencyUsage:
 
 @takes_probe_model
 def frequency_usage(
-    model,
+    model: ProbeModel,
     tokens: Tensor,
     pad_mask: Tensor | None = None,
     *,
@@ -236,7 +239,7 @@ def frequency_usage(
         rotates = enc.rotates
     except ValueError as err:
         raise ValueError(f"{who}: {err}") from None
-    why = getattr(enc, "cannot_move", None)  # a bridge whose rotation our tables do not reproduce
+    why = enc.cannot_move  # a bridge whose rotation our tables do not reproduce
     if why:
         raise ValueError(f"{who}: {why}")
     if not rotates:
@@ -316,7 +319,7 @@ def frequency_usage(
     )
 
 
-def _rotated(model, cache, layer: int) -> tuple[Tensor, Tensor]:
+def _rotated(model: ProbeModel, cache, layer: int) -> tuple[Tensor, Tensor]:
     """Layer ``layer``'s rotated queries ``[b, pos, n_heads, d]`` and keys ``[b, pos, n_kv_heads,
     d]`` (grouped key heads not repeated): ``hook_rot_q/k`` where the model caches them (ours, a
     Llama bridge), else ``hook_q/k`` rotated by the encoding as the model rotates them."""

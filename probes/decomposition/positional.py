@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -21,6 +21,9 @@ from pe_interp.util.modes import eval_mode
 from probes.common.inputs import check_count, check_examples, check_finite_model, takes_probe_model
 from probes.decomposition.reads import allowed, attention_scale, qk_hooks, rotated_qk, unrotated_qk
 from probes.decomposition.toeplitz import toeplitz_score
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 __all__ = ["PositionalScores", "positional_scores"]
 
@@ -115,7 +118,7 @@ class PositionalScores:
 
 @takes_probe_model
 def positional_scores(
-    model, tokens: Tensor, *, pad_mask: Tensor | None = None, batch_size: int = 8
+    model: ProbeModel, tokens: Tensor, *, pad_mask: Tensor | None = None, batch_size: int = 8
 ) -> PositionalScores:
     """:class:`PositionalScores` of every head on ``tokens [n, pos]`` (n >= 2)."""
     cfg = model.cfg
@@ -131,7 +134,7 @@ def positional_scores(
     names = [f"blocks.{layer}.attn.hook_attn_scores" for layer in range(L)]
     enc = model.encoding
     # the encoding's own term needs its terms (not over a bridge's ALiBi: NaN there, the rest is measured)
-    reads_direct = getattr(enc, "decomposes", True)
+    reads_direct = enc.decomposes
     direct_names = [
         n for layer in range(L) for n in qk_hooks(layer) + [f"blocks.{layer}.attn.hook_pos_bias"]
     ]
@@ -224,7 +227,7 @@ def positional_scores(
     )
 
 
-def _direct(model, cache, layer: int, n_pos: int, reads: bool = True) -> Tensor:
+def _direct(model: ProbeModel, cache, layer: int, n_pos: int, reads: bool = True) -> Tensor:
     """The encoding's own term in layer ``layer``'s logits ``[b, H, q, k]``: rotated minus un-rotated
     q.k (scaled), plus the positional bias (0 where the encoding does neither, or ``reads`` is False)."""
     pre = f"blocks.{layer}.attn."

@@ -11,10 +11,13 @@ lowest value where our models write ``-inf``.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 __all__ = ["allowed", "attention_scale", "layer0_qk", "qk_hooks", "rotated_qk", "unrotated_qk"]
 
@@ -25,7 +28,7 @@ def qk_hooks(layer: int) -> list[str]:
     return [pre + n for n in ("hook_q", "hook_k", "hook_rot_q", "hook_rot_k")]
 
 
-def rotated_qk(model, cache, layer: int) -> tuple[Tensor, Tensor]:
+def rotated_qk(model: ProbeModel, cache, layer: int) -> tuple[Tensor, Tensor]:
     """The queries and keys whose scaled dot product (plus any bias) is layer ``layer``'s logit,
     ``[batch, pos, head, d]`` (grouped key/value heads repeated to one per query head)."""
     pre = f"blocks.{layer}.attn."
@@ -38,12 +41,12 @@ def rotated_qk(model, cache, layer: int) -> tuple[Tensor, Tensor]:
     )
 
 
-def unrotated_qk(model, cache, layer: int) -> tuple[Tensor, Tensor] | None:
+def unrotated_qk(model: ProbeModel, cache, layer: int) -> tuple[Tensor, Tensor] | None:
     """The same queries and keys before the rotation, where the model caches them (a bridge's
     ``hook_q``/``hook_k``); None where only the rotated ones are cached (our models, and a bridge
     whose QK-norm sits between ``hook_q`` and the rotation: undo the rotation with the encoding's
     tables)."""
-    hooks = getattr(model.encoding, "unrotated_hooks", None)
+    hooks = model.encoding.unrotated_hooks
     if hooks is None:
         return None
     pre = f"blocks.{layer}.attn."
@@ -58,7 +61,7 @@ def _per_query_head(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
     return q, k
 
 
-def attention_scale(model, layer: int) -> float:
+def attention_scale(model: ProbeModel, layer: int) -> float:
     """The factor on ``q . k`` in layer ``layer`` (our attention's ``scale``, a bridge's ``scaling``)."""
     attn = model.blocks[layer].attn
     scale = getattr(attn, "scale", None)
@@ -81,7 +84,7 @@ FROZEN_SCALES = (
 
 
 def layer0_qk(
-    model,
+    model: ProbeModel,
     tokens: Tensor,
     pad_mask: Tensor | None,
     x: Tensor,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -30,6 +30,9 @@ from probes.decomposition.reads import (
 )
 from probes.decomposition.rope import RopeTerms, rope_spans, rope_terms
 from probes.decomposition.toeplitz import toeplitz_score
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 __all__ = ["LogitTerms", "logit_terms"]
 
@@ -138,7 +141,7 @@ class LogitTerms:
 
 @takes_probe_model
 def logit_terms(
-    model,
+    model: ProbeModel,
     tokens: Tensor,
     layer: int,
     head: int,
@@ -184,7 +187,7 @@ def logit_terms(
 
 
 def _component_qk(
-    model, toks, pm, head: int, cache: dict[str, Tensor]
+    model: ProbeModel, toks, pm, head: int, cache: dict[str, Tensor]
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """Layer 0's rotated q and k of ``head`` ``[pos, d_qk]`` for each component of its input
     (``content``, ``position`` when the encoding has one, ``offset``), by the model's own code.
@@ -196,8 +199,7 @@ def _component_qk(
     """
     ln_scale = cache.get("blocks.0.ln1.hook_scale")  # absent when the model has no norm
     frozen = {n: cache[n] for n in FROZEN_SCALES if n in cache}  # a QK-norm's too
-    unhooked = getattr(model.encoding, "unhooked_qk_norms", None)
-    missing = unhooked(0) if callable(unhooked) else ()
+    missing = model.encoding.unhooked_qk_norms(0)
     if missing:
         raise ValueError(
             f"logit_terms: {model.cfg.encoding_name}: QK-norm in layer 0 whose scale the bridge "
@@ -216,12 +218,14 @@ def _component_qk(
     return qs, ks
 
 
-def _check_layer0_input(model, cache: dict[str, Tensor], c: Tensor, p: Tensor | None) -> None:
+def _check_layer0_input(
+    model: ProbeModel, cache: dict[str, Tensor], c: Tensor, p: Tensor | None
+) -> None:
     """A one-line ValueError where layer 0's input is not ``hook_embed`` (plus ``hook_pos_embed``)
     as cached: something between them (an embedding scale or norm applied after the hook) would
     leave the content and position parts short of the input the model's layer 0 reads."""
     real = cache.get("blocks.0.hook_resid_pre")
-    if real is None or not hasattr(model, "bridge"):
+    if real is None:  # (ours adds the two hooks' outputs, so it passes by construction)
         return
     parts = c if p is None else c + p
     gap = float((parts.double() - real.double()).abs().max()) if parts.shape == real.shape else 1.0
@@ -234,7 +238,7 @@ def _check_layer0_input(model, cache: dict[str, Tensor], c: Tensor, p: Tensor | 
         )
 
 
-def _logit_terms(model, toks, pm, layer, head, cache) -> dict[str, Any]:
+def _logit_terms(model: ProbeModel, toks, pm, layer, head, cache) -> dict[str, Any]:
     cfg, enc = model.cfg, model.encoding
     pre = f"blocks.{layer}"
     n_pos = toks.shape[1]
@@ -278,6 +282,6 @@ def _logit_terms(model, toks, pm, layer, head, cache) -> dict[str, Any]:
         "query_valid": query_valid,
         "rope": rope,
         "components": components,
-        "encoding": str(getattr(cfg, "encoding_name", None) or cfg.encoding),
+        "encoding": cfg.encoding_name,
         "scale": scale,
     }

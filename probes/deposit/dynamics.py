@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,6 +21,9 @@ from pe_interp.training.callbacks import Callback
 from pe_interp.util.io import append_jsonl, nan_float, read_jsonl, to_json, write_jsonl
 from probes.ablation import ablate_heads
 from probes.deposit.detection import layer_stats
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 DYNAMICS_FILE = "deposit_dynamics.jsonl"
 
@@ -117,7 +120,7 @@ class DepositDynamics(Callback):
         return None if run_dir is None else Path(run_dir) / self.filename
 
     @staticmethod
-    def _rng_devices(model) -> list[int]:
+    def _rng_devices(model: ProbeModel) -> list[int]:
         dev = model.W_E.device
         if dev.type != "cuda":
             return []

@@ -198,7 +198,7 @@ def gradient_coherence(
         norm_of_mean=torch.stack(nom).float(),
         mean_norm=torch.stack(mn).float(),
         seeds=tuple(int(s) for s in seeds),
-        encoding=str(getattr(cfg, "encoding_name", None) or cfg.encoding),
+        encoding=cfg.encoding_name,
         n_examples=int(tokens.shape[0]),
         params=tuple(params),
     )

@@ -7,13 +7,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_interp.util.modes import eval_mode
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 ALL_PARAMS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "encoding")
 QK_PARAMS = ("W_Q", "W_K", "b_Q", "b_K", "encoding")
@@ -69,7 +72,7 @@ class HeadSlice:
         return out
 
 
-def head_slices(model, params: Sequence[str] = ALL_PARAMS) -> list[HeadSlice]:
+def head_slices(model: ProbeModel, params: Sequence[str] = ALL_PARAMS) -> list[HeadSlice]:
     """The per-head parameter slices of ``model`` for the kinds in ``params`` (see the module
     docstring)."""
     bad = [p for p in params if p not in ALL_PARAMS]
@@ -99,7 +102,7 @@ class _Unchecked(nn.Module):
     """``model.forward_unchecked`` as a module's ``forward``, for ``torch.func.functional_call``
     (``vmap`` cannot trace the data-dependent input checks of ``model.forward``)."""
 
-    def __init__(self, model):
+    def __init__(self, model: ProbeModel):
         super().__init__()
         self.model = model
 
@@ -120,7 +123,7 @@ def _batch_parts(batch: Any, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def per_example_grads(
-    model,
+    model: ProbeModel,
     tokens: Tensor,
     labels: Tensor,
     pad_mask: Tensor,
@@ -169,7 +172,7 @@ def _identity(x: Tensor, hook: Any) -> Tensor:
 
 
 def head_gradient_stats(
-    model,
+    model: ProbeModel,
     tokens: Tensor,
     labels: Tensor,
     pad_mask: Tensor,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,6 +27,9 @@ from probes.common.inputs import (
     check_heads,
     takes_probe_model,
 )
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 Head = tuple[int, int]
 
@@ -111,7 +114,7 @@ class AttentionPatterns:
 
 @takes_probe_model
 def attention_patterns(
-    model,
+    model: ProbeModel,
     tokens: Tensor,
     heads: Sequence[Head],
     *,

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pe_interp.models.protocol import HOOKS
+from pe_interp.models.protocol import HOOKS, ProbeModel
 from pe_interp.util.io import load_result, nan_array, register_result, write_result
 from pe_interp.util.modes import eval_mode
 from probes.common.inputs import (
@@ -225,7 +225,7 @@ class _Done(Exception):
 
 @takes_probe_model
 def head_type_scores(
-    model,
+    model: ProbeModel,
     tokens: Tensor,
     pad_mask: Tensor | None = None,
     *,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ from torch import Tensor
 from probes.common.html import offline_html
 from probes.heads.patterns import AttentionPatterns, attention_patterns
 from probes.heads.types import HEAD_TYPES, HeadTypeScores
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 __all__ = ["plot_head_types"]
 
@@ -85,7 +88,7 @@ def plot_head_types(
 
 
 def attention_html(
-    model,
+    model: ProbeModel,
     tokens: Tensor,
     heads: Sequence[tuple[int, int]],
     *,

@@ -5,10 +5,13 @@ machinery that patches many cells in one forward, starting at the patched layer 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 __all__ = [
     "BLOCK_SITES",
@@ -92,14 +95,14 @@ def _mix(mask: Tensor, src: Tensor, recv: Tensor) -> Tensor:
     return out.reshape(-1, *src.shape[1:])
 
 
-def resumes(model, site: str) -> bool:
+def resumes(model: ProbeModel, site: str) -> bool:
     """Whether a model without ``forward_unchecked``'s restart (a bridge) runs a patched forward
     of a layer from that layer's input: its ``resume``, where exact, from the receiving run's
     cached input, for every site inside the block (not its input, ``resid_pre``)."""
-    return bool(getattr(model, "can_resume", False)) and site != "resid_pre"
+    return model.can_resume and site != "resid_pre"
 
 
-def first_block(model, site: str, layer: int) -> int:
+def first_block(model: ProbeModel, site: str, layer: int) -> int:
     """The first block a patched forward of ``layer`` runs: the layer itself where the model
     restarts or resumes there (:func:`resumes`), else 0 (from the embedding)."""
     return layer if model.can_restart or resumes(model, site) else 0
@@ -109,7 +112,14 @@ class _Patcher:
     """Patched forwards of one example chunk: caches both runs once, then runs cell groups."""
 
     def __init__(
-        self, model, site: str, layers: Sequence[int], src_tokens, recv_tokens, src_mask, recv_mask
+        self,
+        model: ProbeModel,
+        site: str,
+        layers: Sequence[int],
+        src_tokens,
+        recv_tokens,
+        src_mask,
+        recv_mask,
     ):
         self.model, self.site = model, site
         self.recv_tokens, self.key_valid = model.check_inputs(recv_tokens, recv_mask)

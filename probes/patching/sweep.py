@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -84,6 +85,9 @@ from probes.patching.cells import (
 from probes.patching.metric import bootstrap_ratio_ci, logit_diff, normalized_logit_diff_metric
 from probes.patching.result import RESULT_KIND, PatchResult
 
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
+
 DIRECTIONS = ("clean_to_corrupt", "corrupt_to_clean")
 DEFAULT_METRIC_NAME = "normalized_logit_diff"
 
@@ -101,7 +105,7 @@ def _check_tokens(name: str, t: Tensor) -> Tensor:
 
 
 def _check_pairs_differ(
-    model, clean: Tensor, corrupt: Tensor, good: Tensor, bad: Tensor, pad_mask: Tensor
+    model: ProbeModel, clean: Tensor, corrupt: Tensor, good: Tensor, bad: Tensor, pad_mask: Tensor
 ) -> None:
     """Before any patching: the default metric divides by the clean run's logit difference minus
     the corrupt run's. Refuse, in one line, labels that no pair changes (no forward) and pairs
@@ -131,7 +135,7 @@ def _check_pairs_differ(
 
 @takes_probe_model
 def patch(
-    model,
+    model: ProbeModel,
     clean_tokens: Tensor,
     corrupt_tokens: Tensor,
     *,
@@ -245,8 +249,8 @@ def patch(
         src_tokens, recv_tokens = corrupt_tokens, clean_tokens
 
     heads = cfg.n_heads
-    if site in ("k", "v") and (kv := getattr(model, "kv_layout", None)) is not None:
-        heads = kv.n_kv_heads  # grouped heads: hook_k/hook_v carry the key/value heads only
+    if site in ("k", "v"):
+        heads = model.kv_layout.n_kv_heads  # grouped heads: hook_k/hook_v carry those heads only
     masks, cell_shape, axis_names = cell_layout(site, by_position, n_pos, heads)
     masks = masks.to(device)
     n_cells = masks.shape[0]

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from pe_interp.encodings import rotary_spans_for
-from pe_interp.models.protocol import HOOKS
+from pe_interp.models.protocol import HOOKS, ProbeModel
 from probes.common.replace import capture, capture_z
 
 EMBED = "embed"
@@ -52,12 +52,12 @@ __all__ = [
 ]
 
 
-def position_routes(model) -> tuple[list[str], np.ndarray]:
+def position_routes(model: ProbeModel) -> tuple[list[str], np.ndarray]:
     """``(extra routes, heads [n_layers, n_heads] bool)``: ``["embed"]`` when the encoding adds a
     residual term, and the heads whose logits depend on position (rotated, or a bias that varies
     over query and key positions)."""
     cfg, enc = model.cfg, model.encoding
-    if (why := getattr(enc, "cannot_move", None)) is not None:  # a bridge that says so
+    if (why := enc.cannot_move) is not None:  # a bridge that says so
         raise ValueError(why)
     heads = np.zeros((cfg.n_layers, cfg.n_heads), dtype=bool)
     n = min(cfg.n_ctx, 8)
@@ -79,8 +79,8 @@ def position_routes(model) -> tuple[list[str], np.ndarray]:
             heads[layer] |= (
                 (bias.detach().flatten(1).amax(1) > bias.detach().flatten(1).amin(1)).cpu().numpy()
             )
-    kv = getattr(model, "kv_layout", None)
-    if kv is not None and kv.grouped:  # a key head moves for all its query heads or for none
+    kv = model.kv_layout
+    if kv.grouped:  # a key head moves for all its query heads or for none
         g = heads.reshape(cfg.n_layers, kv.n_kv_heads, kv.group)
         if bool((g.any(-1) != g.all(-1)).any()):
             raise ValueError(
@@ -91,7 +91,7 @@ def position_routes(model) -> tuple[list[str], np.ndarray]:
     return extra, heads
 
 
-def can_move_positions(model) -> bool:
+def can_move_positions(model: ProbeModel) -> bool:
     """Whether :func:`route_shares` can move this model's positions (our own models always; a
     bridge where :class:`pe_interp.models.bridge.model.BridgeEncoding` says so, grouped key/value heads too)."""
     try:
@@ -122,7 +122,9 @@ def rerotate(t: Tensor, spans, sigma: Tensor, heads: Tensor) -> Tensor:
     return out
 
 
-def move_hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, first: int) -> list:
+def move_hooks(
+    model: ProbeModel, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, first: int
+) -> list:
     """Forward hooks that let ``layer_heads [B, n_layers, n_heads]`` (and the residual term for
     ``embed_rows [B]``) see the positions ``sigma [B, pos]``, from layer ``first`` on. Where the
     key hook carries grouped key/value heads, a key head moves when any of its query heads does
@@ -148,13 +150,13 @@ def move_hooks(model, sigma: Tensor, layer_heads: Tensor, embed_rows: Tensor, fi
                 return rerotate(x, spans, sigma, _per_key_head(heads, x.shape[2]))
 
             # after the rotation (or before it, on a bridge: one pair's rotations commute)
-            names = getattr(enc, "rotation_hooks", ("hook_rot_q", "hook_rot_k"))
-            hooks += [(f"blocks.{layer}.attn.{name}", rot) for name in names]
-        if enc.has_bias and hasattr(enc, "move_bias"):  # a bridge's BLOOM: moved inside the scores
-            hooks.append(
-                (f"blocks.{layer}.attn.hook_attn_scores", enc.move_bias(layer, sigma, heads))
-            )
-        elif enc.has_bias:
+            hooks += [(f"blocks.{layer}.attn.{name}", rot) for name in enc.rotation_hooks]
+        if not enc.has_bias:
+            continue
+        inside = enc.move_bias(layer, sigma, heads)
+        if inside is not None:  # a bridge's BLOOM: moved inside the scores
+            hooks.append((f"blocks.{layer}.attn.hook_attn_scores", inside))
+        else:
 
             def bias(b, hook, heads=heads):  # [head, q, k] -> [B, head, q, k], gathered at sigma
                 rows = sigma[:, None, :, None].expand(-1, b.shape[0], -1, b.shape[2])
@@ -194,7 +196,7 @@ class MovedOutputs:
     method = "positions moved"
 
     def __init__(
-        self, model, tokens: Tensor, pad_mask: Tensor, sigma: Tensor, routes: np.ndarray
+        self, model: ProbeModel, tokens: Tensor, pad_mask: Tensor, sigma: Tensor, routes: np.ndarray
     ) -> None:
         self.model, self.tokens, self.pad_mask, self.sigma = model, tokens, pad_mask, sigma
         self.routes = torch.as_tensor(routes, device=tokens.device)
@@ -213,8 +215,7 @@ class MovedOutputs:
         clean = capture_z(self.model, toks, pm, self.layers)  # what each layer's input reads
         out: dict[int, Tensor] = {}
         no_embed = torch.zeros(len(idx), dtype=torch.bool, device=idx.device)
-        kv = getattr(self.model, "kv_layout", None)
-        group = 1 if kv is None else kv.group
+        group = self.model.kv_layout.group
         index = torch.arange(self.routes.shape[1], device=idx.device) % group
         for j in range(group):  # one query head per key head moved in each forward
             mine = self.routes & (index == j)[None]  # [n_layers, n_heads]

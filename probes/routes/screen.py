@@ -26,6 +26,8 @@ while an unmeasured route's estimate lies outside ±5%.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -33,6 +35,9 @@ from torch import Tensor
 from probes.ablation.ranking import rank_heads
 from probes.patching.sweep import logit_diff
 from probes.routes.moving import MovedOutputs
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
 
 __all__ = ["MovedOnce", "route_estimates", "screened_heads"]
 
@@ -60,7 +65,7 @@ class MovedOnce:
 
 
 def route_estimates(
-    model,
+    model: ProbeModel,
     clean: Tensor,
     mask: Tensor,
     good: Tensor,

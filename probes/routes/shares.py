@@ -35,6 +35,8 @@ exactly (:mod:`probes.routes.screen`); the result says which.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -63,6 +65,9 @@ from probes.routes.moving import (
 from probes.routes.result import RouteShares
 from probes.routes.screen import MovedOnce, route_estimates, screened_heads
 
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
+
 # A positional effect below this (mean logit difference) is no effect: it moves no answer's
 # probability by more than ~2.5 points (a model blind to order scores ~1e-6, an untrained one
 # ~1e-3), and shares of it are noise. The positional deposit is then "no", as the paper's
@@ -84,7 +89,7 @@ __all__ = [
 @torch.no_grad()
 @takes_probe_model
 def route_shares(
-    model,
+    model: ProbeModel,
     clean_tokens: Tensor,
     corrupt_tokens: Tensor,
     clean_labels: Tensor,

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pe_interp.encodings.base import RotarySpan
+from pe_interp.encodings.base import HeadAxes, RotarySpan
 from pe_interp.models.bridge.alibi import alibi_slopes
 from pe_interp.models.bridge.check import ForwardCheck
 
@@ -20,8 +20,8 @@ __all__ = ["BridgeEncoding"]
 
 class BridgeEncoding(ForwardCheck):
     """The positions a probe can read and move on a bridge, as :func:`probes.route_shares` and the
-    logit decomposition read an encoding, read from the bridge's components, hooks and config,
-    never from a table of model names (issue 47):
+    logit decomposition read an encoding (:class:`pe_interp.models.protocol.PositionView`), read
+    from the bridge's components, hooks and config, never from a table of model names (issue 47):
 
     - **rotary** (a rotary module, ``rotary_emb``, or every layer's ``hook_cos``/``hook_sin``):
       :meth:`rotary_spans`, Hugging Face's ``rotate_half`` pairs over the rotated share of each
@@ -267,6 +267,11 @@ class BridgeEncoding(ForwardCheck):
     def residual(self, n: int) -> Tensor | None:
         """The learned position vectors ``[n, d_model]`` (GPT-2's; None without a ``pos_embed``)."""
         return self.model.bridge.W_pos[:n] if self._learned else None
+
+    def head_parameters(self) -> dict[str, HeadAxes]:
+        """None of the bridge's parameters is the encoding's own (its rotary tables are buffers
+        of the model's, its ALiBi slopes read from a forward): nothing for per-head gradients."""
+        return {}
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):  # copy, pickle and friends ask for these

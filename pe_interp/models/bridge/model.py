@@ -107,6 +107,12 @@ class BridgeConfig:
         )
 
 
+def is_bridge(obj: Any) -> bool:
+    """Whether ``obj`` is what :class:`BridgedModel` takes: a TransformerLens ``TransformerBridge``
+    (``run_with_hooks``, the Hugging Face ``original_model``, a ``cfg``)."""
+    return hasattr(obj, "run_with_hooks") and hasattr(obj, "original_model") and hasattr(obj, "cfg")
+
+
 class BridgedModel(nn.Module):
     """A ``TransformerBridge`` as the probes read a model (module docstring)."""
 
@@ -120,11 +126,7 @@ class BridgedModel(nn.Module):
         pad_id: int | None = None,
     ) -> None:
         super().__init__()
-        if not (
-            hasattr(bridge, "run_with_hooks")
-            and hasattr(bridge, "original_model")
-            and hasattr(bridge, "cfg")
-        ):
+        if not is_bridge(bridge):
             raise ValueError(
                 f"BridgedModel takes a TransformerLens TransformerBridge, got {type(bridge).__name__}"
             )
@@ -384,5 +386,6 @@ __all__ = [
     "BridgeConfig",
     "BridgedModel",
     "NotOnABridge",
+    "is_bridge",
     "skipping_blocks",
 ]

@@ -330,6 +330,10 @@ class HookedPETransformer(HookedRootModule):
     def _set_flag(self, name: str, value: bool) -> None:
         self._share_cfg(self.cfg.replace(**{name: value}))  # replace() validates
 
+    def check_forks(self) -> None:
+        """Nothing to refuse: every fork of ours carries an edge exactly (each head's q/k/v input
+        and ``hook_mlp_in`` fork before the norm that reads them)."""
+
     def set_use_attn_result(self, use_attn_result: bool) -> None:
         """Fire ``attn.hook_result`` (each head's output ``z_h W_O[h]``), as in TransformerLens."""
         self._set_flag("use_attn_result", use_attn_result)
