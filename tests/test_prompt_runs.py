@@ -25,14 +25,14 @@ TOK = make_tokenizer()
 QUIET = ["--no-progress", "--no-figures"]
 
 
-def _model_dir(root: Path, n_ctx: int = 96, tokenizer=TOK) -> Path:
+def _model_dir(root: Path, n_ctx: int = 96, tokenizer=TOK, n_kv_heads: int = 2) -> Path:
     hf = build_hf_model(
         "llama",
         seed=3,
         n_layers=2,
         d_model=32,
         n_heads=4,
-        n_kv_heads=2,
+        n_kv_heads=n_kv_heads,
         d_mlp=64,
         n_ctx=n_ctx,
         d_vocab=len(TOK),
@@ -275,3 +275,41 @@ def test_a_sharded_model_loads_and_counts_every_shard(tmp_path):
     files[-1].unlink()
     with pytest.raises(md.CheckpointError, match=rf"the shard {files[-1].name} is missing"):
         load_model_dir(sharded, "induction")
+
+
+def test_circuit_on_natural_prompts_runs_on_whole_edges_or_refuses_in_one_line(
+    model_dir, tmp_path, capsys, monkeypatch
+):
+    """``pe-interp circuit MODEL --task induction`` (issue 54): position-aware edges need named
+    spans, which natural prompts lack (refused before the model loads); grouped key/value heads have
+    no edge graph yet (refused before any circuit work); an ungrouped model writes its circuit."""
+    import probes
+
+    loads = []
+    monkeypatch.setattr(
+        "pe_interp.models.bridge.hf_arch.boot_bridge", lambda *a, **k: loads.append(a) or 1 / 0
+    )
+    out = tmp_path / "spans"
+    argv = ["circuit", str(model_dir), "--task", "induction", "--n", "6", "--out", str(out)]
+    expect_cli_refusal(argv, r"natural prompts name no spans.*pass --whole-edges", capsys)
+    assert not loads and not out.exists()
+    monkeypatch.undo()
+
+    work = []
+    monkeypatch.setattr(probes, "family_attributions", lambda *a, **k: work.append(a) or 1 / 0)
+    out = tmp_path / "grouped"
+    argv = ["circuit", str(model_dir), "--task", "induction", "--n", "6", "--whole-edges"]
+    expect_cli_refusal(
+        [*argv, "--out", str(out)], r"share 2 key/value heads.*circuits do not run on it", capsys
+    )
+    assert not work and not (out / "circuit.json").exists()
+    monkeypatch.undo()
+
+    plain = _model_dir(tmp_path / "plain", n_kv_heads=4)
+    out = tmp_path / "circuit"
+    argv = ["circuit", str(plain), "--task", "induction", "--n", "6", "--whole-edges"]
+    assert main([*argv, "--top-n", "5", "--out", str(out)]) == 0
+    saved = json.loads((out / "circuit.json").read_text())
+    assert len(saved["edges"]) == 5 and saved["spans"] is None
+    assert saved["meta"]["top_head"].startswith("L") and saved["weights"]["sha256"]
+    assert (out / "circuit.html").read_text().count("<table") >= 2

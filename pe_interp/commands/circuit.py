@@ -212,6 +212,12 @@ def circuit_run(
             f"--aligned: position enters at the routes themselves, so no path from the embedding carries "
             f"it; use --select top (its default), not {select}"
         )
+    model.check_forks()  # a model whose edges cannot be defined says what it lacks, before any work
+    if positional and not hasattr(task, "spans"):
+        raise ValueError(
+            f"--task {task.name}: natural prompts name no spans of their positions, so the edges "
+            "cannot be position-aware; pass --whole-edges"
+        )
     kinds = ["position", "content"] + ([counterfactual] if counterfactual == "both" else [])
     scorer = "eap-ig" if method == "learned" else method
     fams = family_attributions(
@@ -297,9 +303,16 @@ def circuit_run(
 def run(args: argparse.Namespace) -> int:
     from pe_interp.commands.options import device_arg, model_dir_arg, out_dir_arg, writing_run
 
+    from pe_interp.prompts.task import is_prompt_task
+
     out_dir_arg(args.out)
     if args.faithful is not None and not 0 < args.faithful <= 1:
         raise ValueError(f"--faithful must be in (0, 1], got {args.faithful}")
+    if args.task is not None and is_prompt_task(args.task) and not args.whole_edges:
+        raise ValueError(
+            f"--task {args.task}: natural prompts name no spans of their positions, so the edges "
+            "cannot be position-aware; pass --whole-edges"
+        )
     with writing_run(
         args.run_dir, device=device_arg(args.device), out=args.out, **model_dir_arg(args)
     ) as loaded:

@@ -15,6 +15,11 @@ def _num(x: Any) -> str:
     return "" if x is None else f"{x:+.3f}"
 
 
+def _num(v: float | None) -> str:
+    """A table cell: three decimals, or a dash where nothing was measured (NaN is saved as null)."""
+    return "–" if v is None or v != v else f"{v:.3f}"
+
+
 def body_html(c) -> str:
     """The tables under the graph: the route into the top head, layer-0 terms, the curve."""
     from probes.circuits.view import circuit_summary, span_counts
@@ -44,7 +49,7 @@ def body_html(c) -> str:
     if route.get("layer0"):
         l0 = route["layer0"]
         cells = "".join(
-            f"<tr><td>{html.escape(k)}</td><td>{v:.3f}</td><td>{l0['toeplitz'].get(k, float('nan')):.3f}</td></tr>"
+            f"<tr><td>{html.escape(k)}</td><td>{_num(v)}</td><td>{_num(l0['toeplitz'].get(k))}</td></tr>"
             for k, v in l0["variance_share"].items()
         )
         parts.append(

@@ -126,7 +126,10 @@ def layer0_terms(model: ProbeModel, batch, head: int, n: int = 16) -> dict[str, 
             freq.append(t.rope.frequency_share().double().numpy())
     out: dict[str, Any] = {
         "variance_share": {k: float(np.mean(v)) for k, v in shares.items()},
-        "toeplitz": {k: float(np.nanmean(v)) for k, v in toeplitz.items()},
+        "toeplitz": {  # NaN where no row's term had a Toeplitz score (said as a dash in the page)
+            k: float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
+            for k, v in toeplitz.items()
+        },
         "n_examples": min(n, len(batch)),
     }
     if freq:
@@ -176,7 +179,9 @@ def head_route(
                 estimate[kind][comp] = {s: a.edge(s, reader) for s in senders}
     layer0 = None
     if site.layer == 0 and model.encoding.decomposes:  # not over a bridge's BLOOM (ALiBi unseen)
-        layer0 = layer0_terms(model, task.sample(16, seed=seed), site.head)
+        # a synthetic task samples its rows; natural prompts are their own held-out rows
+        rows = task.sample(16, seed=seed) if hasattr(task, "sample") else task.prompts
+        layer0 = layer0_terms(model, rows, site.head)
     return HeadRoute(name, metric, n, exact, {k: v for k, v in estimate.items() if v}, gaps, layer0)
 
 
