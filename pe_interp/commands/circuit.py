@@ -302,7 +302,6 @@ def circuit_run(
 
 def run(args: argparse.Namespace) -> int:
     from pe_interp.commands.options import device_arg, model_dir_arg, out_dir_arg, writing_run
-
     from pe_interp.prompts.task import is_prompt_task
 
     out_dir_arg(args.out)
