@@ -343,6 +343,7 @@ def part_routes(args, bridge, model) -> None:
     from pe_interp.prompts.task import load_prompt_task
     from probes import positional_dominance
     from probes.routes.result import RouteShares
+    from probes.routes.screen import Screen
 
     n = args.count_n
     task = load_prompt_task("induction", bridge, seed=0)
@@ -373,7 +374,7 @@ def part_routes(args, bridge, model) -> None:
     print(f"    exhaustive top 10 by |share|: {sorted(top10)}; verdict: {v_full.text()}")
     for spec in args.screen:
         k, path = int(spec.split(":")[0]), (spec.split(":") + ["clean"])[1]
-        r, t, (last, weighted) = run(screen=k, screen_path=path)
+        r, t, (last, weighted) = run(screen=Screen(k, path))
         got = {(int(a), int(h)) for a, h in zip(*np.nonzero(r.measured))}
         diff = float(np.abs(r.shares[r.measured] - full.shares[r.measured]).max())
         ratio = f", {te / t:.1f}x less time" if te else ""

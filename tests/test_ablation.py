@@ -422,7 +422,7 @@ def test_result_json_round_trip(tmp_path):
 # the CLI, on a fake run (load_run is someone else's)
 # ------------------------------------------------------------------------------------------------
 def test_cli_ablate_writes_outputs(tmp_path, monkeypatch, capsys):
-    import pe_interp.runs.checkpoint
+    import pe_interp.runs.load
     from pe_interp.commands import ablate as cmd
 
     model = make_model().eval()
@@ -444,7 +444,7 @@ def test_cli_ablate_writes_outputs(tmp_path, monkeypatch, capsys):
 
     calls = []
     monkeypatch.setattr(
-        pe_interp.runs.checkpoint, "load_run", lambda d, device="cpu": calls.append(d) or FakeRun()
+        pe_interp.runs.load, "load_run", lambda d, device="cpu": calls.append(d) or FakeRun()
     )
     parser = argparse.ArgumentParser()
     cmd.add_parser(parser.add_subparsers(dest="command"))

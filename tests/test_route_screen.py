@@ -17,7 +17,7 @@ from probes import positional_dominance, route_shares
 from probes.common.inputs import position_permutation
 from probes.routes.moving import MovedOutputs, position_routes
 from probes.routes.result import RouteShares
-from probes.routes.screen import MovedOnce, route_estimates
+from probes.routes.screen import MovedOnce, Screen, route_estimates
 
 
 def _model(encoding: str, scale: float = 8.0):
@@ -163,12 +163,14 @@ def test_screened_route_shares_on_a_grouped_bridge_equal_the_exhaustive(tmp_path
 
 def test_a_bad_screen_is_one_line():
     m, p = _model("rope"), TASK.counterfactuals(8, kind="position", seed=3)
-    with pytest.raises(ValueError, match="screen"):
+    with pytest.raises(ValueError, match="route_shares: Screen: k must be a positive integer"):
         _shares(m, p, screen=0)
-    with pytest.raises(ValueError, match="screen_steps"):
-        _shares(m, p, screen=2, screen_steps=0)
-    with pytest.raises(ValueError, match="screen_path must be 'clean' \\(steps 1\\) or 'joint'"):
-        _shares(m, p, screen=2, screen_path="clean", screen_steps=2)
+    with pytest.raises(ValueError, match="Screen: steps must be a positive integer, got 0"):
+        Screen(2, path="joint", steps=0)
+    with pytest.raises(ValueError, match="Screen: path must be 'clean' \\(steps 1\\) or 'joint'"):
+        Screen(2, path="clean", steps=2)
+    with pytest.raises(ValueError, match="route_shares: Screen: k must be a positive integer"):
+        _shares(m, p, screen=True)
 
 
 def test_a_screen_says_no_where_a_planted_route_is_split_in_two(tmp_path):

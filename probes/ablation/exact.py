@@ -59,7 +59,7 @@ from pe_interp.util.modes import eval_mode
 from probes.ablation.replace import for_request
 from probes.ablation.request import AblationRequest
 from probes.ablation.result import AblationResult
-from probes.ablation.sweeps import sweep_batched, sweep_naive, sweep_stacked
+from probes.ablation.sweeps import exact_sweep
 from probes.common.inputs import FiniteWatch
 from probes.common.metrics import harm, paired_bootstrap
 
@@ -91,8 +91,7 @@ def exact_engine(req: AblationRequest, *, naive: bool = False) -> AblationResult
     """Every unit of ``req`` ablated on every example (``naive``: by the slow reference loop)."""
     watch = FiniteWatch()  # the logits of every forward, checked once at the end
     with eval_mode(req.model), torch.no_grad(), autocast(req.tokens.device, req.amp):
-        sweep = sweep_naive if naive else sweep_batched if req.model.can_restart else sweep_stacked
-        base, vals = sweep(req, watch, for_request(req))
+        base, vals = exact_sweep(req.sweep, for_request(req), watch, naive=naive)
     watch.check(req.who, req.amp)
     return summarise(req, base.numpy(), vals.numpy())
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from probes.ablation.result import Head
+from probes.ablation.sweeps import Sweep
 from probes.common.metrics import Metric
 
 if TYPE_CHECKING:
@@ -40,6 +41,20 @@ class AblationRequest:
     who: str = "ablate_heads"
     reference_given: bool = False
     engine: Any = None  # the AblationEngine that runs it (probes.ablation.engines)
+
+    @property
+    def sweep(self) -> Sweep:
+        """The exact sweep this request runs (:func:`probes.ablation.sweeps.exact_sweep`)."""
+        return Sweep(
+            self.model,
+            self.tokens,
+            self.labels,
+            self.pad_mask,
+            self.units,
+            self.metric,
+            self.batch_size,
+            self.progress,
+        )
 
 
 def default_batch_size(model: ProbeModel) -> int:

@@ -1,21 +1,55 @@
-"""The exact sweeps of head ablation (the engines in :mod:`probes.ablation.exact` choose one):
+"""The exact sweep: every unit (a set of heads) replaced on every example, one metric value each.
+
+:func:`exact_sweep` is the one entry, for head ablation (:mod:`probes.ablation.exact`) and route
+shares (:mod:`probes.routes.shares`) alike: it takes a :class:`Sweep` (checked examples, units, a
+metric) and a :class:`~probes.common.replace.Replacement`, and chooses the engine once:
 :func:`sweep_batched` through the model's seam inside a layer, :func:`sweep_stacked` for a model
-that restarts at a layer's input or only from the embedding, and :func:`sweep_naive`, the slow
+that restarts at a layer's input or only from the embedding, or :func:`sweep_naive`, the slow
 reference. Each returns ``(baseline [N], values [units, N])`` per example; how they are fast
 without approximating anything is in :mod:`probes.ablation.exact`'s docstring."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from pe_interp.models.protocol import HOOKS
-from probes.ablation.request import AblationRequest
 from probes.common.inputs import FiniteWatch
+from probes.common.metrics import Metric
 from probes.common.progress import SweepProgress
 from probes.common.replace import Replacement, needed_width, overwrite_hook, replace_hook
+
+if TYPE_CHECKING:
+    from pe_interp.models.protocol import ProbeModel
+    from probes.ablation.result import Head
+
+
+@dataclass(frozen=True, eq=False)
+class Sweep:
+    """What an exact sweep runs, checked by its caller: the examples, the units each copy replaces,
+    and the metric of each row."""
+
+    model: ProbeModel
+    tokens: Tensor  # [N, pos] int64 on the model's device
+    labels: Tensor  # [N]: class labels, or row indices where the metric reads its rows' own pairs
+    pad_mask: Tensor  # [N, pos] bool, True at real tokens
+    units: list[tuple[Head, ...]]  # the heads each copy replaces
+    metric: Metric  # metric(logits, labels) -> [rows]
+    batch_size: int  # rows per forward
+    progress: bool = False  # a bar with an ETA
+
+
+def exact_sweep(
+    sweep: Sweep, repl: Replacement, watch: FiniteWatch, *, naive: bool = False
+) -> tuple[Tensor, Tensor]:
+    """``(baseline [N], values [units, N])``: every unit of ``sweep`` replaced by ``repl`` on every
+    example, by the engine the model allows (module docstring); ``naive``: the slow reference."""
+    run = sweep_naive if naive else sweep_batched if sweep.model.can_restart else sweep_stacked
+    return run(sweep, watch, repl)
 
 
 def even_split(n: int, most: int) -> int:
@@ -37,9 +71,7 @@ def unit_masks(part: list[tuple], n_heads: int, device) -> dict[int, Tensor]:
     return masks
 
 
-def sweep_batched(
-    req: AblationRequest, watch: FiniteWatch, repl: Replacement
-) -> tuple[Tensor, Tensor]:
+def sweep_batched(req: Sweep, watch: FiniteWatch, repl: Replacement) -> tuple[Tensor, Tensor]:
     """The fast sweep (module docstring): ``(baseline [N], values [units, N])`` per example."""
     model, tokens, labels, pad_mask, units = (
         req.model,
@@ -131,9 +163,7 @@ def sweep_batched(
     return base, vals
 
 
-def sweep_stacked(
-    req: AblationRequest, watch: FiniteWatch, repl: Replacement
-) -> tuple[Tensor, Tensor]:
+def sweep_stacked(req: Sweep, watch: FiniteWatch, repl: Replacement) -> tuple[Tensor, Tensor]:
     """Many ablations per forward (step 3 of the module docstring) without the seam inside a layer:
     each of ``k`` stacked copies of a chunk has its own heads replaced on ``hook_z``, from the
     input of the ablations' first layer where the model resumes there exactly
@@ -221,9 +251,7 @@ def sweep_stacked(
     return base, vals
 
 
-def sweep_naive(
-    req: AblationRequest, watch: FiniteWatch, repl: Replacement
-) -> tuple[Tensor, Tensor]:
+def sweep_naive(req: Sweep, watch: FiniteWatch, repl: Replacement) -> tuple[Tensor, Tensor]:
     """One full forward (all layers, full padded width) per ablation and batch of examples."""
     model, tokens, labels, pad_mask, units = (
         req.model,

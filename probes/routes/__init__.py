@@ -6,12 +6,14 @@ deposit, lives with the other deposit definitions (:mod:`probes.deposit.position
 
 from probes.routes.moving import EMBED, can_move_positions, position_routes
 from probes.routes.result import RouteShares
+from probes.routes.screen import Screen
 from probes.routes.shares import NO_EFFECT, route_shares
 
 __all__ = [
     "EMBED",
     "NO_EFFECT",
     "RouteShares",
+    "Screen",
     "can_move_positions",
     "position_routes",
     "route_shares",

@@ -26,6 +26,7 @@ while an unmeasured route's estimate lies outside ±5%.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,7 +40,36 @@ from probes.routes.moving import MovedOutputs
 if TYPE_CHECKING:
     from pe_interp.models.protocol import ProbeModel
 
-__all__ = ["MovedOnce", "route_estimates", "screened_heads"]
+__all__ = ["MovedOnce", "Screen", "route_estimates", "screened_heads"]
+
+
+@dataclass(frozen=True)
+class Screen:
+    """Route shares screened by attribution (module docstring): every head's share estimated at
+    once, along ``path`` ("clean": the derivative with every route live, one point; "joint":
+    integrated over ``steps`` Gauss-Legendre nodes of the joint path), and the ``k`` largest
+    measured exactly. ``route_shares(screen=k)`` is ``Screen(k)``."""
+
+    k: int
+    path: str = "clean"
+    steps: int = 1
+
+    def __post_init__(self) -> None:
+        for name, value in (("k", self.k), ("steps", self.steps)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Screen: {name} must be a positive integer, got {value!r}")
+        if self.path not in ("clean", "joint") or (self.path == "clean" and self.steps != 1):
+            raise ValueError(
+                f"Screen: path must be 'clean' (steps 1) or 'joint', got {self.path!r} with "
+                f"{self.steps} steps"
+            )
+
+    @classmethod
+    def of(cls, screen: Screen | int | None) -> Screen | None:
+        """A screen object, or the one an int (``k``) names; None measures every route."""
+        if screen is None or isinstance(screen, Screen):
+            return screen
+        return cls(screen)
 
 
 class MovedOnce:

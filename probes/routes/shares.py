@@ -42,9 +42,8 @@ import torch
 from torch import Tensor
 
 from pe_interp.util.modes import eval_mode
-from probes.ablation.plan import check_request
 from probes.ablation.request import default_batch_size
-from probes.ablation.sweeps import sweep_batched, sweep_stacked
+from probes.ablation.sweeps import Sweep, exact_sweep
 from probes.common.inputs import (
     FiniteWatch,
     check_count,
@@ -63,7 +62,7 @@ from probes.routes.moving import (
     position_routes,
 )
 from probes.routes.result import RouteShares
-from probes.routes.screen import MovedOnce, route_estimates, screened_heads
+from probes.routes.screen import MovedOnce, Screen, route_estimates, screened_heads
 
 if TYPE_CHECKING:
     from pe_interp.models.protocol import ProbeModel
@@ -100,33 +99,28 @@ def route_shares(
     n_bootstrap: int = 1000,
     ci: float = 0.95,
     seed: int = 0,
-    screen: int | None = None,
-    screen_path: str = "clean",
-    screen_steps: int = 1,
+    screen: Screen | int | None = None,
     progress: bool = False,
 ) -> RouteShares:
     """Each positional route's share of the positional effect (module docstring), on position-only
     counterfactual pairs (``task.counterfactuals(n, kind="position")``; the pairs share
     ``pad_mask``). Each head's route runs as a replacement of its output in the exact ablation
     sweep (:mod:`probes.routes.moving`); ``batch_size``: rows per forward (default: as
-    :func:`probes.ablate_heads`). ``screen=k``: every head's share estimated by attribution
-    (``screen_path`` "clean": its derivative with every route live; "joint": integrated over
-    ``screen_steps`` nodes), the ``k`` largest measured exactly, the others NaN
-    (:mod:`probes.routes.screen`); None (default) measures every head. ``progress``: a
-    bar with an ETA over the exact sweep."""
+    :func:`probes.ablate_heads`). ``screen``: a :class:`~probes.routes.screen.Screen` (``k``, an
+    int, is ``Screen(k)``): every head's share estimated by attribution, the ``k`` largest measured
+    exactly, the others NaN; None (default) measures every head. ``progress``: a bar with an ETA
+    over the exact sweep."""
     who = "route_shares"
     check_finite_model(model, who)
     if batch_size is not None:
         check_count(batch_size, "batch_size", 1, who)
     check_count(n_bootstrap, "n_bootstrap", 0, who)
-    if screen is not None:
-        check_count(screen, "screen", 1, who)
-        check_count(screen_steps, "screen_steps", 1, who)
-        if screen_path not in ("clean", "joint") or (screen_path == "clean" and screen_steps != 1):
-            raise ValueError(
-                f"{who}: screen_path must be 'clean' (steps 1) or 'joint', got {screen_path!r} "
-                f"with {screen_steps} steps"
-            )
+    if not 0.0 < ci < 1.0:
+        raise ValueError(f"ci must be in (0, 1), got {ci!r}")
+    try:
+        screen = Screen.of(screen)
+    except ValueError as err:
+        raise ValueError(f"{who}: {err}") from None
     clean, good, mask = check_examples(
         model, clean_tokens, clean_labels, pad_mask, who=who, label_name="clean_labels"
     )
@@ -139,6 +133,8 @@ def route_shares(
         what="corrupt_tokens",
         label_name="corrupt_labels",
     )
+    if clean.shape[0] == 0:
+        raise ValueError(f"{who}: no examples to evaluate")
     if bool((good == bad).all()):
         raise ValueError(
             f"{who}: every pair has one label, so position changes no answer here; use a task whose "
@@ -158,7 +154,7 @@ def route_shares(
     with eval_mode(model):
         moved = MovedOutputs(model, clean, mask, sigma, routes)
         estimates = None
-        if screen is not None and screen < len(heads):
+        if screen is not None and screen.k < len(heads):
             moved = MovedOnce(moved, batch_size)
             estimates = route_estimates(
                 model,
@@ -167,29 +163,17 @@ def route_shares(
                 good,
                 bad,
                 moved,
-                path=screen_path,
-                steps=screen_steps,
+                path=screen.path,
+                steps=screen.steps,
                 batch_size=batch_size,
             )
-            heads = screened_heads(estimates, routes, screen)
-        if heads:  # each head's route as a replacement in the exact sweep, checked as any sweep is
-            req = check_request(
-                model,
-                clean,
-                None,
-                pad_mask=mask,
-                metric=ld_of,
-                head_sets=[(u,) for u in heads],
-                n_bootstrap=0,
-                ci=ci,
-                seed=seed,
-                batch_size=batch_size,
-                who=who,
-                rows=True,
-                progress=progress,
+            heads = screened_heads(estimates, routes, screen.k)
+        if heads:  # each head's route as a replacement of its output in the exact sweep
+            rows_of = torch.arange(n, device=clean.device)  # the metric reads each row's pair
+            sweep = Sweep(
+                model, clean, rows_of, mask, [(u,) for u in heads], ld_of, batch_size, progress
             )
-            sweep = sweep_batched if model.can_restart else sweep_stacked
-            ld_clean, ld_heads = sweep(req, watch, moved)
+            ld_clean, ld_heads = exact_sweep(sweep, moved, watch)
         else:
             ld_clean, ld_heads = None, torch.empty(0, n, dtype=torch.float64)
         # the residual route and every route at once: whole forwards from the embedding
