@@ -56,7 +56,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -180,6 +181,77 @@ def patch(
             default fp32, exact.
         progress: a bar with an ETA, advanced by each forward's cost (the layers it runs).
     """
+    inp = _check_patch(
+        model,
+        clean_tokens,
+        corrupt_tokens,
+        site=site,
+        by_position=by_position,
+        default_metric=metric is None,
+        clean_labels=clean_labels,
+        corrupt_labels=corrupt_labels,
+        pad_mask=pad_mask,
+        direction=direction,
+        layers=layers,
+        batch_size=batch_size,
+        n_bootstrap=n_bootstrap,
+    )
+    cells, src_logits, recv_logits = _patch_cells(model, inp, metric, amp, progress)
+    clean_logits, corrupt_logits = (
+        (src_logits, recv_logits) if direction == "clean_to_corrupt" else (recv_logits, src_logits)
+    )
+    if inp.default_metric:
+        return _normalised_result(
+            inp, cells, clean_logits, corrupt_logits, n_bootstrap, seed, ci_level
+        )
+    return _custom_result(
+        inp, cells, metric, clean_logits, corrupt_logits, n_bootstrap, seed, ci_level
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class _PatchInputs:
+    """:func:`patch`'s arguments, checked: the pairs in source and receiving order, and the cells."""
+
+    site: str
+    by_position: bool
+    direction: str
+    default_metric: bool
+    layers: tuple[int, ...]
+    clean_labels: Tensor | None
+    corrupt_labels: Tensor | None
+    src_tokens: Tensor
+    recv_tokens: Tensor
+    pad_mask: Tensor | None
+    masks: Tensor  # [cells, ...] one boolean mask per patch cell
+    cell_shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    chunk: int  # examples per forward
+    group: int  # cells per forward
+
+    @property
+    def n(self) -> int:
+        return self.src_tokens.shape[0]
+
+
+def _check_patch(
+    model: ProbeModel,
+    clean_tokens: Tensor,
+    corrupt_tokens: Tensor,
+    *,
+    site: str,
+    by_position: bool | None,
+    default_metric: bool,
+    clean_labels: Tensor | None,
+    corrupt_labels: Tensor | None,
+    pad_mask: Tensor | None,
+    direction: str,
+    layers: Sequence[int] | None,
+    batch_size: int,
+    n_bootstrap: int,
+) -> _PatchInputs:
+    """Every check of :func:`patch`, in order, and the cells; the only forwards are the pairs'
+    own check (:func:`_check_pairs_differ`), before any patching."""
     check_finite_model(model, "patch")
     if site not in SITES:
         raise ValueError(f"patch: unknown site {site!r}; expected one of {', '.join(SITES)}")
@@ -215,7 +287,6 @@ def patch(
         raise ValueError("patch: site 'mlp_out' needs a model with MLPs (d_mlp > 0)")
     if by_position is None:
         by_position = site in BLOCK_SITES
-    default_metric = metric is None
     device = model.W_E.device
     if default_metric and (clean_labels is None or corrupt_labels is None):
         raise ValueError(
@@ -253,10 +324,45 @@ def patch(
         heads = model.kv_layout.n_kv_heads  # grouped heads: hook_k/hook_v carry those heads only
     masks, cell_shape, axis_names = cell_layout(site, by_position, n_pos, heads)
     masks = masks.to(device)
-    n_cells = masks.shape[0]
     chunk = n if not default_metric else min(n, batch_size)
     group = max(1, batch_size // chunk)
+    return _PatchInputs(
+        site,
+        bool(by_position),
+        direction,
+        default_metric,
+        layers,
+        clean_labels,
+        corrupt_labels,
+        src_tokens,
+        recv_tokens,
+        pad_mask,
+        masks,
+        cell_shape,
+        axis_names,
+        chunk,
+        group,
+    )
 
+
+def _patch_cells(
+    model: ProbeModel,
+    inp: _PatchInputs,
+    metric: Callable[[Tensor], Tensor] | None,
+    amp: bool,
+    progress: bool,
+) -> tuple[Any, Tensor, Tensor]:
+    """Every cell of every layer patched (module docstring): the default metric's patched logit
+    differences ``[layers, cells, n]``, or the custom metric's values per layer and cell; and the
+    source and receiving runs' logits."""
+    site, layers, masks, chunk, group = inp.site, inp.layers, inp.masks, inp.chunk, inp.group
+    src_tokens, recv_tokens, pad_mask, n = inp.src_tokens, inp.recv_tokens, inp.pad_mask, inp.n
+    clean_labels, corrupt_labels, default_metric = (
+        inp.clean_labels,
+        inp.corrupt_labels,
+        inp.default_metric,
+    )
+    cfg, device, n_cells = model.cfg, masks.device, masks.shape[0]
     watch = FiniteWatch()  # every logit of the call, checked once after the loop
     with eval_mode(model), torch.no_grad(), autocast(device, amp):
         ld_cells = None  # default metric: [len(layers), n_cells, n] patched logit differences
@@ -298,79 +404,123 @@ def patch(
         src_logits = watch.see(torch.cat(src_logits_all))
         recv_logits = watch.see(torch.cat(recv_logits_all))
     watch.check("patch", amp)
-    clean_logits, corrupt_logits = (
-        (src_logits, recv_logits) if direction == "clean_to_corrupt" else (recv_logits, src_logits)
-    )
+    return (ld_cells if default_metric else custom_vals), src_logits, recv_logits
 
-    grid = (len(layers), *cell_shape)
-    ci_low = ci_high = None
-    if default_metric:
-        ld_clean = logit_diff(clean_logits, clean_labels, corrupt_labels).double()
-        ld_corrupt = logit_diff(corrupt_logits, clean_labels, corrupt_labels).double()
-        denom = (ld_clean - ld_corrupt).mean()
-        if not torch.isfinite(denom) or denom.abs() < 1e-12:
-            raise ValueError(
-                "patch: the clean and corrupt runs have the same mean logit difference, so the "
-                "normalised metric is undefined; pass metric= or use other pairs"
-            )
-        numer = ld_cells - ld_corrupt  # [L, cells, n]
-        per_example = (numer / denom).reshape(*grid, n)
-        values = per_example.mean(-1)
-        if n_bootstrap > 0:
-            ci_low, ci_high = bootstrap_ratio_ci(
-                numer, ld_clean - ld_corrupt, n_bootstrap, seed, ci_level
-            )
-            ci_low, ci_high = ci_low.reshape(grid), ci_high.reshape(grid)
-        clean_value, corrupt_value = 1.0, 0.0
-        metric_name = DEFAULT_METRIC_NAME
-        extra = {
-            "logit_diff_clean": float(ld_clean.mean()),
-            "logit_diff_corrupt": float(ld_corrupt.mean()),
-            # how well the pairs separate the labels: the normaliser over its per-example spread
-            "denominator_z": float(denom / ((ld_clean - ld_corrupt).std() / math.sqrt(n)))
-            if n > 1 and float((ld_clean - ld_corrupt).std()) > 0
-            else None,
-        }
-        dtype = clean_logits.dtype
-        values, per_example = values.to(dtype), per_example.to(dtype)
-        if ci_low is not None:
-            ci_low, ci_high = ci_low.to(dtype), ci_high.to(dtype)
-    else:
-        flat = [v for row in custom_vals for v in row]
-        shapes = {tuple(v.shape) for v in flat}
-        if shapes == {()}:
-            values = torch.stack(flat).reshape(grid)
-            per_example = None
-        elif shapes == {(n,)}:
-            per_example = torch.stack(flat).reshape(*grid, n)
-            values = per_example.mean(-1)
-            if n_bootstrap > 0:
-                ci_low, ci_high = bootstrap_ratio_ci(per_example, None, n_bootstrap, seed, ci_level)
-        else:
-            raise ValueError(
-                f"patch: metric must return a scalar or a [{n}] tensor, got shapes {sorted(shapes)}"
-            )
-        clean_value = float(torch.as_tensor(metric(clean_logits)).double().mean())
-        corrupt_value = float(torch.as_tensor(metric(corrupt_logits)).double().mean())
-        metric_name = getattr(metric, "__name__", "custom")
-        extra = {}
+
+def _patch_result(
+    inp: _PatchInputs, values, per_example, ci_low, ci_high, **kw: Any
+) -> PatchResult:
     return PatchResult(
         values=values,
         per_example=per_example,
         ci_low=ci_low,
         ci_high=ci_high,
-        site=site,
-        by_position=bool(by_position),
-        direction=direction,
-        layers=layers,
-        axis_names=axis_names,
-        metric_name=metric_name,
-        clean_value=clean_value,
-        corrupt_value=corrupt_value,
-        n_examples=n,
+        site=inp.site,
+        by_position=inp.by_position,
+        direction=inp.direction,
+        layers=inp.layers,
+        axis_names=inp.axis_names,
+        n_examples=inp.n,
+        **kw,
+    )
+
+
+def _normalised_result(
+    inp: _PatchInputs,
+    ld_cells: Tensor,
+    clean_logits: Tensor,
+    corrupt_logits: Tensor,
+    n_bootstrap: int,
+    seed: int,
+    ci_level: float,
+) -> PatchResult:
+    """The default metric: each cell's patched logit difference, 1 at the clean run and 0 at the
+    corrupt one, per example and with paired bootstrap intervals of the ratio."""
+    grid, n = (len(inp.layers), *inp.cell_shape), inp.n
+    clean_labels, corrupt_labels = inp.clean_labels, inp.corrupt_labels
+    ci_low = ci_high = None
+    ld_clean = logit_diff(clean_logits, clean_labels, corrupt_labels).double()
+    ld_corrupt = logit_diff(corrupt_logits, clean_labels, corrupt_labels).double()
+    denom = (ld_clean - ld_corrupt).mean()
+    if not torch.isfinite(denom) or denom.abs() < 1e-12:
+        raise ValueError(
+            "patch: the clean and corrupt runs have the same mean logit difference, so the "
+            "normalised metric is undefined; pass metric= or use other pairs"
+        )
+    numer = ld_cells - ld_corrupt  # [L, cells, n]
+    per_example = (numer / denom).reshape(*grid, n)
+    values = per_example.mean(-1)
+    if n_bootstrap > 0:
+        ci_low, ci_high = bootstrap_ratio_ci(
+            numer, ld_clean - ld_corrupt, n_bootstrap, seed, ci_level
+        )
+        ci_low, ci_high = ci_low.reshape(grid), ci_high.reshape(grid)
+    extra = {
+        "logit_diff_clean": float(ld_clean.mean()),
+        "logit_diff_corrupt": float(ld_corrupt.mean()),
+        # how well the pairs separate the labels: the normaliser over its per-example spread
+        "denominator_z": float(denom / ((ld_clean - ld_corrupt).std() / math.sqrt(n)))
+        if n > 1 and float((ld_clean - ld_corrupt).std()) > 0
+        else None,
+    }
+    dtype = clean_logits.dtype
+    values, per_example = values.to(dtype), per_example.to(dtype)
+    if ci_low is not None:
+        ci_low, ci_high = ci_low.to(dtype), ci_high.to(dtype)
+    return _patch_result(
+        inp,
+        values,
+        per_example,
+        ci_low,
+        ci_high,
+        metric_name=DEFAULT_METRIC_NAME,
+        clean_value=1.0,
+        corrupt_value=0.0,
         n_bootstrap=n_bootstrap if ci_low is not None else 0,
         ci_level=ci_level,
         extra=extra,
+    )
+
+
+def _custom_result(
+    inp: _PatchInputs,
+    custom_vals: list[list[Tensor]],
+    metric: Callable[[Tensor], Tensor],
+    clean_logits: Tensor,
+    corrupt_logits: Tensor,
+    n_bootstrap: int,
+    seed: int,
+    ci_level: float,
+) -> PatchResult:
+    """A caller's metric: a scalar per cell, or a value per example with bootstrap intervals."""
+    grid, n = (len(inp.layers), *inp.cell_shape), inp.n
+    ci_low = ci_high = None
+    flat = [v for row in custom_vals for v in row]
+    shapes = {tuple(v.shape) for v in flat}
+    if shapes == {()}:
+        values = torch.stack(flat).reshape(grid)
+        per_example = None
+    elif shapes == {(n,)}:
+        per_example = torch.stack(flat).reshape(*grid, n)
+        values = per_example.mean(-1)
+        if n_bootstrap > 0:
+            ci_low, ci_high = bootstrap_ratio_ci(per_example, None, n_bootstrap, seed, ci_level)
+    else:
+        raise ValueError(
+            f"patch: metric must return a scalar or a [{n}] tensor, got shapes {sorted(shapes)}"
+        )
+    return _patch_result(
+        inp,
+        values,
+        per_example,
+        ci_low,
+        ci_high,
+        metric_name=getattr(metric, "__name__", "custom"),
+        clean_value=float(torch.as_tensor(metric(clean_logits)).double().mean()),
+        corrupt_value=float(torch.as_tensor(metric(corrupt_logits)).double().mean()),
+        n_bootstrap=n_bootstrap if ci_low is not None else 0,
+        ci_level=ci_level,
+        extra={},
     )
 
 
