@@ -65,11 +65,11 @@ def test_routes_prints_the_verdict_and_exits_0_when_decided(tmp_path, capsys):
 
 
 def test_routes_exits_3_when_undecided(tmp_path, capsys, monkeypatch):
-    import probes.routes.shares as routes
+    import probes.deposit.positional as positional
 
     run = _planted(tmp_path)
     monkeypatch.setattr(
-        routes,
+        positional,
         "positional_dominance",
         lambda r: positional_dominance(_shares((0.6, 0.45, 0.75), (0.02, -0.01, 0.04))),
     )

@@ -111,39 +111,18 @@ def route_shares(
     exactly, the others NaN; None (default) measures every head. ``progress``: a bar with an ETA
     over the exact sweep."""
     who = "route_shares"
-    check_finite_model(model, who)
-    if batch_size is not None:
-        check_count(batch_size, "batch_size", 1, who)
-    check_count(n_bootstrap, "n_bootstrap", 0, who)
-    if not 0.0 < ci < 1.0:
-        raise ValueError(f"ci must be in (0, 1), got {ci!r}")
-    try:
-        screen = Screen.of(screen)
-    except ValueError as err:
-        raise ValueError(f"{who}: {err}") from None
-    clean, good, mask = check_examples(
-        model, clean_tokens, clean_labels, pad_mask, who=who, label_name="clean_labels"
-    )
-    corrupt, bad, _ = check_examples(
+    clean, corrupt, good, bad, mask, sigma, screen = _check_routes(
         model,
+        clean_tokens,
         corrupt_tokens,
+        clean_labels,
         corrupt_labels,
         pad_mask,
-        who=who,
-        what="corrupt_tokens",
-        label_name="corrupt_labels",
+        batch_size=batch_size,
+        n_bootstrap=n_bootstrap,
+        ci=ci,
+        screen=screen,
     )
-    if clean.shape[0] == 0:
-        raise ValueError(f"{who}: no examples to evaluate")
-    if bool((good == bad).all()):
-        raise ValueError(
-            f"{who}: every pair has one label, so position changes no answer here; use a task whose "
-            "position-only counterfactuals change the label (distance, retrieve)"
-        )
-    try:
-        sigma = position_permutation(clean, corrupt)
-    except ValueError as err:
-        raise ValueError(f"{who}: {err}") from None
     extra, routes = position_routes(model)
     heads = [(int(a), int(h)) for a, h in zip(*np.nonzero(routes))]
     n = len(clean)
@@ -177,19 +156,11 @@ def route_shares(
         else:
             ld_clean, ld_heads = None, torch.empty(0, n, dtype=torch.float64)
         # the residual route and every route at once: whole forwards from the embedding
-        _, key_valid = model.check_inputs(clean, mask)
         whole = [EMBED] * bool(extra) + ["all"]
-        ld_whole = torch.empty(len(whole), n, dtype=torch.float64)
-        for r0 in range(0, n, batch_size):
-            rows = slice(r0, min(n, r0 + batch_size))
-            for i, u in enumerate(whole):
-                moved = torch.as_tensor(routes, device=clean.device) & (u == "all")
-                layer_heads = moved[None].expand(rows.stop - rows.start, -1, -1)
-                embed = torch.full((rows.stop - rows.start,), bool(extra), device=clean.device)
-                kv = None if key_valid is None else key_valid[rows]
-                with model.hooks(fwd_hooks=move_hooks(model, sigma[rows], layer_heads, embed, 0)):
-                    logits = watch.see(model.forward_unchecked(clean[rows], kv))
-                ld_whole[i, rows] = logit_diff(logits, good[rows], bad[rows]).double().cpu()
+        ld_whole = _whole_routes(
+            model, clean, mask, good, bad, sigma, routes, whole, batch_size, watch
+        )
+        _, key_valid = model.check_inputs(clean, mask)
         if ld_clean is None:
             ld_clean = (
                 logit_diff(watch.see(model.forward_unchecked(clean, key_valid)), good, bad)
@@ -202,7 +173,119 @@ def route_shares(
             .cpu()
         )
     watch.check(who, False)
-    ld, units = torch.cat([ld_heads, ld_whole]), heads + whole
+    return _route_result(
+        model,
+        routes,
+        heads + whole,
+        torch.cat([ld_heads, ld_whole]),
+        ld_clean,
+        ld_cf,
+        estimates,
+        n_bootstrap=n_bootstrap,
+        ci=ci,
+        seed=seed,
+    )
+
+
+def _check_routes(
+    model: ProbeModel,
+    clean_tokens: Tensor,
+    corrupt_tokens: Tensor,
+    clean_labels: Tensor,
+    corrupt_labels: Tensor,
+    pad_mask: Tensor | None,
+    *,
+    batch_size: int | None,
+    n_bootstrap: int,
+    ci: float,
+    screen: Screen | int | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Screen | None]:
+    """Every check of :func:`route_shares`, before its first forward: ``(clean, corrupt, clean
+    labels, corrupt labels, pad mask, the permutation σ, the screen)``."""
+    who = "route_shares"
+    check_finite_model(model, who)
+    if batch_size is not None:
+        check_count(batch_size, "batch_size", 1, who)
+    check_count(n_bootstrap, "n_bootstrap", 0, who)
+    if not 0.0 < ci < 1.0:
+        raise ValueError(f"ci must be in (0, 1), got {ci!r}")
+    try:
+        screen = Screen.of(screen)
+    except ValueError as err:
+        raise ValueError(f"{who}: {err}") from None
+    clean, good, mask = check_examples(
+        model, clean_tokens, clean_labels, pad_mask, who=who, label_name="clean_labels"
+    )
+    corrupt, bad, _ = check_examples(
+        model,
+        corrupt_tokens,
+        corrupt_labels,
+        pad_mask,
+        who=who,
+        what="corrupt_tokens",
+        label_name="corrupt_labels",
+    )
+    if clean.shape[0] == 0:
+        raise ValueError(f"{who}: no examples to evaluate")
+    if bool((good == bad).all()):
+        raise ValueError(
+            f"{who}: every pair has one label, so position changes no answer here; use a task whose "
+            "position-only counterfactuals change the label (distance, retrieve)"
+        )
+    try:
+        sigma = position_permutation(clean, corrupt)
+    except ValueError as err:
+        raise ValueError(f"{who}: {err}") from None
+    return clean, corrupt, good, bad, mask, sigma, screen
+
+
+def _whole_routes(
+    model: ProbeModel,
+    clean: Tensor,
+    mask: Tensor,
+    good: Tensor,
+    bad: Tensor,
+    sigma: Tensor,
+    routes: np.ndarray,
+    whole: list[str],
+    batch_size: int,
+    watch: FiniteWatch,
+) -> Tensor:
+    """``[len(whole), n]`` logit differences with the residual route (``EMBED``) or every route
+    (``"all"``) seeing the moved positions: whole forwards from the embedding."""
+    n = len(clean)
+    extra = whole[0] == EMBED
+    _, key_valid = model.check_inputs(clean, mask)
+    ld_whole = torch.empty(len(whole), n, dtype=torch.float64)
+    for r0 in range(0, n, batch_size):
+        rows = slice(r0, min(n, r0 + batch_size))
+        for i, u in enumerate(whole):
+            moved = torch.as_tensor(routes, device=clean.device) & (u == "all")
+            layer_heads = moved[None].expand(rows.stop - rows.start, -1, -1)
+            embed = torch.full((rows.stop - rows.start,), bool(extra), device=clean.device)
+            kv = None if key_valid is None else key_valid[rows]
+            with model.hooks(fwd_hooks=move_hooks(model, sigma[rows], layer_heads, embed, 0)):
+                logits = watch.see(model.forward_unchecked(clean[rows], kv))
+            ld_whole[i, rows] = logit_diff(logits, good[rows], bad[rows]).double().cpu()
+    return ld_whole
+
+
+def _route_result(
+    model: ProbeModel,
+    routes: np.ndarray,
+    units: list,
+    ld: Tensor,
+    ld_clean: Tensor,
+    ld_cf: Tensor,
+    estimates: np.ndarray | None,
+    *,
+    n_bootstrap: int,
+    ci: float,
+    seed: int,
+) -> RouteShares:
+    """The shares of the measured routes (``ld``: one row per unit, ``"all"`` last) with their
+    bootstrap intervals, as a :class:`RouteShares`."""
+    n = ld.shape[1]
     L, H = model.cfg.n_layers, model.cfg.n_heads
     ld_all = ld[-1]
     denom = ld_clean - ld_all
