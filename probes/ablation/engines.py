@@ -3,11 +3,24 @@ own options (:class:`AblationEngine`), and a string is shorthand for one with it
 
 - :class:`~probes.ablation.exact.Exact` (``"exact"``): every unit on every example;
 - :class:`~probes.ablation.exact.Naive`: the slow reference loop (one full forward per ablation);
-- :class:`~probes.ablation.sampled.Sampled` (``"sampled"``; ``share``, ``verify_top``): the exact
-  grid on a seeded share of the examples, then the top heads there on every example;
-- :class:`~probes.ablation.attribution.Attribution` (``"attribution"``; ``steps``, ``path``,
-  ``verify_top``): integrated gradients along the ablation path rank every head, the top ones are
-  ablated exactly.
+- :class:`~probes.ablation.sampled.Sampled` (``"sampled"``; ``share=0.2``, ``verify_top=3``): every
+  head of the grid ablated exactly on a seeded random ``share`` of the examples, then the
+  ``verify_top`` heads with the largest drops there on every example: a whole grid, the verified
+  heads exact, the others unbiased estimates with intervals over the sample;
+  ``meta["verification"]`` holds the verified heads' sampled against exact drops. On trained
+  models it ranks heads like the exact grid to within the grid's own sampling noise
+  (``benchmarks/head_ranking.py``);
+- :class:`~probes.ablation.attribution.Attribution` (``"attribution"``; ``steps=4``,
+  ``path="joint"``, ``verify_top=3``): every head ranked by integrated gradients along the ablation
+  path (:func:`probes.ablation.ranking.rank_heads`: each head's output moved from its live value to
+  the ablated one, ``steps`` Gauss-Legendre nodes, along ``path`` ``"joint"`` or ``"layer"``), in
+  the units of the metric (accuracy: each example's margin change, counted as a flip where it
+  crosses zero; loss; logit; a callable integrated itself), then the ``verify_top`` heads estimated
+  to hurt most ablated exactly. The result is a grid with those heads' exact values and NaN
+  elsewhere; ``meta`` holds the estimates (``"attribution"``), the stand-in, the verified heads and
+  ``"verification"``: their estimates against their exact drops. Its top head is exact among the
+  verified; :func:`probes.find_deposits` refuses the partial grid (a deposit verdict needs every
+  head of a layer).
 
 Each engine checks its options when it is made (a one-line ``ValueError``), and says what it cannot
 run (``grid_only``: head sets, for the ranking engines), which the one input check refuses before

@@ -68,27 +68,10 @@ def ablate_heads(
             (:mod:`pe_interp.util.hardware`); default fp32, exact. In bf16 every drop is within 2
             accuracy points of fp32 and the deposit verdicts are the same (``benchmarks/bf16_parity.py``).
         engine: how the grid is covered (:mod:`probes.ablation.engines`): an engine object
-            that holds its own options, or a string for one with its defaults.
-            ``"exact"``/:class:`~probes.ablation.Exact` ablates every head of the grid.
-            ``"sampled"``/:class:`~probes.ablation.Sampled` ``(share=0.2, verify_top=3)`` ablates
-            every head of the grid exactly on a seeded random ``share`` of the examples, then the
-            ``verify_top`` heads with the largest drops there on every example: a whole grid, the
-            verified heads exact, the others unbiased estimates with intervals over the sample;
-            ``meta["verification"]`` holds the verified heads' sampled against exact drops. On
-            trained models it ranks heads like the exact grid to within the grid's own sampling
-            noise (``benchmarks/head_ranking.py``). ``"attribution"``/
-            :class:`~probes.ablation.Attribution` ``(steps=4, path="joint", verify_top=3)`` ranks
-            every head of the grid by integrated gradients along the ablation path
-            (:func:`probes.ablation.ranking.rank_heads`: each head's output moved from its live value
-            to the ablated one, ``steps`` Gauss-Legendre nodes, along ``path`` ``"joint"`` or
-            ``"layer"``), in the units of ``metric`` (accuracy: each example's margin change,
-            counted as a flip where it crosses zero; loss; logit; a callable integrated itself),
-            then ablates the ``verify_top`` heads estimated to hurt most exactly. The result is a
-            grid with those heads' exact values and NaN elsewhere; ``meta`` holds the estimates
-            (``"attribution"``), the stand-in, the verified heads and ``"verification"``: their
-            estimates against their exact drops. Its top head is exact among the verified;
-            :func:`probes.find_deposits` refuses the partial grid (a deposit verdict needs every
-            head of a layer).
+            that holds its own options, or a string for one with its defaults: ``"exact"``
+            (every head), ``"sampled"`` (the grid on a share of the examples, the top heads
+            verified exactly) or ``"attribution"`` (integrated gradients along the ablation path,
+            the top heads verified exactly; a partial grid, NaN elsewhere).
 
     Returns:
         An :class:`AblationResult`; its ``drops`` are positive when an ablation hurt.

@@ -110,18 +110,7 @@ def rank_heads(
     the integrated quantity, which orders heads of equal estimate: accuracy estimates are counts),
     "baseline" (the metric's clean mean), "surrogate", "steps", "path", "per_example_change"
     ([n, n_layers, n_heads])}``."""
-    if not callable(surrogate) and surrogate not in SURROGATES:
-        raise ValueError(
-            f"rank_heads: surrogate must be one of {', '.join(SURROGATES)} or a callable; got {surrogate!r}"
-        )
-    if path not in PATHS:
-        raise ValueError(f"rank_heads: path must be one of {', '.join(PATHS)}; got {path!r}")
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"rank_heads: steps must be a positive integer, got {steps!r}")
-    if path == "clean" and steps != 1:
-        raise ValueError(
-            f"rank_heads: path 'clean' takes the derivative at one point (steps=1), got steps={steps}"
-        )
+    _check_ranking(surrogate, path, steps)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     rows = batch_size or (128 if model.W_E.device.type == "cpu" else 2048)
     alphas, weights = (np.ones(1), np.ones(1)) if path == "clean" else _nodes(steps)
@@ -138,48 +127,93 @@ def rank_heads(
         )
         for c0 in range(0, n, chunk):
             sl = slice(c0, c0 + chunk)
-            toks, pm, lab = tokens[sl], pad_mask[sl], labels[sl]
-            b = len(toks)
-            with torch.no_grad():
-                live: dict[int, Tensor] = {}
-                hooks = [
-                    (
-                        HOOKS.z(layer),
-                        lambda x, hook, layer=layer, live=live: live.__setitem__(layer, x),
-                    )
-                    for layer in range(L)
-                ]
-                logits = model.run_with_hooks(toks, pm, fwd_hooks=hooks)
-                base[sl] = _per_example(surrogate, logits, lab).double().cpu()
-                idx = torch.arange(c0, c0 + b, device=toks.device)
-                now = other_of.for_chunk(idx, toks.shape[1])
-                other = {
-                    k: (_full(now[k], live[k]) if k in now else live[k]).detach() for k in range(L)
-                }
-            a = torch.tensor(alphas, dtype=model.W_E.dtype, device=toks.device).repeat_interleave(
-                b
-            )  # [steps * b]
-            for group in groups:
-                scale = {
-                    layer: a[:, None].expand(-1, H).clone().requires_grad_(True) for layer in group
-                }
+            base[sl], change[sl] = _chunk_change(
+                model,
+                tokens[sl],
+                pad_mask[sl],
+                labels[sl],
+                c0,
+                other_of,
+                surrogate,
+                alphas,
+                weights,
+                groups,
+            )
+    return _summary(surrogate, base, change, steps, path)
 
-                def hook(z, hook, layer, scale=scale, other=other):
-                    o = other[layer].repeat(steps, 1, 1, 1)
-                    return o + scale[layer][:, None, :, None] * (z - o)
 
-                fwd = [(HOOKS.z(layer), partial(hook, layer=layer)) for layer in group]
-                out = model.run_with_hooks(
-                    toks.repeat(steps, 1), pm.repeat(steps, 1), fwd_hooks=fwd
-                )
-                m = _per_example(surrogate, out, lab.repeat(steps))
-                grads = torch.autograd.grad(m.sum(), [scale[layer] for layer in group])
-                w = torch.tensor(
-                    weights, dtype=torch.float64, device=toks.device
-                ).repeat_interleave(b)[:, None]
-                for layer, g in zip(group, grads):
-                    per = (g.double() * w).view(steps, b, H).sum(0)  # integral of dm/da over [0, 1]
-                    change[sl, layer] = -per.cpu()
+def _check_ranking(surrogate: Any, path: str, steps: int) -> None:
+    """A one-line ``ValueError`` for the first bad option of :func:`rank_heads`."""
+    if not callable(surrogate) and surrogate not in SURROGATES:
+        raise ValueError(
+            f"rank_heads: surrogate must be one of {', '.join(SURROGATES)} or a callable; got {surrogate!r}"
+        )
+    if path not in PATHS:
+        raise ValueError(f"rank_heads: path must be one of {', '.join(PATHS)}; got {path!r}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"rank_heads: steps must be a positive integer, got {steps!r}")
+    if path == "clean" and steps != 1:
+        raise ValueError(
+            f"rank_heads: path 'clean' takes the derivative at one point (steps=1), got steps={steps}"
+        )
+
+
+def _chunk_change(
+    model: ProbeModel,
+    toks: Tensor,
+    pm: Tensor,
+    lab: Tensor,
+    c0: int,
+    other_of: Replacement,
+    surrogate: Any,
+    alphas: np.ndarray,
+    weights: np.ndarray,
+    groups: list[list[int]],
+) -> tuple[Tensor, Tensor]:
+    """One chunk of examples: the integrated quantity's clean value ``[b]`` and each head's
+    integrated change ``[b, L, H]`` when its output moves from live to replaced (module docstring)."""
+    L, H, steps = model.cfg.n_layers, model.cfg.n_heads, len(alphas)
+    b = len(toks)
+    change = torch.zeros(b, L, H, dtype=torch.float64)
+    with torch.no_grad():
+        live: dict[int, Tensor] = {}
+        hooks = [
+            (
+                HOOKS.z(layer),
+                lambda x, hook, layer=layer, live=live: live.__setitem__(layer, x),
+            )
+            for layer in range(L)
+        ]
+        logits = model.run_with_hooks(toks, pm, fwd_hooks=hooks)
+        base = _per_example(surrogate, logits, lab).double().cpu()
+        idx = torch.arange(c0, c0 + b, device=toks.device)
+        now = other_of.for_chunk(idx, toks.shape[1])
+        other = {k: (_full(now[k], live[k]) if k in now else live[k]).detach() for k in range(L)}
+    a = torch.tensor(alphas, dtype=model.W_E.dtype, device=toks.device).repeat_interleave(
+        b
+    )  # [steps * b]
+    for group in groups:
+        scale = {layer: a[:, None].expand(-1, H).clone().requires_grad_(True) for layer in group}
+
+        def hook(z, hook, layer, scale=scale, other=other):
+            o = other[layer].repeat(steps, 1, 1, 1)
+            return o + scale[layer][:, None, :, None] * (z - o)
+
+        fwd = [(HOOKS.z(layer), partial(hook, layer=layer)) for layer in group]
+        out = model.run_with_hooks(toks.repeat(steps, 1), pm.repeat(steps, 1), fwd_hooks=fwd)
+        m = _per_example(surrogate, out, lab.repeat(steps))
+        grads = torch.autograd.grad(m.sum(), [scale[layer] for layer in group])
+        w = torch.tensor(weights, dtype=torch.float64, device=toks.device).repeat_interleave(b)[
+            :, None
+        ]
+        for layer, g in zip(group, grads):
+            per = (g.double() * w).view(steps, b, H).sum(0)  # integral of dm/da over [0, 1]
+            change[:, layer] = -per.cpu()
+    return base, change
+
+
+def _summary(surrogate: Any, base: Tensor, change: Tensor, steps: int, path: str) -> dict[str, Any]:
+    """:func:`rank_heads`' result from the clean values ``[n]`` and integrated changes ``[n, L, H]``."""
     tiebreak = -change.mean(0)  # the mean fall of the integrated quantity
     if surrogate == "accuracy":
         right = base > 0
