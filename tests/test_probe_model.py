@@ -105,7 +105,13 @@ def test_a_model_without_a_position_view_is_refused_in_one_line_naming_it():
     ours = _ours()
     names = ("cfg", "restart", "kv_layout", "W_E", "blocks", "can_restart", "can_resume")
     names += ("check_inputs", "forward_unchecked", "resume", "run_with_hooks", "run_with_cache")
-    names += ("hooks", "check_forks", "set_use_split_qkv_input", "set_use_attn_in")
+    names += (
+        "hooks",
+        "attention_scale",
+        "check_forks",
+        "set_use_split_qkv_input",
+        "set_use_attn_in",
+    )
     no_encoding = SimpleNamespace(set_use_hook_mlp_in=ours.set_use_hook_mlp_in)
     for name in names:
         setattr(no_encoding, name, getattr(ours, name))

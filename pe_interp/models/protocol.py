@@ -302,6 +302,10 @@ class ProbeModel(Protocol):
         """TransformerLens' hook context: the hooks are removed on exit."""
         ...
 
+    def attention_scale(self, layer: int) -> float:
+        """The factor on ``q . k`` in layer ``layer``'s attention logits."""
+        ...
+
     def check_forks(self) -> None:
         """A one-line ValueError where the per-head forks cannot carry an edge (a bridge whose
         architecture forks after the norm); nothing where they can (ours)."""

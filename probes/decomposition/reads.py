@@ -62,10 +62,8 @@ def _per_query_head(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def attention_scale(model: ProbeModel, layer: int) -> float:
-    """The factor on ``q . k`` in layer ``layer`` (our attention's ``scale``, a bridge's ``scaling``)."""
-    attn = model.blocks[layer].attn
-    scale = getattr(attn, "scale", None)
-    return float(attn.scaling if scale is None else scale)
+    """The factor on ``q . k`` in layer ``layer`` (the model says it)."""
+    return model.attention_scale(layer)
 
 
 def allowed(scores: Tensor) -> Tensor:
@@ -109,7 +107,7 @@ def layer0_qk(
     for name, value in (frozen or {}).items():
         if name != "blocks.0.ln1.hook_scale":
             hooks.append((name, lambda scale, hook, value=value: value))
-    if hasattr(block, "attention_inputs"):  # our model: the block's attention alone
+    if model.can_restart:  # a seam inside the layer (our model): the block's attention alone
         names = ("hook_rot_q", "hook_rot_k") if model.encoding.rotates else ("hook_q", "hook_k")
         hooks += [(f"blocks.0.attn.{n}", lambda t, hook, n=n: grab(t, hook, n)) for n in names]
         toks, key_valid = model.check_inputs(tokens, pad_mask)

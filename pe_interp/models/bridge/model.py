@@ -224,6 +224,10 @@ class BridgedModel(nn.Module):
             )
         return self._run(self.bridge, tokens, key_valid)
 
+    def attention_scale(self, layer: int) -> float:
+        """The factor on ``q . k`` in layer ``layer`` (the Hugging Face attention's ``scaling``)."""
+        return float(self.bridge.blocks[layer].attn.scaling)
+
     # the per-head forks of the circuit probes (TransformerLens' flags, the bridge's own setters)
     def check_forks(self) -> None:
         """Raise, in one line, where an edge cannot be carried (a check on the bridge, once:

@@ -330,6 +330,11 @@ class HookedPETransformer(HookedRootModule):
     def _set_flag(self, name: str, value: bool) -> None:
         self._share_cfg(self.cfg.replace(**{name: value}))  # replace() validates
 
+    def attention_scale(self, layer: int) -> float:
+        """The factor on ``q . k`` in layer ``layer``: ``1 / sqrt(d_head)`` (plus any extra q/k
+        dimensions an encoding appends)."""
+        return float(self.blocks[layer].attn.scale)
+
     def check_forks(self) -> None:
         """Nothing to refuse: every fork of ours carries an edge exactly (each head's q/k/v input
         and ``hook_mlp_in`` fork before the norm that reads them)."""
