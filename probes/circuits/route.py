@@ -25,7 +25,7 @@ from pe_interp.util.io import (
     to_json,
     write_result,
 )
-from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
+from probes.circuits.graph import COMPONENTS, build_graph, check_ungrouped, head_name, parse
 from probes.circuits.path_patching import path_patch
 from probes.circuits.scores import Attribution
 from probes.decomposition import logit_terms
@@ -156,6 +156,7 @@ def head_route(
     if site.kind != "head":
         raise ValueError(f"head_route: {name!r} is not a head")
     graph = build_graph(model.cfg)
+    check_ungrouped(graph, "head_route", "the head route (path patching)")
     exact: dict[str, dict[str, dict[str, float]]] = {}
     estimate: dict[str, dict[str, dict[str, float]]] = {}
     gaps = {}
