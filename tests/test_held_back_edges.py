@@ -4,7 +4,9 @@ read from the bridge (:func:`pe_interp.models.bridge.forward.check_edges`), not 
 family whose heads each write their own ``z_h W_O[h]`` to the residual and whose per-head forks
 come before the layer norm runs (each family built here with one key/value head per query head), and
 the forks are checked against the Hugging Face layer's own norm input; a family with a norm after
-the attention (Gemma 2 and 3, OLMo 2) or with grouped key/value heads refuses in one line."""
+the attention (Gemma 2 and 3, OLMo 2) refuses in one line. Grouped key/value heads get a k and a v
+reader per key/value head (``tests/test_bridge_gqa_edges.py`` holds them to finite differences
+and naive loops)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from pe_interp.models.bridge.forward import check_edges
 from pe_interp.models.bridge.hf_arch import boot_bridge, save_model_dir
 from pe_interp.models.bridge.model import BridgedModel
 from pe_interp.tasks.batch import Batch, CounterfactualPairs
-from probes import attribute
+from probes import attribute, path_patch
 from probes.circuits.engine import forks
 from probes.circuits.graph import build_graph
 
@@ -51,19 +53,25 @@ def _ungrouped(family: str, tmp_path) -> BridgedModel:
 
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma3"])
-def test_edges_refuse_grouped_key_value_heads_in_one_line(families, family):  # noqa: F811
-    """k/v forks come one per key/value head; the edge graph has a reader per query head."""
+def test_grouped_key_value_heads_get_a_k_and_a_v_reader_each(families, family):  # noqa: F811
+    """k/v forks come one per key/value head, and so do the edge graph's k/v readers; a family
+    with a norm after attention still refuses, naming that; path patching refuses grouped heads in
+    one line."""
     _, model, _ = families(family)
     why = check_edges(model.bridge, 30)
     if family in NORM_AFTER_ATTENTION:  # the first thing it lacks is named
         assert "attention output is not the sum of its heads" in why
         return
-    assert why == (
-        f"its {H} query heads share 2 key/value heads, whose k/v forks are one per key/value "
-        "head, and the edge graph has one k and one v reader per query head"
-    )
-    with pytest.raises(ValueError, match="share 2 key/value heads.*circuits do not run on it"):
-        attribute(model, _counterfactuals(), granularity="edge")
+    assert why is None
+    pairs = _counterfactuals()
+    graph = build_graph(model.cfg)
+    assert graph.fork_readers(1, "k") == ["L1KV0.k", "L1KV1.k"]
+    nodes = attribute(model, pairs)
+    edges = attribute(model, pairs, granularity="edge")
+    assert edges.readers == graph.readers
+    np.testing.assert_allclose(np.nansum(edges.scores, axis=0), nodes.scores, atol=1e-5)
+    with pytest.raises(ValueError, match=f"^path_patch: the model's {H} query heads share 2 key"):
+        path_patch(model, pairs)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -282,7 +282,7 @@ def test_circuit_on_natural_prompts_runs_on_whole_edges_or_refuses_in_one_line(
 ):
     """``pe-interp circuit MODEL --task induction`` (issue 54): position-aware edges need named
     spans, which natural prompts lack (refused before the model loads); grouped key/value heads have
-    no edge graph yet (refused before any circuit work); an ungrouped model writes its circuit."""
+    no head route yet (refused before any circuit work); an ungrouped model writes its circuit."""
     import probes
 
     loads = []
@@ -300,7 +300,10 @@ def test_circuit_on_natural_prompts_runs_on_whole_edges_or_refuses_in_one_line(
     out = tmp_path / "grouped"
     argv = ["circuit", str(model_dir), "--task", "induction", "--n", "6", "--whole-edges"]
     expect_cli_refusal(
-        [*argv, "--out", str(out)], r"share 2 key/value heads.*circuits do not run on it", capsys
+        [*argv, "--out", str(out)],
+        r"pe-interp circuit: the model's 4 query heads share 2 key/value heads, and its head route "
+        r"\(path patching\) has no key/value-head receivers yet",
+        capsys,
     )
     assert not work and not (out / "circuit.json").exists()
     monkeypatch.undo()

@@ -38,6 +38,11 @@ a fixed index a position-only pair changes the token a unit sees, and a unit bli
 then scores as if it carried position; aligned, its two values are equal and it scores 0 (to float
 rounding: the moved keys are summed in another order).
 
+Under grouped (and multi-query) key/value heads an edge into a key/value head's k or v reader
+(``"L1KV0.k"``) is the writer's term added to that key/value head's fork, which every query head of
+its group reads: its AtP and EAP-IG gradients are the fork's own, and AtP* recomputes the pattern of
+each query head of the group and sums them (``tests/test_bridge_gqa_edges.py``).
+
 Where the metric is linear in the activation between the two values (a readout without a final
 norm; a value input of the last layer of a model without norms or MLPs; a query or key input
 there for ``"atp*"``) the estimate is the exact effect, and ``tests/test_attribution.py`` holds

@@ -25,7 +25,7 @@ from probes.circuits.engine import (
     reader_hooks,
     writer_hooks,
 )
-from probes.circuits.graph import Graph, head_name
+from probes.circuits.graph import Graph
 
 if TYPE_CHECKING:
     from pe_interp.models.protocol import ProbeModel
@@ -87,7 +87,10 @@ def _qk_fix(
     rows: int,
 ):
     """Edges into q/k inputs with the softmax recomputed: ``{(layer, c): [variants, nw, H]}``, each
-    ``sign * sum_b sum (A(x + sign * delta_w) - A(x)) . dm/dA``."""
+    ``sign * sum_b sum (A(x + sign * delta_w) - A(x)) . dm/dA`` per query head. The delta goes into
+    every head of the fork at once; a query head's pattern reads its own key/value head only, so
+    under grouped key/value heads query head ``h``'s entry is its share of the edge into its key/value
+    head, and that edge is the sum over the group (:func:`_chunk`)."""
     out = {}
     b = len(base)
     for layer in range(graph.n_layers):
@@ -243,9 +246,10 @@ def _chunk(
             qk = _qk_fix(model, graph, base, base_acts, contrib, patterns, sign, rows)
         for v, e in enumerate(results):  # replace the linearised q/k edges (positions summed)
             for (layer, c), t in qk.items():
-                idx = [
-                    graph.reader_index(f"{head_name(layer, h)}.{c}") for h in range(graph.n_heads)
-                ]
+                names = graph.fork_readers(layer, c)
+                if len(names) < graph.n_heads:  # a key/value head: the sum over its query heads
+                    t = t.view(*t.shape[:2], len(names), -1).sum(-1)
+                idx = [graph.reader_index(r) for r in names]
                 e[idx, : t.shape[1]] = 0.0
                 e[idx, : t.shape[1], 0] = t[v].T
     return results

@@ -58,7 +58,9 @@ class Circuit:
             return np.where(a + b > 0, a / (a + b), np.nan)
 
     def into(self, node: str) -> list[int]:
-        """Indices of the edges whose reader belongs to ``node`` (``"L0H4"`` takes its q, k, v)."""
+        """Indices of the edges whose reader belongs to ``node`` (``"L0H4"`` takes its q, k, v; in a
+        grouped model its q only, and its key/value head ``"L0KV2"`` takes the k and v its group
+        reads)."""
         return [i for i, (_, r) in enumerate(self.edges) if r == node or r.split(".")[0] == node]
 
     def label(self, i: int) -> str:

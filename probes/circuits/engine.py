@@ -150,7 +150,8 @@ def writer_hooks(graph: Graph) -> list[str]:
 
 def reader_groups(graph: Graph) -> list[tuple[str, list[int], int, bool]]:
     """``(hook, reader indices, writers read, per head)`` of every reader hook in graph order: a
-    layer's q, k and v forks (one reader per head), its MLP input, the readout. The writers a
+    layer's q, k and v forks (one reader per head of the fork, in its order: per query head, and
+    for k and v of a grouped model per key/value head), its MLP input, the readout. The writers a
     group reads are a prefix of the graph's writers, ``0 .. writers read - 1``."""
     out = []
     for layer in range(graph.n_layers):
@@ -158,7 +159,7 @@ def reader_groups(graph: Graph) -> list[tuple[str, list[int], int, bool]]:
             out.append(
                 (
                     f"blocks.{layer}.attn.hook_{c}_input",
-                    [graph.reader_index(f"L{layer}H{h}.{c}") for h in range(graph.n_heads)],
+                    [graph.reader_index(r) for r in graph.fork_readers(layer, c)],
                     True,
                 )
             )

@@ -9,6 +9,11 @@ MLP ``"MLP{l}"`` (``hook_mlp_out``). The positional term of an absolute encoding
 **Readers** read the residual stream: each head's query, key and value input ``"L{l}H{h}.q"``,
 ``".k"``, ``".v"`` (TransformerLens' per-head forks ``attn.hook_q/k/v_input``), each MLP's input
 ``"MLP{l}"`` (``hook_mlp_in``) and the readout ``"logits"`` (the last ``hook_resid_post``).
+Readers follow the model's structure: where query heads share key/value heads (grouped-query
+attention, ``n_kv_heads < n_heads``; multi-query at ``n_kv_heads = 1``) the k and v forks are one
+per key/value head, and so are the readers, ``"L{l}KV{g}.k"`` and ``"L{l}KV{g}.v"``, read by the
+query heads ``g * group .. (g + 1) * group - 1`` (:class:`pe_interp.models.protocol.KVLayout`);
+the q readers stay one per query head. :func:`reader_of` names the k/v reader a head reads.
 
 An **edge** ``writer -> reader`` exists when the writer comes before the reader: a layer-``l``
 head input reads the embedding and every head and MLP of the layers before ``l``; ``MLP{l}``
@@ -26,9 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pe_interp.models.protocol import KVLayout
+
 COMPONENTS = ("q", "k", "v")
 _HEAD = re.compile(r"^L(\d+)H(\d+)$")
 _READER = re.compile(r"^L(\d+)H(\d+)\.([qkv])$")
+_KV = re.compile(r"^L(\d+)KV(\d+)$")
+_KV_READER = re.compile(r"^L(\d+)KV(\d+)\.([kv])$")
 _MLP = re.compile(r"^MLP(\d+)$")
 
 
@@ -36,20 +45,39 @@ def head_name(layer: int, head: int) -> str:
     return f"L{layer}H{head}"
 
 
+def kv_name(layer: int, kv: int) -> str:
+    """A key/value head of a grouped model, ``"L{layer}KV{kv}"``."""
+    return f"L{layer}KV{kv}"
+
+
 @dataclass(frozen=True)
 class Site:
     """A parsed node name: ``kind`` is ``embed``, ``head``, ``mlp``, ``input`` (a head's q/k/v
-    input) or ``logits``."""
+    input, or a key/value head's k/v input), ``kv`` (a key/value head of a grouped model,
+    ``"L1KV0"``, which the circuit views draw as a node) or ``logits``.
+
+    A grouped model's ``"L1KV0.k"`` has ``head`` None (it belongs to no one query head: every head
+    of its group reads it) and ``kv`` 0; a per-head reader has ``kv`` None."""
 
     kind: str
     layer: int | None = None
     head: int | None = None
     component: str | None = None
+    kv: int | None = None
 
     @property
     def head_node(self) -> str | None:
-        """The head a ``head`` or ``input`` site belongs to (``"L1H3"``)."""
+        """The query head a ``head`` or ``input`` site belongs to (``"L1H3"``); None for a key/value
+        head's reader."""
         return None if self.head is None else head_name(self.layer, self.head)
+
+    @property
+    def node(self) -> str | None:
+        """The node a reader or head belongs to: ``"L1H3"``, or ``"L1KV0"`` for a key/value head's
+        reader; None for the embedding, an MLP and the readout."""
+        if self.kv is not None:
+            return kv_name(self.layer, self.kv)
+        return self.head_node
 
 
 def parse(name: str) -> Site:
@@ -62,10 +90,15 @@ def parse(name: str) -> Site:
         return Site("head", int(m[1]), int(m[2]))
     if m := _READER.match(name):
         return Site("input", int(m[1]), int(m[2]), m[3])
+    if m := _KV_READER.match(name):
+        return Site("input", int(m[1]), None, m[3], int(m[2]))
+    if m := _KV.match(name):
+        return Site("kv", int(m[1]), kv=int(m[2]))
     if m := _MLP.match(name):
         return Site("mlp", int(m[1]))
     raise ValueError(
-        f"unknown node {name!r}; expected 'embed', 'L<l>H<h>', 'L<l>H<h>.q|k|v', 'MLP<l>' or 'logits'"
+        f"unknown node {name!r}; expected 'embed', 'L<l>H<h>', 'L<l>H<h>.q|k|v', 'L<l>KV<g>.k|v', "
+        "'MLP<l>' or 'logits'"
     )
 
 
@@ -96,6 +129,28 @@ class Graph:
     embed_hook: str = "hook_embed"
     mlp_in_hook: str = "hook_mlp_in"  # blocks.{l}.<this>: the MLP's own copy of its input
     parallel: bool = False
+    n_kv_heads: int | None = None  # None: one key/value head per query head
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        return KVLayout(self.n_heads, self.n_kv_heads or self.n_heads)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether query heads share key/value heads (k/v readers ``"L{l}KV{g}.k|v"``)."""
+        return self.kv_layout.grouped
+
+    def reader_of(self, layer: int, head: int, component: str) -> str:
+        """The reader whose fork query head ``head`` of ``layer`` reads as its ``component`` input
+        (:func:`reader_of`)."""
+        return reader_of(layer, head, component, self)
+
+    def fork_readers(self, layer: int, component: str) -> list[str]:
+        """The readers of one q/k/v fork of ``layer``, in the fork's head order: one per query head,
+        or (grouped k and v) one per key/value head."""
+        if component != "q" and self.grouped:
+            return [f"{kv_name(layer, g)}.{component}" for g in range(self.kv_layout.n_kv_heads)]
+        return [f"{head_name(layer, h)}.{component}" for h in range(self.n_heads)]
 
     @property
     def n_edges(self) -> int:
@@ -132,9 +187,43 @@ class Graph:
             raise ValueError(f"no edge {writer} -> {reader} in this model{why}")
 
 
+def reader_of(layer: int, head: int, component: str, graph: Graph) -> str:
+    """The name of the reader that query head ``head`` of ``layer`` reads as its ``component``
+    (``"q"``, ``"k"``, ``"v"``) input: ``"L{l}H{h}.c"``, or, for k and v of a grouped model, its
+    key/value head's ``"L{l}KV{g}.c"`` (shared with the rest of its group)."""
+    if component not in COMPONENTS:
+        raise ValueError(f"component must be one of {', '.join(COMPONENTS)}; got {component!r}")
+    if component != "q" and graph.grouped:
+        return f"{kv_name(layer, graph.kv_layout.kv_head(head))}.{component}"
+    return f"{head_name(layer, head)}.{component}"
+
+
+def check_ungrouped(graph: Graph, who: str, lacks: str) -> None:
+    """One-line ValueError where ``graph``'s query heads share key/value heads and ``who`` has no
+    key/value-head readers yet (``lacks``: what it would need)."""
+    if graph.grouped:
+        kv = graph.kv_layout
+        raise ValueError(
+            f"{who}: the model's {kv.n_heads} query heads share {kv.n_kv_heads} key/value heads, and "
+            f"{lacks} has no key/value-head receivers yet (edge attribution, exact edge ablation "
+            "and faithfulness run on it)"
+        )
+
+
+def kv_heads_of(cfg) -> int | None:
+    """The key/value heads of a model config where fewer than its query heads (a bridge's
+    ``n_kv_heads``; our own model has none, so one per query head): None where ungrouped."""
+    n = getattr(cfg, "n_kv_heads", None)
+    if n is None or int(n) == cfg.n_heads:
+        return None
+    return KVLayout(cfg.n_heads, int(n)).n_kv_heads  # raises where they do not share evenly
+
+
 def build_graph(cfg) -> Graph:
-    """The :class:`Graph` of a model with config ``cfg``."""
+    """The :class:`Graph` of a model with config ``cfg`` (grouped where ``cfg.n_kv_heads`` is below
+    ``cfg.n_heads``)."""
     L, H = cfg.n_layers, cfg.n_heads
+    n_kv = kv_heads_of(cfg)
     has_mlp = bool(cfg.d_mlp)
     kv_embed = cfg.kv_source == "embed"
     parallel = bool(getattr(cfg, "parallel_attn_mlp", False))
@@ -145,7 +234,11 @@ def build_graph(cfg) -> Graph:
             writers.append(f"MLP{layer}")
     readers: list[str] = []
     for layer in range(L):
-        readers += [f"{head_name(layer, h)}.{c}" for c in COMPONENTS for h in range(H)]
+        if n_kv is None:
+            readers += [f"{head_name(layer, h)}.{c}" for c in COMPONENTS for h in range(H)]
+        else:
+            readers += [f"{head_name(layer, h)}.q" for h in range(H)]
+            readers += [f"{kv_name(layer, g)}.{c}" for c in "kv" for g in range(n_kv)]
         if has_mlp:
             readers.append(f"MLP{layer}")
     readers.append("logits")
@@ -165,7 +258,16 @@ def build_graph(cfg) -> Graph:
             valid[i] = depth < s.layer
     hooks = {k: getattr(cfg, k) for k in ("embed_hook", "mlp_in_hook") if hasattr(cfg, k)}
     return Graph(
-        tuple(writers), tuple(readers), valid, L, H, has_mlp, kv_embed, parallel=parallel, **hooks
+        tuple(writers),
+        tuple(readers),
+        valid,
+        L,
+        H,
+        has_mlp,
+        kv_embed,
+        parallel=parallel,
+        n_kv_heads=n_kv,
+        **hooks,
     )
 
 
@@ -176,6 +278,7 @@ def build_graph_from(scores) -> Graph:
     kv = [i for i, r in enumerate(scores.readers) if parse(r).component in ("k", "v")]
     kv_embed = bool(kv) and not valid[kv, 1:].any() and scores.n_layers > 1
     has_mlp = any(parse(w).kind == "mlp" for w in scores.writers)
+    n_kv = sum(1 for r in scores.readers if r.startswith("L0KV") and r.endswith(".k"))
     return Graph(
         tuple(scores.writers),
         tuple(scores.readers),
@@ -184,6 +287,7 @@ def build_graph_from(scores) -> Graph:
         scores.n_heads,
         has_mlp,
         kv_embed,
+        n_kv_heads=n_kv or None,
     )
 
 
@@ -193,7 +297,11 @@ __all__ = [
     "Site",
     "build_graph",
     "build_graph_from",
+    "check_ungrouped",
     "head_name",
+    "kv_heads_of",
+    "kv_name",
     "node_layer",
     "parse",
+    "reader_of",
 ]

@@ -52,7 +52,7 @@ from probes.circuits.engine import (
     resolve,
     writer_hooks,
 )
-from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
+from probes.circuits.graph import COMPONENTS, build_graph, check_ungrouped, head_name, parse
 from probes.common.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
 
 if TYPE_CHECKING:
@@ -170,6 +170,7 @@ def path_patch(
         check_count(batch_size, "batch_size", 1, "path_patch")
     check_finite_model(model, "path_patch")
     graph = build_graph(model.cfg)
+    check_ungrouped(graph, "path_patch", "path patching")
     c, k = as_pair(model, clean, corrupt, "path_patch")
     if k is None:
         raise ValueError("path_patch: needs a corrupt run (pass CounterfactualPairs or corrupt=)")

@@ -6,7 +6,8 @@ unit's widest path (:func:`widest_paths`), and Hanna et al.'s greedy order
 The states are the writers and readers at each span. A kept unit ``writer -> reader`` at span
 ``s`` joins the writer at ``s`` to the reader at ``s`` (the residual stream at those positions);
 a head's query input at ``s`` feeds its output at ``s``, its key and value inputs at any span
-feed its output at every span; an MLP's input at ``s`` feeds its output at ``s``; the embedding
+feed its output at every span (a grouped model's key/value head's inputs feed every head of its
+group); an MLP's input at ``s`` feeds its output at ``s``; the embedding
 is live at every span and the readout reads every span. Without spans there is one.
 """
 
@@ -25,12 +26,12 @@ def _node_readers(graph: Graph) -> list[tuple[int, list[int], list[int]]]:
     out = []
     for j, w in enumerate(graph.writers[1:], start=1):
         s = parse(w)
-        if s.kind == "head":
+        if s.kind == "head":  # k and v: its key/value head's readers (shared in a group)
             out.append(
                 (
                     j,
                     [graph.reader_index(f"{w}.q")],
-                    [graph.reader_index(f"{w}.k"), graph.reader_index(f"{w}.v")],
+                    [graph.reader_index(graph.reader_of(s.layer, s.head, c)) for c in "kv"],
                 )
             )
         else:
@@ -78,14 +79,14 @@ def _backward(graph: Graph, weight: np.ndarray, reach_max: bool) -> np.ndarray:
             out = np.minimum(weight[rows, j], down[rows]).max(0, initial=-np.inf)  # [S]
             for r in same:
                 down[r] = out
-            for r in every:
-                down[r] = out.max()
+            for r in every:  # a grouped key/value head's readers feed every head of its group
+                down[r] = np.maximum(down[r], out.max())
         else:
             out = (weight[rows, j] & down[rows]).any(0)
             for r in same:
                 down[r] = out
             for r in every:
-                down[r] = out.any()
+                down[r] = down[r] | out.any()
     return down
 
 

@@ -25,7 +25,14 @@ from pe_interp.util.io import (
     to_json,
     write_result,
 )
-from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
+from probes.circuits.graph import (
+    COMPONENTS,
+    build_graph,
+    check_ungrouped,
+    head_name,
+    parse,
+    reader_of,
+)
 from probes.circuits.path_patching import path_patch
 from probes.circuits.scores import Attribution
 from probes.decomposition import logit_terms
@@ -156,6 +163,7 @@ def head_route(
     if site.kind != "head":
         raise ValueError(f"head_route: {name!r} is not a head")
     graph = build_graph(model.cfg)
+    check_ungrouped(graph, "head_route", "the head route (path patching)")
     exact: dict[str, dict[str, dict[str, float]]] = {}
     estimate: dict[str, dict[str, dict[str, float]]] = {}
     gaps = {}
@@ -163,7 +171,7 @@ def head_route(
         pairs = task.counterfactuals(n, kind=kind, seed=seed)
         exact[kind], estimate[kind] = {}, {}
         for comp in COMPONENTS:
-            reader = f"{name}.{comp}"
+            reader = reader_of(site.layer, site.head, comp, graph)
             senders = [
                 w
                 for w in graph.writers

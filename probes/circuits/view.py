@@ -1,7 +1,8 @@
 """A circuit as a self-contained SVG graph: nodes laid out by layer (networkx's
 ``multipartite_layout``), edges coloured by their positional against content share and as wide
 as their score, a position-aware circuit's edges one per span, side by side and dashed by span,
-the numbers on hover. No external script, style or font: it works offline, in a
+the numbers on hover. A grouped model's key/value head is a node of its own (``"L1KV0"``: the k and
+v inputs its group of query heads shares). No external script, style or font: it works offline, in a
 notebook (``IPython.display.HTML(circuit_html(c))``), in ``report.html`` and as a page of its own
 (:func:`circuit_page`).
 
@@ -162,7 +163,13 @@ def circuit_svg(
     for n in nodes:
         x, y = xy[n]
         kind = parse(n).kind
-        fill = {"embed": "#e0e0e0", "head": "#fff7bc", "mlp": "#c7e9c0", "logits": "#d9d9d9"}[kind]
+        fill = {  # kv: a grouped model's key/value head, whose k and v readers its group shares
+            "embed": "#e0e0e0",
+            "head": "#fff7bc",
+            "kv": "#fdd0a2",
+            "mlp": "#c7e9c0",
+            "logits": "#d9d9d9",
+        }[kind]
         tip = f"{n}\nscore into it: {incoming.get(n, 0.0):.4f}"
         cls = "node top" if n == highlight else "node"
         parts.append(

@@ -170,9 +170,11 @@ def check_edges(bridge: Any, d_vocab: int, n_tokens: int = 7) -> str | None:
       Gemma 2 and 3 and OLMo 2);
     - the per-head forks (TransformerLens' ``use_split_qkv_input``) come before the layer norm:
       every layer's ``hook_q_input``/``hook_k_input``/``hook_v_input`` holds the layer's input
-      (``hook_resid_pre``) in every head, and a term added to head 0's ``hook_q_input`` of layer 0
-      moves that head's ``hook_q`` and no other head's (BLOOM's bridge forks after the norm,
-      TransformerLens #1317).
+      (``hook_resid_pre``) in every head, and a term added to head 0's ``hook_q_input`` (and
+      ``hook_k_input``) of layer 0 moves that head's ``hook_q`` (``hook_k``) and no other head's
+      (BLOOM's bridge forks after the norm, TransformerLens #1317);
+    - under grouped key/value heads the k/v forks carry one head per key/value head (the config's
+      ``n_key_value_heads``, dividing the query heads), as the edge graph's k/v readers do.
 
     Read from the bridge on ``n_tokens`` tokens (three forwards), not from its model type."""
     g = torch.Generator().manual_seed(0)
@@ -238,12 +240,19 @@ def _why_not_forks(bridge: Any, tokens: Tensor) -> str | None:
                 if not bool(((x - resid[:, :, None]).abs() <= tol).all()):
                     return AFTER_NORM
             n_q, n_kv = got[inputs[0]].shape[2], got[inputs[1]].shape[2]
-            if n_kv != n_q:
+            # grouped key/value heads: the k/v forks are one per key/value head, and so are the
+            # edge graph's k and v readers (probes.circuits.graph)
+            if got[inputs[2]].shape[2] != n_kv or n_kv < 1 or n_q % n_kv:
                 return (
-                    f"its {n_q} query heads share {n_kv} key/value heads, whose k/v forks are one "
-                    "per key/value head, and the edge graph has one k and one v reader per query head"
+                    f"its {n_q} query heads do not share its key/value forks' heads "
+                    f"({n_kv} k, {got[inputs[2]].shape[2]} v) evenly"
                 )
-            q = got["blocks.0.attn.hook_q"]
+            n_cfg = getattr(bridge.cfg, "n_key_value_heads", None) or n_q
+            if n_kv != n_cfg:
+                return (
+                    f"its k/v forks carry {n_kv} heads where its config has {n_cfg} key/value heads"
+                )
+            q, k = got["blocks.0.attn.hook_q"], got.get("blocks.0.attn.hook_k")
             if q.dim() != 4 or q.shape[2] != n_q:
                 return "blocks.0.attn.hook_q is not [batch, pos, query head, d_head]"
             bump = torch.randn(got[inputs[0]][:, :, 0].shape, generator=g).to(device)
@@ -258,15 +267,25 @@ def _why_not_forks(bridge: Any, tokens: Tensor) -> str | None:
                 tokens,
                 fwd_hooks=[
                     (inputs[0], add),
+                    (inputs[1], add),
                     ("blocks.0.attn.hook_q", lambda x, hook: moved.__setitem__("q", x)),
+                    ("blocks.0.attn.hook_k", lambda x, hook: moved.__setitem__("k", x)),
                 ],
             )
     finally:
         bridge.set_use_split_qkv_input(was)
         if attn_in:
             bridge.set_use_attn_in(True)
-    change = (moved["q"] - q).abs().amax(dim=(0, 1, 3))  # per head
-    tol = RESUME_TOLERANCE * (float(q.abs().max()) or 1.0)
-    if bool(change[0] > tol) and bool((change[1:] <= tol).all()):
-        return None
-    return "a term added to one head's hook_q_input does not move that head's query alone"
+    for what, before in (("query", q), ("key", k)):
+        if what == "key" and (before is None or "k" not in moved):
+            continue  # a bridge without hook_k: the q check stands for the forks
+        if before.dim() != 4 or before.shape != moved[what[0]].shape:
+            return f"blocks.0.attn.hook_{what[0]} is not [batch, pos, head, d_head]"
+        change = (moved[what[0]] - before).abs().amax(dim=(0, 1, 3))  # per head
+        tol = RESUME_TOLERANCE * (float(before.abs().max()) or 1.0)
+        if not (bool(change[0] > tol) and bool((change[1:] <= tol).all())):
+            return (
+                f"a term added to one head's hook_{what[0]}_input does not move that head's "
+                f"{what} alone"
+            )
+    return None

@@ -16,8 +16,8 @@ ablation sweep stacks copies, :func:`probes.ablation.sweeps.sweep_stacked`; path
 bridge itself found it exact (:func:`~pe_interp.models.bridge.forward.resumes_exactly`: not BLOOM, whose
 ALiBi the bridge then drops); a forward returning class logits unembeds only the position it reads;
 edges need each head's residual term to be its own and per-head forks before the norm
-(:func:`~pe_interp.models.bridge.forward.check_edges`, a check on the bridge: not BLOOM, Gemma 2 or OLMo 2,
-nor, for now, grouped key/value heads); and padding
+(:func:`~pe_interp.models.bridge.forward.check_edges`, a check on the bridge: not BLOOM, Gemma 2 or OLMo 2;
+grouped key/value heads get one k and one v reader per key/value head); and padding
 must be on the right (a causal model then never lets a pad reach a real token).
 
     from transformer_lens.model_bridge import TransformerBridge
