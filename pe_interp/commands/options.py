@@ -304,9 +304,12 @@ def at_least(value: float | None, low: float, flag: str, high: float | None = No
 
 
 def out_dir_arg(value: str | None, flag: str = "--out") -> str | None:
-    """An output directory: not empty (an empty path is the current directory), and not an
-    existing file. None (the command's default) passes."""
+    """An output directory: not empty (an empty path is the current directory), not an existing
+    file, and writable (:func:`~pe_interp.util.io.check_writable_dir`), checked before the work.
+    None (the command's default) passes."""
     from pathlib import Path
+
+    from pe_interp.util.io import check_writable_dir
 
     if value is None:
         return None
@@ -322,6 +325,7 @@ def out_dir_arg(value: str | None, flag: str = "--out") -> str | None:
             if not parent.is_dir():
                 raise ValueError(f"{flag} {path}: {parent} is a file, not a directory")
             break
+    check_writable_dir(path, flag)
     return value
 
 
@@ -341,9 +345,10 @@ def writing_run(
     (the run's, or ``out``): not while the run trains, nor while another command writes there (a
     one-line error instead). A saved Hugging Face model directory, or a GGUF file, is read as a run
     on ``task`` (:func:`pe_interp.runs.load.open_run`, the one dispatch)."""
-    from pe_interp.runs.load import open_run
+    from pe_interp.runs.load import check_destination, open_run
     from pe_interp.util.io import dir_lock
 
+    check_destination(run_dir, out)  # a directory that cannot be written: refused before the work
     loaded = open_run(
         run_dir, task, preset=preset, device=device, revision=revision, pretrained_ok=model_dir_ok
     )

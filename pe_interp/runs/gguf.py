@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pe_interp.util.io import CorruptFileError, atomic_write_json, read_json
+from pe_interp.util.io import CorruptFileError, atomic_write_json, check_writable_dir, read_json
 
 MAGIC = b"GGUF"
 PROVENANCE = "provenance.json"
@@ -223,7 +223,8 @@ def gguf_provenance(model_dir: str | Path) -> dict[str, Any] | None:
 def convert_gguf(path: str | Path, cache_dir: str | Path | None = None) -> Path:
     """The saved Hugging Face directory of the GGUF file at ``path``: ``<root>/<sha256[:16]>/``
     (:func:`cache_root`), converted now unless an earlier call did. A one-line ValueError (nothing
-    written) for a file that is not GGUF, is truncated, cannot be loaded or would not fit in memory."""
+    written) for a file that is not GGUF, is truncated, cannot be loaded or would not fit in memory,
+    or a cache that cannot be written (checked before the de-quantising)."""
     path = _a_file(path)
     sha = file_sha256(path)
     root = cache_root(cache_dir)
@@ -232,6 +233,13 @@ def convert_gguf(path: str | Path, cache_dir: str | Path | None = None) -> Path:
         return out
     info = read_gguf(path)
     _check(path, info)
+    check_writable_dir(  # before the de-quantising, not at the first write after it
+        root,
+        f"{path}: the cache",
+        "give --cache a directory you can write"
+        if cache_dir is not None
+        else f"set {CACHE_ENV} to a directory you can write",
+    )
     model, tokenizer = _load(path, info)
     provenance = _provenance(path, sha, info)
     root.mkdir(parents=True, exist_ok=True)

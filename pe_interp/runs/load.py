@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from pe_interp.models.protocol import ProbeModel
-from pe_interp.runs.checkpoint import CheckpointError, Run, load_run, split_step
-from pe_interp.runs.gguf import is_gguf_file
+from pe_interp.runs.checkpoint import STEPS_DIR, CheckpointError, Run, load_run, split_step
+from pe_interp.runs.gguf import CACHE_ENV, cache_root, is_gguf_file
 from pe_interp.runs.model_dirs import is_hub_name, is_model_dir, load_model_dir
 
 
@@ -48,6 +48,47 @@ def is_pretrained(source: str | Path) -> bool:
     rather than a pe-interp run."""
     path, _ = split_step(source)
     return is_model_dir(path) or is_gguf_file(path) or is_hub_name(str(source))
+
+
+def writes_into(source: str | Path, out: str | Path | None = None) -> tuple[Path, str, str] | None:
+    """Where a command's results of ``source`` go, known before anything loads: ``out`` where it
+    is given; else the run directory (``RUN@S``: its ``steps/S/``), the model directory, the GGUF
+    cache (where the file is converted and its results written). With what to call it and how
+    to fix it when it cannot be written (:func:`check_destination`); None for a source that is
+    no local path (a hub name, or a missing directory, which the loader names)."""
+    if out is not None:
+        return (
+            Path(out),
+            "output directory",
+            "choose a directory you can write, or make it writable",
+        )
+    path, step = split_step(source)
+    if is_gguf_file(path):
+        return (
+            cache_root(),
+            f"{source}: the GGUF cache (where it is converted and its results go)",
+            f"set {CACHE_ENV} to a directory you can write",
+        )
+    if not Path(path).exists():  # a hub name, or nothing: the loader says which
+        return None
+    hint = "make it writable, or copy the run (or model directory) where you can write"
+    if step is None:
+        return Path(path), "", hint
+    return Path(path) / STEPS_DIR / str(step), f"{source}: its results go to", hint
+
+
+def check_destination(source: str | Path, out: str | Path | None = None) -> None:
+    """A one-line CheckpointError, before the weights load, when the directory a command writes
+    the results of ``source`` into (:func:`writes_into`) cannot be written."""
+    from pe_interp.util.io import check_writable_dir
+
+    target = writes_into(source, out)
+    if target is None:
+        return
+    try:
+        check_writable_dir(*target)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
 
 
 def open_run(
@@ -125,4 +166,4 @@ def load(
     return model
 
 
-__all__ = ["Origin", "is_pretrained", "load", "open_run"]
+__all__ = ["Origin", "check_destination", "is_pretrained", "load", "open_run", "writes_into"]

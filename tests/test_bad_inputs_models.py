@@ -1,0 +1,174 @@
+"""Hostile inputs to the commands that read real models (issue 54): a saved Hugging Face
+directory, a GGUF file, a prompts file, the survey. Each refusal is one line (exit 2, no
+traceback), comes before the first forward (:func:`forwards` counts every module's forward,
+without a clock) and writes nothing; each case that now works is shown to work."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from bad_input_env import TINY, expect_cli_refusal
+from prompt_env import make_tokenizer
+
+import pe_interp
+import pe_interp.util.io as io
+from pe_interp.models.bridge.hf_arch import build_hf_model, save_model_dir
+
+TOK = make_tokenizer()
+
+
+def tiny_model(root: Path, seed: int = 5) -> Path:
+    """A 2-layer Llama over the prompt templates' words, saved with its tokenizer."""
+    hf = build_hf_model(
+        "llama", seed=seed, n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_mlp=64,
+        n_ctx=96, d_vocab=len(TOK), pad_id=0,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for weight in hf.parameters():
+            if weight.dim() == 2:
+                weight.copy_(torch.randn(weight.shape, generator=gen) * 0.3)
+    return save_model_dir(hf, TOK, root)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    return tiny_model(tmp_path_factory.mktemp("bad-models") / "model")
+
+
+@pytest.fixture
+def model_copy(model, tmp_path) -> Path:
+    """A copy of the tiny model that a case may break or lock."""
+    return Path(shutil.copytree(model, tmp_path / "model"))
+
+
+@pytest.fixture
+def forwards():
+    """Every module forward that runs while the test does (a global pre-hook), by module type."""
+    calls: list[str] = []
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda module, args: calls.append(type(module).__name__)
+    )
+    yield calls
+    handle.remove()
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """``read_only(dir)``: ``dir`` (and what is under it) made read-only: its mode 0555, and where
+    the tests run as root, whom the mode does not bind, the write check told so as well. The
+    mode is restored afterwards, so that the directory can be removed."""
+    locked: list[Path] = []
+    real = io.writable
+
+    def lock(directory: Path) -> Path:
+        directory.chmod(0o555)
+        locked.append(directory.resolve())
+        return directory
+
+    def writable(path: Path) -> bool:
+        here = Path(path).resolve()
+        if any(here == d or d in here.parents for d in locked):
+            return False
+        return real(path)
+
+    if os.geteuid() == 0:
+        monkeypatch.setattr(io, "writable", writable)
+    yield lock
+    for d in locked:
+        d.chmod(0o755)
+
+
+def files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+# ------------------------------------------------------------------------------------------------
+# a destination that cannot be written, checked before the work
+# ------------------------------------------------------------------------------------------------
+def test_ablate_into_a_read_only_model_directory_is_refused_before_loading(
+    model_copy, read_only, forwards, capsys
+):
+    read_only(model_copy)
+    before = files_under(model_copy)
+    expect_cli_refusal(
+        ["ablate", str(model_copy), "--task", "induction", "--no-figures", "--no-progress"],
+        rf"error: {model_copy}: cannot write there \(not writable by this user\); make it "
+        r"writable, or copy the run \(or model directory\) where you can write$",
+        capsys,
+    )
+    assert not forwards and files_under(model_copy) == before
+
+
+def test_ablate_on_a_read_only_run_directory_is_refused_before_loading(
+    tmp_path, read_only, forwards, capsys
+):
+    run = tmp_path / "run"
+    pe_interp.train(out=run, progress=False, **TINY)
+    read_only(run)
+    before = files_under(run)
+    forwards.clear()
+    expect_cli_refusal(
+        ["ablate", str(run), "--no-figures", "--no-progress"],
+        rf"error: {run}: cannot write there \(not writable by this user\)",
+        capsys,
+    )
+    expect_cli_refusal(
+        ["patch", f"{run}@1"],
+        rf"error: {run}@1: its results go to {run}/steps/1: cannot write there \({run} is not",
+        capsys,
+    )
+    assert not forwards and files_under(run) == before
+
+
+def test_survey_into_a_read_only_directory_is_refused_before_loading(
+    model, tmp_path, read_only, forwards, capsys
+):
+    read_only(tmp_path)
+    expect_cli_refusal(
+        ["survey", str(model), "--out", str(tmp_path / "findings" / "tiny")],
+        rf"error: --out {tmp_path}/findings/tiny: cannot write there \({tmp_path} is not writable",
+        capsys,
+    )
+    assert not forwards and files_under(tmp_path) == []
+
+
+def test_convert_into_a_file_or_a_read_only_cache_is_refused_before_dequantising(
+    tmp_path, read_only, monkeypatch, capsys
+):
+    pytest.importorskip("gguf")
+    from test_gguf import tiny_llama, write_gguf
+
+    from pe_interp.runs import gguf as pg
+
+    path = write_gguf(tiny_llama(), tmp_path / "tiny.gguf")
+    monkeypatch.setattr(pg, "_load", lambda *_: pytest.fail("de-quantised before the refusal"))
+    (tmp_path / "a-file").write_text("not a directory")
+    expect_cli_refusal(
+        ["convert", str(path), "--cache", str(tmp_path / "a-file")],
+        rf"error: {path}: the cache {tmp_path}/a-file: exists and is not a directory; give a directory$",
+        capsys,
+    )
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    read_only(cache)
+    expect_cli_refusal(
+        ["convert", str(path), "--cache", str(cache)],
+        rf"error: {path}: the cache {cache}: cannot write there \(not writable by this user\); "
+        "give --cache a directory you can write$",
+        capsys,
+    )
+    monkeypatch.setenv(pg.CACHE_ENV, str(cache))  # where a command converts the file itself
+    expect_cli_refusal(
+        ["ablate", str(path), "--task", "distance", "--preset", "smoke"],
+        rf"error: {path}: the GGUF cache \(where it is converted and its results go\) {cache}/gguf: "
+        rf"cannot write there \({cache} is not writable by this user\); set {pg.CACHE_ENV} to a "
+        "directory you can write$",
+        capsys,
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "cache", "tiny.gguf"]
+    assert files_under(cache) == []
