@@ -172,3 +172,93 @@ def test_convert_into_a_file_or_a_read_only_cache_is_refused_before_dequantising
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "cache", "tiny.gguf"]
     assert files_under(cache) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# damaged weights, in any format
+# ------------------------------------------------------------------------------------------------
+def _truncated(d: Path) -> None:
+    data = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+
+
+def _garbled_header(d: Path) -> None:
+    data = bytearray((d / "model.safetensors").read_bytes())
+    data[20:30] = b"xxxxxxxxxx"
+    (d / "model.safetensors").write_bytes(bytes(data))
+
+
+def _nan_weight(d: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(d / "model.safetensors"))
+    tensors["model.layers.1.self_attn.v_proj.weight"].view(-1)[3] = float("nan")
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _truncated_bin(d: Path) -> None:
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(d / "model.safetensors"))
+    (d / "model.safetensors").unlink()
+    torch.save(tensors, d / "pytorch_model.bin")
+    data = (d / "pytorch_model.bin").read_bytes()
+    (d / "pytorch_model.bin").write_bytes(data[: len(data) - 200])
+
+
+@pytest.mark.parametrize("damage,pattern", [
+    (_truncated, r"the weights file model\.safetensors is damaged \(.*\); save or download the "
+     "model again$"),
+    (_garbled_header, r"the weights file model\.safetensors is damaged \("),
+    (_truncated_bin, r"the weights file pytorch_model\.bin is damaged \("),
+    (_nan_weight, r"the weights hold NaN \(in model\.layers\.1\.self_attn\.v_proj\.weight\): the "
+     r"file is damaged or the model it was saved from diverged; save or download the model again"),
+], ids=["truncated", "garbled-header", "truncated-bin", "nan"])  # fmt: skip
+def test_damaged_weights_are_refused_before_the_first_forward(
+    model_copy, tmp_path, damage, pattern, forwards, capsys
+):
+    damage(model_copy)
+    before = files_under(tmp_path)
+    out = tmp_path / "findings" / "tiny"
+    for argv in (
+        ["ablate", str(model_copy), "--task", "induction", "--no-figures", "--no-progress"],
+        ["survey", str(model_copy), "--out", str(out)],  # its accuracy step read 0 of 8 and went on
+        ["heads", str(model_copy), "--task", "distance", "--preset", "smoke"],
+    ):
+        expect_cli_refusal(argv, rf"error: {model_copy}: {pattern}", capsys)
+    assert not forwards and files_under(tmp_path) == before
+
+
+def test_a_gguf_file_with_nan_weights_is_refused_before_it_is_cached(tmp_path, capsys):
+    pytest.importorskip("gguf")
+    from test_gguf import tiny_llama, write_gguf
+
+    hf = tiny_llama()
+    with torch.no_grad():
+        hf.model.layers[0].mlp.up_proj.weight[2, 5] = float("inf")
+    path = write_gguf(hf, tmp_path / "tiny.gguf")
+    expect_cli_refusal(
+        ["convert", str(path), "--cache", str(tmp_path / "cache")],
+        rf"error: {path}: the weights hold inf \(in model\.layers\.0\.mlp\.up_proj\.weight\): the "
+        "file is damaged or the model it was saved from diverged; download the GGUF file again$",
+        capsys,
+    )
+    assert files_under(tmp_path) == ["tiny.gguf"]
+
+
+def test_a_probe_given_a_pretrained_model_with_nan_weights_names_the_fix_that_fits(model):
+    from bad_input_env import expect_value_error
+
+    from pe_interp.runs.model_dirs import load_model_dir
+    from probes import ablate_heads
+
+    run = load_model_dir(model, "induction", accuracy=False)
+    ps = run.task.prompts[:4]
+    with torch.no_grad():
+        run.model.bridge.original_model.model.layers[0].self_attn.o_proj.weight[1, 1] = float("nan")
+    expect_value_error(
+        lambda: ablate_heads(run.model, ps.tokens, ps.labels, pad_mask=ps.pad_mask),
+        r"^ablate_heads: the model has non-finite weights \(NaN in "
+        r"bridge\.blocks\.0\.self_attn\.o_proj\.weight\); its file is damaged or the weights were edited: "
+        r"load it again \(pe_interp\.load\) from an intact file$",
+    )

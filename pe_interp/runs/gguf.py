@@ -335,18 +335,22 @@ def _load(path: Path, info: dict[str, Any]) -> tuple[Any, Any]:
     is loaded, when the config describes more parameters than the file holds (a header without
     its shape makes transformers fill in a default, up to 7B parameters of random weights), when it
     is no causal language model, or when transformers cannot load it; and after, when a weight of
-    the model was not in the file."""
+    the model was not in the file, or when a weight is NaN or inf."""
     import torch
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from pe_interp.util.checks import nonfinite_weight
+
     extra: dict[str, Any] = {"dtype": torch.float32, "output_loading_info": True}
     if hasattr(transformers, "GgufConfig"):  # unpack every weight, whatever kernels are installed
         extra["quantization_config"] = transformers.GgufConfig(dequantize=True)
     where, name = str(path.resolve().parent), path.name
-    level = hf_logging.get_verbosity()
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # one line per error on the command line, no loading bars
+    gguf_utils = _quiet_gguf_bar()
     what = "config"
     try:
         config = AutoConfig.from_pretrained(where, gguf_file=name)
@@ -367,6 +371,12 @@ def _load(path: Path, info: dict[str, Any]) -> tuple[Any, Any]:
                 f"{path}: the file lacks {len(missing)} weight(s) of its {type(model).__name__} "
                 f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
             )
+        bad = nonfinite_weight(model)
+        if bad is not None:  # a damaged file: refused before anything is cached
+            raise _Refused(
+                f"{path}: the weights hold {bad[1]} (in {bad[0]}): the file is damaged or the "
+                "model it was saved from diverged; download the GGUF file again"
+            )
         what = "tokenizer"
         tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
     except _Refused as err:
@@ -379,7 +389,28 @@ def _load(path: Path, info: dict[str, Any]) -> tuple[Any, Any]:
         ) from None
     finally:
         hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+        if gguf_utils is not None:
+            gguf_utils.tqdm = gguf_utils.__dict__.pop("_pe_interp_tqdm", gguf_utils.tqdm)
     return model.eval(), tokenizer
+
+
+def _quiet_gguf_bar() -> Any:
+    """transformers' GGUF loader draws its de-quantising bar with ``tqdm.auto`` itself, past its
+    own progress-bar switch: silenced here for the load (the module, to restore it after)."""
+    import functools
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - transformers without GGUF support
+        return None
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None:
+        return None
+    gguf_utils._pe_interp_tqdm = bar
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    return gguf_utils
 
 
 class _Refused(Exception):

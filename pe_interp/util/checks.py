@@ -135,14 +135,21 @@ def nonfinite_weight(model: nn.Module) -> tuple[str, str] | None:
 
 
 def check_finite_weights(model: nn.Module, who: str = "") -> None:
-    """Refuse a model with a NaN or inf weight: its outputs would read like a real (null) result."""
+    """Refuse a model with a NaN or inf weight: its outputs would read like a real (null) result.
+    The fix named fits the model: a run of ours is reloaded or retrained, a pretrained model
+    (read through a bridge) loaded again from an intact file."""
     bad = nonfinite_weight(model)
     if bad is not None:
         prefix = f"{who}: " if who else ""
-        raise ValueError(
-            f"{prefix}the model has non-finite weights ({bad[1]} in {bad[0]}); its training diverged "
-            "or the weights were edited: reload the run (load_run) or retrain it"
+        why = (  # a pretrained model read through a bridge was never trained here
+            "its file is damaged or the weights were edited: load it again (pe_interp.load) "
+            "from an intact file"
+            if getattr(model, "bridge", None) is not None
+            else "its training diverged or the weights were edited: reload the run (load_run) "
+            "or retrain it"
         )
+        name = bad[0].replace("._original_component", "")
+        raise ValueError(f"{prefix}the model has non-finite weights ({bad[1]} in {name}); {why}")
 
 
 def check_token_ids(tokens: Any, d_vocab: int, n_ctx: int) -> Tensor:
