@@ -5,6 +5,7 @@ without a clock) and writes nothing; each case that now works is shown to work."
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -262,3 +263,51 @@ def test_a_probe_given_a_pretrained_model_with_nan_weights_names_the_fix_that_fi
         r"bridge\.blocks\.0\.self_attn\.o_proj\.weight\); its file is damaged or the weights were edited: "
         r"load it again \(pe_interp\.load\) from an intact file$",
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# files as people save them
+# ------------------------------------------------------------------------------------------------
+POSITION = {"prompt": "apple bag cat apple", "answer": " bag",
+            "counterfactual_prompt": "apple cat bag apple", "counterfactual_answer": " cat"}  # fmt: skip
+CONTENT = {"prompt": "Paris is the capital of", "answer": " France",
+           "counterfactual_prompt": "apple is the capital of", "counterfactual_answer": " bag"}  # fmt: skip
+PLAIN = [
+    {"prompt": "desk coin desk", "answer": " coin"},
+    {"prompt": "cat bag cat", "answer": " bag"},
+]
+
+
+def prompts_file(path: Path, lines: list[dict], newline: str = "\n", bom: bool = False) -> Path:
+    text = "".join(json.dumps(line) + newline for line in lines)
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode())
+    return path
+
+
+@pytest.mark.parametrize(
+    "newline,bom", [("\r\n", False), ("\n", True), ("\r\n", True)], ids=["crlf", "bom", "bom-crlf"]
+)
+def test_a_prompts_file_as_editors_save_it_is_read(tmp_path, newline, bom):
+    from pe_interp.prompts.jsonl import count_counterfactuals, load_jsonl
+
+    lines = [POSITION, *PLAIN, {"prompt": "desk\u2028coin desk", "answer": " coin"}]
+    plain = load_jsonl(prompts_file(tmp_path / "plain.jsonl", lines), TOK, family="f")
+    path = prompts_file(tmp_path / "saved.jsonl", lines, newline, bom)
+    saved = load_jsonl(path, TOK, family="f")
+    assert torch.equal(saved.prompts.tokens, plain.prompts.tokens) and len(saved.prompts) == 4
+    assert torch.equal(saved.prompts.labels, plain.prompts.labels)
+    assert saved.pair_lines == plain.pair_lines == (1,)
+    assert torch.equal(saved.counterfactuals.corrupt.tokens, plain.counterfactuals.corrupt.tokens)
+    assert count_counterfactuals(path) == 1
+
+
+def test_a_bad_line_of_a_crlf_file_is_named_by_its_number(tmp_path):
+    from bad_input_env import expect_value_error
+
+    from pe_interp.prompts.jsonl import load_jsonl
+
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(
+        b'\xef\xbb\xbf{"prompt": "desk coin desk", "answer": " coin"}\r\n\r\n{"prompt": 3}\r\n'
+    )
+    expect_value_error(lambda: load_jsonl(path, TOK), rf"^{path}:3: missing field 'answer'$")
