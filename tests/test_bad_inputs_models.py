@@ -17,6 +17,7 @@ from prompt_env import make_tokenizer
 
 import pe_interp
 import pe_interp.util.io as io
+from pe_interp.cli import main
 from pe_interp.models.bridge.hf_arch import build_hf_model, save_model_dir
 
 TOK = make_tokenizer()
@@ -311,3 +312,185 @@ def test_a_bad_line_of_a_crlf_file_is_named_by_its_number(tmp_path):
         b'\xef\xbb\xbf{"prompt": "desk coin desk", "answer": " coin"}\r\n\r\n{"prompt": 3}\r\n'
     )
     expect_value_error(lambda: load_jsonl(path, TOK), rf"^{path}:3: missing field 'answer'$")
+
+
+# ------------------------------------------------------------------------------------------------
+# the survey: every step checked before the first one runs; resumed steps; what each step used
+# ------------------------------------------------------------------------------------------------
+SMALL = ["--n", "8", "--n-bootstrap", "20"]
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """The model must not load (a refusal that needs no model comes before it)."""
+    import pe_interp.runs.model_dirs as model_dirs
+
+    monkeypatch.setattr(model_dirs, "load_model_dir", lambda *a, **k: pytest.fail("loaded"))
+
+
+def test_a_prompts_file_without_counterfactuals_is_refused_before_the_model_loads(
+    model, tmp_path, forwards, capsys, no_load
+):
+    plain = prompts_file(tmp_path / "plain.jsonl", PLAIN)
+    out = tmp_path / "out"
+    expect_cli_refusal(
+        ["survey", str(model), "--out", str(out), "--family", str(plain), *SMALL],
+        rf"error: --family {plain}: no line gives a counterfactual_prompt, which patching and "
+        r"routes need \(clean/counterfactual pairs\): add counterfactual_prompt and "
+        "counterfactual_answer to its lines, or leave patching and routes out "
+        r"\(--steps accuracy ablation head_types frequency\)$",
+        capsys,
+    )
+    expect_cli_refusal(
+        ["survey", str(model), "--out", str(out), "--family", str(plain), "--steps", "patching"],
+        r"which patching needs \(clean/counterfactual pairs\): .* leave patching out$",
+        capsys,
+    )
+    assert not forwards and not out.exists()
+
+
+def test_frequency_alone_is_refused_before_the_model_loads_and_writes_nothing(
+    model, tmp_path, forwards, capsys, no_load
+):
+    out = tmp_path / "out"
+    expect_cli_refusal(
+        ["survey", str(model), "--out", str(out), "--steps", "frequency"],
+        rf"error: --steps frequency reads the heads the head_types step typed, and {out} has no "
+        "head_types.json: add head_types to --steps$",
+        capsys,
+    )
+    expect_cli_refusal(
+        ["survey", str(model), "--out", str(out), "--steps", "accuracy", "--redo", "ablation"],
+        r"error: --redo ablation: not among --steps \(accuracy\); add it to --steps$",
+        capsys,
+    )
+    expect_cli_refusal(
+        ["survey", str(model), "--out", str(out), "--n", "1025"],
+        r"error: --n must be <= 1024 for a prompt family \(the most prompts it draws\), got 1025$",
+        capsys,
+    )
+    assert not forwards and not out.exists()
+
+
+def test_content_counterfactuals_are_labelled_so_and_cannot_serve_routes(
+    model, tmp_path, forwards, capsys
+):
+    content = prompts_file(tmp_path / "content.jsonl", [CONTENT, *PLAIN])
+    out = tmp_path / "out"
+    argv = ["survey", str(model), "--out", str(out), "--family", str(content), *SMALL]
+    expect_cli_refusal(
+        argv,  # every step: routes cannot read these pairs, refused before the first forward
+        rf"error: --family {content}: its counterfactuals change the tokens \(content "
+        r"counterfactuals\), and route shares measure position on position-only pairs",
+        capsys,
+    )
+    assert not forwards and not out.exists()
+    assert main([*argv, "--steps", "patching", "ablation"]) == 0
+    saved = json.loads((out / "patching.json").read_text())
+    assert saved["counterfactual"]["kind"] == "content" and saved["n_used"] == 1
+    text = (out / "SURVEY.md").read_text()
+    assert "## Head patching, content counterfactuals" in text
+    assert "its content counterfactual (1 pairs: the prompt's tokens changed" in text
+    assert "position-only" not in text and "the same tokens moved" not in text
+    # the counts each step used: 3 prompts for the ablation (the file's), 1 pair for patching
+    assert "(seed 0, used: ablation 3, patching 1 pairs)" in text
+    assert json.loads((out / "ablation.json").read_text())["result"]["n_examples"] == 3
+
+
+def test_position_pairs_from_a_file_are_labelled_position_only(model, tmp_path, capsys):
+    moved = prompts_file(tmp_path / "moved.jsonl", [POSITION, *PLAIN])
+    out = tmp_path / "out"
+    argv = ["survey", str(model), "--out", str(out), "--family", str(moved), *SMALL]
+    assert main([*argv, "--steps", "patching"]) == 0
+    assert json.loads((out / "patching.json").read_text())["counterfactual"]["kind"] == "position"
+    assert "## Head patching, position-only counterfactuals" in (out / "SURVEY.md").read_text()
+
+
+def test_a_resumed_step_with_other_options_is_run_again(model, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["survey", str(model), "--out", str(out), "--n", "8", "--steps", "accuracy", "ablation"]
+    assert main([*argv, "--n-bootstrap", "20"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--n-bootstrap", "20"]) == 0
+    said = capsys.readouterr().out
+    assert "ablation: done before" in said and "accuracy: done before" in said
+    assert main([*argv, "--n-bootstrap", "30"]) == 0
+    said = capsys.readouterr().out
+    assert "accuracy: done before" in said  # no bootstrap there
+    assert "[2/2] ablation again: --n-bootstrap 20 before, 30 now ..." in said
+    assert json.loads((out / "ablation.json").read_text())["result"]["n_bootstrap"] == 30
+    assert main([*argv, "--n-bootstrap", "30", "--seed", "1"]) == 0
+    said = capsys.readouterr().out  # another seed: other prompts, so every step again
+    assert "accuracy again: other weights or prompts" in said and "ablation again" in said
+
+
+def test_frequency_reading_head_types_of_another_n_is_refused_before_the_first_forward(
+    model, tmp_path, forwards, capsys
+):
+    out = tmp_path / "out"
+    assert main(["survey", str(model), "--out", str(out), *SMALL, "--steps", "head_types"]) == 0
+    before = files_under(out)
+    forwards.clear()
+    capsys.readouterr()
+    expect_cli_refusal(
+        ["survey", str(model), "--out", str(out), "--n", "16", "--steps", "frequency"],
+        rf"error: {out}/head_types.json is not of this survey \(--n 8 before, 16 now\), and the "
+        "frequency step reads its heads: add head_types to --steps$",
+        capsys,
+    )
+    assert not forwards and files_under(out) == before
+
+
+def test_survey_n_is_the_number_each_step_used(model, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = [
+        "survey",
+        str(model),
+        "--out",
+        str(out),
+        "--n",
+        "100",
+        "--steps",
+        "accuracy",
+        "head_types",
+    ]
+    assert main(argv) == 0
+    acc = json.loads((out / "accuracy.json").read_text())["families"]
+    assert [row["n"] for row in acc] == [100, 100, 100]  # not the quick preset's 64
+    types = json.loads((out / "head_types.json").read_text())
+    assert types["n_used"] == types["result"]["n_examples"] == 100
+    assert "(seed 0, 100 used)" in (out / "SURVEY.md").read_text()
+
+
+def test_a_model_that_cannot_serve_a_step_is_refused_before_its_first_forward_on_the_prompts(
+    tmp_path, forwards, monkeypatch, capsys
+):
+    """GPT-2's positions are learned, not rotated: no frequency step. Refused once the model is
+    built (building it reads its encoding with one forward of a few random tokens, counted
+    apart) and before any forward on the prompts."""
+    import pe_interp.runs.model_dirs as model_dirs
+
+    hf = build_hf_model(
+        "gpt2", seed=1, n_layers=1, d_model=16, n_heads=2, d_mlp=32, n_ctx=96,
+        d_vocab=len(TOK), pad_id=0,
+    )  # fmt: skip
+    gpt2 = save_model_dir(hf, TOK, tmp_path / "gpt2")
+    capsys.readouterr()  # the saving's bar
+    load = model_dirs.load_model_dir
+    built = []
+
+    def counted_load(*args, **kwargs):
+        run = load(*args, **kwargs)
+        built.append(list(forwards))  # the model's own construction
+        forwards.clear()
+        return run
+
+    monkeypatch.setattr(model_dirs, "load_model_dir", counted_load)
+    out = tmp_path / "out"
+    expect_cli_refusal(
+        ["survey", str(gpt2), "--out", str(out), *SMALL],
+        rf"error: {gpt2}: gpt2: learned absolute does not rotate queries and keys; frequency usage is "
+        "defined for rotary encodings \\(RoPE\\): leave frequency out of --steps$",
+        capsys,
+    )
+    assert len(built) == 1 and not forwards and not out.exists()

@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,7 @@ def load_model_dir(
     revision: str | None = None,
     whole_vocab: bool = False,
     accuracy: bool = True,
+    check_prompts: Callable[[PromptTask, dict[str, Any]], None] | None = None,
 ) -> Run:
     """The saved model at ``path`` as a run on ``task`` (the ``preset``'s task and splits, ``seed``);
     ``path`` may be a GGUF file (converted once, :func:`pe_interp.runs.gguf.convert_gguf`) or a hub name
@@ -100,7 +102,10 @@ def load_model_dir(
     parse or does not hold what its header says (:func:`check_weight_files`), and a NaN or inf
     weight (:func:`check_finite`). On a prompt task the model's accuracy on the prompts is
     measured at once (its first forward); ``accuracy=False`` leaves that to
-    :func:`with_accuracy`, so that a caller can refuse what cannot run before it."""
+    :func:`with_accuracy`, so that a caller can refuse what cannot run before it;
+    ``check_prompts(task, provenance)`` is called once the prompts are read, before the model is
+    built around the bridge (which reads its encoding with one forward of a few tokens), so that
+    a caller refuses what these prompts cannot serve before any forward."""
     bare = whole_vocab and task is None
     from pe_interp.models.bridge.hf_arch import boot_bridge
 
@@ -114,7 +119,9 @@ def load_model_dir(
             raise CheckpointError(
                 f"{path}: a model on the Hugging Face hub: say which task to probe it on with --task"
             )
-        return _load_hub(str(path), task, preset, seed, device, revision, bare, accuracy)
+        return _load_hub(
+            str(path), task, preset, seed, device, revision, bare, accuracy, check_prompts
+        )
     path = given = Path(path)
     if is_gguf_file(path):
         if task is None and not bare:
@@ -160,7 +167,7 @@ def load_model_dir(
     if bare:
         return _as_vocab_run(path, bridge, provenance, source)
     if is_prompt_task(task):
-        return _as_prompt_run(path, bridge, task, preset, seed, provenance, accuracy)
+        return _as_prompt_run(path, bridge, task, preset, seed, provenance, accuracy, check_prompts)
     return _as_run(path, bridge, task, preset, seed, provenance, source)
 
 
@@ -316,6 +323,7 @@ def _as_prompt_run(
     seed: int,
     provenance: dict[str, Any],
     accuracy: bool = True,
+    check_prompts: Callable[[PromptTask, dict[str, Any]], None] | None = None,
 ) -> Run:
     """A booted bridge as a run on natural prompts (:mod:`pe_interp.prompts.task`): classes are its
     token ids; the model's accuracy on the prompts is measured once and kept in the run's config
@@ -328,6 +336,8 @@ def _as_prompt_run(
         prompt_task = load_prompt_task(task, bridge, preset, seed, where=where)
     except ValueError as err:
         raise CheckpointError(str(err)) from None
+    if check_prompts is not None:
+        check_prompts(prompt_task, provenance)
     model = BridgedModel(bridge, pad_id=prompt_task.pad_id).eval()
     config = {
         "model_dir": {"model_type": model.cfg.model_type, **source},
@@ -421,6 +431,7 @@ def _load_hub(
     revision: str | None,
     bare: bool = False,
     accuracy: bool = True,
+    check_prompts: Callable[[PromptTask, dict[str, Any]], None] | None = None,
 ) -> Run:
     """A hub model as a run: fetched at ``revision`` (Pythia's training checkpoints are revisions
     ``step1000``, ...), its results under :data:`HUB_RUNS`."""
@@ -466,7 +477,7 @@ def _load_hub(
     if bare:
         return _as_vocab_run(out, bridge, provenance, source)
     if is_prompt_task(task):
-        return _as_prompt_run(out, bridge, task, preset, seed, provenance, accuracy)
+        return _as_prompt_run(out, bridge, task, preset, seed, provenance, accuracy, check_prompts)
     return _as_run(out, bridge, task, preset, seed, provenance, source)
 
 
