@@ -494,3 +494,105 @@ def test_a_model_that_cannot_serve_a_step_is_refused_before_its_first_forward_on
         capsys,
     )
     assert len(built) == 1 and not forwards and not out.exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# messages that name the problem and the fix
+# ------------------------------------------------------------------------------------------------
+def _config(text: str | None):
+    def make(d: Path) -> Path:
+        d.mkdir()
+        if text is not None:
+            (d / "config.json").write_text(text)
+        return d
+
+    return make
+
+
+@pytest.mark.parametrize("make,pattern", [
+    (_config(None), r"{d}: an empty directory, neither a saved Hugging Face model \(save_pretrained "
+     r"writes its config\.json, weights and tokenizer\) nor a pe-interp run$"),
+    (_config('{"model_type": "llama",'), r"{d}/config\.json: not valid JSON \(.*\); saved Hugging "
+     "Face model .* names its model_type there$"),
+    (_config('{"hidden_size": 32}'), r"{d}/config\.json: no model_type, so not a saved Hugging "
+     r"Face model .*, nor the config of a pe-interp run$"),
+], ids=["empty", "invalid-json", "no-model-type"])  # fmt: skip
+def test_a_directory_that_is_no_model_says_what_it_is(tmp_path, make, pattern, forwards, capsys):
+    d = make(tmp_path / "d")
+    before = files_under(tmp_path)
+    expect_cli_refusal(
+        ["ablate", str(d), "--task", "induction"], "error: " + pattern.format(d=d), capsys
+    )
+    assert "knows its task" not in pattern and not forwards and files_under(tmp_path) == before
+
+
+def test_an_unknown_task_lists_every_task_a_model_takes(model, forwards, capsys):
+    expect_cli_refusal(
+        ["ablate", str(model), "--task", "sorting"],
+        rf"error: {model}: task must be one of distance, count, retrieve \(our tasks in "
+        r"language-model form\), induction, recall, successor \(prompt families in the model's own "
+        r"tokens\) or FILE\.jsonl \(a prompts file\); got 'sorting'$",
+        capsys,
+    )
+    assert not forwards
+
+
+def test_show_and_report_read_a_survey_directory(model, tmp_path, capsys):
+    out = tmp_path / "findings" / "tiny"
+    assert main(["survey", str(model), "--out", str(out), *SMALL, "--steps", "accuracy"]) == 0
+    (out / "SURVEY.md").unlink()
+    capsys.readouterr()
+    assert main(["show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith(f"survey {out}  (pe-interp survey: where position lives")
+    assert (
+        "  steps      accuracy\n" in shown and "- Accuracy on natural prompts: induction " in shown
+    )
+    assert f"{out / 'SURVEY.md'} (not written yet); pe-interp report {out} rebuilds it" in shown
+    assert main(["report", str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote {out / 'SURVEY.md'}\n"
+    assert "## Accuracy per prompt family" in (out / "SURVEY.md").read_text()
+
+
+def test_show_reads_a_model_directory_and_report_points_to_the_commands_that_do(model_copy, capsys):
+    assert main(["show", str(model_copy)]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith(
+        f"model {model_copy}  (a saved Hugging Face model, not a pe-interp run)"
+    )
+    assert (
+        "  shape      llama: 2 layers, 4 heads (2 key/value heads), d_model 32, vocabulary" in shown
+    )
+    assert "results      none yet" in shown
+    argv = ["ablate", str(model_copy), "--task", "induction", "--n", "4", "--n-bootstrap", "0"]
+    assert main([*argv, "--no-figures", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["show", str(model_copy)]) == 0
+    shown = capsys.readouterr().out
+    assert "  ablation.json                ablation, of these weights\n" in shown
+    assert "  deposits.json                deposit, of these weights\n" in shown
+    expect_cli_refusal(
+        ["report", str(model_copy)],
+        rf"error: {model_copy}: a saved Hugging Face model, not a pe-interp run: pe-interp show "
+        rf"{model_copy} lists the results written into it, and pe-interp survey {model_copy} "
+        r"--out DIR writes a report of every probe on it \(DIR/SURVEY\.md\)$",
+        capsys,
+    )
+
+
+def test_show_reads_a_gguf_file_through_its_converted_directory(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("gguf")
+    from test_gguf import tiny_llama, write_gguf
+
+    from pe_interp.runs import gguf as pg
+
+    monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path / "cache"))
+    path = write_gguf(tiny_llama(), tmp_path / "tiny.gguf")
+    assert main(["show", str(path)]) == 0
+    assert capsys.readouterr().out.startswith(f"GGUF file {path}: not converted yet\n")
+    assert not (tmp_path / "cache").exists()  # show converts nothing
+    out = pg.convert_gguf(path)
+    assert main(["show", str(path)]) == 0
+    shown = capsys.readouterr().out
+    assert f"  converted  {out}\n" in shown
+    assert "  from GGUF  tiny.gguf (sha256 " in shown and "ALL_F32), dequantised to fp32" in shown

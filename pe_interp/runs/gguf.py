@@ -44,6 +44,7 @@ __all__ = [
     "available_memory",
     "cache_root",
     "convert_gguf",
+    "converted",
     "file_sha256",
     "gguf_provenance",
     "is_gguf_file",
@@ -264,6 +265,14 @@ def convert_gguf(path: str | Path, cache_dir: str | Path | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def converted(path: str | Path, cache_dir: str | Path | None = None) -> Path | None:
+    """The directory the GGUF file at ``path`` was converted into, or None where it has not been
+    (nothing is converted here)."""
+    sha = file_sha256(_a_file(path))
+    out = cache_root(cache_dir) / sha[:16]
+    return out if _complete(out, sha) else None
 
 
 def _complete(out: Path, sha: str) -> bool:

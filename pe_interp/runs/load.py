@@ -17,6 +17,7 @@ source                     what it is                                  read by
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,11 +123,44 @@ def open_run(
             path, task, preset, seed=seed, device=device, revision=revision, whole_vocab=whole_vocab
         )
     if task is not None or revision is not None:
-        raise CheckpointError(
-            f"{source}: --task and --revision are for a saved Hugging Face model (a directory, a GGUF "
-            "file, or owner/name on the hub); a pe-interp run knows its task"
-        )
+        raise CheckpointError(not_a_model(source, path))
     return load_run(source, device=device)
+
+
+def not_a_model(source: str | Path, path: Path) -> str:
+    """Why ``path``, given with ``--task`` or ``--revision``, is no saved Hugging Face model: what
+    it is instead, and what would make it one."""
+    path = Path(path)
+    hf = (
+        "a saved Hugging Face model (save_pretrained writes its config.json, weights and tokenizer)"
+    )
+    if not path.exists():
+        return (
+            f"{source}: no such directory or file; give {hf}, a GGUF file, or owner/name on the hub"
+        )
+    if not path.is_dir():
+        return (
+            f"{source}: a file, neither a GGUF file nor a model directory; give {hf} or a GGUF file"
+        )
+    config = path / "config.json"
+    if not config.is_file():
+        what = (
+            "an empty directory" if not any(path.iterdir()) else "a directory without config.json"
+        )
+        return f"{source}: {what}, neither {hf} nor a pe-interp run"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return (
+            f"{config}: not valid JSON ({str(err).splitlines()[0]}); {hf[2:]} names its model_type "
+            "there"
+        )
+    if isinstance(data, dict) and {"model", "task", "train"} <= set(data):
+        return (
+            f"{source}: --task and --revision are for a saved Hugging Face model (a directory, a "
+            "GGUF file, or owner/name on the hub); a pe-interp run knows its task"
+        )
+    return f"{config}: no model_type, so not {hf}, nor the config of a pe-interp run"
 
 
 def load(

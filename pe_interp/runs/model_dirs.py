@@ -150,7 +150,7 @@ def load_model_dir(
     files = weight_files(weights)
     check_weight_files(files, given)
     check_memory(files, given or path)
-    provenance = {"sha256": _sha256(files), "step": None}
+    provenance = {"sha256": weights_sha256(files), "step": None}
     source: dict[str, Any] = {"weights": weights.name}
     gguf = gguf_provenance(path)  # a directory converted from a GGUF file: which file, how
     if gguf is not None:
@@ -236,7 +236,7 @@ def weight_files(weights: Path) -> list[Path]:
     return [weights.parent / n for n in names]
 
 
-def _sha256(files: list[Path]) -> str:
+def weights_sha256(files: list[Path]) -> str:
     """sha256 of the files' bytes in order, read in 16-MiB blocks."""
     h = hashlib.sha256()
     for f in files:
@@ -303,8 +303,23 @@ def check_causal(path: Path, given: Any = None) -> None:
         )
 
 
+def task_choices() -> str:
+    """Every ``--task`` a pretrained model takes, for messages."""
+    from pe_interp.prompts.families import FAMILIES
+    from pe_interp.tasks import TASKS
+
+    return (
+        f"{', '.join(TASKS)} (our tasks in language-model form), {', '.join(FAMILIES)} (prompt "
+        "families in the model's own tokens) or FILE.jsonl (a prompts file)"
+    )
+
+
 def _check_task(where: Any, task: str, preset: str, seed: int) -> None:
     """A one-line error for a bad ``--task`` or ``--preset``, before any model is loaded."""
+    from pe_interp.tasks import TASKS
+
+    if not is_prompt_task(task) and task not in TASKS:
+        raise CheckpointError(f"{where}: task must be one of {task_choices()}; got {task!r}")
     if not is_prompt_task(task):
         _task_configs(where, task, preset, seed)
     elif preset not in PROMPT_COUNTS:
@@ -486,6 +501,8 @@ __all__ = [
     "answer_ids",
     "check_finite",
     "check_weight_files",
+    "task_choices",
+    "weights_sha256",
     "is_gguf_file",
     "is_hub_name",
     "is_model_dir",
