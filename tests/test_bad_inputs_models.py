@@ -317,7 +317,7 @@ def test_a_bad_line_of_a_crlf_file_is_named_by_its_number(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # the survey: every step checked before the first one runs; resumed steps; what each step used
 # ------------------------------------------------------------------------------------------------
-SMALL = ["--n", "8", "--n-bootstrap", "20"]
+SMALL = ["--n", "8", "--n-bootstrap", "40"]
 
 
 @pytest.fixture
@@ -409,17 +409,17 @@ def test_position_pairs_from_a_file_are_labelled_position_only(model, tmp_path, 
 def test_a_resumed_step_with_other_options_is_run_again(model, tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["survey", str(model), "--out", str(out), "--n", "8", "--steps", "accuracy", "ablation"]
-    assert main([*argv, "--n-bootstrap", "20"]) == 0
+    assert main([*argv, "--n-bootstrap", "40"]) == 0
     capsys.readouterr()
-    assert main([*argv, "--n-bootstrap", "20"]) == 0
+    assert main([*argv, "--n-bootstrap", "40"]) == 0
     said = capsys.readouterr().out
     assert "ablation: done before" in said and "accuracy: done before" in said
-    assert main([*argv, "--n-bootstrap", "30"]) == 0
+    assert main([*argv, "--n-bootstrap", "50"]) == 0
     said = capsys.readouterr().out
     assert "accuracy: done before" in said  # no bootstrap there
-    assert "[2/2] ablation again: --n-bootstrap 20 before, 30 now ..." in said
-    assert json.loads((out / "ablation.json").read_text())["result"]["n_bootstrap"] == 30
-    assert main([*argv, "--n-bootstrap", "30", "--seed", "1"]) == 0
+    assert "[2/2] ablation again: --n-bootstrap 40 before, 50 now ..." in said
+    assert json.loads((out / "ablation.json").read_text())["result"]["n_bootstrap"] == 50
+    assert main([*argv, "--n-bootstrap", "50", "--seed", "1"]) == 0
     said = capsys.readouterr().out  # another seed: other prompts, so every step again
     assert "accuracy again: other weights or prompts" in said and "ablation again" in said
 
@@ -596,3 +596,89 @@ def test_show_reads_a_gguf_file_through_its_converted_directory(tmp_path, monkey
     shown = capsys.readouterr().out
     assert f"  converted  {out}\n" in shown
     assert "  from GGUF  tiny.gguf (sha256 " in shown and "ALL_F32), dequantised to fp32" in shown
+
+
+# ------------------------------------------------------------------------------------------------
+# numeric options outside what their method can use
+# ------------------------------------------------------------------------------------------------
+SEED_MESSAGE = (
+    r"argument --seed: must be in 0\.\.9223372036854775807 \(2\*\*63 - 1: the generators take 64 "
+    r"bits, with room for the seeds derived from it\), got {seed} \(see pe-interp {cmd} --help\)$"
+)
+
+
+@pytest.mark.parametrize("seed", [str(2**64), str(2**63), "-1"])
+def test_a_seed_past_64_bits_is_refused_before_the_work(model, tmp_path, seed, forwards, capsys):
+    out = tmp_path / "out"
+    for cmd, argv in (
+        ("ablate", ["ablate", str(model), "--task", "induction"]),
+        ("survey", ["survey", str(model), "--out", str(out)]),
+        ("train", ["train", "--preset", "smoke", "--out", str(out)]),
+        ("patch", ["patch", str(model), "--task", "induction"]),
+        ("routes", ["routes", str(model), "--task", "induction"]),
+    ):
+        expect_cli_refusal([*argv, "--seed", seed], SEED_MESSAGE.format(seed=seed, cmd=cmd), capsys)
+    assert not forwards and files_under(tmp_path) == []
+    from bad_input_env import expect_value_error
+
+    from pe_interp import ModelConfig, TrainConfig
+
+    expect_value_error(lambda: TrainConfig(seed=int(seed)), r"^TrainConfig\.seed must be in 0\.\.")
+    expect_value_error(
+        lambda: ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_classes=3, n_ctx=8,
+                            seed=int(seed)),
+        r"^ModelConfig\.seed must be in 0\.\.",
+    )  # fmt: skip
+
+
+def test_the_largest_seed_trains(tmp_path):
+    """Its derived epoch seeds stay within 64 bits (seed * 1_000_003 + epoch overflowed them)."""
+    run = pe_interp.train(out=tmp_path / "run", progress=False, **{**TINY, "seed": 2**63 - 1})
+    assert run is not None and (tmp_path / "run" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("argv,pattern", [
+    (["ablate", "{m}", "--task", "induction", "--n-bootstrap", "1"],
+     r"--n-bootstrap 1 is too few replicates for a 95% interval \(each of its tails must hold at "
+     r"least one\): give 0 \(no intervals\) or at least 40$"),
+    (["patch", "{m}", "--task", "induction", "--n-bootstrap", "39"],
+     r"--n-bootstrap 39 is too few .*: give 0 \(no intervals\) or at least 40$"),
+    (["routes", "{m}", "--task", "induction", "--n-bootstrap", "20"],
+     r"--n-bootstrap 20 is too few .*: give at least 40$"),
+    (["survey", "{m}", "--out", "{o}", "--n-bootstrap", "10"],
+     r"--n-bootstrap 10 is too few .*: give at least 40$"),
+    (["ablate", "{m}", "--task", "induction", "--method", "mean", "--n", "1"],
+     r"--method mean with --n 1: mean ablation replaces a head's output with other examples' "
+     r"\(their mean, or another example's\), so it needs at least 2 examples \(with one, every "
+     r"drop would be exactly 0\)$"),
+    (["ablate", "{m}", "--task", "induction", "--method", "resample", "--n", "1"],
+     r"--method resample with --n 1: resample ablation .* at least 2 examples"),
+], ids=["ablate-1", "patch-39", "routes-20", "survey-10", "mean-n1", "resample-n1"])  # fmt: skip
+def test_a_number_its_method_cannot_use_is_refused_before_the_model_loads(
+    model, tmp_path, argv, pattern, forwards, capsys, no_load, monkeypatch
+):
+    import pe_interp.runs.load as load
+
+    monkeypatch.setattr(load, "open_run", lambda *a, **k: pytest.fail("loaded"))
+    argv = [a.format(m=model, o=tmp_path / "out") for a in argv]
+    expect_cli_refusal(argv, "error: " + pattern, capsys)
+    assert not forwards and files_under(tmp_path) == []
+
+
+def test_mean_ablation_of_one_example_is_refused_by_the_probe(model):
+    from bad_input_env import expect_value_error
+
+    from pe_interp.runs.model_dirs import load_model_dir
+    from probes import ablate_heads
+
+    run = load_model_dir(model, "induction", accuracy=False)
+    ps = run.task.prompts[:1]
+    expect_value_error(
+        lambda: ablate_heads(run.model, ps.tokens, ps.labels, pad_mask=ps.pad_mask, method="mean"),
+        r"^ablate_heads: mean ablation needs at least 2 examples \(or a reference set\): over one "
+        r"example the mean output is that example's own, and every drop would be exactly 0$",
+    )
+    two = run.task.prompts[:2]  # two examples: a mean that is not either one
+    r = ablate_heads(run.model, two.tokens, two.labels, pad_mask=two.pad_mask, method="mean",
+                     n_bootstrap=0)  # fmt: skip
+    assert r.n_examples == 2

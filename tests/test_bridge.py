@@ -257,7 +257,7 @@ def test_ablate_reads_a_saved_model_directory_with_task(model_dir, tmp_path, cap
         "--n",
         "24",
         "--n-bootstrap",
-        "20",
+        "40",
         "--no-figures",
         "--no-progress",
     ]
@@ -268,7 +268,7 @@ def test_ablate_reads_a_saved_model_directory_with_task(model_dir, tmp_path, cap
     loaded = load_model_dir(run, "distance", "smoke")
     test = loaded.examples("test", 24)
     again = ablate_heads(
-        loaded.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=20
+        loaded.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=40
     )
     np.testing.assert_allclose(saved.values, again.values, atol=1e-9)
     assert saved.n_examples == 24 and saved.values.shape == (2, 2)

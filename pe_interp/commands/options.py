@@ -289,6 +289,36 @@ def device_arg(value: str | None) -> str:
     return check_device(default_device() if value is None else value, "--device")
 
 
+def seed_type(text: str) -> int:
+    """The argparse type of every ``--seed``: a whole number in 0..2**63 - 1
+    (:func:`~pe_interp.util.checks.seed_problem`), refused in one line before any work."""
+    from pe_interp.util.checks import seed_problem
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    why = seed_problem(value)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return value
+
+
+def bootstrap_arg(value: int, flag: str = "--n-bootstrap", zero_ok: bool = True) -> int:
+    """``--n-bootstrap``: 0 (no intervals, where ``zero_ok``) or enough replicates for a 95%
+    interval (:func:`probes.common.metrics.min_bootstrap`: each tail holds at least one); a
+    one-line error otherwise, before any work."""
+    from probes.common.metrics import min_bootstrap
+
+    low = min_bootstrap(0.95)
+    if 0 < value < low:
+        raise ValueError(
+            f"{flag} {value} is too few replicates for a 95% interval (each of its tails must "
+            f"hold at least one): give {'0 (no intervals) or ' if zero_ok else ''}at least {low}"
+        )
+    return value
+
+
 def positive_n(value: int | None, flag: str = "--n") -> int | None:
     if value is not None and value < 1:
         raise ValueError(f"{flag} must be >= 1, got {value}")
@@ -368,10 +398,12 @@ __all__ = [
     "model_dir_arg",
     "add_setting_flags",
     "at_least",
+    "bootstrap_arg",
     "device_arg",
     "given_settings",
     "out_dir_arg",
     "positive_n",
+    "seed_type",
     "setting_fields",
     "writing_run",
 ]

@@ -37,7 +37,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pe_interp.commands.options import add_device_flag, device_arg, out_dir_arg, positive_n
+from pe_interp.commands.options import (
+    add_device_flag,
+    bootstrap_arg,
+    device_arg,
+    out_dir_arg,
+    positive_n,
+    seed_type,
+)
 from pe_interp.report.survey import STEPS
 
 FAMILIES_SURVEYED = ("induction", "recall", "successor")
@@ -57,7 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="the findings directory (e.g. findings/smollm2)")
     p.add_argument("--family", default="induction", help="the prompts the probes read")
     p.add_argument("--n", type=int, default=64, help="prompts (and pairs) per probe (default 64)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the prompts and the bootstraps")
+    p.add_argument("--seed", type=seed_type, default=0, help="seeds the prompts and the bootstraps")
     p.add_argument("--n-bootstrap", type=int, default=1000)
     p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
     p.add_argument("--redo", nargs="+", choices=STEPS, default=[], help="run these steps again")
@@ -83,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--n-bootstrap must be >= 1 (the verdicts need intervals), got {args.n_bootstrap}"
         )
+    bootstrap_arg(args.n_bootstrap, zero_ok=False)
     from pe_interp.prompts.task import is_prompt_task
     from pe_interp.runs.checkpoint import CheckpointError
     from pe_interp.runs.model_dirs import load_model_dir, with_accuracy

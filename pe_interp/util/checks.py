@@ -21,6 +21,9 @@ __all__ = [
     "check_float",
     "check_head_pairs",
     "check_int",
+    "check_seed",
+    "seed_problem",
+    "SEED_LIMIT",
     "TOKEN_DTYPES",
     "check_finite_weights",
     "check_labels",
@@ -202,6 +205,29 @@ def finite_number(value: Any) -> bool:
 
 
 # ---- config fields ------------------------------------------------------------------------------
+# Seeds are whole numbers below 2**63: torch's generators take 64 bits, and the seeds derived from
+# one (a seed plus a fixed offset) must stay within them.
+SEED_LIMIT = 1 << 63
+
+
+def seed_problem(value: Any) -> str | None:
+    """Why ``value`` is no seed (module constant :data:`SEED_LIMIT`), or None."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        return f"must be a whole number, got {value!r}"
+    if not 0 <= value < SEED_LIMIT:
+        return (
+            f"must be in 0..{SEED_LIMIT - 1} (2**63 - 1: the generators take 64 bits, with room "
+            f"for the seeds derived from it), got {value}"
+        )
+    return None
+
+
+def check_seed(owner: str, name: str, value: Any) -> None:
+    why = seed_problem(value)
+    if why:
+        raise ValueError(f"{owner}.{name} {why}")
+
+
 def check_int(owner: str, name: str, value: Any, low: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{owner}.{name} must be an integer >= {low}, got {value!r}")
