@@ -48,15 +48,39 @@ def model_copy(model, tmp_path) -> Path:
     return Path(shutil.copytree(model, tmp_path / "model"))
 
 
+class Forwards(list):
+    """The module forwards that ran, by module type; ``checks``: those of the causality check's
+    miniature (:func:`pe_interp.runs.model_dirs.check_attends_causally`: a one-layer copy built
+    from the config, random weights), which is a check, not a forward of the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checks: list[str] = []
+
+
 @pytest.fixture
 def forwards():
-    """Every module forward that runs while the test does (a global pre-hook), by module type."""
-    calls: list[str] = []
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(
-        lambda module, args: calls.append(type(module).__name__)
-    )
+    """Every module forward that runs while the test does (global hooks), the miniature's apart."""
+    from pe_interp.runs.model_dirs import MINIATURE_FLAG
+
+    calls, depth = Forwards(), [0]
+
+    def before(module, args):
+        if getattr(module, MINIATURE_FLAG, False):
+            depth[0] += 1
+        (calls.checks if depth[0] else calls).append(type(module).__name__)
+
+    def after(module, args, output):
+        if getattr(module, MINIATURE_FLAG, False):
+            depth[0] -= 1
+
+    hooks = [
+        torch.nn.modules.module.register_module_forward_pre_hook(before),
+        torch.nn.modules.module.register_module_forward_hook(after),
+    ]
     yield calls
-    handle.remove()
+    for handle in hooks:
+        handle.remove()
 
 
 @pytest.fixture
@@ -682,3 +706,41 @@ def test_mean_ablation_of_one_example_is_refused_by_the_probe(model):
     r = ablate_heads(run.model, two.tokens, two.labels, pad_mask=two.pad_mask, method="mean",
                      n_bootstrap=0)  # fmt: skip
     assert r.n_examples == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# a model whose attention is not causal, whatever its config claims
+# ------------------------------------------------------------------------------------------------
+def test_a_model_that_attends_both_ways_is_refused_whatever_its_config_claims(
+    model_copy, tmp_path, forwards, monkeypatch, capsys
+):
+    """A LlamaForCausalLM saved with "is_causal": false: transformers runs it bidirectionally
+    (a later token moves earlier logits), the bridge would mask it causally and probe another
+    model. Refused before any forward of the model (the check's miniature apart)."""
+    import pe_interp.models.bridge.model as bridge_model
+
+    config = json.loads((model_copy / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    (model_copy / "config.json").write_text(json.dumps({**config, "is_causal": False}))
+    monkeypatch.setattr(bridge_model.BridgedModel, "__init__", lambda *a: pytest.fail("built"))
+    before = files_under(tmp_path)
+    pattern = (
+        rf"error: {model_copy}: its attention is not causal \(a token moves the logits at the "
+        r"positions before it\) although its config names LlamaForCausalLM, is_causal False; the "
+        "probes read causal language models$"
+    )
+    out = tmp_path / "out"
+    for argv in (
+        ["ablate", str(model_copy), "--task", "induction", "--no-figures", "--no-progress"],
+        ["survey", str(model_copy), "--out", str(out)],
+        ["heads", str(model_copy), "--task", "distance", "--preset", "smoke"],
+    ):
+        expect_cli_refusal(argv, pattern, capsys)
+    assert not forwards and forwards.checks and files_under(tmp_path) == before
+
+
+def test_a_causal_model_passes_the_check(model, forwards):
+    from pe_interp.runs.model_dirs import check_attends_causally
+
+    check_attends_causally(model, "tiny")  # no error
+    assert forwards.checks[0] == "LlamaForCausalLM" and not forwards
