@@ -36,14 +36,14 @@ def neox(tmp_path_factory):
 
 
 def test_train_arch_then_ablate_reads_the_run(neox, capsys):
-    assert main(["ablate", str(neox), "--n-bootstrap", "20", "--no-figures", "--no-progress"]) == 0
+    assert main(["ablate", str(neox), "--n-bootstrap", "40", "--no-figures", "--no-progress"]) == 0
     assert "gpt-neox: partial rotary" in capsys.readouterr().out
     saved = AblationResult.load(neox / "ablation.json")
     run = load_run(neox)
     assert isinstance(run.model, BridgedModel) and run.model.cfg.n_classes == run.task.n_classes
     test = run.examples("test")
     again = ablate_heads(
-        run.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=20
+        run.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=40
     )
     np.testing.assert_allclose(saved.values, again.values, atol=1e-9)
 

@@ -257,7 +257,7 @@ def test_ablate_reads_a_saved_model_directory_with_task(model_dir, tmp_path, cap
         "--n",
         "24",
         "--n-bootstrap",
-        "20",
+        "40",
         "--no-figures",
         "--no-progress",
     ]
@@ -268,7 +268,7 @@ def test_ablate_reads_a_saved_model_directory_with_task(model_dir, tmp_path, cap
     loaded = load_model_dir(run, "distance", "smoke")
     test = loaded.examples("test", 24)
     again = ablate_heads(
-        loaded.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=20
+        loaded.model, test.tokens, test.labels, pad_mask=test.pad_mask, n_bootstrap=40
     )
     np.testing.assert_allclose(saved.values, again.values, atol=1e-9)
     assert saved.n_examples == 24 and saved.values.shape == (2, 2)
@@ -356,7 +356,8 @@ def test_circuit_reads_a_saved_model_directory_with_task(model_dir, tmp_path, ca
      r"owner-x/no-such-model@main: no local directory of that name, and the Hugging Face hub is (off|not reachable)"),
     (["patch", "owner-x/no-such-model", "--task", "distance", "--revision", "step1000"],
      r"owner-x/no-such-model@step1000: no local directory of that name"),
-    (["show", "{d}"], r"a saved Hugging Face model, not a pe-interp run"),
+    # show reads a model directory (issue 54; tests/test_bad_inputs_models.py); report points to it
+    (["report", "{d}"], r"a saved Hugging Face model, not a pe-interp run"),
 ])  # fmt: skip
 def test_a_model_directory_that_cannot_be_read_says_why_in_one_line(
     model_dir, argv, pattern, capsys

@@ -223,3 +223,48 @@ def test_circuit_names_its_top_head_by_the_two_definitions(tmp_path):
         ) != why.startswith("largest")
         a.save(tmp_path / "ablation.json")
         assert top_head(run) == (head, why)
+
+
+def test_a_constructed_control_never_counts_toward_the_headline(tmp_path, monkeypatch, capsys):
+    """A planted-* checkpoint built to say yes beside a trained model that says no: the first
+    screen and the demo's CLI both answer No for the trained models, and set the control apart."""
+    from types import SimpleNamespace
+
+    import pe_interp.reproduce as reproduce
+    from pe_interp.cli import main
+    from pe_interp.report import data
+    from pe_interp.report.verdict import first_screen
+
+    def cell(name, label, drops, params):
+        a = ablation(drops)
+        run = tmp_path / name
+        run.mkdir()
+        return CellInfo(name, label, "distance", 0, "multiplicative", params, {"test_acc": 0.9},
+                        run, None, a, find_deposits(a))  # fmt: skip
+
+    control = cell(
+        "planted", "rope [checkpoint planted-single-yes]", grid((0, 0, 0.9), rest=0.0),
+        {"encoding": "rope", "checkpoint": "planted-single-yes"},
+    )  # fmt: skip
+    trained = cell("trained", "rope", grid((0, 0, 0.3), (1, 2, 0.2)), {"encoding": "rope"})
+    cells = [control, trained]
+    assert data.is_control(control) and not data.is_control(trained)
+    answer, lines = deposit_answer(cells, "distance")
+    assert answer.startswith("**No**: no single-head deposit in this model on Task 1")
+    assert len(lines) == 1 and "checkpoint" not in lines[0][1]
+    page = first_screen(cells)
+    box = page[: page.index("Constructed controls, not counted in the answer above")]
+    assert "<b>No</b>: no single-head deposit in this model" in box and "<b>Yes</b>" not in page
+    assert "planted-single-yes" not in box  # the control is only below, as a control
+    controls = page[page.index("Constructed controls") : page.index("</div>")]
+    assert "<b>single-head deposit at L0H0</b>" in controls
+    assert "ablation heatmap constructed control: rope [checkpoint planted-single-yes]" in page
+    # the demo's CLI prints the same answer, the control apart
+    summary = SimpleNamespace(failed={}, done=[1, 2], skipped=[])
+    monkeypatch.setattr(reproduce, "demo", lambda *a, **k: (summary, tmp_path / "report.html"))
+    monkeypatch.setattr(data, "load_cells", lambda out: (cells, []))
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--checkpoints", ""]) == 0
+    printed = capsys.readouterr().out
+    said = printed.split("The trained models: is there a single-head deposit, and where?\n  ")[1]
+    assert said.startswith(answer.replace("**", "") + "\n")
+    assert printed.index("A constructed model first") < printed.index("The trained models")

@@ -317,7 +317,7 @@ def test_ablate_reads_a_gguf_file_with_task(tmp_path, monkeypatch, capsys, count
 
     path = write_gguf(tiny_llama(seed=2), tmp_path / "tiny.gguf")
     monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path / "cache"))
-    argv = ["ablate", str(path), "--preset", "smoke", "--n", "24", "--n-bootstrap", "20"]
+    argv = ["ablate", str(path), "--preset", "smoke", "--n", "24", "--n-bootstrap", "40"]
     assert main([*argv[:2], "--no-progress"]) == 2  # no --task: one line, nothing converted
     assert "a GGUF model file, not a pe-interp run" in capsys.readouterr().err and not counted
     assert main([*argv, "--task", "distance", "--no-figures", "--no-progress"]) == 0

@@ -69,7 +69,7 @@ def test_is_prompt_task():
 
 def test_ablate_on_a_family_equals_a_naive_hook_z_loop(model_dir, capsys):
     argv = ["ablate", str(model_dir), "--task", "induction", "--metric", "loss", *QUIET]
-    assert main([*argv, "--n-bootstrap", "20"]) == 0
+    assert main([*argv, "--n-bootstrap", "40"]) == 0
     out = capsys.readouterr().out.splitlines()
     run = load_model_dir(model_dir, "induction")
     assert out[0] == f"{model_dir}: {run.config['accuracy']['summary']}"
@@ -123,7 +123,7 @@ def test_routes_and_patch_read_the_family_pairs(model_dir, capsys):
     from probes.routes.shares import route_shares
 
     assert main(
-        ["routes", str(model_dir), "--task", "recall", "--n", "24", "--n-bootstrap", "10"]
+        ["routes", str(model_dir), "--task", "recall", "--n", "24", "--n-bootstrap", "40"]
     ) in (0, 3)
     run = load_model_dir(model_dir, "recall")
     pairs = run.task.prompt_pairs(24, "position", seed=PAIRS_SEED_OFFSET)
@@ -135,7 +135,7 @@ def test_routes_and_patch_read_the_family_pairs(model_dir, capsys):
         pairs.clean.labels,
         pairs.corrupt.labels,
         pad_mask=pairs.pad_mask,
-        n_bootstrap=10,
+        n_bootstrap=40,
         seed=0,
     )
     saved = json.loads((model_dir / "routes.json").read_text())

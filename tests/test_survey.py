@@ -18,7 +18,7 @@ from pe_interp.report.survey import load_steps, write_survey_report
 from pe_interp.runs.model_dirs import load_model_dir
 
 TOK = make_tokenizer()
-ARGS = ["--n", "16", "--n-bootstrap", "20"]
+ARGS = ["--n", "16", "--n-bootstrap", "40"]
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_a_second_run_resumes_and_redo_runs_one_step(surveyed, monkeypatch, caps
     assert (out / "ablation.json").read_bytes() == before
     assert main(["survey", str(model), "--out", str(out), *ARGS, "--redo", "accuracy"]) == 0
     assert ran == ["accuracy"]
-    assert main(["survey", str(model), "--out", str(out), "--n", "8", "--n-bootstrap", "20",
+    assert main(["survey", str(model), "--out", str(out), "--n", "8", "--n-bootstrap", "40",
                  "--steps", "accuracy"]) == 0  # fmt: skip
     assert ran == ["accuracy", "accuracy"]  # another n: the step's file no longer matches
 

@@ -17,9 +17,11 @@ from pe_interp.commands.options import (
     add_device_flag,
     add_model_dir_flags,
     at_least,
+    bootstrap_arg,
     device_arg,
     model_dir_arg,
     positive_n,
+    seed_type,
     writing_run,
 )
 
@@ -52,7 +54,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--layers", type=int, nargs="+", default=None, help="layers to sweep (default: all)"
     )
-    p.add_argument("--seed", type=int, default=0, help="seeds the bootstrap and resample sources")
+    p.add_argument(
+        "--seed", type=seed_type, default=0, help="seeds the bootstrap and resample sources"
+    )
     p.add_argument(
         "--n-bootstrap", type=int, default=1000, help="bootstrap replicates for the CIs (0: none)"
     )
@@ -94,6 +98,13 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     positive_n(args.n, "--n")
     at_least(args.n_bootstrap, 0, "--n-bootstrap")
+    bootstrap_arg(args.n_bootstrap)
+    if args.method in ("mean", "resample") and args.n is not None and args.n < 2:
+        raise ValueError(
+            f"--method {args.method} with --n {args.n}: {args.method} ablation replaces a head's "
+            "output with other examples' (their mean, or another example's), so it needs at "
+            "least 2 examples (with one, every drop would be exactly 0)"
+        )
     if args.min_drop is not None:
         check_threshold(args.min_drop, "--min-drop")
     check_fraction(

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pe_interp.commands.circuit_page import body_html
-from pe_interp.commands.options import add_device_flag, add_model_dir_flags
+from pe_interp.commands.options import add_device_flag, add_model_dir_flags, seed_type
 
 METHODS = ("eap-ig", "atp", "atp*", "path_patch", "learned")
 SELECTS = ("paths", "greedy", "top")
@@ -104,7 +104,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--metric", default="margin", choices=["margin", "logit_diff", "logprob", "logit"]
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_type, default=0)
     add_device_flag(p, default="cpu")
     p.add_argument(
         "--out", default=None, help="where circuit.json and circuit.html go (default RUN_DIR)"

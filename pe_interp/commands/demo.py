@@ -82,7 +82,7 @@ def run_real(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from pe_interp.commands.options import out_dir_arg, positive_n
-    from pe_interp.report.data import load_cells
+    from pe_interp.report.data import is_control, load_cells
     from pe_interp.report.verdict import deposit_answer, first_task
     from pe_interp.reproduce import demo
 
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     cells, errors = load_cells(
         args.out
     )  # a cell whose results came from other weights is an error there
-    planted = [c for c in cells if str(c.params.get("checkpoint", "")).startswith("planted-")]
+    planted = [c for c in cells if is_control(c)]  # constructed controls: never in the answer
     for i, cell in enumerate(planted):
         lead = "A constructed model first" if i == 0 else "Another constructed model"
         print(
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     natural = [c for c in cells if c not in planted]
     task = first_task(natural)
     if task is not None:
-        answer, lines = deposit_answer(natural, task)
+        answer, lines = deposit_answer(cells, task)  # the report's first screen: the same answer
         print(
             "\nThe trained models: is there a single-head deposit, and where?\n  "
             + answer.replace("**", "")

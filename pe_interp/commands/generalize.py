@@ -14,7 +14,13 @@ import argparse
 import time
 from pathlib import Path
 
-from pe_interp.commands.options import add_device_flag, device_arg, positive_n, writing_run
+from pe_interp.commands.options import (
+    add_device_flag,
+    device_arg,
+    positive_n,
+    seed_type,
+    writing_run,
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="shift | sides | right (tasks 1 and 3), length (task 2); default: every one of the task's",
     )
     p.add_argument(
-        "--seed", type=int, default=None, help="seeds the rows (default: the run's seed)"
+        "--seed", type=seed_type, default=None, help="seeds the rows (default: the run's seed)"
     )
     p.add_argument(
         "--out",

@@ -289,6 +289,36 @@ def device_arg(value: str | None) -> str:
     return check_device(default_device() if value is None else value, "--device")
 
 
+def seed_type(text: str) -> int:
+    """The argparse type of every ``--seed``: a whole number in 0..2**63 - 1
+    (:func:`~pe_interp.util.checks.seed_problem`), refused in one line before any work."""
+    from pe_interp.util.checks import seed_problem
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    why = seed_problem(value)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return value
+
+
+def bootstrap_arg(value: int, flag: str = "--n-bootstrap", zero_ok: bool = True) -> int:
+    """``--n-bootstrap``: 0 (no intervals, where ``zero_ok``) or enough replicates for a 95%
+    interval (:func:`probes.common.metrics.min_bootstrap`: each tail holds at least one); a
+    one-line error otherwise, before any work."""
+    from probes.common.metrics import min_bootstrap
+
+    low = min_bootstrap(0.95)
+    if 0 < value < low:
+        raise ValueError(
+            f"{flag} {value} is too few replicates for a 95% interval (each of its tails must "
+            f"hold at least one): give {'0 (no intervals) or ' if zero_ok else ''}at least {low}"
+        )
+    return value
+
+
 def positive_n(value: int | None, flag: str = "--n") -> int | None:
     if value is not None and value < 1:
         raise ValueError(f"{flag} must be >= 1, got {value}")
@@ -304,9 +334,12 @@ def at_least(value: float | None, low: float, flag: str, high: float | None = No
 
 
 def out_dir_arg(value: str | None, flag: str = "--out") -> str | None:
-    """An output directory: not empty (an empty path is the current directory), and not an
-    existing file. None (the command's default) passes."""
+    """An output directory: not empty (an empty path is the current directory), not an existing
+    file, and writable (:func:`~pe_interp.util.io.check_writable_dir`), checked before the work.
+    None (the command's default) passes."""
     from pathlib import Path
+
+    from pe_interp.util.io import check_writable_dir
 
     if value is None:
         return None
@@ -322,6 +355,7 @@ def out_dir_arg(value: str | None, flag: str = "--out") -> str | None:
             if not parent.is_dir():
                 raise ValueError(f"{flag} {path}: {parent} is a file, not a directory")
             break
+    check_writable_dir(path, flag)
     return value
 
 
@@ -341,9 +375,10 @@ def writing_run(
     (the run's, or ``out``): not while the run trains, nor while another command writes there (a
     one-line error instead). A saved Hugging Face model directory, or a GGUF file, is read as a run
     on ``task`` (:func:`pe_interp.runs.load.open_run`, the one dispatch)."""
-    from pe_interp.runs.load import open_run
+    from pe_interp.runs.load import check_destination, open_run
     from pe_interp.util.io import dir_lock
 
+    check_destination(run_dir, out)  # a directory that cannot be written: refused before the work
     loaded = open_run(
         run_dir, task, preset=preset, device=device, revision=revision, pretrained_ok=model_dir_ok
     )
@@ -363,10 +398,12 @@ __all__ = [
     "model_dir_arg",
     "add_setting_flags",
     "at_least",
+    "bootstrap_arg",
     "device_arg",
     "given_settings",
     "out_dir_arg",
     "positive_n",
+    "seed_type",
     "setting_fields",
     "writing_run",
 ]

@@ -23,6 +23,7 @@ from pe_interp.commands.options import (
     add_model_dir_flags,
     device_arg,
     model_dir_arg,
+    seed_type,
 )
 
 
@@ -58,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--direction", default="clean_to_corrupt", choices=["clean_to_corrupt", "corrupt_to_clean"]
     )
     p.add_argument("--n", type=int, default=128, help="counterfactual pairs")
-    p.add_argument("--seed", type=int, default=0, help="seeds the pairs and the bootstrap")
+    p.add_argument("--seed", type=seed_type, default=0, help="seeds the pairs and the bootstrap")
     p.add_argument("--layers", type=int, nargs="+", default=None)
     p.add_argument("--batch-size", type=int, default=256, help="rows (cells x pairs) per forward")
     p.add_argument("--n-bootstrap", type=int, default=1000)
@@ -173,9 +174,10 @@ def _top_heads(result, k: int) -> list[tuple[int, int]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp.commands.options import at_least, writing_run
+    from pe_interp.commands.options import at_least, bootstrap_arg, writing_run
 
     at_least(args.n_bootstrap, 0, "--n-bootstrap")
+    bootstrap_arg(args.n_bootstrap)
     with writing_run(args.run_dir, device=device_arg(args.device), **model_dir_arg(args)) as loaded:
         return _patch(args, loaded)
 

@@ -13,7 +13,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "report",
         help="write report.html for a run, a sweep or a reproduction",
         description="Write DIR/report.html: for a run directory (pe-interp train, then ablate / "
-        "patch / decompose), or for a sweep, reproduce or demo directory (also summary.md and summary.json).",
+        "patch / decompose), or for a sweep, reproduce or demo directory (also summary.md and "
+        "summary.json); for a survey's findings (pe-interp survey --out DIR), DIR/SURVEY.md.",
     )
     p.add_argument("dir", metavar="RUN_OR_SWEEP_DIR")
     p.add_argument("--title", default=None, help="the report's title")
@@ -43,7 +44,10 @@ def link_dirs(values: list[str] | None) -> dict[str, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pe_interp.commands.show_dirs import is_survey_dir, model_report_refusal
     from pe_interp.runs.checkpoint import split_step
+    from pe_interp.runs.gguf import is_gguf_file
+    from pe_interp.runs.model_dirs import is_model_dir
     from pe_interp.util.io import read_json
 
     path, step = split_step(args.dir)
@@ -61,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {path / 'summary.md'}, {path / 'summary.json'} and {out}")
     elif linked:
         raise ValueError("--link-with: only a sweep's report links other sweeps' models")
+    elif step is None and is_survey_dir(path):  # a survey's findings: SURVEY.md, rebuilt
+        from pe_interp.report.survey import write_survey_report
+
+        print("wrote " + ", ".join(str(p) for p in write_survey_report(path)))
+    elif is_model_dir(path) or (is_gguf_file(path) and path.is_file()):
+        raise ValueError(model_report_refusal(path))
     elif (path / "config.json").is_file():
         from pe_interp.report.run import write_run_report
         from pe_interp.runs.checkpoint import load_run
@@ -73,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{path}: no such directory")
     else:
         raise ValueError(
-            f"{path}: neither a run directory (config.json) nor a sweep directory (grid.json)"
+            f"{path}: neither a run directory (config.json) nor a sweep directory (grid.json), "
+            "nor a survey's findings (pe-interp survey --out DIR)"
         )
     return 0

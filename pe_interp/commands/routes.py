@@ -18,9 +18,11 @@ from pe_interp.commands.options import (
     add_device_flag,
     add_model_dir_flags,
     at_least,
+    bootstrap_arg,
     device_arg,
     model_dir_arg,
     positive_n,
+    seed_type,
     writing_run,
 )
 
@@ -44,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n", type=int, default=512, help="position-only pairs (default 512)")
     p.add_argument(
         "--seed",
-        type=int,
+        type=seed_type,
         default=0,
         help="seeds the pairs (offset from the run's seed) and the bootstrap",
     )
@@ -71,6 +73,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     positive_n(args.n, "--n")
     at_least(args.n_bootstrap, 1, "--n-bootstrap")
+    bootstrap_arg(args.n_bootstrap, zero_ok=False)
     if args.screen is not None:
         at_least(args.screen, 1, "--screen")
     with writing_run(args.run_dir, device=device_arg(args.device), **model_dir_arg(args)) as loaded:

@@ -1,6 +1,8 @@
 """``pe-interp show RUN_DIR``: a run's config, accuracy, single-head deposit verdict, layer
 concentration, files, and the snapshots it kept with the results each step has, as text.
-``pe-interp show RUN_DIR@S`` shows the results of the snapshot of step S (``steps/S/``)."""
+``pe-interp show RUN_DIR@S`` shows the results of the snapshot of step S (``steps/S/``).
+A survey's findings directory, a saved Hugging Face model directory or a GGUF file is shown as
+what it is (:mod:`pe_interp.commands.show_dirs`)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Print what a run directory holds: its configuration (and the command that "
         "re-creates it), its accuracy, the deposit verdict of its ablation sweep, and its files.",
     )
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument(
+        "run_dir",
+        metavar="RUN_DIR",
+        help="a run directory (RUN@S: a snapshot), a survey's findings directory, a saved "
+        "Hugging Face model directory or a GGUF file",
+    )
     p.set_defaults(run=run)
 
 
@@ -38,9 +45,17 @@ def _status(run_dir: Path, path: Path, step: int | None = None) -> tuple[str, st
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from pe_interp.runs.checkpoint import STALE, UNRECORDED, load_run
+    from pe_interp.commands.show_dirs import is_survey_dir, show_model, show_survey
+    from pe_interp.runs.checkpoint import STALE, UNRECORDED, load_run, split_step
+    from pe_interp.runs.gguf import is_gguf_file
+    from pe_interp.runs.model_dirs import is_model_dir
     from probes import AblationResult, DepositReport, dominance
 
+    path, at = split_step(args.run_dir)
+    if at is None and is_survey_dir(path):  # a survey's findings (pe-interp survey --out)
+        return show_survey(path)
+    if at is None and (is_model_dir(path) or (is_gguf_file(path) and path.is_file())):
+        return show_model(path)  # a model directory that commands wrote results into
     loaded = load_run(
         args.run_dir
     )  # validates config and weights (RUN@S: that snapshot's); one line otherwise

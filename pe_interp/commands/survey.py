@@ -13,8 +13,16 @@ weights it read (sha256 and origin) and the prompts (family, seed, BOS policy):
 - ``head_types``: previous-token, duplicate-token, induction and first-token (sink) scores;
 - ``frequency``: RoPE frequency usage per head, and Barbero et al.'s two findings as k of n heads.
 
-A step whose file records these weights and these prompts is not run again: a stopped survey
-resumes where it stopped (``--redo STEP`` runs one again). ``pe-interp survey --report OUT
+Before the model's first forward every step asked for is checked against these prompts and this
+model (a prompts file without counterfactuals cannot serve patching or routes, content
+counterfactuals cannot serve routes, a model that does not rotate cannot serve frequency, which
+also needs the head_types step's heads), and refused in one line where it cannot run.
+
+A step whose file records these weights, these prompts, this ``--n`` and these options
+(``--n-bootstrap``, ``--seed``, read back from its result) is not run again: a stopped survey
+resumes where it stopped; a step run with other options is run again, and says why (``--redo
+STEP`` runs one again regardless). Each step records the number of prompts or pairs it used and
+the kind of its counterfactuals. ``pe-interp survey --report OUT
 --readme findings/README.md`` rebuilds ``OUT/SURVEY.md``, its figures and the block between
 ``<!-- study:NAME begin/end -->`` in ``findings/README.md`` from the findings alone
 (:mod:`pe_interp.report.survey`).
@@ -29,7 +37,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pe_interp.commands.options import add_device_flag, device_arg, out_dir_arg, positive_n
+from pe_interp.commands.options import (
+    add_device_flag,
+    bootstrap_arg,
+    device_arg,
+    out_dir_arg,
+    positive_n,
+    seed_type,
+)
 from pe_interp.report.survey import STEPS
 
 FAMILIES_SURVEYED = ("induction", "recall", "successor")
@@ -49,7 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="the findings directory (e.g. findings/smollm2)")
     p.add_argument("--family", default="induction", help="the prompts the probes read")
     p.add_argument("--n", type=int, default=64, help="prompts (and pairs) per probe (default 64)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the prompts and the bootstraps")
+    p.add_argument("--seed", type=seed_type, default=0, help="seeds the prompts and the bootstraps")
     p.add_argument("--n-bootstrap", type=int, default=1000)
     p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
     p.add_argument("--redo", nargs="+", choices=STEPS, default=[], help="run these steps again")
@@ -69,35 +84,49 @@ def run(args: argparse.Namespace) -> int:
         return _report(Path(args.report), args.readme)
     if args.model is None or args.out is None:
         raise ValueError("give a MODEL and --out (or --report OUT to rebuild a report)")
-    out_dir_arg(args.out)
+    out_dir_arg(args.out)  # a directory that can be written, before the work
     positive_n(args.n, "--n")
     if args.n_bootstrap < 1:
         raise ValueError(
             f"--n-bootstrap must be >= 1 (the verdicts need intervals), got {args.n_bootstrap}"
         )
+    bootstrap_arg(args.n_bootstrap, zero_ok=False)
     from pe_interp.prompts.task import is_prompt_task
     from pe_interp.runs.checkpoint import CheckpointError
-    from pe_interp.runs.model_dirs import load_model_dir
+    from pe_interp.runs.model_dirs import load_model_dir, with_accuracy
 
     if not is_prompt_task(args.family):
         raise ValueError(f"--family must be a prompt family or a .jsonl file, got {args.family!r}")
+    out = Path(args.out)
+    todo = [s for s in STEPS if s in args.steps]
+    _check_steps(args, todo, out)  # what no model is needed to tell, before it loads
     try:
         loaded = load_model_dir(
-            args.model, args.family, seed=args.seed, device=device_arg(args.device)
+            args.model,
+            args.family,
+            preset=prompt_preset(args.family, args.n),
+            seed=args.seed,
+            device=device_arg(args.device),
+            accuracy=False,  # every step checked first
+            check_prompts=lambda task, weights: _check_prompts(
+                task, _stamp(weights, task, args), args, todo, out
+            ),
         )
     except CheckpointError as err:
         raise ValueError(str(err)) from None
-    out = Path(args.out)
+    stamp = _stamp(loaded.provenance, loaded.task, args)
+    _check_model(loaded, args, todo)
+    loaded = with_accuracy(loaded)  # the first forward on the prompts
     out.mkdir(parents=True, exist_ok=True)
     print(f"{args.model}: {loaded.config['accuracy']['summary']}")
-    stamp = {"weights": loaded.provenance, "prompts": loaded.task.to_dict(), "n": args.n}
-    todo = [s for s in STEPS if s in args.steps]
     for i, step in enumerate(todo, 1):
         path = out / f"{step}.json"
-        if step not in args.redo and _done(path, stamp):
+        kept = None if step in args.redo else _changed(path, stamp, step, args)
+        if kept == "":
             print(f"[{i}/{len(todo)}] {step}: done before ({path})")
             continue
-        print(f"[{i}/{len(todo)}] {step} ...", flush=True)
+        again = f" again: {kept}" if kept else ""
+        print(f"[{i}/{len(todo)}] {step}{again} ...", flush=True)
         t0 = time.perf_counter()
         payload = STEP_FUNCTIONS[step](loaded, args)
         payload.update(survey=stamp, seconds=time.perf_counter() - t0)
@@ -108,6 +137,148 @@ def run(args: argparse.Namespace) -> int:
     return _report(out, None)
 
 
+def prompt_preset(family: str, n: int) -> str:
+    """The preset whose prompts a family draws for ``--n n``: the smallest of quick, mid and paper
+    that holds n (quick for n <= 64, so that the first 64 prompts stay those of earlier surveys);
+    a one-line ValueError past the largest. A prompts file holds what it holds (its steps record
+    the number they used)."""
+    from pe_interp.prompts.task import PROMPT_COUNTS
+
+    if str(family).endswith(".jsonl"):
+        return "quick"
+    for preset in ("quick", "mid", "paper"):
+        if n <= PROMPT_COUNTS[preset]:
+            return preset
+    raise ValueError(
+        f"--n must be <= {PROMPT_COUNTS['paper']} for a prompt family (the most prompts it draws), "
+        f"got {n}"
+    )
+
+
+PAIR_STEPS = ("patching", "routes")  # the steps that read counterfactual pairs
+
+
+def _check_steps(args: argparse.Namespace, todo: list[str], out: Path) -> None:
+    """One line, before the model loads and before anything is written, for a step that cannot
+    run: frequency without the head_types step's heads, a pair step on a prompts file without
+    counterfactuals, --redo of a step not asked for, --n past what a family draws."""
+    from pe_interp.prompts.jsonl import count_counterfactuals
+
+    stray = [s for s in args.redo if s not in todo]
+    if stray:
+        raise ValueError(
+            f"--redo {' '.join(stray)}: not among --steps ({' '.join(todo)}); add it to --steps"
+        )
+    prompt_preset(args.family, args.n)
+    if "frequency" in todo and "head_types" not in todo and not (out / "head_types.json").is_file():
+        raise ValueError(
+            f"--steps frequency reads the heads the head_types step typed, and {out} has no "
+            "head_types.json: add head_types to --steps"
+        )
+    pair_steps = [s for s in PAIR_STEPS if s in todo]
+    jsonl = str(args.family).endswith(".jsonl")
+    if pair_steps and jsonl and count_counterfactuals(args.family) == 0:
+        named, rest = " and ".join(pair_steps), " ".join(s for s in todo if s not in PAIR_STEPS)
+        raise ValueError(
+            f"--family {args.family}: no line gives a counterfactual_prompt, which {named} "
+            f"{'need' if len(pair_steps) > 1 else 'needs'} (clean/counterfactual pairs): add "
+            "counterfactual_prompt and counterfactual_answer to its lines, or leave "
+            f"{named} out" + (f" (--steps {rest})" if rest else "")
+        )
+
+
+def _stamp(weights: dict[str, Any], task, args: argparse.Namespace) -> dict[str, Any]:
+    """What a step's file records of its inputs: the weights, the prompts and --n."""
+    return {"weights": weights, "prompts": task.to_dict(), "n": args.n}
+
+
+def _check_prompts(
+    task, stamp: dict[str, Any], args: argparse.Namespace, todo: list[str], out: Path
+) -> None:
+    """One line, once the prompts are read and before the model's first forward, for a step these
+    prompts cannot serve: a pair step on a file without counterfactuals, routes on content
+    counterfactuals, frequency reading a head_types.json of other weights, prompts or --n."""
+    user = getattr(task, "user", None)
+    pairs = None if user is None else user.counterfactuals
+    if user is not None and pairs is None and any(s in todo for s in PAIR_STEPS):
+        raise ValueError(f"--family {args.family}: no line gives a counterfactual_prompt")
+    if "routes" in todo and pairs is not None and pairs.kind != "position":
+        raise ValueError(
+            f"--family {args.family}: its counterfactuals change the tokens (content "
+            "counterfactuals), and route shares measure position on position-only pairs (the "
+            "same tokens moved): leave routes out of --steps, or give pairs that move the "
+            "prompt's tokens"
+        )
+    if "frequency" in todo and "head_types" not in todo:
+        why = _changed(out / "head_types.json", stamp, "head_types", args)
+        if why != "":
+            raise ValueError(
+                f"{out / 'head_types.json'} is not of this survey ({why or 'missing'}), and "
+                "the frequency step reads its heads: add head_types to --steps"
+            )
+
+
+def _check_model(loaded, args: argparse.Namespace, todo: list[str]) -> None:
+    """One line, once the model is built and before its first forward on the prompts, for a step
+    this model cannot serve: routes where its positions cannot be moved, frequency where it does
+    not rotate queries and keys."""
+    model = loaded.model
+    if "routes" in todo:
+        from probes.routes.moving import can_move_positions
+
+        if not can_move_positions(model):
+            raise ValueError(
+                f"{args.model}: route shares cannot move this model's positions "
+                f"({model.cfg.encoding_name}): leave routes out of --steps"
+            )
+    if "frequency" in todo:
+        from probes.decomposition.frequency import not_rotary
+
+        why = not_rotary(model)
+        if why:
+            raise ValueError(f"{args.model}: {why}: leave frequency out of --steps")
+
+
+# What a step's numbers depend on besides the weights, the prompts and --n (the stamp): read
+# back from its saved result, so that a step run with other options is run again.
+STEP_OPTIONS: dict[str, tuple[str, ...]] = {
+    "ablation": ("n_bootstrap", "seed"),
+    "patching": ("n_bootstrap",),
+    "routes": ("n_bootstrap", "seed"),
+}
+
+
+def _changed(path: Path, stamp: dict[str, Any], step: str, args: argparse.Namespace) -> str | None:
+    """Why the step's file cannot stand for this run of the step ("" where it can: it records
+    these weights, these prompts, this n and these options; None where there is no file), said
+    as what changed."""
+    try:
+        saved = json.loads(path.read_text())
+        recorded = saved["survey"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its file is unreadable"
+    if not _done_stamp(recorded, stamp):
+        if isinstance(recorded, dict) and recorded.get("n") != stamp["n"]:
+            return f"--n {recorded.get('n')} before, {stamp['n']} now"
+        return "other weights or prompts"
+    result = saved.get("result") if isinstance(saved.get("result"), dict) else {}
+    for option in STEP_OPTIONS.get(step, ()):
+        before, now = result.get(option), getattr(args, option)
+        if before != now:
+            return f"--{option.replace('_', '-')} {before} before, {now} now"
+    if step == "frequency":  # it reads the head_types step's heads: those of head_types.json now
+        try:
+            types = json.loads((path.parent / "head_types.json").read_text())["result"]["types"]
+            heads = [list(h) for h in types["previous_token"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            heads = None
+        if saved.get("positional_heads") != heads:
+            return "the head_types step's heads changed"
+    return ""
+
+
 def _done(path: Path, stamp: dict[str, Any]) -> bool:
     """The step's file records these weights, these prompts and this n (the weights by their
     hash and origin, not by the path the model was named by: a survey resumes under another)."""
@@ -115,6 +286,10 @@ def _done(path: Path, stamp: dict[str, Any]) -> bool:
         saved = json.loads(path.read_text())["survey"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
+    return _done_stamp(saved, stamp)
+
+
+def _done_stamp(saved: Any, stamp: dict[str, Any]) -> bool:
     return _identity(json.loads(json.dumps(stamp, default=str))) == _identity(saved)
 
 
@@ -140,7 +315,7 @@ def _accuracy(loaded, args) -> dict[str, Any]:
     bridge = loaded.model.bridge
     rows = []
     for name in FAMILIES_SURVEYED:
-        task = load_prompt_task(name, bridge, seed=args.seed)
+        task = load_prompt_task(name, bridge, prompt_preset(name, args.n), seed=args.seed)
         prompts = task.prompts[: args.n]
         acc = family_accuracy(loaded.model, prompts)
         rows.append({**acc.to_dict(), "summary": acc.summary(), "prompts": task.to_dict()})
@@ -168,6 +343,7 @@ def _ablation(loaded, args) -> dict[str, Any]:
     single, layer0 = decide_single(result), decide_concentration(result, 0)
     return {
         "result": result.to_dict(per_example=False),
+        "n_used": len(ps),
         "dominance": (few or dominance(result)).text(),
         "single": single.to_dict() | {"text": single.text()},
         "layer0": layer0.to_dict() | {"text": layer0.text()},
@@ -192,7 +368,25 @@ def _patching(loaded, args) -> dict[str, Any]:
         progress=True,
     )
     top = result.to_dict()["top"][:3]
-    return {"result": result.to_dict(), "line": f"top heads {top}"}
+    return {
+        "result": result.to_dict(),
+        "n_used": len(pairs),
+        "counterfactual": _pairs_record(loaded, pairs),
+        "line": f"top heads {top}",
+    }
+
+
+def _pairs_record(loaded, pairs) -> dict[str, Any]:
+    """What a pair step records of its pairs: their kind (position-only: the same tokens moved;
+    content: tokens changed) and where they came from."""
+    user = getattr(loaded.task, "user", None)
+    return {
+        "kind": pairs.kind,
+        "n": len(pairs),
+        "source": "the prompts file's counterfactual lines"
+        if user is not None
+        else "the family's position-only counterfactuals",
+    }
 
 
 def _routes(loaded, args) -> dict[str, Any]:
@@ -212,7 +406,13 @@ def _routes(loaded, args) -> dict[str, Any]:
         progress=True,
     )
     verdict = positional_dominance(r)
-    return {"result": r.to_dict(), "verdict": verdict.text(), "line": verdict.text()}
+    return {
+        "result": r.to_dict(),
+        "n_used": len(pairs),
+        "counterfactual": _pairs_record(loaded, pairs),
+        "verdict": verdict.text(),
+        "line": verdict.text(),
+    }
 
 
 def _head_types(loaded, args) -> dict[str, Any]:
@@ -221,7 +421,7 @@ def _head_types(loaded, args) -> dict[str, Any]:
     ps = _prompts(loaded, args.n)
     result = head_type_scores(loaded.model, ps.tokens, pad_mask=ps.pad_mask, progress=True)
     counts = {kind: len(heads) for kind, heads in result.types().items()}
-    return {"result": result.to_dict(), "line": f"heads of each type {counts}"}
+    return {"result": result.to_dict(), "n_used": len(ps), "line": f"heads of each type {counts}"}
 
 
 def _frequency(loaded, args) -> dict[str, Any]:
@@ -249,6 +449,7 @@ def _frequency(loaded, args) -> dict[str, Any]:
                 findings[f"high_{measure}_{name}"] = f.to_dict() | {"text": f.text()}
     return {
         "result": usage.to_dict(),
+        "n_used": len(ps),
         "positional_heads": [list(h) for h in positional],
         "positional_heads_are": "the heads typed previous-token (head_types.json)",
         "findings": findings,

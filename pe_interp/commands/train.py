@@ -18,6 +18,7 @@ from pe_interp.commands.options import (
     given_settings,
     out_dir_arg,
     positive_n,
+    seed_type,
 )
 from pe_interp.config.presets import PRESETS
 from pe_interp.tasks import TASKS
@@ -40,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--encoding", default="rope", help=ENCODING_HELP)
     p.add_argument("--preset", choices=sorted(PRESETS), default="quick")
     p.add_argument(
-        "--seed", type=int, default=0, help="seeds the model, the data and the training order"
+        "--seed", type=seed_type, default=0, help="seeds the model, the data and the training order"
     )
     p.add_argument(
         "--out", required=True, help="run directory (new, or an interrupted run with --resume)"

@@ -21,7 +21,14 @@ from pe_interp.config.checks import (
 )
 from pe_interp.config.train import LR_SCHEDULES, TrainConfig
 from pe_interp.encodings import EncodingSpec, combined_kind, get_encoding_class, parse_encoding
-from pe_interp.util.checks import check_bool, check_choice, check_float, check_head_pairs, check_int
+from pe_interp.util.checks import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_head_pairs,
+    check_int,
+    check_seed,
+)
 
 ARCH_ENCODINGS = {
     "gpt2": ("learned absolute", "additive"),
@@ -156,7 +163,7 @@ class ModelConfig:
             check_float(own, "embed_dropout", self.embed_dropout, 0.0, 1.0, high_open=True)
         check_float(own, "init_std", self.init_std, 1e-6, 10.0)
         check_float(own, "eps", self.eps, 0.0, 1.0)
-        check_int(own, "seed", self.seed, low=0)
+        check_seed(own, "seed", self.seed)
         check_int(own, "pad_id", self.pad_id, low=0)
         object.__setattr__(
             self,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pe_interp.config.checks import DEVICE_FORMS, check_mapping, device_syntax_ok
-from pe_interp.util.checks import check_bool, check_choice, check_float, check_int
+from pe_interp.util.checks import check_bool, check_choice, check_float, check_int, check_seed
 
 __all__ = ["LR_SCHEDULES", "TrainConfig"]
 
@@ -66,8 +66,9 @@ class TrainConfig:
         own = "TrainConfig"
         for name in ("n_train", "n_test", "epochs", "batch_size", "eval_batch_size"):
             check_int(own, name, getattr(self, name))
-        for name in ("eval_every", "checkpoint_every", "seed", "snapshot_every"):
+        for name in ("eval_every", "checkpoint_every", "snapshot_every"):
             check_int(own, name, getattr(self, name), low=0)
+        check_seed(own, "seed", self.seed)
         check_float(own, "lr", self.lr, 1e-9, 10.0)
         check_float(own, "weight_decay", self.weight_decay, 0.0, 10.0)
         check_float(own, "warmup_frac", self.warmup_frac, 0.0, 1.0)

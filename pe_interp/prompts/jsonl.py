@@ -132,10 +132,7 @@ def load_jsonl(
         None if source is None else model_vocab_size(source),
         (None, "") if source is None else context_limit(source),
     )
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: cannot read the prompts file ({err})") from None
+    lines = read_lines(path)
     prompts: list[list[int]] = []
     answers: list[list[int]] = []
     texts: list[str] = []
@@ -183,6 +180,36 @@ def load_jsonl(
     return UserPrompts(full, counterfactuals, tuple(p[0] for p in pairs))
 
 
+def read_lines(path: str | PathLike[str]) -> list[str]:
+    """The file's lines as common editors save them: UTF-8 with or without a byte-order mark,
+    LF or CRLF line ends; a one-line ValueError where it cannot be read."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: cannot read the prompts file ({err})") from None
+    # lines end at LF alone: a JSON string may hold U+2028 and the like, which splitlines() splits at
+    return [line.removesuffix("\r") for line in text.split("\n")]
+
+
+def count_counterfactuals(path: str | PathLike[str]) -> int | None:
+    """How many lines of the prompts file give a ``counterfactual_prompt``, read as JSON alone,
+    without a tokenizer: what a caller checks before it loads a model. None where the file cannot
+    be read (:func:`load_jsonl` says why, line by line)."""
+    try:
+        lines = read_lines(path)
+    except ValueError:
+        return None
+    n = 0
+    for raw in lines:
+        try:
+            record = json.loads(raw) if raw.strip() else None
+        except json.JSONDecodeError:
+            return None
+        n += isinstance(record, dict) and "counterfactual_prompt" in record
+    return n
+
+
 def _record(check: _Checker, number: int, raw: str) -> dict[str, str]:
     try:
         record = json.loads(raw)
@@ -208,4 +235,4 @@ def _record(check: _Checker, number: int, raw: str) -> dict[str, str]:
     return record
 
 
-__all__ = ["FIELDS", "UserPrompts", "load_jsonl"]
+__all__ = ["FIELDS", "UserPrompts", "count_counterfactuals", "load_jsonl", "read_lines"]

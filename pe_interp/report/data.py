@@ -145,6 +145,15 @@ def _kind(spec: Any, config: dict[str, Any] | None) -> str:
 
 # A cell made from a committed checkpoint (``make demo``) names it under this key.
 CHECKPOINT_KEY = "checkpoint"
+# A checkpoint whose name starts so is a constructed control (grids/planted_quick.yaml): position
+# planted in known heads, built to answer yes or no. It never counts toward a headline about
+# trained models; the first screen and the demo's CLI set it apart as a control.
+CONTROL_PREFIX = "planted-"
+
+
+def is_control(cell: CellInfo) -> bool:
+    """Whether the cell is a constructed control (:data:`CONTROL_PREFIX`), not a trained model."""
+    return str(cell.params.get(CHECKPOINT_KEY, "")).startswith(CONTROL_PREFIX)
 
 
 def _varying(results: list[dict[str, Any]]) -> list[str]:
@@ -353,6 +362,7 @@ def acc_stats(cells: list[CellInfo]) -> dict[tuple[str, str], AccStat]:
 
 __all__ = [
     "CHECKPOINT_KEY",
+    "CONTROL_PREFIX",
     "LARGE_DROP",
     "NOT_MEASURED",
     "NOT_REPRODUCED",
@@ -367,6 +377,7 @@ __all__ = [
     "cell_baselines",
     "ci_of",
     "dominance",
+    "is_control",
     "label_order",
     "large_heads",
     "layer_deposit",

@@ -50,16 +50,52 @@ def _origin(step: dict[str, Any]) -> str:
     return f"weights sha256 `{str(weights.get('sha256'))[:16]}…`"
 
 
-def _prompts_line(step: dict[str, Any]) -> str:
-    p = step["survey"]["prompts"]
+def n_used(name: str, step: dict[str, Any]) -> int | None:
+    """How many prompts (a pair step: pairs) the step used, as it recorded them (``n_used``, or
+    its result's ``n_examples`` in files from before; accuracy: its first family's count)."""
+    if "n_used" in step:
+        return int(step["n_used"])
+    if name == "accuracy":
+        families = step.get("families") or [{}]
+        return families[0].get("n")
+    return (step.get("result") or {}).get("n_examples")
+
+
+def _prompts_line(steps: dict[str, dict[str, Any]]) -> str:
+    first = next(iter(steps.values()))
+    p = first["survey"]["prompts"]
     bos = p["bos"]
     bos_text = (
         f"BOS {bos['token']!r} (id {bos['token_id']}) prepended"
         if bos["prepended"]
         else f"no BOS ({bos['reason']})"
     )
-    first = "; answers scored on their first token" if p.get("scored_on_first_token") else ""
-    return f"{p['name']} prompts (seed {p['seed']}, {step['survey']['n']} used), {bos_text}{first}"
+    first_token = "; answers scored on their first token" if p.get("scored_on_first_token") else ""
+    used = {name: n_used(name, step) for name, step in steps.items()}
+    counts = set(used.values())
+    if len(counts) == 1:
+        count = f"{counts.pop()} used"
+    else:  # a prompts file with fewer pairs than prompts, or steps run with other --n
+        count = "used: " + ", ".join(
+            f"{name} {n}{' pairs' if name in ('patching', 'routes') else ''}"
+            for name, n in used.items()
+        )
+    return f"{p['name']} prompts (seed {p['seed']}, {count}), {bos_text}{first_token}"
+
+
+def pairs_kind(step: dict[str, Any]) -> str:
+    """The kind of a pair step's counterfactuals: "position" (the same tokens moved) or "content"
+    (tokens changed); files from before recorded none, and were of position-only pairs."""
+    return (step.get("counterfactual") or {}).get("kind", "position")
+
+
+PAIR_WORDS = {
+    "position": (
+        "position-only",
+        "the answer's token swapped with another of the prompt's items, the same tokens moved",
+    ),
+    "content": ("content", "the prompt's tokens changed so that the answer changes"),
+}
 
 
 def _ablation_section(step: dict[str, Any], fig: Path | None) -> list[str]:
@@ -110,10 +146,10 @@ def _patching_section(step: dict[str, Any], fig: Path | None) -> list[str]:
     r = step["result"]
     values = np.array(r["values"], dtype=float)
     order = np.argsort(-values, axis=None)[:5]
+    kind, how = PAIR_WORDS[pairs_kind(step)]
     lines = [
         f"Each head's output (`hook_z`, all positions) patched from the clean prompt into its "
-        f"position-only counterfactual ({r['n_examples']} pairs: the answer's token swapped with "
-        "another of the prompt's items, the same tokens moved). 1.0 restores the clean logit "
+        f"{kind} counterfactual ({r['n_examples']} pairs: {how}). 1.0 restores the clean logit "
         "difference; top heads:",
         "",
         "| head | restored | interval |",
@@ -235,7 +271,7 @@ def survey_markdown(out: Path, steps: dict[str, dict[str, Any]], figures: dict[s
     """``SURVEY.md`` of the findings in ``out``."""
     first = next(iter(steps.values()))
     lines = [f"# Where does position live? `{out.name}`", ""]
-    lines += [f"Model: {_origin(first)}. Probes read {_prompts_line(first)}.", ""]
+    lines += [f"Model: {_origin(first)}. Probes read {_prompts_line(steps)}.", ""]
     if "accuracy" in steps:
         lines += [
             "## Accuracy per prompt family",
@@ -250,7 +286,7 @@ def survey_markdown(out: Path, steps: dict[str, dict[str, Any]], figures: dict[s
         lines += ["", steps["accuracy"]["families"][0]["summary"].split("; ", 1)[1] + ".", ""]
     sections = {
         "ablation": ("## Exact ablation of every head", lambda s: _ablation_section(s, figures.get("ablation"))),
-        "patching": ("## Head patching, position-only counterfactuals", lambda s: _patching_section(s, figures.get("patching"))),
+        "patching": (f"## Head patching, {PAIR_WORDS[pairs_kind(steps.get('patching', {}))][0]} counterfactuals", lambda s: _patching_section(s, figures.get("patching"))),
         "routes": ("## Route shares", _routes_section),
         "head_types": ("## Head types", lambda s: _head_types_section(s, figures.get("head_types"))),
         "frequency": ("## RoPE frequency usage", lambda s: _frequency_section(s, figures.get("frequency"))),
@@ -298,7 +334,8 @@ def readme_block(out: Path, steps: dict[str, dict[str, Any]]) -> str:
         heads = ", ".join(
             f"L{t['cell']['layer']}H{t['cell']['head']} {t['value']:+.2f}" for t in top
         )
-        lines.append(f"- Head patching on position-only pairs, most restoring: {heads}.")
+        kind = PAIR_WORDS[pairs_kind(steps["patching"])][0]
+        lines.append(f"- Head patching on {kind} pairs, most restoring: {heads}.")
     if "routes" in steps:
         lines.append(f"- Route shares: {steps['routes']['verdict']}.")
     if "head_types" in steps:

@@ -5,6 +5,11 @@ flags, and each layer's top head, runner-up and share), shows the ablation heatm
 models on one colour scale, and adds one line each of head-patching and logit-decomposition
 evidence where the sweep stored them. :func:`decomposition_section` draws the top head's
 logit terms. Like the rest of the report it only reads.
+
+The answer is about trained models: a constructed control (a ``planted-*`` checkpoint,
+:func:`pe_interp.report.data.is_control`, built to answer yes or no) never counts toward it.
+The controls are listed apart, as controls (:func:`control_lines`), and ``pe-interp demo`` prints
+the same answer from :func:`deposit_answer`.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pe_interp.report.data import (
     CellInfo,
     Dominance,
     dominance,
+    is_control,
     label_order,
     task_order,
 )
@@ -205,14 +211,21 @@ def first_task(cells: list[CellInfo]) -> str | None:
 
 
 def deposit_answer(cells: list[CellInfo], task: str) -> tuple[str, list[tuple[bool, str]]]:
-    """The answer in one Markdown sentence, and each model's (single-head deposit found, line)."""
+    """The answer in one Markdown sentence, and each model's (single-head deposit found, line):
+    about the trained models alone, a constructed control (:func:`~pe_interp.report.data.is_control`)
+    left out (:func:`control_lines` lists them)."""
     title = TASK_TITLES.get(task, task)
-    models = _models(cells, task)
+    trained = [c for c in cells if not is_control(c)]
+    models = _models(trained, task)
     verdicts = [model_line(label, ms) for label, ms in models]
     with_deposit = [label for (label, _), (found, _) in zip(models, verdicts) if found]
     n_runs = sum(len(ms) for _, ms in models)
     if not models:
-        return f"**Not measured**: no {title} model has a head-ablation sweep.", []
+        controls = " (only constructed controls, listed apart)" if _models(cells, task) else ""
+        return (
+            f"**Not measured**: no trained {title} model has a head-ablation sweep{controls}.",
+            [],
+        )
     if with_deposit:
         answer = (
             f"**Yes**: a single-head deposit in {len(with_deposit)} of {len(models)} model(s) on {title}: "
@@ -227,6 +240,14 @@ def deposit_answer(cells: list[CellInfo], task: str) -> tuple[str, list[tuple[bo
             f"{100 * LARGE_DROP:.0f} points while every other stays within {100 * SMALL_DROP:.0f}."
         )
     return answer, verdicts
+
+
+def control_lines(cells: list[CellInfo], task: str) -> list[str]:
+    """Each constructed control's verdicts, as a control: what the detectors say where the answer
+    is known (position planted in the heads its checkpoint names); never part of the answer."""
+    controls = [c for c in cells if is_control(c)]
+    lines = [line for _, ms in _models(controls, task) for line in [model_line(ms[0].label, ms)[1]]]
+    return lines + positional_lines(controls, task)
 
 
 def positional_lines(cells: list[CellInfo], task: str) -> list[str]:
@@ -263,34 +284,55 @@ def first_screen(cells: list[CellInfo]) -> str:
     task = first_task(cells)
     if task is None:
         return "<div class='verdict'><p class='answer'>No finished runs yet.</p></div>"
-    models = _models(cells, task)
+    trained = [c for c in cells if not is_control(c)]
+    models = _models(trained, task)
     title = TASK_TITLES.get(task, task)
+    controls = control_lines(cells, task)
+    apart = (
+        "<p class='note'>Constructed controls, not counted in the answer above (position planted "
+        "in the heads their checkpoint names: what the detectors say where the answer is known):"
+        f"</p><ul>{''.join(f'<li>{inline_md(line)}</li>' for line in controls)}</ul>"
+        if controls
+        else ""
+    )
     if not models:
         return (
-            f"<div class='verdict'><p class='answer'><b>Not measured.</b> No {html.escape(title)} model has a "
-            "head-ablation sweep (run the <code>ablation</code> probe, or <code>pe-interp ablate RUN_DIR</code>).</p></div>"
+            f"<div class='verdict'><p class='answer'><b>Not measured.</b> No trained {html.escape(title)} model has a "
+            "head-ablation sweep (run the <code>ablation</code> probe, or <code>pe-interp ablate RUN_DIR</code>).</p>"
+            f"{apart}</div>"
         )
     answer, verdicts = deposit_answer(cells, task)
     body = "".join(f"<li>{inline_md(line)}</li>" for _, line in verdicts)
-    body += "".join(f"<li>{inline_md(line)}</li>" for line in positional_lines(cells, task))
+    body += "".join(f"<li>{inline_md(line)}</li>" for line in positional_lines(trained, task))
     vmax = common_vmax(cells, task)
     figs = []
-    for label, ms in models:
+    shown = [(label, ms, "") for label, ms in models]
+    shown += [
+        (label, ms, "constructed control: ")
+        for label, ms in _models([c for c in cells if is_control(c)], task)
+    ]  # after the trained models, named as what they are
+    for label, ms, control in shown:
         base = sum(c.ablation.baseline for c in ms) / len(ms)
         what = f"mean of {len(ms)} seeds" if len(ms) > 1 else f"seed {ms[0].seed}"
         figs.append(
             img(
                 model_heatmap(
                     ms,
-                    f"{label}: accuracy drop per ablated head ({what}; baseline {100 * base:.1f}%)",
+                    f"{control}{label}: accuracy drop per ablated head ({what}; baseline "
+                    f"{100 * base:.1f}%)",
                     vmax=vmax,
                 ),
-                f"ablation heatmap {label}",
+                f"ablation heatmap {control}{label}",
             )
         )
-    lines = evidence_lines(cells, task)
+    lines = evidence_lines(trained, task)
     for c in cells:
-        if CHECKPOINT_KEY in c.params:
+        if CHECKPOINT_KEY in c.params and is_control(c):
+            lines.append(
+                f"**{c.label}** is the constructed control `checkpoints/{c.params[CHECKPOINT_KEY]}`: "
+                "position planted in the heads it names, so the detectors' answer is known."
+            )
+        elif CHECKPOINT_KEY in c.params:
             command = (c.config or {}).get("command")
             lines.append(
                 f"**{c.label}** is the committed run `checkpoints/{c.params[CHECKPOINT_KEY]}`, trained by this "
@@ -301,7 +343,7 @@ def first_screen(cells: list[CellInfo]) -> str:
     return (
         "<div class='verdict' id='verdict'>"
         "<p class='note' style='margin:0'>Is there a single-head deposit, and where?</p>"
-        f"<p class='answer'>{inline_md(answer)}</p><ul>{body}</ul>"
+        f"<p class='answer'>{inline_md(answer)}</p><ul>{body}</ul>{apart}"
         f"<p class='note'>{inline_md(criterion(cells))} Heatmaps: the drop in held-out accuracy when each head "
         f"is zero-ablated alone (rows: layers, columns: heads; one colour scale, ±{100 * vmax:.0f} points; "
         "heads of a concentrated layer outlined).</p></div>"
@@ -345,6 +387,7 @@ def decomposition_section(cells: list[CellInfo]) -> str:
 
 __all__ = [
     "CSS",
+    "control_lines",
     "criterion",
     "decomposition_section",
     "deposit_answer",

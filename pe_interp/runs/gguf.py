@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pe_interp.util.io import CorruptFileError, atomic_write_json, read_json
+from pe_interp.util.io import CorruptFileError, atomic_write_json, check_writable_dir, read_json
 
 MAGIC = b"GGUF"
 PROVENANCE = "provenance.json"
@@ -44,6 +44,7 @@ __all__ = [
     "available_memory",
     "cache_root",
     "convert_gguf",
+    "converted",
     "file_sha256",
     "gguf_provenance",
     "is_gguf_file",
@@ -223,7 +224,8 @@ def gguf_provenance(model_dir: str | Path) -> dict[str, Any] | None:
 def convert_gguf(path: str | Path, cache_dir: str | Path | None = None) -> Path:
     """The saved Hugging Face directory of the GGUF file at ``path``: ``<root>/<sha256[:16]>/``
     (:func:`cache_root`), converted now unless an earlier call did. A one-line ValueError (nothing
-    written) for a file that is not GGUF, is truncated, cannot be loaded or would not fit in memory."""
+    written) for a file that is not GGUF, is truncated, cannot be loaded or would not fit in memory,
+    or a cache that cannot be written (checked before the de-quantising)."""
     path = _a_file(path)
     sha = file_sha256(path)
     root = cache_root(cache_dir)
@@ -232,6 +234,13 @@ def convert_gguf(path: str | Path, cache_dir: str | Path | None = None) -> Path:
         return out
     info = read_gguf(path)
     _check(path, info)
+    check_writable_dir(  # before the de-quantising, not at the first write after it
+        root,
+        f"{path}: the cache",
+        "give --cache a directory you can write"
+        if cache_dir is not None
+        else f"set {CACHE_ENV} to a directory you can write",
+    )
     model, tokenizer = _load(path, info)
     provenance = _provenance(path, sha, info)
     root.mkdir(parents=True, exist_ok=True)
@@ -256,6 +265,14 @@ def convert_gguf(path: str | Path, cache_dir: str | Path | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def converted(path: str | Path, cache_dir: str | Path | None = None) -> Path | None:
+    """The directory the GGUF file at ``path`` was converted into, or None where it has not been
+    (nothing is converted here)."""
+    sha = file_sha256(_a_file(path))
+    out = cache_root(cache_dir) / sha[:16]
+    return out if _complete(out, sha) else None
 
 
 def _complete(out: Path, sha: str) -> bool:
@@ -327,18 +344,22 @@ def _load(path: Path, info: dict[str, Any]) -> tuple[Any, Any]:
     is loaded, when the config describes more parameters than the file holds (a header without
     its shape makes transformers fill in a default, up to 7B parameters of random weights), when it
     is no causal language model, or when transformers cannot load it; and after, when a weight of
-    the model was not in the file."""
+    the model was not in the file, or when a weight is NaN or inf."""
     import torch
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from pe_interp.util.checks import nonfinite_weight
+
     extra: dict[str, Any] = {"dtype": torch.float32, "output_loading_info": True}
     if hasattr(transformers, "GgufConfig"):  # unpack every weight, whatever kernels are installed
         extra["quantization_config"] = transformers.GgufConfig(dequantize=True)
     where, name = str(path.resolve().parent), path.name
-    level = hf_logging.get_verbosity()
+    level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # one line per error on the command line, no loading bars
+    gguf_utils = _quiet_gguf_bar()
     what = "config"
     try:
         config = AutoConfig.from_pretrained(where, gguf_file=name)
@@ -359,6 +380,12 @@ def _load(path: Path, info: dict[str, Any]) -> tuple[Any, Any]:
                 f"{path}: the file lacks {len(missing)} weight(s) of its {type(model).__name__} "
                 f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
             )
+        bad = nonfinite_weight(model)
+        if bad is not None:  # a damaged file: refused before anything is cached
+            raise _Refused(
+                f"{path}: the weights hold {bad[1]} (in {bad[0]}): the file is damaged or the "
+                "model it was saved from diverged; download the GGUF file again"
+            )
         what = "tokenizer"
         tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
     except _Refused as err:
@@ -371,7 +398,28 @@ def _load(path: Path, info: dict[str, Any]) -> tuple[Any, Any]:
         ) from None
     finally:
         hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+        if gguf_utils is not None:
+            gguf_utils.tqdm = gguf_utils.__dict__.pop("_pe_interp_tqdm", gguf_utils.tqdm)
     return model.eval(), tokenizer
+
+
+def _quiet_gguf_bar() -> Any:
+    """transformers' GGUF loader draws its de-quantising bar with ``tqdm.auto`` itself, past its
+    own progress-bar switch: silenced here for the load (the module, to restore it after)."""
+    import functools
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - transformers without GGUF support
+        return None
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None:
+        return None
+    gguf_utils._pe_interp_tqdm = bar
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    return gguf_utils
 
 
 class _Refused(Exception):

@@ -17,13 +17,14 @@ source                     what it is                                  read by
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pe_interp.models.protocol import ProbeModel
-from pe_interp.runs.checkpoint import CheckpointError, Run, load_run, split_step
-from pe_interp.runs.gguf import is_gguf_file
+from pe_interp.runs.checkpoint import STEPS_DIR, CheckpointError, Run, load_run, split_step
+from pe_interp.runs.gguf import CACHE_ENV, cache_root, is_gguf_file
 from pe_interp.runs.model_dirs import is_hub_name, is_model_dir, load_model_dir
 
 
@@ -48,6 +49,47 @@ def is_pretrained(source: str | Path) -> bool:
     rather than a pe-interp run."""
     path, _ = split_step(source)
     return is_model_dir(path) or is_gguf_file(path) or is_hub_name(str(source))
+
+
+def writes_into(source: str | Path, out: str | Path | None = None) -> tuple[Path, str, str] | None:
+    """Where a command's results of ``source`` go, known before anything loads: ``out`` where it
+    is given; else the run directory (``RUN@S``: its ``steps/S/``), the model directory, the GGUF
+    cache (where the file is converted and its results written). With what to call it and how
+    to fix it when it cannot be written (:func:`check_destination`); None for a source that is
+    no local path (a hub name, or a missing directory, which the loader names)."""
+    if out is not None:
+        return (
+            Path(out),
+            "output directory",
+            "choose a directory you can write, or make it writable",
+        )
+    path, step = split_step(source)
+    if is_gguf_file(path):
+        return (
+            cache_root(),
+            f"{source}: the GGUF cache (where it is converted and its results go)",
+            f"set {CACHE_ENV} to a directory you can write",
+        )
+    if not Path(path).exists():  # a hub name, or nothing: the loader says which
+        return None
+    hint = "make it writable, or copy the run (or model directory) where you can write"
+    if step is None:
+        return Path(path), "", hint
+    return Path(path) / STEPS_DIR / str(step), f"{source}: its results go to", hint
+
+
+def check_destination(source: str | Path, out: str | Path | None = None) -> None:
+    """A one-line CheckpointError, before the weights load, when the directory a command writes
+    the results of ``source`` into (:func:`writes_into`) cannot be written."""
+    from pe_interp.util.io import check_writable_dir
+
+    target = writes_into(source, out)
+    if target is None:
+        return
+    try:
+        check_writable_dir(*target)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
 
 
 def open_run(
@@ -81,11 +123,44 @@ def open_run(
             path, task, preset, seed=seed, device=device, revision=revision, whole_vocab=whole_vocab
         )
     if task is not None or revision is not None:
-        raise CheckpointError(
-            f"{source}: --task and --revision are for a saved Hugging Face model (a directory, a GGUF "
-            "file, or owner/name on the hub); a pe-interp run knows its task"
-        )
+        raise CheckpointError(not_a_model(source, path))
     return load_run(source, device=device)
+
+
+def not_a_model(source: str | Path, path: Path) -> str:
+    """Why ``path``, given with ``--task`` or ``--revision``, is no saved Hugging Face model: what
+    it is instead, and what would make it one."""
+    path = Path(path)
+    hf = (
+        "a saved Hugging Face model (save_pretrained writes its config.json, weights and tokenizer)"
+    )
+    if not path.exists():
+        return (
+            f"{source}: no such directory or file; give {hf}, a GGUF file, or owner/name on the hub"
+        )
+    if not path.is_dir():
+        return (
+            f"{source}: a file, neither a GGUF file nor a model directory; give {hf} or a GGUF file"
+        )
+    config = path / "config.json"
+    if not config.is_file():
+        what = (
+            "an empty directory" if not any(path.iterdir()) else "a directory without config.json"
+        )
+        return f"{source}: {what}, neither {hf} nor a pe-interp run"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        return (
+            f"{config}: not valid JSON ({str(err).splitlines()[0]}); {hf[2:]} names its model_type "
+            "there"
+        )
+    if isinstance(data, dict) and {"model", "task", "train"} <= set(data):
+        return (
+            f"{source}: --task and --revision are for a saved Hugging Face model (a directory, a "
+            "GGUF file, or owner/name on the hub); a pe-interp run knows its task"
+        )
+    return f"{config}: no model_type, so not {hf}, nor the config of a pe-interp run"
 
 
 def load(
@@ -125,4 +200,4 @@ def load(
     return model
 
 
-__all__ = ["Origin", "is_pretrained", "load", "open_run"]
+__all__ = ["Origin", "check_destination", "is_pretrained", "load", "open_run", "writes_into"]

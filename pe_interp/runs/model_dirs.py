@@ -25,12 +25,19 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pe_interp.prompts.task import PROMPT_COUNTS, PromptSplits, is_prompt_task, load_prompt_task
+from pe_interp.prompts.task import (
+    PROMPT_COUNTS,
+    PromptSplits,
+    PromptTask,
+    is_prompt_task,
+    load_prompt_task,
+)
 from pe_interp.runs.checkpoint import CheckpointError, Run
 from pe_interp.runs.gguf import (
     GIB,
@@ -83,11 +90,22 @@ def load_model_dir(
     device: str = "cpu",
     revision: str | None = None,
     whole_vocab: bool = False,
+    accuracy: bool = True,
+    check_prompts: Callable[[PromptTask, dict[str, Any]], None] | None = None,
 ) -> Run:
     """The saved model at ``path`` as a run on ``task`` (the ``preset``'s task and splits, ``seed``);
     ``path`` may be a GGUF file (converted once, :func:`pe_interp.runs.gguf.convert_gguf`) or a hub name
     (``owner/name``, at ``revision``) where the hub is reachable. With ``whole_vocab`` and no
-    ``task``, the model reads its whole vocabulary (a label is a token id) and the run has no task."""
+    ``task``, the model reads its whole vocabulary (a label is a token id) and the run has no task.
+
+    Damaged weights are refused in one line before any forward: a weights file that does not
+    parse or does not hold what its header says (:func:`check_weight_files`), and a NaN or inf
+    weight (:func:`check_finite`). On a prompt task the model's accuracy on the prompts is
+    measured at once (its first forward); ``accuracy=False`` leaves that to
+    :func:`with_accuracy`, so that a caller can refuse what cannot run before it;
+    ``check_prompts(task, provenance)`` is called once the prompts are read, before the model is
+    built around the bridge (which reads its encoding with one forward of a few tokens), so that
+    a caller refuses what these prompts cannot serve before any forward."""
     bare = whole_vocab and task is None
     from pe_interp.models.bridge.hf_arch import boot_bridge
 
@@ -101,7 +119,9 @@ def load_model_dir(
             raise CheckpointError(
                 f"{path}: a model on the Hugging Face hub: say which task to probe it on with --task"
             )
-        return _load_hub(str(path), task, preset, seed, device, revision, bare)
+        return _load_hub(
+            str(path), task, preset, seed, device, revision, bare, accuracy, check_prompts
+        )
     path = given = Path(path)
     if is_gguf_file(path):
         if task is None and not bare:
@@ -128,8 +148,9 @@ def load_model_dir(
     if weights is None:
         raise CheckpointError(f"{path}: no weights ({' or '.join(WEIGHT_FILES)})")
     files = weight_files(weights)
+    check_weight_files(files, given)
     check_memory(files, given or path)
-    provenance = {"sha256": _sha256(files), "step": None}
+    provenance = {"sha256": weights_sha256(files), "step": None}
     source: dict[str, Any] = {"weights": weights.name}
     gguf = gguf_provenance(path)  # a directory converted from a GGUF file: which file, how
     if gguf is not None:
@@ -137,13 +158,136 @@ def load_model_dir(
     if given != path:  # what the user named: the GGUF file, in messages
         source["file"] = str(given)
     provenance["source"] = source  # every result records where its weights came from
+    bridge = boot_bridge(path, device=device)
+    check_finite(
+        bridge,
+        given,
+        "download the GGUF file again" if "gguf" in source else "save or download the model again",
+    )
+    check_attends_causally(path, given)
     if bare:
-        return _as_vocab_run(path, boot_bridge(path, device=device), provenance, source)
+        return _as_vocab_run(path, bridge, provenance, source)
     if is_prompt_task(task):
-        return _as_prompt_run(
-            path, boot_bridge(path, device=device), task, preset, seed, provenance
+        return _as_prompt_run(path, bridge, task, preset, seed, provenance, accuracy, check_prompts)
+    return _as_run(path, bridge, task, preset, seed, provenance, source)
+
+
+def check_weight_files(files: list[Path], where: Any) -> None:
+    """A one-line CheckpointError, before the boot, for a weights file that is damaged: a
+    safetensors file whose header does not parse or whose tensors the file does not hold
+    (truncated), a ``.bin`` file that is empty, neither zip nor pickle, or a zip archive that is
+    truncated or fails its checksums."""
+    import zipfile
+
+    from safetensors import SafetensorError, safe_open
+
+    for f in files:
+        try:
+            if f.suffix == ".safetensors":
+                with safe_open(str(f), framework="pt") as handle:
+                    handle.keys()
+            else:  # torch.save's zip archive, or its legacy pickle (not checked further)
+                with open(f, "rb") as fh:
+                    head = fh.read(4)
+                if head.startswith(b"PK"):
+                    with zipfile.ZipFile(f) as archive:  # BadZipFile: truncated
+                        bad = archive.testzip()
+                    if bad is not None:
+                        raise ValueError(f"{bad} fails its checksum")
+                elif not head.startswith(b"\x80"):
+                    raise ValueError(
+                        "neither a zip archive nor a pickle" if head else "it is empty"
+                    )
+        except (SafetensorError, OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise CheckpointError(
+                f"{where}: the weights file {f.name} is damaged ({first[:160]}); save or "
+                "download the model again"
+            ) from None
+
+
+def check_finite(bridge: Any, where: Any, fix: str = "save or download the model again") -> None:
+    """A one-line CheckpointError, after the boot and before any forward, for a NaN or inf weight
+    (named as the saved model names it): every probe would read it as a result (an accuracy of
+    0, drops of NaN). ``fix``: what to do, as fits where the weights came from."""
+    from pe_interp.util.checks import nonfinite_weight
+
+    bad = nonfinite_weight(getattr(bridge, "original_model", None) or bridge)
+    if bad is None:
+        return
+    name = bad[0].replace("._original_component", "")
+    raise CheckpointError(
+        f"{where}: the weights hold {bad[1]} (in {name}): the file is damaged or the model it "
+        f"was saved from diverged; {fix}"
+    )
+
+
+CAUSAL_TOLERANCE = 1e-4  # of the logits' scale: a causal model's earlier rows move by rounding only
+# A miniature of the model for the causality check: its attention as the config builds it, one
+# layer, a small vocabulary and MLP (neither decides where attention looks).
+MINIATURE = {"num_hidden_layers": 1, "vocab_size": 256}
+MLP_WIDTHS = ("intermediate_size", "n_inner", "ffn_dim", "d_ff")
+MINIATURE_FLAG = "_pe_interp_miniature"
+
+
+def check_attends_causally(path: Path, where: Any, n_tokens: int = 8) -> None:
+    """A one-line CheckpointError, before any forward of the model, unless it attends causally as
+    ``transformers`` runs it, whatever its config claims (a ``LlamaForCausalLM`` saved with
+    ``"is_causal": false`` attends both ways, and the bridge, which masks attention itself, would
+    probe another model than the one saved). A miniature of the model is built from its config
+    (:data:`MINIATURE`, random weights) and run on two rows of tokens that differ only in the
+    last: the logits at every earlier position must not move. An architecture whose miniature
+    cannot be built is left to :func:`check_causal` (its config's names)."""
+    import copy
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+        small = copy.deepcopy(config)
+        for name, value in MINIATURE.items():
+            setattr(small, name, min(value, getattr(config, name, value)))
+        for name in MLP_WIDTHS:
+            if isinstance(getattr(small, name, None), int):
+                setattr(small, name, min(64, getattr(small, name)))
+        if isinstance(getattr(small, "layer_types", None), list):
+            small.layer_types = small.layer_types[:1]
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            if isinstance(getattr(small, name, None), int) and getattr(small, name) >= 256:
+                setattr(small, name, None)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(small).eval()
+            setattr(model, MINIATURE_FLAG, True)  # its forward is a check's, not the model's
+            with torch.no_grad():
+                for p in model.parameters():
+                    if p.dim() >= 2:
+                        p.normal_(0.0, 0.5)
+            vocab = int(small.vocab_size)
+            n = max(2, min(n_tokens, int(getattr(small, "max_position_embeddings", n_tokens))))
+            x = torch.randint(0, vocab, (1, n))
+            y = x.clone()
+            y[0, -1] = (x[0, -1] + 1) % vocab
+            with torch.no_grad():
+                logits = model(torch.cat([x, y])).logits.float()
+    except Exception:  # noqa: BLE001 - a miniature this architecture cannot make: names only
+        return
+    finally:
+        hf_logging.set_verbosity(level)
+    moved = float((logits[0, :-1] - logits[1, :-1]).abs().max())
+    scale = max(1.0, float(logits[:, :-1].abs().max()))
+    if moved > CAUSAL_TOLERANCE * scale:
+        claims = ", ".join(getattr(config, "architectures", None) or [config.model_type])
+        causal = getattr(config, "is_causal", None)
+        said = f", is_causal {causal}" if causal is not None else ""
+        raise CheckpointError(
+            f"{where}: its attention is not causal (a token moves the logits at the positions "
+            f"before it) although its config names {claims}{said}; the probes read causal "
+            "language models"
         )
-    return _as_run(path, boot_bridge(path, device=device), task, preset, seed, provenance, source)
 
 
 def weight_files(weights: Path) -> list[Path]:
@@ -161,7 +305,7 @@ def weight_files(weights: Path) -> list[Path]:
     return [weights.parent / n for n in names]
 
 
-def _sha256(files: list[Path]) -> str:
+def weights_sha256(files: list[Path]) -> str:
     """sha256 of the files' bytes in order, read in 16-MiB blocks."""
     h = hashlib.sha256()
     for f in files:
@@ -228,8 +372,23 @@ def check_causal(path: Path, given: Any = None) -> None:
         )
 
 
+def task_choices() -> str:
+    """Every ``--task`` a pretrained model takes, for messages."""
+    from pe_interp.prompts.families import FAMILIES
+    from pe_interp.tasks import TASKS
+
+    return (
+        f"{', '.join(TASKS)} (our tasks in language-model form), {', '.join(FAMILIES)} (prompt "
+        "families in the model's own tokens) or FILE.jsonl (a prompts file)"
+    )
+
+
 def _check_task(where: Any, task: str, preset: str, seed: int) -> None:
     """A one-line error for a bad ``--task`` or ``--preset``, before any model is loaded."""
+    from pe_interp.tasks import TASKS
+
+    if not is_prompt_task(task) and task not in TASKS:
+        raise CheckpointError(f"{where}: task must be one of {task_choices()}; got {task!r}")
     if not is_prompt_task(task):
         _task_configs(where, task, preset, seed)
     elif preset not in PROMPT_COUNTS:
@@ -241,13 +400,19 @@ def _check_task(where: Any, task: str, preset: str, seed: int) -> None:
 
 
 def _as_prompt_run(
-    run_dir: Path, bridge: Any, task: str, preset: str, seed: int, provenance: dict[str, Any]
+    run_dir: Path,
+    bridge: Any,
+    task: str,
+    preset: str,
+    seed: int,
+    provenance: dict[str, Any],
+    accuracy: bool = True,
+    check_prompts: Callable[[PromptTask, dict[str, Any]], None] | None = None,
 ) -> Run:
     """A booted bridge as a run on natural prompts (:mod:`pe_interp.prompts.task`): classes are its
     token ids; the model's accuracy on the prompts is measured once and kept in the run's config
-    (``config["accuracy"]``), which commands print first."""
+    (``config["accuracy"]``, :func:`with_accuracy`), which commands print first."""
     from pe_interp.models.bridge.model import BridgedModel
-    from pe_interp.prompts import family_accuracy
 
     source = provenance["source"]
     where = source.get("hub") or source.get("file") or run_dir
@@ -255,17 +420,32 @@ def _as_prompt_run(
         prompt_task = load_prompt_task(task, bridge, preset, seed, where=where)
     except ValueError as err:
         raise CheckpointError(str(err)) from None
+    if check_prompts is not None:
+        check_prompts(prompt_task, provenance)
     model = BridgedModel(bridge, pad_id=prompt_task.pad_id).eval()
-    accuracy = family_accuracy(model, prompt_task.prompts)
     config = {
         "model_dir": {"model_type": model.cfg.model_type, **source},
         "task": prompt_task.to_dict(),
-        "accuracy": {**accuracy.to_dict(), "summary": accuracy.summary()},
         "preset": preset,
         "seed": seed,
     }
     splits = PromptSplits(n_test=len(prompt_task.prompts), seed=seed)
-    return Run(run_dir, model, prompt_task, splits, config, provenance)
+    run = Run(run_dir, model, prompt_task, splits, config, provenance)
+    return with_accuracy(run) if accuracy else run
+
+
+def with_accuracy(run: Run) -> Run:
+    """A run on natural prompts with the model's accuracy on its prompts in its config
+    (``config["accuracy"]``: counts and a summary line); measured here unless it is there."""
+    import dataclasses
+
+    from pe_interp.prompts import family_accuracy
+
+    if "accuracy" in run.config or not isinstance(run.task, PromptTask):
+        return run
+    acc = family_accuracy(run.model, run.task.prompts)
+    config = {**run.config, "accuracy": {**acc.to_dict(), "summary": acc.summary()}}
+    return dataclasses.replace(run, config=config)
 
 
 def _task_configs(where: Any, task: str, preset: str, seed: int) -> tuple[Any, Any]:
@@ -334,6 +514,8 @@ def _load_hub(
     device: str,
     revision: str | None,
     bare: bool = False,
+    accuracy: bool = True,
+    check_prompts: Callable[[PromptTask, dict[str, Any]], None] | None = None,
 ) -> Run:
     """A hub model as a run: fetched at ``revision`` (Pythia's training checkpoints are revisions
     ``step1000``, ...), its results under :data:`HUB_RUNS`."""
@@ -375,18 +557,25 @@ def _load_hub(
         )
     source = {"hub": name, "revision": revision}
     provenance = {"sha256": digest.hexdigest(), "step": None, "source": source}
+    check_finite(bridge, at, "fetch it again, or another revision")
     if bare:
         return _as_vocab_run(out, bridge, provenance, source)
     if is_prompt_task(task):
-        return _as_prompt_run(out, bridge, task, preset, seed, provenance)
+        return _as_prompt_run(out, bridge, task, preset, seed, provenance, accuracy, check_prompts)
     return _as_run(out, bridge, task, preset, seed, provenance, source)
 
 
 __all__ = [
     "HUB_RUNS",
     "answer_ids",
+    "check_attends_causally",
+    "check_finite",
+    "check_weight_files",
+    "task_choices",
+    "weights_sha256",
     "is_gguf_file",
     "is_hub_name",
     "is_model_dir",
     "load_model_dir",
+    "with_accuracy",
 ]

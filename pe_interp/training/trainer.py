@@ -101,7 +101,8 @@ class Trainer(RunDirectory):
 
     # ---- training ----------------------------------------------------------------------------
     def epoch_order(self, epoch: int) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(self.train_cfg.seed * 1_000_003 + epoch)
+        # within 64 bits for every seed (the same number for seeds below 2**44, as before)
+        gen = torch.Generator().manual_seed((self.train_cfg.seed * 1_000_003 + epoch) % (1 << 64))
         return torch.randperm(self.train_cfg.n_train, generator=gen)
 
     def fit(self, resume: bool = False) -> TrainResult:

@@ -21,6 +21,9 @@ __all__ = [
     "check_float",
     "check_head_pairs",
     "check_int",
+    "check_seed",
+    "seed_problem",
+    "SEED_LIMIT",
     "TOKEN_DTYPES",
     "check_finite_weights",
     "check_labels",
@@ -135,14 +138,21 @@ def nonfinite_weight(model: nn.Module) -> tuple[str, str] | None:
 
 
 def check_finite_weights(model: nn.Module, who: str = "") -> None:
-    """Refuse a model with a NaN or inf weight: its outputs would read like a real (null) result."""
+    """Refuse a model with a NaN or inf weight: its outputs would read like a real (null) result.
+    The fix named fits the model: a run of ours is reloaded or retrained, a pretrained model
+    (read through a bridge) loaded again from an intact file."""
     bad = nonfinite_weight(model)
     if bad is not None:
         prefix = f"{who}: " if who else ""
-        raise ValueError(
-            f"{prefix}the model has non-finite weights ({bad[1]} in {bad[0]}); its training diverged "
-            "or the weights were edited: reload the run (load_run) or retrain it"
+        why = (  # a pretrained model read through a bridge was never trained here
+            "its file is damaged or the weights were edited: load it again (pe_interp.load) "
+            "from an intact file"
+            if getattr(model, "bridge", None) is not None
+            else "its training diverged or the weights were edited: reload the run (load_run) "
+            "or retrain it"
         )
+        name = bad[0].replace("._original_component", "")
+        raise ValueError(f"{prefix}the model has non-finite weights ({bad[1]} in {name}); {why}")
 
 
 def check_token_ids(tokens: Any, d_vocab: int, n_ctx: int) -> Tensor:
@@ -195,6 +205,29 @@ def finite_number(value: Any) -> bool:
 
 
 # ---- config fields ------------------------------------------------------------------------------
+# Seeds are whole numbers below 2**63: torch's generators take 64 bits, and the seeds derived from
+# one (a seed plus a fixed offset) must stay within them.
+SEED_LIMIT = 1 << 63
+
+
+def seed_problem(value: Any) -> str | None:
+    """Why ``value`` is no seed (module constant :data:`SEED_LIMIT`), or None."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        return f"must be a whole number, got {value!r}"
+    if not 0 <= value < SEED_LIMIT:
+        return (
+            f"must be in 0..{SEED_LIMIT - 1} (2**63 - 1: the generators take 64 bits, with room "
+            f"for the seeds derived from it), got {value}"
+        )
+    return None
+
+
+def check_seed(owner: str, name: str, value: Any) -> None:
+    why = seed_problem(value)
+    if why:
+        raise ValueError(f"{owner}.{name} {why}")
+
+
 def check_int(owner: str, name: str, value: Any, low: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{owner}.{name} must be an integer >= {low}, got {value!r}")

@@ -13,7 +13,8 @@
   holds another kind of result, a JSON list, or a truncated text. Files from before the tag are
   recognised by the keys their kind always has (:func:`register_result`), so they still load.
 - **Paths**: a file path that is a directory, or that runs through a file, is refused in one
-  line before anything is written (:func:`check_file_path`).
+  line before anything is written (:func:`check_file_path`); so is a destination directory this
+  process cannot write (:func:`check_writable_dir`), which commands check before their work.
 - **One writer**: :func:`dir_lock` holds an OS-level lock (``filelock``) on a run or sweep
   directory while it is written; a second writer gets a one-line :class:`LockedError`. The lock
   file (:data:`LOCK_FILE`, hidden) stays in place; the OS releases the lock when its process dies,
@@ -49,6 +50,7 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_text",
     "check_file_path",
+    "check_writable_dir",
     "dir_lock",
     "load_result",
     "nan_array",
@@ -84,6 +86,40 @@ def check_file_path(path: str | os.PathLike[str]) -> Path:
                     f"cannot write {path}: {parent} is a file, not a directory; choose another path"
                 )
             break
+    return path
+
+
+def writable(directory: Path) -> bool:
+    """Whether this process may create files in the existing ``directory`` (``access(2)``: the
+    permission bits and ACLs for its user, and a read-only file system for every user, root too)."""
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
+def check_writable_dir(
+    path: str | os.PathLike[str],
+    what: str = "--out",
+    hint: str = "choose a directory you can write, or make it writable",
+) -> Path:
+    """``path`` as a Path if the directory can be written there: it is a directory, or the first of
+    its parents that exists is one, and this process may create files in it. A one-line
+    ValueError otherwise, named by ``what`` (the flag), so that a command refuses before its work
+    rather than losing it at the first write (an empty ``what``: the path alone names it).
+    Nothing is created."""
+    path = Path(path)
+    name = f"{what} {path}" if what else str(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{name}: exists and is not a directory; give a directory")
+    base = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    if not base.is_dir():
+        raise ValueError(f"{name}: {base} is a file, not a directory; choose another path")
+    if not writable(base):
+        try:
+            read_only = bool(os.statvfs(base).f_flag & os.ST_RDONLY)
+        except OSError:
+            read_only = False
+        why = "on a read-only file system" if read_only else "not writable by this user"
+        where = why if base == path else f"{base} is {why}"
+        raise ValueError(f"{name}: cannot write there ({where}); {hint}")
     return path
 
 

@@ -153,6 +153,11 @@ def check_request(
     if rows:
         labels = torch.arange(tokens.shape[0], device=tokens.device)
     ref = None if reference is None else check_reference(model, reference, who)
+    if method == "mean" and ref is None and tokens.shape[0] < 2:
+        raise ValueError(
+            f"{who}: mean ablation needs at least 2 examples (or a reference set): over one "
+            "example the mean output is that example's own, and every drop would be exactly 0"
+        )
     if method == "resample" and ref is not None and ref[0].shape[1] != tokens.shape[1]:
         raise ValueError(
             "resample ablation: the reference must have the padded length of the evaluated "

@@ -18,6 +18,7 @@ is told otherwise.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -93,6 +94,13 @@ def harm(baseline: np.ndarray | float, ablated: np.ndarray | float, higher_is_be
     higher-is-better metric, ``ablated - baseline`` for a lower-is-better one (loss)."""
     diff = np.asarray(baseline) - np.asarray(ablated)
     return diff if higher_is_better else -diff
+
+
+def min_bootstrap(ci: float = 0.95) -> int:
+    """The fewest bootstrap replicates that give a ``ci`` percentile interval: each tail, a share
+    ``(1 - ci) / 2`` of them, must hold at least one replicate (40 at 95%); fewer put both ends
+    on the most extreme replicates, or between them, and the interval says nothing."""
+    return math.ceil(2.0 / (1.0 - ci) - 1e-9)
 
 
 def bootstrap_ci(
@@ -225,6 +233,7 @@ __all__ = [
     "harm",
     "logit_per_example",
     "loss_per_example",
+    "min_bootstrap",
     "paired_bootstrap",
     "resample_sources",
     "resolve_metric",

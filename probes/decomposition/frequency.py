@@ -65,7 +65,7 @@ from probes.decomposition.reads import allowed
 if TYPE_CHECKING:
     from pe_interp.models.protocol import ProbeModel
 
-__all__ = ["FrequencyUsage", "frequency_usage"]
+__all__ = ["FrequencyUsage", "frequency_usage", "not_rotary"]
 
 DEFINITION = (
     "pairs ordered by theta, highest first; q_norm/k_norm = mean 2-D chunk norm over real tokens; "
@@ -208,6 +208,32 @@ class FrequencyUsage:
 
 
 @takes_probe_model
+def not_rotary(model: ProbeModel, layers: list[int] | None = None, n_pos: int = 2) -> str | None:
+    """Why :func:`frequency_usage` cannot read ``model`` (its encoding rotates no query and key,
+    or rotates them in a way it does not describe), or None: what a caller checks before its
+    work, without a forward."""
+    enc = model.encoding
+    try:
+        rotates = enc.rotates
+    except ValueError as err:
+        return str(err)
+    why = enc.cannot_move  # a bridge whose rotation our tables do not reproduce
+    if why:
+        return str(why)
+    if not rotates:
+        return (
+            f"{model.cfg.encoding_name} does not rotate queries and keys; frequency usage is "
+            "defined for rotary encodings (RoPE)"
+        )
+    layers = range(model.cfg.n_layers) if layers is None else layers
+    if any(rotary_spans_for(enc, layer, n_pos) is None for layer in layers):
+        return (
+            f"{model.cfg.encoding_name} rotates without describing its frequencies "
+            "(rotary_spans), which frequency usage needs"
+        )
+    return None
+
+
 def frequency_usage(
     model: ProbeModel,
     tokens: Tensor,
@@ -234,25 +260,11 @@ def frequency_usage(
     if not layers:
         raise ValueError(f"{who}: no layers given")
     n, n_pos = tokens.shape
-    enc = model.encoding
-    try:
-        rotates = enc.rotates
-    except ValueError as err:
-        raise ValueError(f"{who}: {err}") from None
-    why = enc.cannot_move  # a bridge whose rotation our tables do not reproduce
+    why = not_rotary(model, layers, n_pos)
     if why:
         raise ValueError(f"{who}: {why}")
-    if not rotates:
-        raise ValueError(
-            f"{who}: {model.cfg.encoding_name} does not rotate queries and keys; frequency usage "
-            "is defined for rotary encodings (RoPE)"
-        )
+    enc = model.encoding
     spans = {layer: rotary_spans_for(enc, layer, n_pos) for layer in layers}
-    if any(s is None for s in spans.values()):
-        raise ValueError(
-            f"{who}: {model.cfg.encoding_name} rotates without describing its frequencies "
-            "(rotary_spans), which frequency usage needs"
-        )
     H, device = model.cfg.n_heads, model.W_E.device
     kv = torch.tensor([model.kv_layout.kv_head(h) for h in range(H)], device=device)
     n_pairs = {layer: sum(s.dim // 2 for s in spans[layer]) for layer in layers}
