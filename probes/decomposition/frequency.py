@@ -234,6 +234,7 @@ def not_rotary(model: ProbeModel, layers: list[int] | None = None, n_pos: int = 
     return None
 
 
+@takes_probe_model
 def frequency_usage(
     model: ProbeModel,
     tokens: Tensor,
