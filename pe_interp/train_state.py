@@ -188,6 +188,7 @@ class RunDirectory:
             )
         else:
             torch.manual_seed(self.train_cfg.seed)  # dropout stream of a fresh run
+            attn_routes.reset()  # its bf16 attention routes owe nothing to earlier runs
             if resume:  # started, but killed before its first checkpoint: start again
                 truncate_jsonl(self.run_dir / METRICS, 0)
         atomic_write_json(self.run_dir / CONFIG, self.config_record())

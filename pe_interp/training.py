@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pe_interp import interrupts
+from pe_interp import attn_routes, interrupts
 from pe_interp.arch_runs import build_model, save_hf
 from pe_interp.callbacks import Callback
 from pe_interp.checkpoint import CONFIG, CONFIG_KEYS, METRICS, CheckpointError, append_jsonl
@@ -112,6 +112,7 @@ class Trainer(RunDirectory):
         with interrupts.deferred():
             if self.run_dir is None:
                 torch.manual_seed(self.train_cfg.seed)
+                attn_routes.reset()  # a fresh run's routes owe nothing to earlier runs
                 return self._fit()
             if self.run_dir.exists() and not self.run_dir.is_dir():
                 raise CheckpointError(
