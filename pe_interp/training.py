@@ -28,6 +28,9 @@ from pe_interp.io import dir_lock
 from pe_interp.snapshots import SnapshotWriter, snapshot_schedule
 from pe_interp.train_state import RunDirectory
 
+# config.json keys the Trainer writes itself (not given through extra_config)
+_OWN_KEYS = ("model", "task", "train", "version", "numerics")
+
 
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite; the last good checkpoint is left in place."""
@@ -60,15 +63,12 @@ class Trainer(RunDirectory):
         self.progress = progress
         self.extra_config = extra_config or {}
         bad = sorted(
-            set(self.extra_config) - set(CONFIG_KEYS)
-            | set(self.extra_config) & {"model", "task", "train", "version"}
+            set(self.extra_config) - set(CONFIG_KEYS) | set(self.extra_config) & set(_OWN_KEYS)
         )
         if bad:
             raise ValueError(
                 f"Trainer: extra_config key(s) {', '.join(map(repr, bad))} are not config.json keys; allowed: "
-                + ", ".join(
-                    k for k in CONFIG_KEYS if k not in ("model", "task", "train", "version")
-                )
+                + ", ".join(k for k in CONFIG_KEYS if k not in _OWN_KEYS)
             )
         check_run_configs(model_cfg, train_cfg)
         self.device = torch.device(check_device(train_cfg.device, "TrainConfig.device"))
