@@ -1,7 +1,8 @@
 """The attention route under CPU bf16 autocast (pe_interp.models.hooked.attn_routes): every route computes the
-hooked path's function within bf16 tolerance (logits and gradients), the choice is the measured
-fastest and is remembered, the override works, and a resumed bf16 run uses the routes its
-checkpoint recorded, which keeps it bit-identical to an uninterrupted one."""
+hooked path's function within bf16 tolerance (logits and gradients), the route is the fixed
+default whatever the timings (issue 54), with ``fastest`` the choice is the measured fastest and
+is remembered, the override works, and a resumed bf16 run uses the routes its checkpoint
+recorded, which keeps it bit-identical to an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -72,7 +73,20 @@ def test_every_route_computes_the_hooked_paths_function(encoding, route):
         assert (grads[name] - g).abs().max().item() <= GRAD_RTOL * scale, name
 
 
+def test_by_default_the_route_is_fixed_whatever_the_timings(monkeypatch):
+    """Timing each route made the weights depend on the machine's load (issue 54)."""
+    monkeypatch.setattr(attn_routes, "_measure", lambda *a: pytest.fail("measured"))
+    model = HookedPETransformer(ModelConfig(**TINY, encoding="rope", attn_backend="sdpa"))
+    tokens, labels = _batch()
+    _logits_and_grads(model, tokens, labels, amp=True)
+    with torch.no_grad(), hardware.autocast("cpu", amp=True):
+        model(tokens[:3])
+    assert attn_routes.policy() == attn_routes.DEFAULT_ROUTE
+    assert list(attn_routes.chosen().values()) == [attn_routes.DEFAULT_ROUTE] * 2
+
+
 def test_the_route_is_measured_once_per_shape_and_is_the_fastest(monkeypatch):
+    monkeypatch.setenv(attn_routes.OVERRIDE_ENV, attn_routes.MEASURE)
     calls = []
 
     def fake_measure(run, q, k, v, grad):
@@ -98,8 +112,9 @@ def test_the_route_is_measured_once_per_shape_and_is_the_fastest(monkeypatch):
     assert any("grad0" in k and v == "math" for k, v in chosen.items())
 
 
-def test_real_measurement_times_every_route_without_touching_state():
+def test_real_measurement_times_every_route_without_touching_state(monkeypatch):
     """The measurement itself: one timing per route, the minimum chosen, no RNG or grad touched."""
+    monkeypatch.setenv(attn_routes.OVERRIDE_ENV, attn_routes.MEASURE)
     model = HookedPETransformer(ModelConfig(**TINY, encoding="t5", attn_backend="sdpa"))
     tokens, labels = _batch()
     rng = torch.get_rng_state()
@@ -133,7 +148,8 @@ def test_override_and_bad_override(monkeypatch):
     monkeypatch.setenv(attn_routes.OVERRIDE_ENV, "flash")
     with (
         pytest.raises(
-            ValueError, match="PE_INTERP_ATTN_ROUTE must be one of math, sdpa, sdpa32, got 'flash'"
+            ValueError,
+            match="PE_INTERP_ATTN_ROUTE must be one of math, sdpa, sdpa32, fastest, got 'flash'",
         ),
         torch.no_grad(),
         hardware.autocast("cpu", amp=True),
@@ -159,6 +175,7 @@ def test_fp32_and_hooked_layers_do_not_consult_the_chooser(monkeypatch):
 def test_resumed_bf16_run_uses_the_routes_of_its_checkpoint(tmp_path, monkeypatch):
     """A fresh process would measure again and might choose otherwise; the resumed run pins the
     checkpoint's choices and ends bit-identical to the uninterrupted run."""
+    monkeypatch.setenv(attn_routes.OVERRIDE_ENV, attn_routes.MEASURE)
     run = smoke_trainer(crash_at=5)
 
     first = {"math": 1.0, "sdpa": 2.0, "sdpa32": 3.0}

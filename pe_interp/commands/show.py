@@ -94,6 +94,15 @@ def run(args: argparse.Namespace) -> int:
     )
     if config.get("command"):
         print(f"  re-create  {config['command']}")
+    numerics = config.get("numerics")
+    if isinstance(numerics, dict):  # what the weights depend on besides the configs (issue 54)
+        route = f", attention {numerics['attn_route']}" if numerics.get("attn_route") else ""
+        resumed = f"; resumed with {numerics['resumed']}" if numerics.get("resumed") else ""
+        print(
+            f"  numerics   {numerics.get('dtype')} on {numerics.get('threads')} thread(s), "
+            f"torch {numerics.get('torch')}, {numerics.get('gpu') or numerics.get('cpu')} "
+            f"({numerics.get('cpu_capability')}){route}{resumed}"
+        )
     metrics = loaded.metrics()
     if metrics:
         last = metrics[-1]

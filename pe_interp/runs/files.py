@@ -45,8 +45,18 @@ STEPS_DIR = "steps"  # results of a snapshot's weights: steps/<S>/ablation.json,
 EVAL_SETS = ("test", "all")
 # The top-level keys of config.json: the three configs and the package version, then what
 # ``pe_interp.train`` records (the preset, the authors' switch, and the command line that made the
-# run, for ``pe-interp show``). Any other key is a mistake and load_run says so.
-CONFIG_KEYS = ("model", "task", "train", "version", "preset", "authors_quirks", "command")
+# run, for ``pe-interp show``), and what the weights depend on besides them (``numerics``:
+# :func:`pe_interp.util.hardware.numerics`). Any other key is a mistake and load_run says so.
+CONFIG_KEYS = (
+    "model",
+    "task",
+    "train",
+    "version",
+    "preset",
+    "authors_quirks",
+    "command",
+    "numerics",
+)
 # The files that make a directory a run: training into a directory that holds any of them needs
 # resume=True (--resume), and continues that run or is refused.
 RUN_FILES = (CONFIG, WEIGHTS, TRAIN_STATE, METRICS)

@@ -19,7 +19,9 @@ the process that ran it:
   losses. A cell now runs one fixed route, :data:`CELL_ATTN_ROUTE` (or ``$PE_INTERP_ATTN_ROUTE``),
   recorded in its ``cell.json``; a cell resumed from a checkpoint of a run that measured its
   routes (one started before routes were pinned) keeps those (the Trainer pins them on resume).
-  fp32 attention and CUDA do not take routes: there the route changes nothing.
+  fp32 attention and CUDA do not take routes: there the route changes nothing. Since issue 54
+  every process runs :data:`~pe_interp.models.hooked.attn_routes.DEFAULT_ROUTE` (the same route) unless told
+  otherwise, so a cell's numbers equal those of ``pe-interp train`` with its settings and threads.
 
 A cell's ``result.json`` records both per stage, like its ``seconds``: ``threads`` and
 ``attn_route``, ``{"train": ..., <probe>: ...}``.
@@ -43,7 +45,7 @@ __all__ = ["CELL_ATTN_ROUTE", "cell_route", "cell_threads", "pinned"]
 
 # SDPA on fp32 copies of the bf16 inputs: the route the chooser took for training on the native-bf16
 # Xeon at the paper's size (benchmarks/RESULTS.md) and at the smoke size here, and the most exact.
-CELL_ATTN_ROUTE = "sdpa32"
+CELL_ATTN_ROUTE = attn_routes.DEFAULT_ROUTE
 
 
 def cell_threads(resources: Mapping[str, Any]) -> int:

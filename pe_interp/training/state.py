@@ -11,6 +11,7 @@ continue or refuse a directory. It works on the trainer's attributes (``run_dir`
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from pe_interp.runs.checkpoint import (
     weights_provenance,
 )
 from pe_interp.tasks import task_from_dict
+from pe_interp.util import hardware
 
 
 def _check_optimizer_state(
@@ -81,6 +83,8 @@ class RunDirectory:
             "task": self.task.to_dict(),
             "train": self.train_cfg.to_dict(),
             "version": __version__,
+            # what the weights depend on besides the configs: dtype, threads, torch, CPU
+            "numerics": hardware.numerics(self.device, self.train_cfg.amp, attn_routes.policy()),
             **self.extra_config,
         }
 
@@ -114,6 +118,9 @@ class RunDirectory:
         assert self.run_dir is not None
         saved = _normalised(read_json(self.run_dir / CONFIG), self.run_dir / CONFIG)
         mine = _normalised(json.loads(json.dumps(self.config_record())), self.run_dir / CONFIG)
+        # numerics are recorded, not compared: see _resumed_numerics
+        saved.pop("numerics", None)
+        mine.pop("numerics", None)
         diff = config_differences(saved, mine)
         if diff:
             shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")
@@ -188,9 +195,34 @@ class RunDirectory:
             )
         else:
             torch.manual_seed(self.train_cfg.seed)  # dropout stream of a fresh run
+            attn_routes.reset()  # its bf16 attention routes owe nothing to earlier runs
             if resume:  # started, but killed before its first checkpoint: start again
                 truncate_jsonl(self.run_dir / METRICS, 0)
-        atomic_write_json(self.run_dir / CONFIG, self.config_record())
+        record = self.config_record()
+        if resume and (self.run_dir / TRAIN_STATE).exists():
+            before = read_json(self.run_dir / CONFIG).get("numerics")
+            record["numerics"] = _resumed_numerics(self.run_dir, before, record["numerics"])
+        atomic_write_json(self.run_dir / CONFIG, record)
+
+
+def _resumed_numerics(
+    run_dir: Path, before: dict[str, Any] | None, now: dict[str, Any]
+) -> dict[str, Any]:
+    """The numerics of a resumed run: the run's own, and under ``resumed`` what each resume
+    changed (with a warning: from there on the weights are not an uninterrupted run's)."""
+    if not isinstance(before, dict):  # a run written before numerics were recorded
+        return now
+    changed = {k: v for k, v in now.items() if k != "resumed" and before.get(k) != v}
+    if not changed:
+        return before
+    shown = ", ".join(f"{k} {before.get(k)!r} -> {v!r}" for k, v in changed.items())
+    warnings.warn(
+        f"{run_dir}: resumed with other numerics ({shown}); from here on the weights differ from "
+        "an uninterrupted run's (config.json records it under numerics.resumed)",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    return {**before, "resumed": [*before.get("resumed", []), changed]}
 
 
 def _normalised(record: dict[str, Any], path: Path) -> dict[str, Any]:

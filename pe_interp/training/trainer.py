@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from pe_interp.config.model import ModelConfig, TrainConfig, check_device, check_run_configs
+from pe_interp.models.hooked import attn_routes
 from pe_interp.runs.arch import build_model, save_hf
 from pe_interp.runs.checkpoint import CONFIG, CONFIG_KEYS, METRICS, CheckpointError, append_jsonl
 from pe_interp.runs.snapshots import SnapshotWriter, snapshot_schedule
@@ -27,6 +28,12 @@ from pe_interp.training.evaluation import autocast_for, evaluate
 from pe_interp.training.state import RunDirectory
 from pe_interp.util import interrupts
 from pe_interp.util.io import dir_lock
+
+# config.json keys the Trainer writes itself (not given through extra_config)
+_OWN_KEYS = ("model", "task", "train", "version", "numerics")
+
+# config.json keys the Trainer writes itself (not given through extra_config)
+_OWN_KEYS = ("model", "task", "train", "version", "numerics")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -60,15 +67,12 @@ class Trainer(RunDirectory):
         self.progress = progress
         self.extra_config = extra_config or {}
         bad = sorted(
-            set(self.extra_config) - set(CONFIG_KEYS)
-            | set(self.extra_config) & {"model", "task", "train", "version"}
+            set(self.extra_config) - set(CONFIG_KEYS) | set(self.extra_config) & set(_OWN_KEYS)
         )
         if bad:
             raise ValueError(
                 f"Trainer: extra_config key(s) {', '.join(map(repr, bad))} are not config.json keys; allowed: "
-                + ", ".join(
-                    k for k in CONFIG_KEYS if k not in ("model", "task", "train", "version")
-                )
+                + ", ".join(k for k in CONFIG_KEYS if k not in _OWN_KEYS)
             )
         check_run_configs(model_cfg, train_cfg)
         self.device = torch.device(check_device(train_cfg.device, "TrainConfig.device"))
@@ -113,6 +117,7 @@ class Trainer(RunDirectory):
         with interrupts.deferred():
             if self.run_dir is None:
                 torch.manual_seed(self.train_cfg.seed)
+                attn_routes.reset()  # a fresh run's routes owe nothing to earlier runs
                 return self._fit()
             if self.run_dir.exists() and not self.run_dir.is_dir():
                 raise CheckpointError(

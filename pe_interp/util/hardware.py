@@ -86,6 +86,36 @@ def machine() -> dict[str, object]:
     }
 
 
+# The CPU features that select PyTorch's, MKL's and oneDNN's kernels (and so their rounding).
+NUMERICS_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
+
+
+def numerics(
+    device: torch.device | str, amp: bool, attn_route: str | None = None
+) -> dict[str, object]:
+    """What a run's weights depend on besides its configs and seed (issue 54): the compute dtype,
+    torch's intra-op threads (a reduction split over 2 threads rounds unlike one on 1), the torch
+    version, the CPU (its model, torch's kernel level and the flags that pick kernels) or GPU, and
+    under CPU bf16 the attention route ``attn_route`` (the caller's
+    :func:`pe_interp.models.hooked.attn_routes.policy`). The same values, seed and configs give the
+    same weights, however busy the machine is."""
+    device = torch.device(device)
+    bf16 = amp and bf16_autocast_pays(device)
+    out: dict[str, object] = {
+        "dtype": "bfloat16" if bf16 else "float32",
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_flags": [flag for flag in NUMERICS_FLAGS if flag in cpu_flags()],
+    }
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    elif bf16:
+        out["attn_route"] = attn_route
+    return out
+
+
 def bf16_autocast_pays(device: torch.device | str) -> bool:
     """Whether bf16 autocast should be used on ``device`` when a config asks for it."""
     device = torch.device(device)
@@ -108,10 +138,12 @@ def autocast(device: torch.device | str, amp: bool):
 __all__ = [
     "BF16_CPU_FLAGS",
     "ENV_OVERRIDE",
+    "NUMERICS_FLAGS",
     "autocast",
     "bf16_autocast_pays",
     "cpu_flags",
     "cpu_has_bf16",
     "cpu_model",
     "machine",
+    "numerics",
 ]
