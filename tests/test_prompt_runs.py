@@ -281,10 +281,8 @@ def test_circuit_on_natural_prompts_runs_on_whole_edges_or_refuses_in_one_line(
     model_dir, tmp_path, capsys, monkeypatch
 ):
     """``pe-interp circuit MODEL --task induction`` (issue 54): position-aware edges need named
-    spans, which natural prompts lack (refused before the model loads); grouped key/value heads have
-    no head route yet (refused before any circuit work); an ungrouped model writes its circuit."""
-    import probes
-
+    spans, which natural prompts lack (refused before the model loads); with whole edges a grouped
+    model (k/v readers per key/value head) and an ungrouped one write their circuits."""
     loads = []
     monkeypatch.setattr(
         "pe_interp.models.bridge.hf_arch.boot_bridge", lambda *a, **k: loads.append(a) or 1 / 0
@@ -295,18 +293,15 @@ def test_circuit_on_natural_prompts_runs_on_whole_edges_or_refuses_in_one_line(
     assert not loads and not out.exists()
     monkeypatch.undo()
 
-    work = []
-    monkeypatch.setattr(probes, "family_attributions", lambda *a, **k: work.append(a) or 1 / 0)
-    out = tmp_path / "grouped"
+    out = tmp_path / "grouped"  # 4 query heads on 2 key/value heads: k/v readers per key/value head
     argv = ["circuit", str(model_dir), "--task", "induction", "--n", "6", "--whole-edges"]
-    expect_cli_refusal(
-        [*argv, "--out", str(out)],
-        r"pe-interp circuit: the model's 4 query heads share 2 key/value heads, and its head route "
-        r"\(path patching\) has no key/value-head receivers yet",
-        capsys,
-    )
-    assert not work and not (out / "circuit.json").exists()
-    monkeypatch.undo()
+    assert main([*argv, "--top-n", "40", "--out", str(out)]) == 0
+    saved = json.loads((out / "circuit.json").read_text())
+    readers = {r for _, r in saved["edges"]}
+    assert len(saved["edges"]) == 40 and any("KV" in r for r in readers), readers
+    assert not any(r.endswith((".k", ".v")) and "KV" not in r for r in readers)
+    route = saved["meta"]["route"]["exact"]["position"]
+    assert set(route) == {"q", "k", "v"} and all(route[c] for c in "qkv")
 
     plain = _model_dir(tmp_path / "plain", n_kv_heads=4)
     out = tmp_path / "circuit"

@@ -180,7 +180,7 @@ def circuit_run(
     from probes import family_attributions
     from probes.circuits import faithfulness_curve, minimal_circuit, rank_edges
     from probes.circuits.faithfulness import default_sizes
-    from probes.circuits.graph import build_graph, check_ungrouped, head_name
+    from probes.circuits.graph import head_name
     from probes.circuits.route import head_route
 
     if top_n < 1 or n < 2:
@@ -213,7 +213,6 @@ def circuit_run(
             f"it; use --select top (its default), not {select}"
         )
     model.check_forks()  # a model whose edges cannot be defined says what it lacks, before any work
-    check_ungrouped(build_graph(model.cfg), "pe-interp circuit", "its head route (path patching)")
     if positional and not hasattr(task, "spans"):
         raise ValueError(
             f"--task {task.name}: natural prompts name no spans of their positions, so the edges "

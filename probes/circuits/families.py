@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from probes.circuits.attribution import Attribution, attribute
-from probes.circuits.graph import build_graph, check_ungrouped, parse
+from probes.circuits.graph import build_graph, parse
 from probes.common.inputs import takes_probe_model
 
 if TYPE_CHECKING:
@@ -25,7 +25,6 @@ def exact_edges(
     from probes.circuits.path_patching import path_patch
 
     graph = build_graph(model.cfg)
-    check_ungrouped(graph, "exact_edges", "path patching")
     scores = np.full(graph.valid.shape, np.nan)
     for comp in "qkv":
         receivers = [

@@ -52,7 +52,7 @@ from probes.circuits.engine import (
     resolve,
     writer_hooks,
 )
-from probes.circuits.graph import COMPONENTS, build_graph, check_ungrouped, head_name, parse
+from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
 from probes.common.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
 
 if TYPE_CHECKING:
@@ -120,9 +120,10 @@ def _names(graph, senders, receivers, component: str) -> tuple[list[str], list[s
     def sender(x: Any) -> str:
         return head_name(*x) if isinstance(x, tuple | list) else str(x)
 
-    def receiver(x: Any) -> str:
+    def receiver(x: Any) -> str:  # a head's input of ``component``: a key/value head's if grouped
         name = head_name(*x) if isinstance(x, tuple | list) else str(x)
-        return f"{name}.{component}" if parse(name).kind == "head" else name
+        site = parse(name)
+        return graph.reader_of(site.layer, site.head, component) if site.kind == "head" else name
 
     s = list(graph.writers) if senders is None else [sender(x) for x in senders]
     if receivers is None:
@@ -170,7 +171,6 @@ def path_patch(
         check_count(batch_size, "batch_size", 1, "path_patch")
     check_finite_model(model, "path_patch")
     graph = build_graph(model.cfg)
-    check_ungrouped(graph, "path_patch", "path patching")
     c, k = as_pair(model, clean, corrupt, "path_patch")
     if k is None:
         raise ValueError("path_patch: needs a corrupt run (pass CounterfactualPairs or corrupt=)")
@@ -351,7 +351,9 @@ def _site_hooked(
     elif kind == "mlp":
         hook = f"blocks.{layer}.{graph.mlp_in_hook}"
     else:
-        hook, heads = f"blocks.{layer}.attn.hook_{comp}_input", [parse(r).head for r in receivers]
+        # the receiver's slot in its fork: its query head, or a grouped k/v reader's key/value head
+        slots = [(s.head if s.kv is None else s.kv) for s in map(parse, receivers)]
+        hook, heads = f"blocks.{layer}.attn.hook_{comp}_input", slots
     pairs = [(i, j) for i, j in zip(*np.nonzero(valid))]
     out = np.zeros(valid.shape)
     per = max(1, rows // b)

@@ -28,7 +28,6 @@ from pe_interp.util.io import (
 from probes.circuits.graph import (
     COMPONENTS,
     build_graph,
-    check_ungrouped,
     head_name,
     parse,
     reader_of,
@@ -163,7 +162,6 @@ def head_route(
     if site.kind != "head":
         raise ValueError(f"head_route: {name!r} is not a head")
     graph = build_graph(model.cfg)
-    check_ungrouped(graph, "head_route", "the head route (path patching)")
     exact: dict[str, dict[str, dict[str, float]]] = {}
     estimate: dict[str, dict[str, dict[str, float]]] = {}
     gaps = {}
