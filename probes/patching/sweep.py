@@ -54,9 +54,7 @@ the CIs are ``None``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -66,11 +64,6 @@ from pe_interp.util.hardware import autocast
 from pe_interp.util.modes import eval_mode
 from probes.common.inputs import (
     FiniteWatch,
-    check_count,
-    check_examples,
-    check_finite_model,
-    check_layers,
-    check_token_tensor,
     takes_probe_model,
 )
 from probes.common.progress import SweepProgress
@@ -83,55 +76,13 @@ from probes.patching.cells import (
     first_block,
     hook_name,
 )
+from probes.patching.checks import DIRECTIONS, PatchInputs, check_patch
 from probes.patching.metric import bootstrap_ratio_ci, logit_diff, normalized_logit_diff_metric
 from probes.patching.result import RESULT_KIND, PatchResult
+from probes.patching.values import custom_result, normalised_result
 
 if TYPE_CHECKING:
     from pe_interp.models.protocol import ProbeModel
-
-DIRECTIONS = ("clean_to_corrupt", "corrupt_to_clean")
-DEFAULT_METRIC_NAME = "normalized_logit_diff"
-
-
-def _check_tokens(name: str, t: Tensor) -> Tensor:
-    try:
-        check_token_tensor(t, name)
-    except ValueError as err:
-        raise ValueError(f"patch: {err}") from None
-    if t.ndim != 2:
-        raise ValueError(
-            f"patch: {name} must be a [batch, pos] integer tensor, got shape {tuple(t.shape)}"
-        )
-    return t
-
-
-def _check_pairs_differ(
-    model: ProbeModel, clean: Tensor, corrupt: Tensor, good: Tensor, bad: Tensor, pad_mask: Tensor
-) -> None:
-    """Before any patching: the default metric divides by the clean run's logit difference minus
-    the corrupt run's. Refuse, in one line, labels that no pair changes (no forward) and pairs
-    whose two runs give the same mean difference (two forwards)."""
-    if bool((good == bad).all()):
-        raise ValueError(
-            "patch: every pair has the same clean and corrupt label, so the logit difference is 0 "
-            "in both runs and the normalised metric is undefined; use counterfactuals that change "
-            "the answer, or pass metric="
-        )
-    watch = FiniteWatch()
-    with eval_mode(model), torch.no_grad():
-        ld = [
-            logit_diff(
-                watch.see(model.forward_unchecked(*model.check_inputs(t, pad_mask))), good, bad
-            )
-            for t in (clean, corrupt)
-        ]
-        gap = float((ld[0].double() - ld[1].double()).mean())
-    watch.check("patch")
-    if not math.isfinite(gap) or abs(gap) < 1e-12:
-        raise ValueError(
-            f"patch: the clean and corrupt runs have the same mean logit difference ({gap:.2g}), so "
-            "the normalised metric is undefined; pass metric= or use other pairs"
-        )
 
 
 @takes_probe_model
@@ -181,7 +132,7 @@ def patch(
             default fp32, exact.
         progress: a bar with an ETA, advanced by each forward's cost (the layers it runs).
     """
-    inp = _check_patch(
+    inp = check_patch(
         model,
         clean_tokens,
         corrupt_tokens,
@@ -201,153 +152,17 @@ def patch(
         (src_logits, recv_logits) if direction == "clean_to_corrupt" else (recv_logits, src_logits)
     )
     if inp.default_metric:
-        return _normalised_result(
+        return normalised_result(
             inp, cells, clean_logits, corrupt_logits, n_bootstrap, seed, ci_level
         )
-    return _custom_result(
+    return custom_result(
         inp, cells, metric, clean_logits, corrupt_logits, n_bootstrap, seed, ci_level
-    )
-
-
-@dataclass(frozen=True, eq=False)
-class _PatchInputs:
-    """:func:`patch`'s arguments, checked: the pairs in source and receiving order, and the cells."""
-
-    site: str
-    by_position: bool
-    direction: str
-    default_metric: bool
-    layers: tuple[int, ...]
-    clean_labels: Tensor | None
-    corrupt_labels: Tensor | None
-    src_tokens: Tensor
-    recv_tokens: Tensor
-    pad_mask: Tensor | None
-    masks: Tensor  # [cells, ...] one boolean mask per patch cell
-    cell_shape: tuple[int, ...]
-    axis_names: tuple[str, ...]
-    chunk: int  # examples per forward
-    group: int  # cells per forward
-
-    @property
-    def n(self) -> int:
-        return self.src_tokens.shape[0]
-
-
-def _check_patch(
-    model: ProbeModel,
-    clean_tokens: Tensor,
-    corrupt_tokens: Tensor,
-    *,
-    site: str,
-    by_position: bool | None,
-    default_metric: bool,
-    clean_labels: Tensor | None,
-    corrupt_labels: Tensor | None,
-    pad_mask: Tensor | None,
-    direction: str,
-    layers: Sequence[int] | None,
-    batch_size: int,
-    n_bootstrap: int,
-) -> _PatchInputs:
-    """Every check of :func:`patch`, in order, and the cells; the only forwards are the pairs'
-    own check (:func:`_check_pairs_differ`), before any patching."""
-    check_finite_model(model, "patch")
-    if site not in SITES:
-        raise ValueError(f"patch: unknown site {site!r}; expected one of {', '.join(SITES)}")
-    if direction not in DIRECTIONS:
-        raise ValueError(f"patch: direction must be one of {DIRECTIONS}, got {direction!r}")
-    clean_tokens = _check_tokens("clean_tokens", clean_tokens)
-    corrupt_tokens = _check_tokens("corrupt_tokens", corrupt_tokens)
-    if clean_tokens.shape != corrupt_tokens.shape:
-        raise ValueError(
-            f"patch: clean and corrupt tokens must have the same shape, got {tuple(clean_tokens.shape)} "
-            f"and {tuple(corrupt_tokens.shape)}"
-        )
-    n, n_pos = clean_tokens.shape
-    if n == 0:
-        raise ValueError("patch: no examples")
-    if pad_mask is not None and (
-        pad_mask.shape != clean_tokens.shape or pad_mask.dtype != torch.bool
-    ):
-        raise ValueError(
-            f"patch: pad_mask must be a bool tensor shaped {tuple(clean_tokens.shape)}"
-        )
-    check_count(batch_size, "batch_size", 1, "patch")
-    check_count(n_bootstrap, "n_bootstrap", 0, "patch")
-    cfg = model.cfg
-    if layers is None:
-        layers = tuple(range(cfg.n_layers))
-    layers = tuple(check_layers(model, layers, "patch"))
-    if not layers:
-        raise ValueError(
-            f"patch: layers must be a non-empty subset of 0..{cfg.n_layers - 1}, got {layers}"
-        )
-    if site == "mlp_out" and not cfg.d_mlp:
-        raise ValueError("patch: site 'mlp_out' needs a model with MLPs (d_mlp > 0)")
-    if by_position is None:
-        by_position = site in BLOCK_SITES
-    device = model.W_E.device
-    if default_metric and (clean_labels is None or corrupt_labels is None):
-        raise ValueError(
-            "patch: the default metric needs clean_labels and corrupt_labels (or pass metric=)"
-        )
-    # both runs share pad_mask (pairs are aligned): it must fit the clean and the corrupt tokens
-    clean_tokens, clean_labels, mask = check_examples(
-        model,
-        clean_tokens,
-        clean_labels,
-        pad_mask,
-        who="patch",
-        what="clean_tokens",
-        label_name="clean_labels",
-    )
-    corrupt_tokens, corrupt_labels, _ = check_examples(
-        model,
-        corrupt_tokens,
-        corrupt_labels,
-        pad_mask,
-        who="patch",
-        what="corrupt_tokens",
-        label_name="corrupt_labels",
-    )
-    pad_mask = None if pad_mask is None else mask
-    if default_metric:
-        _check_pairs_differ(model, clean_tokens, corrupt_tokens, clean_labels, corrupt_labels, mask)
-    if direction == "clean_to_corrupt":
-        src_tokens, recv_tokens = clean_tokens, corrupt_tokens
-    else:
-        src_tokens, recv_tokens = corrupt_tokens, clean_tokens
-
-    heads = cfg.n_heads
-    if site in ("k", "v"):
-        heads = model.kv_layout.n_kv_heads  # grouped heads: hook_k/hook_v carry those heads only
-    masks, cell_shape, axis_names = cell_layout(site, by_position, n_pos, heads)
-    masks = masks.to(device)
-    chunk = n if not default_metric else min(n, batch_size)
-    group = max(1, batch_size // chunk)
-    return _PatchInputs(
-        site,
-        bool(by_position),
-        direction,
-        default_metric,
-        layers,
-        clean_labels,
-        corrupt_labels,
-        src_tokens,
-        recv_tokens,
-        pad_mask,
-        masks,
-        cell_shape,
-        axis_names,
-        chunk,
-        group,
     )
 
 
 def _patch_cells(
     model: ProbeModel,
-    inp: _PatchInputs,
+    inp: PatchInputs,
     metric: Callable[[Tensor], Tensor] | None,
     amp: bool,
     progress: bool,
@@ -405,123 +220,6 @@ def _patch_cells(
         recv_logits = watch.see(torch.cat(recv_logits_all))
     watch.check("patch", amp)
     return (ld_cells if default_metric else custom_vals), src_logits, recv_logits
-
-
-def _patch_result(
-    inp: _PatchInputs, values, per_example, ci_low, ci_high, **kw: Any
-) -> PatchResult:
-    return PatchResult(
-        values=values,
-        per_example=per_example,
-        ci_low=ci_low,
-        ci_high=ci_high,
-        site=inp.site,
-        by_position=inp.by_position,
-        direction=inp.direction,
-        layers=inp.layers,
-        axis_names=inp.axis_names,
-        n_examples=inp.n,
-        **kw,
-    )
-
-
-def _normalised_result(
-    inp: _PatchInputs,
-    ld_cells: Tensor,
-    clean_logits: Tensor,
-    corrupt_logits: Tensor,
-    n_bootstrap: int,
-    seed: int,
-    ci_level: float,
-) -> PatchResult:
-    """The default metric: each cell's patched logit difference, 1 at the clean run and 0 at the
-    corrupt one, per example and with paired bootstrap intervals of the ratio."""
-    grid, n = (len(inp.layers), *inp.cell_shape), inp.n
-    clean_labels, corrupt_labels = inp.clean_labels, inp.corrupt_labels
-    ci_low = ci_high = None
-    ld_clean = logit_diff(clean_logits, clean_labels, corrupt_labels).double()
-    ld_corrupt = logit_diff(corrupt_logits, clean_labels, corrupt_labels).double()
-    denom = (ld_clean - ld_corrupt).mean()
-    if not torch.isfinite(denom) or denom.abs() < 1e-12:
-        raise ValueError(
-            "patch: the clean and corrupt runs have the same mean logit difference, so the "
-            "normalised metric is undefined; pass metric= or use other pairs"
-        )
-    numer = ld_cells - ld_corrupt  # [L, cells, n]
-    per_example = (numer / denom).reshape(*grid, n)
-    values = per_example.mean(-1)
-    if n_bootstrap > 0:
-        ci_low, ci_high = bootstrap_ratio_ci(
-            numer, ld_clean - ld_corrupt, n_bootstrap, seed, ci_level
-        )
-        ci_low, ci_high = ci_low.reshape(grid), ci_high.reshape(grid)
-    extra = {
-        "logit_diff_clean": float(ld_clean.mean()),
-        "logit_diff_corrupt": float(ld_corrupt.mean()),
-        # how well the pairs separate the labels: the normaliser over its per-example spread
-        "denominator_z": float(denom / ((ld_clean - ld_corrupt).std() / math.sqrt(n)))
-        if n > 1 and float((ld_clean - ld_corrupt).std()) > 0
-        else None,
-    }
-    dtype = clean_logits.dtype
-    values, per_example = values.to(dtype), per_example.to(dtype)
-    if ci_low is not None:
-        ci_low, ci_high = ci_low.to(dtype), ci_high.to(dtype)
-    return _patch_result(
-        inp,
-        values,
-        per_example,
-        ci_low,
-        ci_high,
-        metric_name=DEFAULT_METRIC_NAME,
-        clean_value=1.0,
-        corrupt_value=0.0,
-        n_bootstrap=n_bootstrap if ci_low is not None else 0,
-        ci_level=ci_level,
-        extra=extra,
-    )
-
-
-def _custom_result(
-    inp: _PatchInputs,
-    custom_vals: list[list[Tensor]],
-    metric: Callable[[Tensor], Tensor],
-    clean_logits: Tensor,
-    corrupt_logits: Tensor,
-    n_bootstrap: int,
-    seed: int,
-    ci_level: float,
-) -> PatchResult:
-    """A caller's metric: a scalar per cell, or a value per example with bootstrap intervals."""
-    grid, n = (len(inp.layers), *inp.cell_shape), inp.n
-    ci_low = ci_high = None
-    flat = [v for row in custom_vals for v in row]
-    shapes = {tuple(v.shape) for v in flat}
-    if shapes == {()}:
-        values = torch.stack(flat).reshape(grid)
-        per_example = None
-    elif shapes == {(n,)}:
-        per_example = torch.stack(flat).reshape(*grid, n)
-        values = per_example.mean(-1)
-        if n_bootstrap > 0:
-            ci_low, ci_high = bootstrap_ratio_ci(per_example, None, n_bootstrap, seed, ci_level)
-    else:
-        raise ValueError(
-            f"patch: metric must return a scalar or a [{n}] tensor, got shapes {sorted(shapes)}"
-        )
-    return _patch_result(
-        inp,
-        values,
-        per_example,
-        ci_low,
-        ci_high,
-        metric_name=getattr(metric, "__name__", "custom"),
-        clean_value=float(torch.as_tensor(metric(clean_logits)).double().mean()),
-        corrupt_value=float(torch.as_tensor(metric(corrupt_logits)).double().mean()),
-        n_bootstrap=n_bootstrap if ci_low is not None else 0,
-        ci_level=ci_level,
-        extra={},
-    )
 
 
 __all__ = [
