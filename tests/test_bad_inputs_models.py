@@ -50,7 +50,7 @@ def model_copy(model, tmp_path) -> Path:
 
 class Forwards(list):
     """The module forwards that ran, by module type; ``checks``: those of the causality check's
-    miniature (:func:`pe_interp.runs.model_dirs.check_attends_causally`: a one-layer copy built
+    miniature (:func:`pe_interp.runs.causal.check_attends_causally`: a one-layer copy built
     from the config, random weights), which is a check, not a forward of the model."""
 
     def __init__(self) -> None:
@@ -61,7 +61,7 @@ class Forwards(list):
 @pytest.fixture
 def forwards():
     """Every module forward that runs while the test does (global hooks), the miniature's apart."""
-    from pe_interp.runs.model_dirs import MINIATURE_FLAG
+    from pe_interp.runs.causal import MINIATURE_FLAG
 
     calls, depth = Forwards(), [0]
 
@@ -740,7 +740,7 @@ def test_a_model_that_attends_both_ways_is_refused_whatever_its_config_claims(
 
 
 def test_a_causal_model_passes_the_check(model, forwards):
-    from pe_interp.runs.model_dirs import check_attends_causally
+    from pe_interp.runs.causal import check_attends_causally
 
     check_attends_causally(model, "tiny")  # no error
     assert forwards.checks[0] == "LlamaForCausalLM" and not forwards

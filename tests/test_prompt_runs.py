@@ -230,7 +230,7 @@ def test_a_model_too_large_for_memory_is_refused_before_the_boot(tmp_path, monke
     from safetensors import safe_open
 
     import pe_interp.models.bridge.hf_arch as hf_arch
-    import pe_interp.runs.model_dirs as md
+    import pe_interp.runs.weights as md
 
     d = _model_dir(tmp_path / "model")
     weights = d / "model.safetensors"
@@ -258,7 +258,7 @@ def test_a_sharded_model_loads_and_counts_every_shard(tmp_path):
 
     from transformers import AutoModelForCausalLM
 
-    import pe_interp.runs.model_dirs as md
+    import pe_interp.runs.weights as md
 
     one = _model_dir(tmp_path / "one")
     sharded = tmp_path / "sharded"

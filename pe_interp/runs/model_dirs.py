@@ -38,23 +38,25 @@ from pe_interp.prompts.task import (
     is_prompt_task,
     load_prompt_task,
 )
+from pe_interp.runs.causal import (
+    check_attends_causally,
+    check_causal,
+)
 from pe_interp.runs.checkpoint import CheckpointError, Run
 from pe_interp.runs.gguf import (
-    GIB,
-    MEMORY_FACTOR,
-    MEMORY_MARGIN,
-    available_memory,
     convert_gguf,
     gguf_provenance,
     is_gguf_file,
 )
-
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
+from pe_interp.runs.weights import (
+    WEIGHT_FILES,
+    check_finite,
+    check_memory,
+    check_weight_files,
+    weight_files,
+    weights_sha256,
 )
+
 HUB_RUNS = (
     Path("runs") / "hub"
 )  # where a hub model's results go: runs/hub/<owner>__<name>/<revision>/
@@ -170,206 +172,6 @@ def load_model_dir(
     if is_prompt_task(task):
         return _as_prompt_run(path, bridge, task, preset, seed, provenance, accuracy, check_prompts)
     return _as_run(path, bridge, task, preset, seed, provenance, source)
-
-
-def check_weight_files(files: list[Path], where: Any) -> None:
-    """A one-line CheckpointError, before the boot, for a weights file that is damaged: a
-    safetensors file whose header does not parse or whose tensors the file does not hold
-    (truncated), a ``.bin`` file that is empty, neither zip nor pickle, or a zip archive that is
-    truncated or fails its checksums."""
-    import zipfile
-
-    from safetensors import SafetensorError, safe_open
-
-    for f in files:
-        try:
-            if f.suffix == ".safetensors":
-                with safe_open(str(f), framework="pt") as handle:
-                    handle.keys()
-            else:  # torch.save's zip archive, or its legacy pickle (not checked further)
-                with open(f, "rb") as fh:
-                    head = fh.read(4)
-                if head.startswith(b"PK"):
-                    with zipfile.ZipFile(f) as archive:  # BadZipFile: truncated
-                        bad = archive.testzip()
-                    if bad is not None:
-                        raise ValueError(f"{bad} fails its checksum")
-                elif not head.startswith(b"\x80"):
-                    raise ValueError(
-                        "neither a zip archive nor a pickle" if head else "it is empty"
-                    )
-        except (SafetensorError, OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            raise CheckpointError(
-                f"{where}: the weights file {f.name} is damaged ({first[:160]}); save or "
-                "download the model again"
-            ) from None
-
-
-def check_finite(bridge: Any, where: Any, fix: str = "save or download the model again") -> None:
-    """A one-line CheckpointError, after the boot and before any forward, for a NaN or inf weight
-    (named as the saved model names it): every probe would read it as a result (an accuracy of
-    0, drops of NaN). ``fix``: what to do, as fits where the weights came from."""
-    from pe_interp.util.checks import nonfinite_weight
-
-    bad = nonfinite_weight(getattr(bridge, "original_model", None) or bridge)
-    if bad is None:
-        return
-    name = bad[0].replace("._original_component", "")
-    raise CheckpointError(
-        f"{where}: the weights hold {bad[1]} (in {name}): the file is damaged or the model it "
-        f"was saved from diverged; {fix}"
-    )
-
-
-CAUSAL_TOLERANCE = 1e-4  # of the logits' scale: a causal model's earlier rows move by rounding only
-# A miniature of the model for the causality check: its attention as the config builds it, one
-# layer, a small vocabulary and MLP (neither decides where attention looks).
-MINIATURE = {"num_hidden_layers": 1, "vocab_size": 256}
-MLP_WIDTHS = ("intermediate_size", "n_inner", "ffn_dim", "d_ff")
-MINIATURE_FLAG = "_pe_interp_miniature"
-
-
-def check_attends_causally(path: Path, where: Any, n_tokens: int = 8) -> None:
-    """A one-line CheckpointError, before any forward of the model, unless it attends causally as
-    ``transformers`` runs it, whatever its config claims (a ``LlamaForCausalLM`` saved with
-    ``"is_causal": false`` attends both ways, and the bridge, which masks attention itself, would
-    probe another model than the one saved). A miniature of the model is built from its config
-    (:data:`MINIATURE`, random weights) and run on two rows of tokens that differ only in the
-    last: the logits at every earlier position must not move. An architecture whose miniature
-    cannot be built is left to :func:`check_causal` (its config's names)."""
-    import copy
-
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        config = AutoConfig.from_pretrained(str(path))
-        small = copy.deepcopy(config)
-        for name, value in MINIATURE.items():
-            setattr(small, name, min(value, getattr(config, name, value)))
-        for name in MLP_WIDTHS:
-            if isinstance(getattr(small, name, None), int):
-                setattr(small, name, min(64, getattr(small, name)))
-        if isinstance(getattr(small, "layer_types", None), list):
-            small.layer_types = small.layer_types[:1]
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
-            if isinstance(getattr(small, name, None), int) and getattr(small, name) >= 256:
-                setattr(small, name, None)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(small).eval()
-            setattr(model, MINIATURE_FLAG, True)  # its forward is a check's, not the model's
-            with torch.no_grad():
-                for p in model.parameters():
-                    if p.dim() >= 2:
-                        p.normal_(0.0, 0.5)
-            vocab = int(small.vocab_size)
-            n = max(2, min(n_tokens, int(getattr(small, "max_position_embeddings", n_tokens))))
-            x = torch.randint(0, vocab, (1, n))
-            y = x.clone()
-            y[0, -1] = (x[0, -1] + 1) % vocab
-            with torch.no_grad():
-                logits = model(torch.cat([x, y])).logits.float()
-    except Exception:  # noqa: BLE001 - a miniature this architecture cannot make: names only
-        return
-    finally:
-        hf_logging.set_verbosity(level)
-    moved = float((logits[0, :-1] - logits[1, :-1]).abs().max())
-    scale = max(1.0, float(logits[:, :-1].abs().max()))
-    if moved > CAUSAL_TOLERANCE * scale:
-        claims = ", ".join(getattr(config, "architectures", None) or [config.model_type])
-        causal = getattr(config, "is_causal", None)
-        said = f", is_causal {causal}" if causal is not None else ""
-        raise CheckpointError(
-            f"{where}: its attention is not causal (a token moves the logits at the positions "
-            f"before it) although its config names {claims}{said}; the probes read causal "
-            "language models"
-        )
-
-
-def weight_files(weights: Path) -> list[Path]:
-    """The files holding the weights: ``weights`` itself, or the shards a ``*.index.json`` maps
-    (one-line CheckpointError for a shard that is missing or an index that is not one)."""
-    if not weights.name.endswith(".index.json"):
-        return [weights]
-    try:
-        names = sorted(set(json.loads(weights.read_text())["weight_map"].values()))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise CheckpointError(f"{weights}: not a weights index (no weight_map)") from None
-    missing = [n for n in names if not (weights.parent / n).is_file()]
-    if missing or not names:
-        raise CheckpointError(f"{weights}: the shard {missing[0] if missing else '?'} is missing")
-    return [weights.parent / n for n in names]
-
-
-def weights_sha256(files: list[Path]) -> str:
-    """sha256 of the files' bytes in order, read in 16-MiB blocks."""
-    h = hashlib.sha256()
-    for f in files:
-        with open(f, "rb") as fh:
-            while block := fh.read(1 << 24):
-                h.update(block)
-    return h.hexdigest()
-
-
-def weight_count(weights: Path) -> int | None:
-    """Parameters in a ``.safetensors`` file, read from its header (8 bytes of length, then JSON
-    naming each tensor's shape) without loading a tensor; None for any other file."""
-    if weights.suffix != ".safetensors":
-        return None
-    with open(weights, "rb") as f:
-        size = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(size))
-    count = 0
-    for name, entry in header.items():
-        if name != "__metadata__":
-            n = 1
-            for dim in entry["shape"]:
-                n *= int(dim)
-            count += n
-    return count
-
-
-def check_memory(files: list[Path], where: Any) -> None:
-    """A one-line CheckpointError, before the boot, when the model would not fit in memory: its
-    weights in fp32 (the parameters of the safetensors headers, or a ``.bin`` file's own size)
-    about twice over (the Hugging Face model and the bridge around it, as converting a GGUF
-    needs), and Python, torch and transformers themselves (:data:`pe_interp.runs.gguf.MEMORY_MARGIN`)."""
-    counts = [weight_count(f) for f in files]
-    count = None if None in counts else sum(counts)
-    fp32 = 4 * count if count is not None else sum(f.stat().st_size for f in files)
-    need, free = MEMORY_FACTOR * fp32 + MEMORY_MARGIN, available_memory()
-    if free is not None and need > free:
-        what = f"{count / 1e6:.1f}M parameters" if count is not None else "its weight files"
-        raise CheckpointError(
-            f"{where}: booting it needs about {need / GIB:.1f} GiB of memory "
-            f"({what} in fp32, {fp32 / GIB:.2f} GiB), and {free / GIB:.1f} GiB is available"
-        )
-
-
-def check_causal(path: Path, given: Any = None) -> None:
-    """A one-line CheckpointError unless the saved model is a causal language model: its config
-    names an architecture that ``transformers`` lists as causal for its model type, and it is no
-    encoder-decoder (an encoder-only or masked model attends both ways, so no probe's reading of
-    a last position means what it means in a causal model)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    config = json.loads((path / "config.json").read_text())
-    where, names = given or path, config.get("architectures") or []
-    causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get("model_type"))
-    if config.get("is_encoder_decoder"):
-        raise CheckpointError(
-            f"{where}: an encoder-decoder model ({', '.join(names) or config.get('model_type')}); "
-            "the probes read causal language models"
-        )
-    if names and not any(n == causal or n.endswith("ForCausalLM") for n in names):
-        raise CheckpointError(
-            f"{where}: {', '.join(names)} is not a causal language model (an encoder-only or "
-            "masked model attends both ways); the probes read causal language models"
-        )
 
 
 def task_choices() -> str:
