@@ -46,6 +46,7 @@ __all__ = ["ABLATIONS", "ablated_metric", "has_gap", "unit_span_names"]
 
 
 ABLATIONS = FAITHFULNESS_ABLATIONS
+MEMORY_BUDGET = 2 << 30  # bytes of writer differences one evaluation forward may hold
 
 
 def ablated_metric(
@@ -81,7 +82,9 @@ def ablated_metric(
     ids = None if spans is None else spans.to(keep.device).long()
     live: dict[str, Tensor] = {}
     diffs: dict[str, Tensor] = {}  # per writer hook
-    prefixes: dict[int, Tensor] = {}  # writers 0..w-1, concatenated
+    # writers 0..w-1, concatenated: the last prefix only (readers come in depth order, so w never
+    # falls); keeping one per reader layer held O(layers^2) copies of the differences
+    prefix: list = [None, None]
     chunks, col = [], 0  # (writer hook, its first writer column, its number of writers)
     for name in writer_hooks(graph):
         n = graph.n_heads if name.endswith("hook_z") else 1
@@ -102,9 +105,13 @@ def ablated_metric(
 
     def upto(w: int) -> Tensor:
         """The differences of writers ``0..w-1``, ``[k, b, P, w, d]`` (concatenated once per prefix)."""
-        if w not in prefixes:
-            prefixes[w] = torch.cat([diff(name, c0, n) for name, c0, n in chunks if c0 < w], dim=3)
-        return prefixes[w]
+        if prefix[0] != w:
+            prefix[:] = [None, None]  # freed before the next one is built
+            prefix[:] = [
+                w,
+                torch.cat([diff(name, c0, n) for name, c0, n in chunks if c0 < w], dim=3),
+            ]
+        return prefix[1]
 
     def fix(idx: list[int], per_head: bool):
         reads = graph.valid[idx]  # [readers, writers]
@@ -234,8 +241,12 @@ class _Evaluator:
         model, graph, c = self.model, self.graph, self.c
         keep = torch.as_tensor(np.asarray(keeps, dtype=bool), device=c.tokens.device)
         out = torch.empty(keep.shape[0], len(c), dtype=torch.float64)
-        chunk = max(1, min(len(c), self.rows))
-        per = max(1, self.rows // chunk)
+        # rows per forward: as asked, and no more than the writers' differences and one prefix of
+        # them (each [rows, pos, writers, d_model]) fit in MEMORY_BUDGET
+        P, W = c.tokens.shape[1], len(graph.writers)
+        fit = max(1, MEMORY_BUDGET // (2 * W * P * self.model.cfg.d_model * 4))
+        chunk = max(1, min(len(c), self.rows, fit))
+        per = max(1, min(self.rows, fit) // chunk)
         names = writer_hooks(graph)
         with eval_mode(model):
             for c0 in range(0, len(c), chunk):
