@@ -269,38 +269,9 @@ def length_generalization(
     extended task's ``sample(n, seed)`` stream (so conditions are paired draws where the task's
     generator allows).
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"length_generalization: n must be a positive integer, got {n!r}")
-    if extras is None:
-        extras = sorted({max(1, round(f * task.max_len)) for f in DEFAULT_FRACTIONS})
-    extras = [int(e) for e in extras]
-    if not extras or any(isinstance(e, bool) or e < 1 for e in extras):
-        raise ValueError(
-            f"length_generalization: extras must be positive integers, got {list(extras)!r}"
-        )
-    families = list(task.extensions if families is None else families)
-    if not families:
-        raise ValueError(
-            f"length_generalization: task {task.name!r} has no way to lengthen its inputs"
-        )
-    for f in families:
-        task.extended(f, 0)  # a one-line error for a family the task lacks
-    if model.cfg.n_ctx < task.max_len:
-        raise ValueError(
-            f"length_generalization: the model's n_ctx={model.cfg.n_ctx} is below the task's "
-            f"max_len={task.max_len}; was it trained on this task?"
-        )
+    extras, families = _check_args(model, task, n, extras, families)
     wide, why = widened(model, task.max_len + max(extras))
-    exclude_keys = None
-    if exclude is not None:
-        widths = {task.max_len} | {task.max_len + e for e in extras}
-        exclude_keys = {}
-        for w in widths:
-            if w < exclude.max_len:
-                continue
-            padded = torch.zeros(len(exclude), w, dtype=torch.long)
-            padded[:, : exclude.max_len] = exclude.tokens.cpu()
-            exclude_keys[w] = row_hashes(padded)
+    exclude_keys = _exclude_keys(task, extras, exclude)
     plan = [(TRAINED, 0)] + [(f, e) for f in families for e in extras]
     bar = None
     if progress:
@@ -310,29 +281,17 @@ def length_generalization(
     conditions = []
     for family, extra in plan:
         t = task if family == TRAINED else task.extended(family, extra)
-        chance, length_only = t.chance_accuracy(), t.length_only_accuracy()
         scorer = model if t.max_len <= model.cfg.n_ctx else wide
         if scorer is None:
+            chance, length_only = t.chance_accuracy(), t.length_only_accuracy()
             conditions.append(
                 Condition(family, extra, t.max_len, 0, None, chance, length_only, note=why)
             )
         else:
-            batch = t.sample(n, seed=seed)
-            if ignore_index is not None:
-                batch = batch[batch.labels != ignore_index]
-            batch, dropped = _without(
-                batch, exclude_keys, exclude.max_len if exclude is not None else 0
-            )
+            width = exclude.max_len if exclude is not None else 0
             conditions.append(
-                Condition(
-                    family,
-                    extra,
-                    t.max_len,
-                    len(batch),
-                    _score(scorer, batch, batch_size),
-                    chance,
-                    length_only,
-                    dropped,
+                _condition(
+                    scorer, t, family, extra, n, seed, ignore_index, exclude_keys, width, batch_size
                 )
             )
         if bar is not None:
@@ -355,6 +314,71 @@ def length_generalization(
             if not model.cfg.mask_padding
             else "masked (width has no effect)",
         },
+    )
+
+
+def _check_args(
+    model: ProbeModel, task: SyntheticTask, n: int, extras, families
+) -> tuple[list[int], list[str]]:
+    """Refuse a bad ``n``, ``extras``, ``families`` or a model too short for the task; returns
+    the extras and families, defaults filled in."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"length_generalization: n must be a positive integer, got {n!r}")
+    if extras is None:
+        extras = sorted({max(1, round(f * task.max_len)) for f in DEFAULT_FRACTIONS})
+    extras = [int(e) for e in extras]
+    if not extras or any(isinstance(e, bool) or e < 1 for e in extras):
+        raise ValueError(
+            f"length_generalization: extras must be positive integers, got {list(extras)!r}"
+        )
+    families = list(task.extensions if families is None else families)
+    if not families:
+        raise ValueError(
+            f"length_generalization: task {task.name!r} has no way to lengthen its inputs"
+        )
+    for f in families:
+        task.extended(f, 0)  # a one-line error for a family the task lacks
+    if model.cfg.n_ctx < task.max_len:
+        raise ValueError(
+            f"length_generalization: the model's n_ctx={model.cfg.n_ctx} is below the task's "
+            f"max_len={task.max_len}; was it trained on this task?"
+        )
+    return extras, families
+
+
+def _exclude_keys(task: SyntheticTask, extras: list[int], exclude: Batch | None):
+    """The training rows' hashes, padded to each width a condition has (None: nothing excluded)."""
+    if exclude is None:
+        return None
+    widths = {task.max_len} | {task.max_len + e for e in extras}
+    exclude_keys = {}
+    for w in widths:
+        if w < exclude.max_len:
+            continue
+        padded = torch.zeros(len(exclude), w, dtype=torch.long)
+        padded[:, : exclude.max_len] = exclude.tokens.cpu()
+        exclude_keys[w] = row_hashes(padded)
+    return exclude_keys
+
+
+def _condition(
+    scorer, t, family, extra, n, seed, ignore_index, exclude_keys, width, batch_size
+) -> Condition:
+    """One condition scored: ``n`` rows of ``t`` less the ignored class and the training rows."""
+    chance, length_only = t.chance_accuracy(), t.length_only_accuracy()
+    batch = t.sample(n, seed=seed)
+    if ignore_index is not None:
+        batch = batch[batch.labels != ignore_index]
+    batch, dropped = _without(batch, exclude_keys, width)
+    return Condition(
+        family,
+        extra,
+        t.max_len,
+        len(batch),
+        _score(scorer, batch, batch_size),
+        chance,
+        length_only,
+        dropped,
     )
 
 

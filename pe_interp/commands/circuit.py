@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pe_interp.commands.circuit_head import top_head
 from pe_interp.commands.circuit_page import body_html
 from pe_interp.commands.options import add_device_flag, add_model_dir_flags, seed_type
 
@@ -113,51 +114,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
-    """The single-head deposit, the layer-concentration head or the top head, and where it comes from."""
-    import numpy as np
-
-    from pe_interp.runs.checkpoint import STALE, weights_status
-    from probes import AblationResult, ablate_heads, dominance, find_deposits
-    from probes.ablation import Sampled
-
-    path = Path(run.result_dir) / "ablation.json"
-    if path.is_file():
-        status, why = weights_status(run.run_dir, path, run.at_step)
-        if status == STALE:  # its top head would be another model's
-            raise ValueError(
-                f"{path}: {why}; rerun `pe-interp ablate {run.name}` (or remove the file) first"
-            )
-        result = AblationResult.load(path)
-        d = dominance(result)
-        if d.single:
-            return (d.layer, d.head), "single-head deposit (ablation.json)"
-        report = find_deposits(result)
-        if report.first is not None:
-            return report.first, "layer concentration, no single-head deposit (ablation.json)"
-        layer, head = np.unravel_index(np.nanargmax(result.drops), result.drops.shape)
-        return (
-            int(layer),
-            int(head),
-        ), "largest ablation drop; no single-head deposit or layer concentration (ablation.json)"
-    # Without the full grid, no verdict (it needs every head's drop on every example): the head whose
-    # exact ablation hurts most among the three that the grid on a fifth of the examples ranks first.
-    test = run.test_set(n)
-    result = ablate_heads(
-        run.model,
-        test.tokens,
-        test.labels,
-        pad_mask=test.pad_mask,
-        engine=Sampled(share=0.2, verify_top=3),
-        n_bootstrap=0,
-    )
-    layer, head = np.unravel_index(np.nanargmax(result.drops), result.drops.shape)
-    return (
-        (int(layer), int(head)),
-        "largest exact drop of the 3 heads a fifth of the examples ranks first (no ablation.json, no verdict)",
-    )
-
-
 def circuit_run(
     model,
     task,
@@ -178,11 +134,69 @@ def circuit_run(
 ) -> tuple[Any, Any]:
     """The work of ``pe-interp circuit``: returns the circuit (route and curve in it) and the route."""
     from probes import family_attributions
-    from probes.circuits import faithfulness_curve, minimal_circuit, rank_edges
-    from probes.circuits.faithfulness import default_sizes
-    from probes.circuits.graph import head_name
+    from probes.circuits import rank_edges
     from probes.circuits.route import head_route
 
+    select = _check_args(
+        top_n, n, faithful, method, sparsity, budget, positional, aligned, counterfactual, select
+    )
+    model.check_forks()  # a model whose edges cannot be defined says what it lacks, before any work
+    if positional and not hasattr(task, "spans"):
+        raise ValueError(
+            f"--task {task.name}: natural prompts name no spans of their positions, so the edges "
+            "cannot be position-aware; pass --whole-edges"
+        )
+    kinds = ["position", "content"] + ([counterfactual] if counterfactual == "both" else [])
+    scorer = "eap-ig" if method == "learned" else method
+    fams = family_attributions(
+        model,
+        task,
+        n,
+        kinds=kinds,
+        seed=seed,
+        method=scorer,
+        metric=metric,
+        positional=positional,
+        aligned=aligned,
+    )
+    ranking = rank_edges(fams, select=select, positional=positional, by=counterfactual)
+    if method == "learned":  # ordered by the learnt masks; each edge keeps its family scores
+        ranking = _learned(
+            model,
+            task,
+            ranking,
+            counterfactual,
+            n,
+            seed,
+            positional,
+            metric,
+            sparsity,
+            budget,
+            select,
+        )
+    held_out = task.counterfactuals(n, kind=counterfactual, seed=seed + 1)
+    spans = task if positional else None
+    c = _kept(model, ranking, held_out, faithful, top_n, n, spans, metric, aligned)
+    (layer, head), why = top_head(run)
+    route = head_route(
+        model,
+        task,
+        (layer, head),
+        n=n,
+        seed=seed,
+        metric=metric,
+        attributions={k: fams[k] for k in ("position", "content")},
+    )
+    meta = _meta(c, ranking, (layer, head), why, route, counterfactual, n, seed, model, aligned)
+    c.faithfulness["n_pairs"] = n
+    return dataclasses.replace(c, meta=meta), route
+
+
+def _check_args(
+    top_n, n, faithful, method, sparsity, budget, positional, aligned, counterfactual, select
+) -> str:
+    """Refuse settings that do not go together; returns the selection (``paths``, or ``top``
+    with ``aligned``, unless one is named)."""
     if top_n < 1 or n < 2:
         raise ValueError(f"--top-n must be >= 1 and --n >= 2, got {top_n} and {n}")
     if faithful is not None and not 0 < faithful <= 1:
@@ -212,79 +226,66 @@ def circuit_run(
             f"--aligned: position enters at the routes themselves, so no path from the embedding carries "
             f"it; use --select top (its default), not {select}"
         )
-    model.check_forks()  # a model whose edges cannot be defined says what it lacks, before any work
-    if positional and not hasattr(task, "spans"):
-        raise ValueError(
-            f"--task {task.name}: natural prompts name no spans of their positions, so the edges "
-            "cannot be position-aware; pass --whole-edges"
-        )
-    kinds = ["position", "content"] + ([counterfactual] if counterfactual == "both" else [])
-    scorer = "eap-ig" if method == "learned" else method
-    fams = family_attributions(
-        model,
-        task,
-        n,
-        kinds=kinds,
-        seed=seed,
-        method=scorer,
-        metric=metric,
-        positional=positional,
-        aligned=aligned,
-    )
-    ranking = rank_edges(fams, select=select, positional=positional, by=counterfactual)
-    if method == "learned":  # ordered by the learnt masks; each edge keeps its family scores
-        from probes.circuits.learned import learn_ranking
+    return select
 
-        pairs = task.counterfactuals(n, kind=counterfactual, seed=seed)
-        learned = learn_ranking(
-            model,
-            pairs,
-            spans=task if positional else None,
-            metric=metric,
-            sparsity=sparsity,
-            budget=budget,
-            select=select,
-            progress=True,
-        )
-        ranking = dataclasses.replace(
-            learned, scores=ranking.scores, meta={**ranking.meta, **learned.meta}
-        )
-    held_out = task.counterfactuals(n, kind=counterfactual, seed=seed + 1)
-    spans = task if positional else None
+
+def _learned(
+    model, task, ranking, counterfactual, n, seed, positional, metric, sparsity, budget, select
+):
+    """The edges ordered by masks learnt on the family's pairs, each with its family scores."""
+    from probes.circuits.learned import learn_ranking
+
+    pairs = task.counterfactuals(n, kind=counterfactual, seed=seed)
+    learned = learn_ranking(
+        model,
+        pairs,
+        spans=task if positional else None,
+        metric=metric,
+        sparsity=sparsity,
+        budget=budget,
+        select=select,
+        progress=True,
+    )
+    return dataclasses.replace(
+        learned, scores=ranking.scores, meta={**ranking.meta, **learned.meta}
+    )
+
+
+def _kept(model, ranking, held_out, faithful, top_n, n, spans, metric, aligned):
+    """The smallest circuit reaching ``faithful`` on the held-out pairs, else the ``top_n`` best
+    edges with the faithfulness curve around them."""
+    from probes.circuits import faithfulness_curve, minimal_circuit
+    from probes.circuits.faithfulness import default_sizes
+
     if faithful is not None:
-        c = minimal_circuit(
+        return minimal_circuit(
             model, ranking, held_out, target=faithful, spans=spans, metric=metric, aligned=aligned
         )
-    else:
-        c = ranking.circuit(top_n)
-        sizes = sorted({*default_sizes(ranking.total, 12), len(c.edges)})
-        curve = faithfulness_curve(
-            model, ranking, held_out, sizes=sizes, spans=spans, metric=metric, aligned=aligned
-        )
-        curve.pop("per_example")
-        at = curve["sizes"].index(len(c.edges))
-        c = dataclasses.replace(
-            c,
-            faithfulness={
-                **curve,
-                "kept": curve["recovered"][at],
-                "size": len(c.edges),
-                "n_pairs": n,
-            },
-        )
-    (layer, head), why = top_head(run)
-    route = head_route(
-        model,
-        task,
-        (layer, head),
-        n=n,
-        seed=seed,
-        metric=metric,
-        attributions={k: fams[k] for k in ("position", "content")},
+    c = ranking.circuit(top_n)
+    sizes = sorted({*default_sizes(ranking.total, 12), len(c.edges)})
+    curve = faithfulness_curve(
+        model, ranking, held_out, sizes=sizes, spans=spans, metric=metric, aligned=aligned
     )
+    curve.pop("per_example")
+    at = curve["sizes"].index(len(c.edges))
+    return dataclasses.replace(
+        c,
+        faithfulness={
+            **curve,
+            "kept": curve["recovered"][at],
+            "size": len(c.edges),
+            "n_pairs": n,
+        },
+    )
+
+
+def _meta(c, ranking, top, why, route, counterfactual, n, seed, model, aligned) -> dict[str, Any]:
+    """The circuit's meta: its top head and where it comes from, the route, the pairs."""
+    from probes.circuits.graph import head_name
+
     meta = {
         **c.meta,
-        "top_head": head_name(layer, head),
+        "top_head": head_name(*top),
         "top_head_source": why,
         "route": route.to_dict(),
         "counterfactual": counterfactual,
@@ -296,8 +297,7 @@ def circuit_run(
     }
     if "learned" in ranking.meta:
         meta["learned"] = {k: v for k, v in ranking.meta["learned"].items() if k != "history"}
-    c.faithfulness["n_pairs"] = n
-    return dataclasses.replace(c, meta=meta), route
+    return meta
 
 
 def run(args: argparse.Namespace) -> int:

@@ -134,35 +134,40 @@ def patch_run(
         save_result(out_dir / name, payload, weights, indent=2, kind=RESULT_KIND)
         written[name] = out_dir / name
     if figures:
-        from probes.common.html import save_html
-        from probes.heads.patterns import token_labels
-        from probes.heads.view import attention_html
-        from probes.patching.view import patching_tokens_html, plot_patching
-
-        fig_dir = out_dir / "figures"
-        written["png"] = plot_patching(result, fig_dir / f"patching_{key}.png")[0]
-        labels = token_labels(
-            clean.tokens[example], clean.pad_mask[example], task, model.cfg.pad_id
-        )
-        if result.by_position and result.per_example is not None:
-            html = patching_tokens_html(result, labels, example=example)
-            title = f"patching {key}, pair {example}: clean label {int(clean.labels[example])}, corrupt label {int(corrupt.labels[example])}"
-        else:
-            heads = _top_heads(result, 4)
-            if heads:
-                html = attention_html(
-                    model,
-                    clean.tokens,
-                    heads,
-                    example=example,
-                    pad_mask=clean.pad_mask,
-                    labels=labels,
-                )
-                title = f"attention of the top patched heads ({', '.join(f'L{a}H{b}' for a, b in heads)}), clean pair {example}"
-            else:
-                html, title = "<p>no head-level cells</p>", f"patching {key}"
-        written["html"] = save_html(html, fig_dir / f"patching_{key}.html", title=title)
+        written.update(_figures(model, task, result, pairs, key, example, out_dir / "figures"))
     return result, written
+
+
+def _figures(model, task, result, pairs, key: str, example: int, fig_dir: Path) -> dict[str, Path]:
+    """The heatmap, and the page of one pair: its tokens coloured by their effect (by position),
+    else the attention of the top patched heads."""
+    from probes.common.html import save_html
+    from probes.heads.patterns import token_labels
+    from probes.heads.view import attention_html
+    from probes.patching.view import patching_tokens_html, plot_patching
+
+    clean, corrupt = pairs.clean, pairs.corrupt
+    written = {"png": plot_patching(result, fig_dir / f"patching_{key}.png")[0]}
+    labels = token_labels(clean.tokens[example], clean.pad_mask[example], task, model.cfg.pad_id)
+    if result.by_position and result.per_example is not None:
+        html = patching_tokens_html(result, labels, example=example)
+        title = f"patching {key}, pair {example}: clean label {int(clean.labels[example])}, corrupt label {int(corrupt.labels[example])}"
+    else:
+        heads = _top_heads(result, 4)
+        if heads:
+            html = attention_html(
+                model,
+                clean.tokens,
+                heads,
+                example=example,
+                pad_mask=clean.pad_mask,
+                labels=labels,
+            )
+            title = f"attention of the top patched heads ({', '.join(f'L{a}H{b}' for a, b in heads)}), clean pair {example}"
+        else:
+            html, title = "<p>no head-level cells</p>", f"patching {key}"
+    written["html"] = save_html(html, fig_dir / f"patching_{key}.html", title=title)
+    return written
 
 
 def _top_heads(result, k: int) -> list[tuple[int, int]]:

@@ -43,13 +43,10 @@ def _status(run_dir: Path, path: Path, step: int | None = None) -> tuple[str, st
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from pe_interp.commands.show_dirs import is_survey_dir, show_model, show_survey
-    from pe_interp.runs.checkpoint import STALE, UNRECORDED, load_run, split_step
+    from pe_interp.runs.checkpoint import load_run, split_step
     from pe_interp.runs.gguf import is_gguf_file
     from pe_interp.runs.model_dirs import is_model_dir
-    from probes import AblationResult, DepositReport, dominance
 
     path, at = split_step(args.run_dir)
     if at is None and is_survey_dir(path):  # a survey's findings (pe-interp survey --out)
@@ -59,6 +56,23 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_run(
         args.run_dir
     )  # validates config and weights (RUN@S: that snapshot's); one line otherwise
+    run_dir, results, step = loaded.run_dir, loaded.result_dir, loaded.at_step
+    _print_config(loaded)
+    _print_accuracy(loaded)
+    status = {
+        p.name: _status(run_dir, p, step)
+        for p in sorted(results.glob("*.json"))
+        if p.name not in ("config.json", "dynamics.json")
+    }
+    _print_deposit(loaded, status)
+    _print_concentration(results, status)
+    _print_files(results, status)
+    _snapshots(run_dir)
+    return 0
+
+
+def _print_config(loaded) -> None:
+    """The run's name, preset, encoding, model, task, training and the command that re-creates it."""
     run_dir, results, step = loaded.run_dir, loaded.result_dir, loaded.at_step
     cfg, task, train = loaded.model.cfg, loaded.task, loaded.train_cfg
     config = loaded.config
@@ -103,32 +117,42 @@ def run(args: argparse.Namespace) -> int:
             f"torch {numerics.get('torch')}, {numerics.get('gpu') or numerics.get('cpu')} "
             f"({numerics.get('cpu_capability')}){route}{resumed}"
         )
+
+
+def _print_accuracy(loaded) -> None:
+    """The last evaluation, whether training finished, and the task's chance and ceiling."""
+    task, train = loaded.task, loaded.train_cfg
     metrics = loaded.metrics()
-    if metrics:
-        last = metrics[-1]
-        stopped = 0 < train.stop_at_acc <= last.get("test_acc", 0.0)
-        state = (
-            ""
-            if last.get("step") == train.total_steps
-            else f"  (stopped: held-out reached {_pct(train.stop_at_acc)})"
-            if stopped
-            else "  (unfinished: pe-interp train ... --resume)"
-        )
-        print(
-            f"accuracy     held-out {_pct(last.get('test_acc'))} (loss {last.get('test_loss', math.nan):.4f}), "
-            f"train {_pct(last.get('train_acc'))}, at step {last.get('step')} of {train.total_steps}"
-            + state
-        )
-        print(
-            f"             chance {_pct(task.chance_accuracy())}, length-only ceiling {_pct(task.length_only_accuracy())}"
-        )
-    else:
+    if not metrics:
         print("accuracy     no evaluation recorded yet (metrics.jsonl is empty)")
-    status = {
-        p.name: _status(run_dir, p, step)
-        for p in sorted(results.glob("*.json"))
-        if p.name not in ("config.json", "dynamics.json")
-    }
+        return
+    last = metrics[-1]
+    stopped = 0 < train.stop_at_acc <= last.get("test_acc", 0.0)
+    state = (
+        ""
+        if last.get("step") == train.total_steps
+        else f"  (stopped: held-out reached {_pct(train.stop_at_acc)})"
+        if stopped
+        else "  (unfinished: pe-interp train ... --resume)"
+    )
+    print(
+        f"accuracy     held-out {_pct(last.get('test_acc'))} (loss {last.get('test_loss', math.nan):.4f}), "
+        f"train {_pct(last.get('train_acc'))}, at step {last.get('step')} of {train.total_steps}"
+        + state
+    )
+    print(
+        f"             chance {_pct(task.chance_accuracy())}, length-only ceiling {_pct(task.length_only_accuracy())}"
+    )
+
+
+def _print_deposit(loaded, status: dict[str, tuple[str, str]]) -> None:
+    """The single-head deposit verdict of ``ablation.json``, unless it is stale or partial."""
+    import numpy as np
+
+    from pe_interp.runs.checkpoint import STALE
+    from probes import AblationResult, dominance
+
+    results = loaded.result_dir
     if (
         status.get("ablation.json", (None,))[0] == STALE
     ):  # another model's verdict: not shown as this one's
@@ -154,25 +178,40 @@ def run(args: argparse.Namespace) -> int:
             )
     else:
         print(f"single-head deposit  not measured (run: pe-interp ablate {loaded.name})")
+
+
+def _print_concentration(results: Path, status: dict[str, tuple[str, str]]) -> None:
+    """The layer concentration of ``deposits.json``, layer by layer, unless it is stale."""
+    from pe_interp.runs.checkpoint import STALE, UNRECORDED
+    from probes import DepositReport
+
     if status.get("deposits.json", (None,))[0] == STALE:
         print(f"layer concentration  STALE: deposits.json was {status['deposits.json'][1]}")
-    elif (results / "deposits.json").is_file():
-        report = DepositReport.load(results / "deposits.json")
-        found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits) or "none"
+        return
+    if not (results / "deposits.json").is_file():
+        return
+    report = DepositReport.load(results / "deposits.json")
+    found = ", ".join(f"L{layer}H{h}" for layer, h in report.deposits) or "none"
+    print(
+        f"layer concentration  {found} (a layer's top head ≥ {100 * report.min_drop:.0f} pts and "
+        f"≥ {100 * report.min_share:.0f}% of its layer's drop)"
+    )
+    for s in report.layers:
+        mark = "concentrated" if s.is_deposit else "; ".join(s.failed)
         print(
-            f"layer concentration  {found} (a layer's top head ≥ {100 * report.min_drop:.0f} pts and "
-            f"≥ {100 * report.min_share:.0f}% of its layer's drop)"
+            f"  layer {s.layer}    top H{s.top_head} drop {s.top_drop:.3f}, runner-up H{s.second_head} "
+            f"{s.second_drop:.3f}, share {s.share:.2f}: {mark}"
         )
-        for s in report.layers:
-            mark = "concentrated" if s.is_deposit else "; ".join(s.failed)
-            print(
-                f"  layer {s.layer}    top H{s.top_head} drop {s.top_drop:.3f}, runner-up H{s.second_head} "
-                f"{s.second_drop:.3f}, share {s.share:.2f}: {mark}"
-            )
-        if status["deposits.json"][0] == UNRECORDED:
-            print(
-                f"  (deposits.json {status['deposits.json'][1]}: rerun pe-interp ablate to tie it to these weights)"
-            )
+    if status["deposits.json"][0] == UNRECORDED:
+        print(
+            f"  (deposits.json {status['deposits.json'][1]}: rerun pe-interp ablate to tie it to these weights)"
+        )
+
+
+def _print_files(results: Path, status: dict[str, tuple[str, str]]) -> None:
+    """Every result file but snapshots and steps, its size, and whether its weights are this run's."""
+    from pe_interp.runs.checkpoint import STALE, UNRECORDED
+
     print("files")
     for p in sorted(
         q
@@ -187,8 +226,6 @@ def run(args: argparse.Namespace) -> int:
             "unreadable": "  (unreadable)",
         }.get(status.get(str(p.relative_to(results)), (None,))[0], "")
         print(f"  {str(p.relative_to(results)):<40} {p.stat().st_size:>12,} bytes{mark}")
-    _snapshots(run_dir)
-    return 0
 
 
 def _snapshots(run_dir: Path) -> None:

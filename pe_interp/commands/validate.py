@@ -136,11 +136,7 @@ def _record_of(
     """A cell's validation record: its routes, family, accuracy, every probe's ranking grid and
     every verdict (kept when it was computed from the same weights)."""
     from pe_interp.runs.checkpoint import load_run
-    from pe_interp.validate import family_of
-    from probes import ablate_heads, find_concentrations, patch, positional_scores
-    from probes.ablation import Attribution
-    from probes.deposit import dominance
-    from probes.deposit.positional import positional_dominance
+    from probes import ablate_heads
     from probes.deposit.trajectory import PAIRS_SEED_OFFSET
     from probes.routes.shares import position_routes, route_shares
 
@@ -157,6 +153,31 @@ def _record_of(
             }
     test = run.examples("test", 2000)
     a = ablate_heads(model, test.tokens, test.labels, pad_mask=test.pad_mask)
+    rankings = _head_rankings(model, task, seed, test, a)
+    pairs = task.counterfactuals(512, kind="position", seed=seed + PAIRS_SEED_OFFSET)
+    shares = route_shares(
+        model,
+        pairs.clean.tokens,
+        pairs.corrupt.tokens,
+        pairs.clean.labels,
+        pairs.corrupt.labels,
+        pad_mask=pairs.clean.pad_mask,
+    )
+    if routes.any():
+        rankings["positional routes: top route"] = shares.shares
+    record = _record(cell_id, params, run, routes, a, shares, rankings)
+    if circuits and routes.any():
+        record["circuit"] = _circuit_record(model, task, run, routes)
+        record["aligned_circuit"] = _circuit_record(model, task, run, routes, aligned=True)
+    return record
+
+
+def _head_rankings(model, task, seed: int, test, a) -> dict[str, Any]:
+    """Each head-level probe's grid: exact ablation (``a``), attribution, head patching on the
+    three kinds of pairs whose labels differ, and the decomposition's two positional scores."""
+    from probes import ablate_heads, patch, positional_scores
+    from probes.ablation import Attribution
+
     attribution = ablate_heads(
         model,
         test.tokens[:500],
@@ -190,23 +211,25 @@ def _record_of(
     scores = positional_scores(model, test.tokens[:128], pad_mask=test.pad_mask[:128])
     rankings["decomposition: most positional head"] = scores.scores
     rankings["decomposition: where position enters"] = scores.direct
-    pairs = task.counterfactuals(512, kind="position", seed=seed + PAIRS_SEED_OFFSET)
-    shares = route_shares(
-        model,
-        pairs.clean.tokens,
-        pairs.corrupt.tokens,
-        pairs.clean.labels,
-        pairs.corrupt.labels,
-        pad_mask=pairs.clean.pad_mask,
-    )
-    if routes.any():
-        rankings["positional routes: top route"] = shares.shares
+    return rankings
+
+
+def _record(
+    cell_id: str, params: dict[str, Any], run, routes, a, shares, rankings
+) -> dict[str, Any]:
+    """The record of one scored model: what it is, its rankings and its verdicts."""
+    from pe_interp.validate import family_of
+    from probes import find_concentrations
+    from probes.deposit import dominance
+    from probes.deposit.positional import positional_dominance
+
+    task = run.task
     concentrated = find_concentrations(a).layer(0).is_concentrated
-    record = {
+    return {
         "id": cell_id,
         "params": params,
         "task": task.name,
-        "seed": seed,
+        "seed": run.train_cfg.seed,
         "sha256": run.provenance["sha256"],
         "test_acc": float(run.metrics()[-1]["test_acc"]) if run.metrics() else a.baseline,
         "routes": routes.astype(int).tolist(),
@@ -221,10 +244,6 @@ def _record_of(
         "top_drop": float(dominance(a).drop),
         "positional_effect": shares.effect,
     }
-    if circuits and routes.any():
-        record["circuit"] = _circuit_record(model, task, run, routes)
-        record["aligned_circuit"] = _circuit_record(model, task, run, routes, aligned=True)
-    return record
 
 
 def _circuit_record(model, task, run, routes, aligned: bool = False) -> dict[str, Any]:

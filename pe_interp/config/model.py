@@ -124,6 +124,18 @@ class ModelConfig:
     use_hook_mlp_in: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
+        self._check_shape()
+        self._check_settings()
+        self._check_encoding()
+        own = "ModelConfig"
+        if self.attn_backend == "triton" and self.attn_dropout > 0:
+            raise ValueError(
+                f"{own}.attn_dropout: the triton backend has no attention dropout; "
+                "use attn_backend='auto' (which falls back to sdpa while training) or 'sdpa'"
+            )
+
+    def _check_shape(self) -> None:
+        """The sizes; ``d_head`` defaults to d_model / n_heads and ``d_mlp`` to 4 d_model."""
         own = "ModelConfig"
         for name in ("n_layers", "d_model", "n_heads", "n_ctx", "d_vocab"):
             check_int(own, name, getattr(self, name))
@@ -139,6 +151,10 @@ class ModelConfig:
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
         check_int(own, "d_mlp", self.d_mlp, low=0)
+
+    def _check_settings(self) -> None:
+        """The choices, flags, rates, seeds, pad id, silent heads and device."""
+        own = "ModelConfig"
         check_choice(own, "act_fn", self.act_fn, ACT_FNS)
         check_choice(own, "normalization_type", self.normalization_type, NORMS)
         check_choice(own, "attention_dir", self.attention_dir, ATTENTION_DIRS)
@@ -174,13 +190,16 @@ class ModelConfig:
             raise ValueError(f"{own}.pad_id must be < d_vocab={self.d_vocab}, got {self.pad_id}")
         if not device_syntax_ok(self.device):
             raise ValueError(f"{own}.device must be {DEVICE_FORMS}, got {self.device!r}")
+
+    def _check_encoding(self) -> None:
+        """Parse the encoding and let it check its parameters against the model's shape now, on
+        the meta device so that nothing is allocated; an ``arch`` brings its own."""
+        own = "ModelConfig"
         try:
             specs = parse_encoding(self.encoding)
         except ValueError as err:
             raise ValueError(f"{own}.{err}") from None
         object.__setattr__(self, "encoding", specs)
-        # Let each encoding check its parameters against the model's shape now, on the meta
-        # device so that nothing is allocated.
         from pe_interp.encodings import build_encoding
 
         try:
@@ -199,11 +218,6 @@ class ModelConfig:
                     f"{own}.arch: {self.arch!r} brings its own position encoding and heads (d_head = d_model "
                     "/ n_heads); leave encoding, silent_heads and d_head at their defaults"
                 )
-        if self.attn_backend == "triton" and self.attn_dropout > 0:
-            raise ValueError(
-                f"{own}.attn_dropout: the triton backend has no attention dropout; "
-                "use attn_backend='auto' (which falls back to sdpa while training) or 'sdpa'"
-            )
 
     # ---- derived -------------------------------------------------------------------------
     @property

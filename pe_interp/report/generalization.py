@@ -155,6 +155,31 @@ def generalization_tables(points: list[ModelPoint]) -> list[Table]:
     return tables
 
 
+_CONCENTRATION_COLS = [
+    "task",
+    "encoding",
+    "source",
+    "seeds",
+    "acc %",
+    "single-head deposit",
+    "top head (drop, pts)",
+    "top L0 drop (pts)",
+    "top L0 share %",
+    "L0 cost (pts)",
+    "top L0 positional",
+    "layer concentration",
+]
+_CONCENTRATION_NOTE = (
+    "Drops in accuracy points on held-out data. Single-head deposit: the project's one definition "
+    "(exactly one head of the model ≥ 50 points, every other ≤ 5), k of n seeds with a 95% Wilson interval. Top head: the model's "
+    "most harmful head per seed (drop). Share: the top layer-0 head's part of layer 0's summed positive "
+    "single-head drops. L0 cost: all of layer 0 ablated together. Positional: the top layer-0 head's "
+    "positional score (split-half R² of a position-only logit template). Layer concentration: seeds with a "
+    "concentrated layer, any layer (`probes.find_concentrations`: top head ≥ 20 points, ≥ 50% of its layer, "
+    "CI-separated)."
+)
+
+
 def concentration_table(points: list[ModelPoint]) -> Table:
     """Per task and encoding: accuracy and the concentration measures, mean ± std over seeds."""
     rows, records = [], []
@@ -173,69 +198,53 @@ def concentration_table(points: list[ModelPoint]) -> Table:
             )
             if not group:
                 continue
-            cs = [p.conc for p in group]
-            tops = ", ".join(f"L{c.top[0]}H{c.top[1]} ({100 * c.top[2]:.1f})" for c in cs)
-            flagged = sum(bool(p.cell.flagged) for p in group)
-            rows.append(
-                [
-                    TASK_TITLES.get(task, task),
-                    label,
-                    group[0].source,
-                    str(len(group)),
-                    _pm([p.cell.test_acc for p in group]),
-                    _rate(sum(c.single for c in cs), len(cs)),
-                    tops,
-                    _pm([c.drop for c in cs]),
-                    _pm([c.share for c in cs]),
-                    _pm([c.layer0_cost for c in cs]),
-                    _pm([c.positional for c in cs], 1.0, 2),
-                    f"{flagged} of {len(group)}",
-                ]
-            )
-            records.append(
-                {
-                    "task": task,
-                    "label": label,
-                    "seeds": [p.cell.seed for p in group],
-                    "acc": [p.cell.test_acc for p in group],
-                    "single": [c.single for c in cs],
-                    "top": [list(c.top) for c in cs],
-                    "top_l0_drop": [c.drop for c in cs],
-                    "top_l0_share": [c.share for c in cs],
-                    "l0_cost": [c.layer0_cost for c in cs],
-                    "top_l0_positional": [c.positional for c in cs],
-                }
-            )
-    notes = [
-        "Drops in accuracy points on held-out data. Single-head deposit: the project's one definition "
-        "(exactly one head of the model ≥ 50 points, every other ≤ 5), k of n seeds with a 95% Wilson interval. Top head: the model's "
-        "most harmful head per seed (drop). Share: the top layer-0 head's part of layer 0's summed positive "
-        "single-head drops. L0 cost: all of layer 0 ablated together. Positional: the top layer-0 head's "
-        "positional score (split-half R² of a position-only logit template). Layer concentration: seeds with a "
-        "concentrated layer, any layer (`probes.find_concentrations`: top head ≥ 20 points, ≥ 50% of its layer, "
-        "CI-separated)."
-    ]
+            row, record = _concentration_row(task, label, group)
+            rows.append(row)
+            records.append(record)
     return Table(
         "concentration",
         "Concentration per encoding (held-out ablation)",
-        [
-            "task",
-            "encoding",
-            "source",
-            "seeds",
-            "acc %",
-            "single-head deposit",
-            "top head (drop, pts)",
-            "top L0 drop (pts)",
-            "top L0 share %",
-            "L0 cost (pts)",
-            "top L0 positional",
-            "layer concentration",
-        ],
+        list(_CONCENTRATION_COLS),
         rows,
         records,
-        notes,
+        [_CONCENTRATION_NOTE],
     )
+
+
+def _concentration_row(
+    task: str, label: str, group: list[ModelPoint]
+) -> tuple[list[str], dict[str, Any]]:
+    """One setting's row and record over its seeds (``group``, by seed)."""
+    cs = [p.conc for p in group]
+    tops = ", ".join(f"L{c.top[0]}H{c.top[1]} ({100 * c.top[2]:.1f})" for c in cs)
+    flagged = sum(bool(p.cell.flagged) for p in group)
+    row = [
+        TASK_TITLES.get(task, task),
+        label,
+        group[0].source,
+        str(len(group)),
+        _pm([p.cell.test_acc for p in group]),
+        _rate(sum(c.single for c in cs), len(cs)),
+        tops,
+        _pm([c.drop for c in cs]),
+        _pm([c.share for c in cs]),
+        _pm([c.layer0_cost for c in cs]),
+        _pm([c.positional for c in cs], 1.0, 2),
+        f"{flagged} of {len(group)}",
+    ]
+    record = {
+        "task": task,
+        "label": label,
+        "seeds": [p.cell.seed for p in group],
+        "acc": [p.cell.test_acc for p in group],
+        "single": [c.single for c in cs],
+        "top": [list(c.top) for c in cs],
+        "top_l0_drop": [c.drop for c in cs],
+        "top_l0_share": [c.share for c in cs],
+        "l0_cost": [c.layer0_cost for c in cs],
+        "top_l0_positional": [c.positional for c in cs],
+    }
+    return row, record
 
 
 __all__ = [

@@ -111,111 +111,111 @@ def baselines_table(baselines: dict[str, dict[str, float]]) -> Table:
     return Table("baselines", "Task baselines", cols, rows, records, notes)
 
 
+_DEPOSIT_COLS = [
+    "Encoding",
+    "Kind",
+    "Task",
+    "Seed",
+    "Test acc %",
+    "Ablation baseline %",
+    "Single-head deposit?",
+    "Layer concentration",
+    "Layer",
+    "Head",
+    "Drop (pts)",
+    "Share of layer drop",
+    "CI (pts)",
+]
+
+
 def deposit_table(cells: list[CellInfo]) -> Table:
-    cols = [
-        "Encoding",
-        "Kind",
-        "Task",
-        "Seed",
-        "Test acc %",
-        "Ablation baseline %",
-        "Single-head deposit?",
-        "Layer concentration",
-        "Layer",
-        "Head",
-        "Drop (pts)",
-        "Share of layer drop",
-        "CI (pts)",
-    ]
     order = {lab: i for i, lab in enumerate(label_order(cells))}
     tasks = task_order(cells)
     rows, records = [], []
     for c in sorted(cells, key=lambda c: (tasks.index(c.task), order[c.label], c.seed)):
-        a = c.ablation
-        rec: dict[str, Any] = {
-            "id": c.id,
-            "encoding": c.label,
-            "kind": c.kind,
-            "task": c.task,
-            "seed": c.seed,
-            "test_acc": _num(c.test_acc),
-            "layer_concentration": c.found,
-            "concentrated_heads": [list(h) for h in c.flagged],
-        }
-        if a is None:
-            rows.append(
-                [
-                    c.label,
-                    c.kind,
-                    c.task,
-                    str(c.seed),
-                    _fmt_pct(c.test_acc),
-                    "—",
-                    "not measured",
-                    "—",
-                    "—",
-                    "—",
-                    "—",
-                    "—",
-                    "—",
-                ]
-            )
-            rec["measured"] = False
-            records.append(rec)
-            continue
-        d = dominance(a)
-        layer, head = d.layer, d.head
-        st = layer_deposit(a, layer)
-        drop = float(a.drops[layer, head])
-        pos = [max(0.0, x) for x in a.drops[layer] if not math.isnan(x)]
-        share = drop / sum(pos) if sum(pos) > 0 and drop > 0 else 0.0
-        ci = ci_of(a, layer, head)
-        if c.found:
-            concentrated = ", ".join(f"L{x}H{y}" for x, y in c.flagged)
-        else:
-            concentrated = {False: "none", None: "n/a (no report)"}[c.found]
-        level = a.ci
-        rows.append(
-            [
-                c.label,
-                c.kind,
-                c.task,
-                str(c.seed),
-                _fmt_pct(c.test_acc),
-                _fmt_pct(a.baseline),
-                "yes" if d.single else "no",
-                concentrated,
-                str(layer),
-                str(head),
-                f"{100 * drop:.1f}",
-                f"{100 * share:.0f}%",
-                "—"
-                if ci is None
-                else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}] ({100 * level:.0f}%)",
-            ]
-        )
-        rec.update(
-            {
-                "measured": True,
-                "baseline": _num(a.baseline),
-                "layer": layer,
-                "head": head,
-                "drop": _num(drop),
-                "share": round(share, 4),
-                "ci": None if ci is None else [_num(ci[0]), _num(ci[1])],
-                "ci_level": level,
-                "layer_top_head": st.top_head,
-                "method": a.method,
-                "metric": a.metric,
-                "n_examples": a.n_examples,
-                "max_drop": _num(top(a)[2]),
-                "heads_ge_50": len(large_heads(a)),
-                "runner_up": _num(d.runner_up),
-                "others_max_abs": _num(d.others_max_abs),
-                "single_head_deposit": d.single,
-            }
-        )
+        row, rec = _deposit_row(c)
+        rows.append(row)
         records.append(rec)
+    return Table(
+        "deposits",
+        "Single-head deposits and layer concentration, per model",
+        list(_DEPOSIT_COLS),
+        rows,
+        records,
+        _deposit_notes(cells),
+    )
+
+
+def _deposit_row(c: CellInfo) -> tuple[list[str], dict[str, Any]]:
+    """One model's row and record: its most costly head, or "not measured" without a sweep."""
+    a = c.ablation
+    rec: dict[str, Any] = {
+        "id": c.id,
+        "encoding": c.label,
+        "kind": c.kind,
+        "task": c.task,
+        "seed": c.seed,
+        "test_acc": _num(c.test_acc),
+        "layer_concentration": c.found,
+        "concentrated_heads": [list(h) for h in c.flagged],
+    }
+    if a is None:
+        row = [c.label, c.kind, c.task, str(c.seed), _fmt_pct(c.test_acc), "—", "not measured"]
+        rec["measured"] = False
+        return row + ["—"] * 6, rec
+    d = dominance(a)
+    layer, head = d.layer, d.head
+    st = layer_deposit(a, layer)
+    drop = float(a.drops[layer, head])
+    pos = [max(0.0, x) for x in a.drops[layer] if not math.isnan(x)]
+    share = drop / sum(pos) if sum(pos) > 0 and drop > 0 else 0.0
+    ci = ci_of(a, layer, head)
+    if c.found:
+        concentrated = ", ".join(f"L{x}H{y}" for x, y in c.flagged)
+    else:
+        concentrated = {False: "none", None: "n/a (no report)"}[c.found]
+    level = a.ci
+    row = [
+        c.label,
+        c.kind,
+        c.task,
+        str(c.seed),
+        _fmt_pct(c.test_acc),
+        _fmt_pct(a.baseline),
+        "yes" if d.single else "no",
+        concentrated,
+        str(layer),
+        str(head),
+        f"{100 * drop:.1f}",
+        f"{100 * share:.0f}%",
+        "—" if ci is None else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}] ({100 * level:.0f}%)",
+    ]
+    rec.update(
+        {
+            "measured": True,
+            "baseline": _num(a.baseline),
+            "layer": layer,
+            "head": head,
+            "drop": _num(drop),
+            "share": round(share, 4),
+            "ci": None if ci is None else [_num(ci[0]), _num(ci[1])],
+            "ci_level": level,
+            "layer_top_head": st.top_head,
+            "method": a.method,
+            "metric": a.metric,
+            "n_examples": a.n_examples,
+            "max_drop": _num(top(a)[2]),
+            "heads_ge_50": len(large_heads(a)),
+            "runner_up": _num(d.runner_up),
+            "others_max_abs": _num(d.others_max_abs),
+            "single_head_deposit": d.single,
+        }
+    )
+    return row, rec
+
+
+def _deposit_notes(cells: list[CellInfo]) -> list[str]:
+    """How to read the deposit table, with the layer-concentration rule of the first report."""
     report = next((c.deposits for c in cells if c.deposits is not None), None)
     rule = ""
     if report is not None:
@@ -226,7 +226,7 @@ def deposit_table(cells: list[CellInfo]) -> Table:
             + (", and its CI lies above the runner-up's drop" if report.require_separation else "")
             + "."
         )
-    notes = [
+    return [
         "Single-head ablation on held-out examples (`probes.ablation`, zero ablation of the head's "
         f"output, = the authors' value-zeroing). **Single-head deposit?**: {DOMINANT}. The row shows the "
         "head with the largest drop in the whole model."
@@ -235,14 +235,6 @@ def deposit_table(cells: list[CellInfo]) -> Table:
         "**share** is the head's drop over the sum of the positive drops of all heads in its layer; "
         "**CI** is the paired bootstrap interval of the drop.",
     ]
-    return Table(
-        "deposits",
-        "Single-head deposits and layer concentration, per model",
-        cols,
-        rows,
-        records,
-        notes,
-    )
 
 
 def claims_table(claims: list[Claim]) -> Table:

@@ -98,14 +98,7 @@ def _sweep(
     for c in finished:
         record_options(sweep_dir / "cells" / c.id, stored)
     atomic_write_json(sweep_dir / GRID_FILE, grid.to_dict())
-    redo = {}
-    for c in finished:
-        run_dir = sweep_dir / "cells" / c.id / "run"
-        now = weights_provenance(run_dir) if (run_dir / WEIGHTS).is_file() else None
-        if names := probes_to_rerun(
-            read_json(sweep_dir / "cells" / c.id / RESULT), grid.probes, grid.probe_options, now
-        ):
-            redo[c.id] = names
+    redo = _to_redo(grid, sweep_dir, finished)
     complete = {c.id for c in finished if c.id not in redo}
     exported = _export_findings(grid, [c for c in finished if c.id in complete], sweep_dir)
     # a cell whose finding is committed is finished on any machine, its run directory or not
@@ -125,15 +118,7 @@ def _sweep(
             file=sys.stderr,
         )
     if redo:  # said whatever --no-progress: results change
-        why = option_changes(stored, grid)
-        names = [n for n in PROBES if any(n in v for v in redo.values())]
-        reasons = (
-            "; ".join(why[n] for n in names if n in why) or "their results came from other weights"
-        )
-        print(
-            f"{grid.name}: recomputing {', '.join(names)} in {len(redo)} finished cell(s) ({reasons})",
-            file=sys.stderr,
-        )
+        _say_recomputed(grid, stored, redo)
 
     def record(outcome: dict[str, Any]) -> None:
         """A cell has ended: its finding, when the grid keeps them."""
@@ -157,17 +142,47 @@ def _sweep(
         outcomes = _run_ray(todo, str(sweep_dir), grid, address, max_retries, progress, record)
     failed = {o["id"]: o["error"] for o in outcomes if "error" in o}
     done = [o["id"] for o in outcomes if "error" not in o]
-    sweep_probes = [SWEEP_PROBES[name] for name in grid.probes if name in SWEEP_PROBES]
-    if sweep_probes:
-        results, _ = collect(sweep_dir)
-        for probe in sweep_probes:
-            probe(sweep_dir, results)
+    _run_sweep_probes(grid, sweep_dir)
     return SweepSummary(
         done=done,
         skipped=skipped,
         failed=failed,
         recomputed={k: v for k, v in redo.items() if k in done},
     )
+
+
+def _to_redo(grid: Grid, sweep_dir: Path, finished: list[Cell]) -> dict[str, list[str]]:
+    """The finished cells whose probes must run again (other options or other weights): id -> probes."""
+    redo = {}
+    for c in finished:
+        run_dir = sweep_dir / "cells" / c.id / "run"
+        now = weights_provenance(run_dir) if (run_dir / WEIGHTS).is_file() else None
+        if names := probes_to_rerun(
+            read_json(sweep_dir / "cells" / c.id / RESULT), grid.probes, grid.probe_options, now
+        ):
+            redo[c.id] = names
+    return redo
+
+
+def _say_recomputed(grid: Grid, stored, redo: dict[str, list[str]]) -> None:
+    why = option_changes(stored, grid)
+    names = [n for n in PROBES if any(n in v for v in redo.values())]
+    reasons = (
+        "; ".join(why[n] for n in names if n in why) or "their results came from other weights"
+    )
+    print(
+        f"{grid.name}: recomputing {', '.join(names)} in {len(redo)} finished cell(s) ({reasons})",
+        file=sys.stderr,
+    )
+
+
+def _run_sweep_probes(grid: Grid, sweep_dir: Path) -> None:
+    """The grid's probes that read every cell's results, once the cells have run."""
+    sweep_probes = [SWEEP_PROBES[name] for name in grid.probes if name in SWEEP_PROBES]
+    if sweep_probes:
+        results, _ = collect(sweep_dir)
+        for probe in sweep_probes:
+            probe(sweep_dir, results)
 
 
 def _export_findings(grid: Grid, cells: list[Cell], sweep_dir: Path) -> int:

@@ -174,12 +174,44 @@ def count_cells(data: dict[str, Any]) -> int:
 
 def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_CELLS) -> Grid:
     """Validate a grid mapping; every mistake raises a ValueError naming the key and the file."""
+    base, axes, variants = _check_sections(data, source)
+    _check_settings(base, axes, variants, source)
+    seeds = check_seeds(data.get("seeds", [0]), f"{source}: seeds", allow_count=True)
+    probes = _check_probes(data, source)
+    options = check_probe_options(data.get("probe_options") or {}, source)
+    findings = data.get("findings")
+    if findings is not None and not (isinstance(findings, str) and findings.strip()):
+        raise ValueError(f"{source}: 'findings' must be a directory path, got {findings!r}")
+    resources = check_resources(data.get("resources"), source)
+    n_cells = count_cells({**data, "seeds": seeds, "axes": axes, "variants": variants})
+    if n_cells > max_cells:
+        shape = " x ".join(f"{len(v)} {k}" for k, v in axes.items()) or "no axes"
+        raise ValueError(
+            f"{source}: the grid has {n_cells:,} cells ({shape}, {len(variants)} variant(s), with their seeds); "
+            f"the limit is {max_cells:,}: split it into smaller grids or raise the limit (--max-cells)"
+        )
+    grid = Grid(
+        name=str(data.get("name", Path(source).stem)),
+        base=dict(base),
+        axes={k: list(v) for k, v in axes.items()},
+        seeds=tuple(seeds),
+        probes=tuple(probes),
+        resources=resources,
+        variants=tuple(dict(v) for v in variants),
+        probe_options=options,
+        findings=findings,
+    )
+    _check_cells(grid, source)
+    return grid
+
+
+def _check_sections(data: Any, source: str) -> tuple[dict, dict, list[dict]]:
+    """The grid's keys, name, and the shapes of ``base``, ``axes`` and ``variants`` (returned)."""
     if not isinstance(data, dict):
         raise ValueError(f"{source}: a grid must be a mapping with keys {sorted(GRID_KEYS)}")
     unknown = sorted(set(data) - GRID_KEYS)
     if unknown:
         raise ValueError(f"{source}: unknown key(s) {unknown}; allowed: {sorted(GRID_KEYS)}")
-    allowed = _allowed_fields()
     base = {} if data.get("base") is None else data["base"]
     axes = {} if data.get("axes") is None else data["axes"]
     variants = data.get("variants", [{}])
@@ -207,6 +239,13 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
             f"{source}: 'name' must be letters, digits, '.', '_' or '-' (it names the sweep's "
             f"directory, runs/sweeps/<name>), got {data['name']!r}"
         )
+    return base, axes, variants
+
+
+def _check_settings(base: dict, axes: dict, variants: list[dict], source: str) -> None:
+    """Every key of base, axes and the variants is a setting (a variant may set seeds); every
+    axis is a non-empty list."""
+    allowed = _allowed_fields()
     sections = [("base", base), ("axes", axes)] + [
         (f"variants[{i}]", v) for i, v in enumerate(variants)
     ]
@@ -223,7 +262,9 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
     for key, values in axes.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"{source}: axes.{key} must be a non-empty list, got {values!r}")
-    seeds = check_seeds(data.get("seeds", [0]), f"{source}: seeds", allow_count=True)
+
+
+def _check_probes(data: dict[str, Any], source: str) -> list[str]:
     probes = [] if data.get("probes") is None else data["probes"]
     known = sorted(PROBES) + sorted(CALLBACKS) + sorted(SWEEP_PROBES)
     if not isinstance(probes, list):
@@ -233,37 +274,18 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
     for p in probes:
         if p not in known:
             raise ValueError(f"{source}: probes: unknown probe {p!r}; allowed: {known}")
-    options = check_probe_options(data.get("probe_options") or {}, source)
-    findings = data.get("findings")
-    if findings is not None and not (isinstance(findings, str) and findings.strip()):
-        raise ValueError(f"{source}: 'findings' must be a directory path, got {findings!r}")
-    resources = check_resources(data.get("resources"), source)
-    n_cells = count_cells({**data, "seeds": seeds, "axes": axes, "variants": variants})
-    if n_cells > max_cells:
-        shape = " x ".join(f"{len(v)} {k}" for k, v in axes.items()) or "no axes"
-        raise ValueError(
-            f"{source}: the grid has {n_cells:,} cells ({shape}, {len(variants)} variant(s), with their seeds); "
-            f"the limit is {max_cells:,}: split it into smaller grids or raise the limit (--max-cells)"
-        )
-    grid = Grid(
-        name=str(data.get("name", Path(source).stem)),
-        base=dict(base),
-        axes={k: list(v) for k, v in axes.items()},
-        seeds=tuple(seeds),
-        probes=tuple(probes),
-        resources=resources,
-        variants=tuple(dict(v) for v in variants),
-        probe_options=options,
-        findings=findings,
-    )
+    return probes
+
+
+def _check_cells(grid: Grid, source: str) -> None:
+    """No two cells alike, and each setting's configs build (once, not once per seed), so that a
+    bad value fails before any training starts."""
     cells = grid.cells()
     ids = [c.id for c in cells]
     if len(set(ids)) != len(ids):
         raise ValueError(
             f"{source}: two cells have the same settings (a repeated axis value or variant)"
         )
-    # Build each setting's configs now (once, not once per seed), so that a bad value fails
-    # before any training starts.
     checked: set[str] = set()
     for cell in cells:
         key = json.dumps(cell.kwargs, sort_keys=True, default=str)
@@ -275,7 +297,6 @@ def parse_grid(data: dict[str, Any], source: str = "grid", max_cells: int = MAX_
             check_run_configs(model_cfg, train_cfg)
         except (ValueError, TypeError) as err:
             raise ValueError(f"{source}: cell {cell.id}: {err}") from None
-    return grid
 
 
 def load_grid(path: str | Path, max_cells: int = MAX_CELLS) -> Grid:

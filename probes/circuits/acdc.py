@@ -80,15 +80,61 @@ def acdc(
     threshold = tau * abs(full - empty)
     keep = units.copy()
     current = float(ev(keep[None]).mean())
-    forwards = 1
-    effect = np.full(keep.shape, np.nan)
-    k = min(4, speculate)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=int(units.sum()), desc=f"acdc tau={tau:g}", unit="unit")
+    bar = _bar(int(units.sum()), tau) if progress else None
+    search = _Search(ev, keep, current, threshold, speculate, bar)
     for r in reversed(range(len(graph.readers))):
+        search.visit(r, S)
+    if bar is not None:
+        bar.close()
+    keep = prune(graph, keep)
+    final = float(ev(keep[None]).mean())
+    meta = {
+        "acdc": {
+            "tau": float(tau),
+            "threshold": threshold,
+            "forwards": search.forwards + 1,
+            "seconds": time.perf_counter() - t0,
+            "n_pairs": len(ev.c),
+        },
+        "encoding": model.cfg.encoding_name,
+    }
+    c = circuit_from_mask(
+        graph,
+        keep,
+        names,
+        scores={"acdc": search.effect},
+        rank=np.abs(search.effect),
+        total=int(units.sum()),
+        method="acdc",
+        metric=resolve(metric)[0],
+        meta=meta,
+    )
+    return _with_faithfulness(c, final, full, empty, int(units.sum()))
+
+
+def _bar(total: int, tau: float):
+    """A bar of the units decided, with the number kept, and an ETA."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=f"acdc tau={tau:g}", unit="unit")
+
+
+class _Search:
+    """ACDC's state over the readers: the units kept (``keep``, changed in place), each tested
+    unit's metric change when kept, the current metric, the forwards run and the speculation
+    width ``k``."""
+
+    def __init__(self, ev, keep: np.ndarray, current: float, threshold: float, speculate: int, bar):
+        self.ev, self.keep, self.current = ev, keep, current
+        self.threshold, self.speculate, self.bar = threshold, speculate, bar
+        self.effect = np.full(keep.shape, np.nan)
+        self.forwards = 1
+        self.k = min(4, speculate)
+
+    def visit(self, r: int, S: int) -> None:
+        """Try the units into reader ``r`` (the latest writer first, spans in order), ``k`` at a
+        time; those no kept unit connects to the logits any more go without a forward."""
+        graph, keep = self.ev.graph, self.keep
         used = _backward(graph, keep, False)[r]  # [S]: whether the reader still reaches the logits
         before = int(keep[r].sum())
         keep[r] &= used[None, :]
@@ -98,60 +144,45 @@ def acdc(
             for s in range(S)
             if keep[r, w, s]
         ]
-        if bar is not None:
-            bar.update(before - len(cands))  # no longer connected: removed without a forward
+        if self.bar is not None:
+            self.bar.update(before - len(cands))  # no longer connected: removed without a forward
         i = 0
         while i < len(cands):
-            batch = cands[i : i + k]
-            masks = np.repeat(keep[None], len(batch), axis=0)
-            for j, u in enumerate(batch):
-                masks[j:, u[0], u[1], u[2]] = False
-            vals = ev(masks).mean(1)
-            forwards += 1
-            prev, took = current, 0
-            for j, u in enumerate(batch):
-                if abs(vals[j] - prev) < threshold:
-                    keep[u] = False
-                    prev = current = float(vals[j])
-                    took += 1
-                else:
-                    effect[u] = vals[j] - prev
-                    break
+            batch = cands[i : i + self.k]
+            took = self._try(batch)
             if took == len(batch):
                 i += len(batch)
-                k = min(speculate, 2 * k)
+                self.k = min(self.speculate, 2 * self.k)
             else:
                 i += took + 1
-                k = max(1, k // 2) if took == 0 else k
-            if bar is not None:
-                bar.update(min(took + 1, len(batch)))
-                bar.set_postfix(kept=int(np.isfinite(effect).sum()), refresh=False)
-    if bar is not None:
-        bar.close()
-    keep = prune(graph, keep)
-    final = float(ev(keep[None]).mean())
-    seconds = time.perf_counter() - t0
-    meta = {
-        "acdc": {
-            "tau": float(tau),
-            "threshold": threshold,
-            "forwards": forwards + 1,
-            "seconds": seconds,
-            "n_pairs": len(ev.c),
-        },
-        "encoding": model.cfg.encoding_name,
-    }
-    c = circuit_from_mask(
-        graph,
-        keep,
-        names,
-        scores={"acdc": effect},
-        rank=np.abs(effect),
-        total=int(units.sum()),
-        method="acdc",
-        metric=resolve(metric)[0],
-        meta=meta,
-    )
+                self.k = max(1, self.k // 2) if took == 0 else self.k
+            if self.bar is not None:
+                self.bar.update(min(took + 1, len(batch)))
+                self.bar.set_postfix(kept=int(np.isfinite(self.effect).sum()), refresh=False)
+
+    def _try(self, batch: list[tuple[int, int, int]]) -> int:
+        """One speculative forward, copy ``j`` with units ``1..j`` ablated; the decisions read in
+        order up to the first unit kept. Returns the number removed before it."""
+        keep = self.keep
+        masks = np.repeat(keep[None], len(batch), axis=0)
+        for j, u in enumerate(batch):
+            masks[j:, u[0], u[1], u[2]] = False
+        vals = self.ev(masks).mean(1)
+        self.forwards += 1
+        prev, took = self.current, 0
+        for j, u in enumerate(batch):
+            if abs(vals[j] - prev) < self.threshold:
+                keep[u] = False
+                prev = self.current = float(vals[j])
+                took += 1
+            else:
+                self.effect[u] = vals[j] - prev
+                break
+        return took
+
+
+def _with_faithfulness(c: Circuit, final: float, full: float, empty: float, total: int) -> Circuit:
+    """``c`` with its recovered share on the pairs it was found on."""
     recovered = (final - empty) / (full - empty) if has_gap(full, empty) else float("nan")
     return Circuit(
         **{
@@ -162,7 +193,7 @@ def acdc(
                 "metric_kept": final,
                 "full": full,
                 "empty": empty,
-                "total_edges": int(units.sum()),
+                "total_edges": total,
             },
         }
     )

@@ -114,45 +114,25 @@ def faithfulness_curve(
     Returns ``{"sizes", "kept" (its units), "metric" (mean per size), "full",
     "empty", "recovered", "area" (:func:`curve_area`, when the sizes include 0 and the whole
     graph), "total_edges" (units), "ablation", "per_example" ([sizes, n])}``."""
+    how = {
+        "ablation": ablation,
+        "metric": metric,
+        "reference": reference,
+        "seed": seed,
+        "batch_size": batch_size,
+        "aligned": aligned,
+    }
     if isinstance(scores, Circuit):
-        graph = build_graph(model.cfg)
-        n_spans = len(scores.span_names) if scores.positional else 1
-        ev = _Evaluator(
-            model,
-            clean,
-            corrupt,
-            ablation=ablation,
-            metric=metric,
-            reference=reference,
-            seed=seed,
-            batch_size=batch_size,
-            spans=spans if scores.positional else None,
-            n_spans=n_spans,
-            aligned=aligned,
-            who="faithfulness_curve",
-        )
-        sizes = list(sizes) if sizes is not None else [len(scores.edges)]
-        if any(s < 0 or s > len(scores.edges) for s in sizes):
-            raise ValueError(f"faithfulness_curve: sizes must be in 0..{len(scores.edges)}")
-        keeps = _circuit_masks(scores, graph, sizes)
-        total = scores.total_edges
-        out = _summary(ev, sizes, keeps.sum((1, 2, 3)), ev(keeps), total)
-        out["total_edges"] = graph.n_edges * n_spans
-        return out
+        return _circuit_curve(model, scores, clean, corrupt, sizes, spans, how)
     r = _ranking(scores, select=select, positional=positional, by=by)
     ev = _Evaluator(
         model,
         clean,
         corrupt,
-        ablation=ablation,
-        metric=metric,
-        reference=reference,
-        seed=seed,
-        batch_size=batch_size,
         spans=spans if r.positional else None,
         n_spans=r.n_spans,
-        aligned=aligned,
         who="faithfulness_curve",
+        **how,
     )
     if sizes is None:
         sizes = default_sizes(r.total)
@@ -166,6 +146,29 @@ def faithfulness_curve(
     )
     out = _summary(ev, sizes, keeps.sum((1, 2, 3)), ev(keeps), r.total)
     out.update({"select": r.select, "positional": r.positional, "span_names": list(r.span_names)})
+    return out
+
+
+def _circuit_curve(model, c: Circuit, clean, corrupt, sizes, spans, how) -> dict[str, Any]:
+    """:func:`faithfulness_curve` of a :class:`Circuit`: its first ``n`` edges as listed."""
+    graph = build_graph(model.cfg)
+    n_spans = len(c.span_names) if c.positional else 1
+    ev = _Evaluator(
+        model,
+        clean,
+        corrupt,
+        spans=spans if c.positional else None,
+        n_spans=n_spans,
+        who="faithfulness_curve",
+        **how,
+    )
+    sizes = list(sizes) if sizes is not None else [len(c.edges)]
+    if any(s < 0 or s > len(c.edges) for s in sizes):
+        raise ValueError(f"faithfulness_curve: sizes must be in 0..{len(c.edges)}")
+    keeps = _circuit_masks(c, graph, sizes)
+    total = c.total_edges
+    out = _summary(ev, sizes, keeps.sum((1, 2, 3)), ev(keeps), total)
+    out["total_edges"] = graph.n_edges * n_spans
     return out
 
 
@@ -215,6 +218,40 @@ def minimal_circuit(
         who="minimal_circuit",
     )
     full, empty = ev.ends()
+    seen, hi = _smallest(r, ev, target, points, full, empty)
+    sizes = sorted(seen)
+    kept = [seen[n][0] for n in sizes]
+    rec = [seen[n][1] for n in sizes]
+    c = r.circuit(hi)
+    faith = {
+        "target": float(target),
+        "kept": seen[hi][1],
+        "size": seen[hi][0],
+        "prefix": int(hi),
+        "metric_kept": seen[hi][2],
+        "sizes": sizes,
+        "kept_sizes": kept,
+        "recovered": rec,
+        "metric": [seen[n][2] for n in sizes],
+        "full": full,
+        "empty": empty,
+        "area": curve_area(kept, rec, r.total),
+        "total_edges": r.total,
+        "ablation": ablation,
+        "aligned": bool(aligned),
+        "select": r.select,
+        "positional": r.positional,
+        "n_pairs": len(ev.c),
+    }
+    c.meta["selection"].update({"target": float(target)})
+    return Circuit(**{**c.__dict__, "faithfulness": faith})
+
+
+def _smallest(
+    r: Ranking, ev: _Evaluator, target: float, points: int, full: float, empty: float
+) -> tuple[dict[int, tuple[int, float, float]], int]:
+    """The search of :func:`minimal_circuit`: every size measured (size -> (kept, recovered,
+    metric)) and the smallest prefix found to reach ``target``."""
     seen: dict[int, tuple[int, float, float]] = {}  # size -> (kept, recovered, metric)
 
     def measure(ns: Sequence[int]) -> None:
@@ -245,32 +282,7 @@ def minimal_circuit(
         lo = max([n for n in inside if n < hi], default=lo)
         if not len(step):
             break
-    sizes = sorted(seen)
-    kept = [seen[n][0] for n in sizes]
-    rec = [seen[n][1] for n in sizes]
-    c = r.circuit(hi)
-    faith = {
-        "target": float(target),
-        "kept": seen[hi][1],
-        "size": seen[hi][0],
-        "prefix": int(hi),
-        "metric_kept": seen[hi][2],
-        "sizes": sizes,
-        "kept_sizes": kept,
-        "recovered": rec,
-        "metric": [seen[n][2] for n in sizes],
-        "full": full,
-        "empty": empty,
-        "area": curve_area(kept, rec, r.total),
-        "total_edges": r.total,
-        "ablation": ablation,
-        "aligned": bool(aligned),
-        "select": r.select,
-        "positional": r.positional,
-        "n_pairs": len(ev.c),
-    }
-    c.meta["selection"].update({"target": float(target)})
-    return Circuit(**{**c.__dict__, "faithfulness": faith})
+    return seen, hi
 
 
 __all__ = [

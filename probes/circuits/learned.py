@@ -38,6 +38,15 @@ The learned logits order the units like attribution scores do (:func:`learn_rank
 :func:`~probes.circuits.faithfulness.minimal_circuit` measure it on held-out pairs unchanged. The
 circuit the optimisation ended on is the prefix of the units with ``theta > 0``
 (``meta["learned"]["size"]``); larger and smaller prefixes follow the logits' order.
+
+The :class:`~probes.circuits.selection.Ranking` holds in ``rank`` each unit's ``sigmoid(theta)``,
+or its place on the path; in ``scores["learned"]`` ``theta``, and with ``budget`` in
+``scores["dropped"]`` the step each unit was last dropped at (-1 for the circuit it ended on,
+``steps`` for a unit the last step dropped). Its ``meta["learned"]`` holds the settings, ``size``
+(units with ``theta > 0``), the soft circuit's last ``recovered`` and ``density`` (and their
+curves per step; with ``budget`` also the density ``allowed``), ``recovered_hard`` (the units with
+``theta > 0`` kept, the others ablated: an exact forward), the ``full`` and ``empty`` metrics and
+``seconds``. A few hundred pairs of a quick model fit in memory.
 """
 
 from __future__ import annotations
@@ -78,38 +87,16 @@ def learn_ranking(
     progress: bool = False,
 ) -> Ranking:
     """Units of ``clean`` against ``corrupt`` (``CounterfactualPairs`` or two batches) ranked by
-    learned mask logits (see the module docstring). ``spans`` (the task, or ``[n, pos]`` span
-    ids with ``span_names``): one unit per edge and span (spans no real position occupies hold
-    none). ``sparsity`` weighs the mean mask against ``(1 - recovered)^2``; ``steps`` Adam steps
-    at ``lr`` from every logit at ``init``, the mask's sharpness growing from 1 to ``beta``.
-    Deterministic: no noise, no seed. Each step runs every pair in one batch (``batch_size``
-    sizes the exact measurements only); a few hundred pairs of a quick model fit in memory.
-    ``budget`` (a density in (0, 1)) replaces ``sparsity`` by the budget and the path order of
-    the module docstring; ``anneal`` is the share of the steps over which the budget falls.
-
-    Returns a :class:`Ranking` (``rank``: ``sigmoid(theta)`` of each unit, or its place on the
-    path; ``scores["learned"]``: ``theta``; with ``budget`` also ``scores["dropped"]``, the step
-    each unit was last dropped at: -1 for the circuit it ended on, ``steps`` for a unit the last
-    step dropped) whose ``meta["learned"]`` holds the settings, ``size`` (units with ``theta >
-    0``), the soft circuit's last ``recovered`` and ``density`` (and their curves per step; with
-    ``budget`` also the density ``allowed``), ``recovered_hard`` (the units with ``theta > 0`` kept, the others ablated: an exact
-    forward), the ``full`` and ``empty`` metrics and ``seconds``."""
+    learned mask logits (the module docstring says how, and what the :class:`Ranking` holds).
+    ``spans`` (the task, or ``[n, pos]`` span ids with ``span_names``): one unit per edge and
+    span. ``sparsity`` weighs the mean mask against ``(1 - recovered)^2``; ``budget`` (a density
+    in (0, 1)) asks for the size instead, falling to it over the ``anneal`` share of the steps.
+    ``steps`` Adam steps at ``lr`` from every logit at ``init``, the mask's sharpness growing
+    from 1 to ``beta``. Deterministic: no noise, no seed. Each step runs every pair in one batch
+    (``batch_size`` sizes the exact measurements only)."""
     who = "learn_ranking"
-    for name, v, lo in (("sparsity", sparsity, 0.0), ("lr", lr, 1e-12), ("beta", beta, 1.0)):
-        if not isinstance(v, int | float) or isinstance(v, bool) or not np.isfinite(v) or v < lo:
-            raise ValueError(f"{who}: {name} must be a finite number >= {lo:g}, got {v!r}")
-    check_count(steps, "steps", 1, who)
-    if budget is not None and not (isinstance(budget, int | float) and 0 < budget < 1):
-        raise ValueError(
-            f"{who}: budget must be a density strictly between 0 and 1, got {budget!r}"
-        )
-    if not isinstance(anneal, int | float) or isinstance(anneal, bool) or not 0 <= anneal <= 1:
-        raise ValueError(f"{who}: anneal must be a share of the steps in [0, 1], got {anneal!r}")
-    if select not in SELECTIONS:
-        raise ValueError(
-            f"{who}: select must be one of {', '.join(map(repr, SELECTIONS))}; got {select!r}"
-        )
-    t0 = time.perf_counter()
+    _check_settings(who, sparsity, lr, beta, steps, budget, anneal, select)
+    start = time.perf_counter()
     names = unit_span_names(spans, span_names, who)
     S = max(1, len(names))
     ev = _Evaluator(
@@ -132,6 +119,58 @@ def learn_ranking(
             f"{who}: the clean and corrupt runs score the same ({full:.4g}); nothing to recover"
         )
     units = ev.units()
+    theta, dropped, history = _optimise(
+        model, ev, units, full, empty, sparsity, budget, anneal, steps, lr, beta, init, progress
+    )
+    th, ended = _ended(theta, units, budget)
+    hard = float(ev(ended[None]).mean())
+    rank, scores = _path_rank(th, units, ended, dropped, budget, steps)
+    order, value = order_units(graph, rank, units, select)
+    settings = (
+        {"sparsity": float(sparsity)}
+        if budget is None
+        else {"budget": float(budget), "anneal": float(anneal)}
+    )
+    settings |= {"steps": int(steps), "lr": float(lr), "beta": float(beta), "init": float(init)}
+    meta = {"learned": _summary(settings, ended, history, hard, full, empty, len(ev.c), start)}
+    return Ranking(
+        graph=graph,
+        order=order,
+        value=value,
+        rank=rank,
+        scores=scores,
+        span_names=names,
+        select=select,
+        method="learned",
+        metric=resolve(metric)[0],
+        meta=meta,
+    )
+
+
+def _check_settings(who, sparsity, lr, beta, steps, budget, anneal, select) -> None:
+    for name, v, lo in (("sparsity", sparsity, 0.0), ("lr", lr, 1e-12), ("beta", beta, 1.0)):
+        if not isinstance(v, int | float) or isinstance(v, bool) or not np.isfinite(v) or v < lo:
+            raise ValueError(f"{who}: {name} must be a finite number >= {lo:g}, got {v!r}")
+    check_count(steps, "steps", 1, who)
+    if budget is not None and not (isinstance(budget, int | float) and 0 < budget < 1):
+        raise ValueError(
+            f"{who}: budget must be a density strictly between 0 and 1, got {budget!r}"
+        )
+    if not isinstance(anneal, int | float) or isinstance(anneal, bool) or not 0 <= anneal <= 1:
+        raise ValueError(f"{who}: anneal must be a share of the steps in [0, 1], got {anneal!r}")
+    if select not in SELECTIONS:
+        raise ValueError(
+            f"{who}: select must be one of {', '.join(map(repr, SELECTIONS))}; got {select!r}"
+        )
+
+
+def _optimise(
+    model, ev, units, full, empty, sparsity, budget, anneal, steps, lr, beta, init, progress
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, list[float]]]:
+    """The Adam steps on the mask logits (the model's own parameters frozen meanwhile): returns
+    ``theta``, the step each unit was last dropped at (-1: kept; with ``budget`` only) and the
+    curves per step."""
+    graph = ev.graph
     device = ev.c.tokens.device
     unit_t = torch.as_tensor(units, device=device)
     frozen = [p for p in model.parameters() if p.requires_grad]
@@ -187,13 +226,38 @@ def learn_ranking(
     finally:
         for p in frozen:
             p.requires_grad_(True)
+    return theta, dropped, history
+
+
+def _ended(theta: torch.Tensor, units: np.ndarray, budget) -> tuple[np.ndarray, np.ndarray]:
+    """The logits (with ``budget`` shifted so that ``theta > 0`` is its circuit) and the circuit
+    the optimisation ended on."""
     th = theta.detach().double().cpu().numpy()
     if budget is not None:  # the circuit of the last budget: theta > 0
         top = np.sort(th[units])[::-1]
         k = min(max(1, round(budget * len(top))), len(top) - 1)
         th = th - (top[k - 1] + top[k]) / 2
-    ended = (th > 0) & units
-    hard = float(ev(ended[None]).mean())
+    return th, (th > 0) & units
+
+
+def _summary(settings, ended, history, hard, full, empty, n_pairs, start) -> dict[str, Any]:
+    """``meta["learned"]``: the settings, the circuit's size, its soft and hard faithfulness."""
+    return {
+        **settings,
+        "size": int(ended.sum()),
+        "recovered": history["recovered"][-1],
+        "recovered_hard": (hard - empty) / (full - empty),
+        "density": history["density"][-1],
+        "history": history,
+        "full": full,
+        "empty": empty,
+        "n_pairs": n_pairs,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _path_rank(th, units, ended, dropped, budget, steps) -> tuple[np.ndarray, dict[str, Any]]:
+    """Each unit's rank (``sigmoid(theta)``; with ``budget`` its place on the path) and scores."""
     sig = 1 / (1 + np.exp(-th))
     scores = {"learned": np.where(units, th, np.nan)}
     if budget is None:
@@ -204,42 +268,7 @@ def learn_ranking(
         )
         rank = np.where(units, np.where(drop < 0, 1 + sig, (drop + sig) / steps), np.nan)
         scores["dropped"] = np.where(units, drop, np.nan)
-    order, value = order_units(graph, rank, units, select)
-    settings = (
-        {"sparsity": float(sparsity)}
-        if budget is None
-        else {"budget": float(budget), "anneal": float(anneal)}
-    )
-    meta = {
-        "learned": {
-            **settings,
-            "steps": int(steps),
-            "lr": float(lr),
-            "beta": float(beta),
-            "init": float(init),
-            "size": int(ended.sum()),
-            "recovered": history["recovered"][-1],
-            "recovered_hard": (hard - empty) / (full - empty),
-            "density": history["density"][-1],
-            "history": history,
-            "full": full,
-            "empty": empty,
-            "n_pairs": len(ev.c),
-            "seconds": time.perf_counter() - t0,
-        }
-    }
-    return Ranking(
-        graph=graph,
-        order=order,
-        value=value,
-        rank=rank,
-        scores=scores,
-        span_names=names,
-        select=select,
-        method="learned",
-        metric=resolve(metric)[0],
-        meta=meta,
-    )
+    return rank, scores
 
 
 def _budget_mask(x: torch.Tensor, density: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from pe_interp.models.protocol import ProbeModel
 
 RESULT_KIND = register_result("path patching", "PathPatch.load", ("senders", "receivers", "values"))
+_RESTARTS = ("hook_resid_pre", "hook_resid_mid")  # where a layer restarts from the cache
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,13 +164,7 @@ def path_patch(
     ``"L1H3.k"``, ``"MLP1"``, ``"logits"``; default every head (``component``), MLP and the
     readout. ``metric``: per example, as in :func:`probes.attribute`; values are means.
     """
-    if component not in COMPONENTS:
-        raise ValueError(
-            f"path_patch: component must be one of {', '.join(COMPONENTS)}; got {component!r}"
-        )
-    if batch_size is not None:
-        check_count(batch_size, "batch_size", 1, "path_patch")
-    check_finite_model(model, "path_patch")
+    _check_args(model, component, batch_size)
     graph = build_graph(model.cfg)
     c, k = as_pair(model, clean, corrupt, "path_patch")
     if k is None:
@@ -191,54 +186,16 @@ def path_patch(
         by_site.setdefault((layer, site.kind, site.component), []).append(j)
     W = writer_hooks(graph)
     hooked = not model.can_restart  # a bridge: no seam to restart a layer at
-    names = (
-        W
-        if hooked
-        else W
-        + [
-            f"blocks.{layer}.{h}"
-            for layer in range(L)
-            for h in ("hook_resid_pre", "hook_resid_mid")
-        ]
-    )
+    names = W if hooked else W + [f"blocks.{i}.{h}" for i in range(L) for h in _RESTARTS]
     names.append(f"blocks.{L - 1}.hook_resid_post")
     chunk = max(1, min(n, rows))
     with eval_mode(model), forks(model), torch.no_grad():
         for c0 in range(0, n, chunk):
             sl = slice(c0, c0 + chunk)
-            cc, kk = c.rows(sl), k.rows(sl)
-            a_clean = capture(model, cc, W)[0]
-            a_cor = capture(model, kk, names)[0]
-            delta = contributions(model, graph, {x: a_clean[x] - a_cor[x] for x in W})[
-                :, :, s_idx
-            ]  # [b, p, S, d]
-            g, b = good[sl], bad[sl]
-            for (layer, kind, comp), cols in by_site.items():
-                ok = valid[:, cols].any(1).nonzero()[0]  # senders with an edge into some of these
-                if not len(ok):
-                    continue
-                receivers = [r_names[j] for j in cols]
-                if hooked:
-                    out = _site_hooked(
-                        model,
-                        graph,
-                        kk,
-                        delta,
-                        layer,
-                        kind,
-                        comp,
-                        receivers,
-                        ok,
-                        valid[np.ix_(ok, cols)],
-                        fn,
-                        g,
-                        b,
-                        rows,
-                    )
-                else:
-                    out = _site(
-                        model, kk, a_cor, delta, layer, kind, comp, receivers, ok, fn, g, b, rows
-                    )
+            cc, kk, g, b = c.rows(sl), k.rows(sl), good[sl], bad[sl]
+            for ok, cols, out in _chunk(
+                model, graph, cc, kk, W, names, s_idx, by_site, valid, r_names, fn, g, b, rows
+            ):
                 sums[np.ix_(ok, cols)] += out
         m_clean = mean_metric(model, c, fn, good, bad, rows)
         m_corrupt = mean_metric(model, k, fn, good, bad, rows)
@@ -254,6 +211,54 @@ def path_patch(
         n,
         {"encoding": model.cfg.encoding_name, "kv_source": model.cfg.kv_source},
     )
+
+
+def _check_args(model: ProbeModel, component: str, batch_size: int | None) -> None:
+    if component not in COMPONENTS:
+        raise ValueError(
+            f"path_patch: component must be one of {', '.join(COMPONENTS)}; got {component!r}"
+        )
+    if batch_size is not None:
+        check_count(batch_size, "batch_size", 1, "path_patch")
+    check_finite_model(model, "path_patch")
+
+
+def _chunk(
+    model: ProbeModel, graph, cc, kk, W, names, s_idx, by_site, valid, r_names, fn, g, b, rows
+):
+    """One chunk of examples, both runs cached: yields ``(senders, receiver columns, summed
+    metric)`` per receiver site, in ``by_site``'s order, each before the next is computed."""
+    hooked = not model.can_restart  # a bridge: no seam to restart a layer at
+    a_clean = capture(model, cc, W)[0]
+    a_cor = capture(model, kk, names)[0]
+    delta = contributions(model, graph, {x: a_clean[x] - a_cor[x] for x in W})[
+        :, :, s_idx
+    ]  # [b, p, S, d]
+    for (layer, kind, comp), cols in by_site.items():
+        ok = valid[:, cols].any(1).nonzero()[0]  # senders with an edge into some of these
+        if not len(ok):
+            continue
+        receivers = [r_names[j] for j in cols]
+        if hooked:
+            out = _site_hooked(
+                model,
+                graph,
+                kk,
+                delta,
+                layer,
+                kind,
+                comp,
+                receivers,
+                ok,
+                valid[np.ix_(ok, cols)],
+                fn,
+                g,
+                b,
+                rows,
+            )
+        else:
+            out = _site(model, kk, a_cor, delta, layer, kind, comp, receivers, ok, fn, g, b, rows)
+        yield ok, cols, out
 
 
 def _site(

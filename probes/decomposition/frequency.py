@@ -60,6 +60,7 @@ from probes.common.inputs import (
     check_layers,
     takes_probe_model,
 )
+from probes.decomposition.frequency_sums import F64, cached_rotation, layer_sums, rotated_heads
 from probes.decomposition.reads import allowed
 
 if TYPE_CHECKING:
@@ -76,7 +77,6 @@ DEFINITION = (
 RESULT_KIND = register_result(
     "frequency usage", "FrequencyUsage.load", ("theta", "q_norm", "k_norm", "logit_share")
 )
-F64 = torch.float64
 
 
 @dataclass(frozen=True, eq=False)
@@ -250,6 +250,48 @@ def frequency_usage(
     ``band`` in (0, 0.5]: the fraction of each layer's pairs in the high and in the low band.
     One forward per ``batch_size`` examples, each cut to its longest row where pads reach no real
     token; ``progress``: a bar over the batches."""
+    tokens, pad_mask, layers = _check_args(model, tokens, pad_mask, layers, band, batch_size)
+    n, n_pos = tokens.shape
+    enc = model.encoding
+    spans = {layer: rotary_spans_for(enc, layer, n_pos) for layer in layers}
+    sums, counts, n_tokens = _sums(model, tokens, pad_mask, layers, spans, batch_size, progress)
+    H = model.cfg.n_heads
+    n_pairs = {layer: sum(s.dim // 2 for s in spans[layer]) for layer in layers}
+    n_max = max(n_pairs.values())
+    out = torch.full((4, len(layers), H, n_max), math.nan, dtype=F64)
+    theta = torch.full((len(layers), n_max), math.nan, dtype=F64)
+    for i, layer in enumerate(layers):
+        if not n_pairs[layer]:
+            continue
+        th = torch.cat([s.theta.double().cpu() for s in spans[layer]])
+        order = torch.sort(-th, stable=True).indices  # highest frequency first
+        s = sums[layer].cpu()
+        nan = torch.full_like(s[0], math.nan)
+        rotated = rotated_heads(spans[layer], H)  # [H, pairs]
+        q_norm = torch.where(rotated, s[0] / max(n_tokens, 1), nan)
+        k_norm = torch.where(rotated, s[1] / max(n_tokens, 1), nan)
+        c = counts[layer].cpu()[:, :, None]
+        share = torch.where(rotated & (c[0] > 0), s[2] / c[0].clamp(min=1), nan)
+        pattern = torch.where(rotated & (c[1] > 0), s[3] / c[1].clamp(min=1), nan)
+        theta[i, : len(th)] = th[order]
+        for j, x in enumerate((q_norm, k_norm, share, pattern)):
+            out[j, i, :, : len(th)] = x[:, order]
+    return FrequencyUsage(
+        layers=tuple(layers),
+        theta=theta,
+        q_norm=out[0],
+        k_norm=out[1],
+        logit_share=out[2],
+        pattern_share=out[3],
+        band=float(band),
+        n_examples=n,
+        n_tokens=n_tokens,
+    )
+
+
+def _check_args(model: ProbeModel, tokens, pad_mask, layers, band, batch_size):
+    """The inputs checked, ``layers`` sorted (default every one), and a rotary encoding that
+    says how it rotates (:func:`not_rotary`)."""
     who = "frequency_usage"
     check_finite_model(model, who)
     check_count(batch_size, "batch_size", 1, who)
@@ -260,12 +302,17 @@ def frequency_usage(
     layers = list(range(model.cfg.n_layers)) if layers is None else sorted(set(layers))
     if not layers:
         raise ValueError(f"{who}: no layers given")
-    n, n_pos = tokens.shape
-    why = not_rotary(model, layers, n_pos)
+    why = not_rotary(model, layers, tokens.shape[1])
     if why:
         raise ValueError(f"{who}: {why}")
-    enc = model.encoding
-    spans = {layer: rotary_spans_for(enc, layer, n_pos) for layer in layers}
+    return tokens, pad_mask, layers
+
+
+def _sums(model: ProbeModel, tokens, pad_mask, layers, spans, batch_size, progress):
+    """One forward per batch: per layer the summed ``[4, H, pairs]`` of
+    :func:`~probes.decomposition.frequency_sums.layer_sums` and the ``[2, H]`` examples counted,
+    and the real tokens seen."""
+    n, n_pos = tokens.shape
     H, device = model.cfg.n_heads, model.W_E.device
     kv = torch.tensor([model.kv_layout.kv_head(h) for h in range(H)], device=device)
     n_pairs = {layer: sum(s.dim // 2 for s in spans[layer]) for layer in layers}
@@ -293,101 +340,10 @@ def frequency_usage(
             _, cache = model.run_with_cache(toks, real, names_filter=names)
             n_tokens += int(real.sum())
             for layer in layers:
-                q, k = _rotated(model, cache, layer)
+                q, k = cached_rotation(model, cache, layer)
                 ok = allowed(cache[f"blocks.{layer}.attn.hook_attn_scores"])
                 ok = ok & real[:, None, :, None] & real[:, None, None, :]
-                got, valid = _layer_sums(q, k, ok, real, spans[layer], kv)
+                got, valid = layer_sums(q, k, ok, real, spans[layer], kv)
                 sums[layer] += got
                 counts[layer] += valid
-
-    n_max = max(n_pairs.values())
-    out = torch.full((4, len(layers), H, n_max), math.nan, dtype=F64)
-    theta = torch.full((len(layers), n_max), math.nan, dtype=F64)
-    for i, layer in enumerate(layers):
-        if not n_pairs[layer]:
-            continue
-        th = torch.cat([s.theta.double().cpu() for s in spans[layer]])
-        order = torch.sort(-th, stable=True).indices  # highest frequency first
-        s = sums[layer].cpu()
-        nan = torch.full_like(s[0], math.nan)
-        rotated = _rotated_heads(spans[layer], H)  # [H, pairs]
-        q_norm = torch.where(rotated, s[0] / max(n_tokens, 1), nan)
-        k_norm = torch.where(rotated, s[1] / max(n_tokens, 1), nan)
-        c = counts[layer].cpu()[:, :, None]
-        share = torch.where(rotated & (c[0] > 0), s[2] / c[0].clamp(min=1), nan)
-        pattern = torch.where(rotated & (c[1] > 0), s[3] / c[1].clamp(min=1), nan)
-        theta[i, : len(th)] = th[order]
-        for j, x in enumerate((q_norm, k_norm, share, pattern)):
-            out[j, i, :, : len(th)] = x[:, order]
-    return FrequencyUsage(
-        layers=tuple(layers),
-        theta=theta,
-        q_norm=out[0],
-        k_norm=out[1],
-        logit_share=out[2],
-        pattern_share=out[3],
-        band=float(band),
-        n_examples=n,
-        n_tokens=n_tokens,
-    )
-
-
-def _rotated(model: ProbeModel, cache, layer: int) -> tuple[Tensor, Tensor]:
-    """Layer ``layer``'s rotated queries ``[b, pos, n_heads, d]`` and keys ``[b, pos, n_kv_heads,
-    d]`` (grouped key heads not repeated): ``hook_rot_q/k`` where the model caches them (ours, a
-    Llama bridge), else ``hook_q/k`` rotated by the encoding as the model rotates them."""
-    pre = f"blocks.{layer}.attn."
-    if pre + "hook_rot_q" in cache.cache_dict:
-        return cache[pre + "hook_rot_q"], cache[pre + "hook_rot_k"]
-    return model.encoding.rotate(cache[pre + "hook_q"], cache[pre + "hook_k"], layer)
-
-
-def _rotated_heads(spans, n_heads: int) -> Tensor:
-    """Bool ``[n_heads, pairs]``: whether each span's pairs rotate each head."""
-    cols = []
-    for sp in spans:
-        on = torch.ones(n_heads, dtype=torch.bool) if sp.heads is None else sp.heads.cpu().bool()
-        cols.append(on[:, None].expand(-1, sp.dim // 2))
-    return torch.cat(cols, 1) if cols else torch.zeros(n_heads, 0, dtype=torch.bool)
-
-
-def _layer_sums(
-    q: Tensor, k: Tensor, ok: Tensor, real: Tensor, spans, kv: Tensor
-) -> tuple[Tensor, Tensor]:
-    """One batch of one layer: ``[4, n_heads, pairs]`` (the summed chunk norms of the queries and
-    of each query head's key/value head over real tokens; the summed per-example logit shares,
-    raw and row-centred) and ``[2, n_heads]`` (the examples whose shares were counted).
-
-    ``q [b, n, H, d]``, ``k [b, n, G, d]`` rotated; ``ok [b, H, n, n]`` the entries counted;
-    ``real [b, n]``; ``kv [H]`` each query head's key/value head."""
-    realf, okf = real.to(F64), ok.to(F64)
-    if k.shape[2] == q.shape[2]:
-        kv = torch.arange(q.shape[2], device=q.device)
-    rotated = _rotated_heads(spans, q.shape[2]).to(q.device)
-    qn, kn, sq, cq = [], [], [], []
-    per_row = okf.sum(-1).permute(0, 2, 1)[..., None]  # [b, m, H, 1]: keys each query sees
-    for sp in spans:
-        q0, q1 = sp.pairs(q.to(F64))  # [b, n, H, p]
-        k0, k1 = (x[:, :, kv] for x in sp.pairs(k.to(F64)))  # per query head
-        qn.append(torch.einsum("bn,bnhp->hp", realf, torch.hypot(q0, q1)))
-        kn.append(torch.einsum("bn,bnhp->hp", realf, torch.hypot(k0, k1)))
-        # sum_{m,n} ok (q0_m k0_n + q1_m k1_n)^2 as a quadratic form in (q0^2, 2 q0 q1, q1^2)
-        qf = torch.stack((q0 * q0, 2 * q0 * q1, q1 * q1), -1)  # [b, n, H, p, 3]
-        kf = torch.stack((k0 * k0, k0 * k1, k1 * k1), -1)
-        t = torch.einsum("bhmn,bnhpc->bmhpc", okf, kf)
-        full = torch.einsum("bmhpc,bmhpc->bhp", qf, t)
-        sq.append(full)
-        # centred along each row: minus (sum_n ok a_p[m, n])^2 / (keys of row m), summed over m
-        r = torch.einsum("bhmn,bnhpc->bmhpc", okf, torch.stack((k0, k1), -1))
-        rows = q0 * r[..., 0] + q1 * r[..., 1]  # [b, m, H, p]
-        mean_sq = torch.where(per_row > 0, rows**2 / per_row.clamp(min=1), torch.zeros_like(rows))
-        cq.append((full - mean_sq.sum(1)).clamp(min=0))
-    shares, valid = [], []
-    for parts in (sq, cq):
-        ss = torch.cat(parts, -1) * rotated[None]  # [b, H, pairs]
-        total = ss.sum(-1, keepdim=True)
-        ok_b = total[..., 0] > 0
-        shares.append(torch.where(ok_b[..., None], ss / total.clamp(min=1e-300), 0 * ss).sum(0))
-        valid.append(ok_b.to(F64).sum(0))
-    sums = torch.stack((torch.cat(qn, -1), torch.cat(kn, -1), *shares))
-    return sums, torch.stack(valid)
+    return sums, counts, n_tokens

@@ -121,7 +121,6 @@ def positional_scores(
     model: ProbeModel, tokens: Tensor, *, pad_mask: Tensor | None = None, batch_size: int = 8
 ) -> PositionalScores:
     """:class:`PositionalScores` of every head on ``tokens [n, pos]`` (n >= 2)."""
-    cfg = model.cfg
     check_finite_model(model, "positional_scores")
     check_count(batch_size, "batch_size", 1, "positional_scores")
     tokens, _, checked_pm = check_examples(model, tokens, None, pad_mask, who="positional_scores")
@@ -129,81 +128,12 @@ def positional_scores(
     n, n_pos = tokens.shape
     if n < 2:
         raise ValueError("positional_scores: need at least 2 examples (the template is split-half)")
-    device = model.W_E.device
-    L, H = cfg.n_layers, cfg.n_heads
-    names = [f"blocks.{layer}.attn.hook_attn_scores" for layer in range(L)]
+    L = model.cfg.n_layers
     enc = model.encoding
     # the encoding's own term needs its terms (not over a bridge's ALiBi: NaN there, the rest is measured)
     reads_direct = enc.decomposes
-    direct_names = [
-        n for layer in range(L) for n in qk_hooks(layer) + [f"blocks.{layer}.attn.hook_pos_bias"]
-    ]
-    f64 = torch.float64
-    d_sums = torch.zeros(
-        5, L, H, dtype=f64, device=device
-    )  # sum d, d^2, s, s^2, count over valid entries
-    # per half: sums, sums of squares and counts per (layer, head, i, j): each head's own mask
-    # (a sliding-window layer allows fewer entries than a global one)
-    s1 = torch.zeros(2, L, H, n_pos, n_pos, dtype=f64, device=device)
-    s2 = torch.zeros_like(s1)
-    cnt = torch.zeros_like(s1)
-    toep_sum = torch.zeros(L, H, dtype=f64, device=device)
-    toep_n = torch.zeros(L, H, dtype=f64, device=device)
-    half_of = torch.arange(n) % 2
-    with eval_mode(model), torch.no_grad():
-        for start in range(0, n, batch_size):
-            rows = slice(start, min(n, start + batch_size))
-            toks = tokens[rows].to(device)
-            pm = None if pad_mask is None else pad_mask[rows].to(device)
-            _, cache = model.run_with_cache(toks, pm, names_filter=names + direct_names)
-            raw = torch.stack([cache[nm] for nm in names], 1)  # [b, L, H, q, k]
-            finite = allowed(raw)  # in the dtype the model masked in
-            scores = raw.to(f64)
-            if cfg.mask_padding:
-                qv = (toks != cfg.pad_id) if pm is None else pm
-                finite = finite & qv[:, None, None, :, None]
-            scores = torch.where(finite, scores, torch.zeros((), dtype=f64, device=device))
-            direct = torch.stack(
-                [_direct(model, cache, layer, n_pos, reads_direct) for layer in range(L)], 1
-            )
-            d_sums += torch.stack(
-                [
-                    (direct * finite).sum((0, 3, 4)),
-                    (direct**2 * finite).sum((0, 3, 4)),
-                    scores.sum((0, 3, 4)),
-                    (scores**2).sum((0, 3, 4)),
-                    finite.to(f64).sum((0, 3, 4)),
-                ]
-            )
-            t = toeplitz_score(scores, finite)
-            ok = torch.isfinite(t)
-            toep_sum += torch.where(ok, t, torch.zeros_like(t)).sum(0)
-            toep_n += ok.sum(0)
-            for hf in (0, 1):
-                sel = (half_of[rows] == hf).to(device)
-                if not bool(sel.any()):
-                    continue
-                s1[hf] += scores[sel].sum(0)
-                s2[hf] += (scores[sel] ** 2).sum(0)
-                cnt[hf] += finite[sel].to(f64).sum(0)
-
-    r2 = []
-    for a, b in ((0, 1), (1, 0)):
-        both = (cnt[a] > 0) & (cnt[b] > 0)
-        t_a = s1[a] / cnt[a].clamp(min=1)
-        w = both.to(f64)
-        n_b = (cnt[b] * w).sum((-2, -1))
-        sum_b = (s1[b] * w).sum((-2, -1))
-        sq_b = (s2[b] * w).sum((-2, -1))
-        ss_tot = sq_b - sum_b**2 / n_b.clamp(min=1)
-        ss_res = (w * (s2[b] - 2 * t_a * s1[b] + cnt[b] * t_a**2)).sum((-2, -1))
-        deg = ss_tot <= 1e-20 * sq_b.clamp(min=1e-300)
-        r2.append(
-            torch.where(
-                deg, torch.full_like(ss_tot, math.nan), 1 - ss_res / ss_tot.clamp(min=1e-300)
-            )
-        )
-    template = ((r2[0] + r2[1]) / 2).clamp(min=0.0, max=1.0)
+    d_sums, halves, toep_sum, toep_n = _sums(model, tokens, pad_mask, batch_size, reads_direct)
+    template = _split_half(*halves)
     toeplitz = torch.where(
         toep_n > 0, toep_sum / toep_n.clamp(min=1), torch.full_like(toep_sum, math.nan)
     )
@@ -225,6 +155,96 @@ def positional_scores(
         n_examples=n,
         direct=direct.float().cpu(),
     )
+
+
+def _sums(model: ProbeModel, tokens: Tensor, pad_mask, batch_size: int, reads_direct: bool):
+    """One forward per batch: the sums of the encoding's own term and of the logits
+    (``[5, L, H]``: d, d^2, s, s^2, count over valid entries), each half's sums, sums of squares
+    and counts per (layer, head, i, j), and the summed per-example Toeplitz R^2 and its count."""
+    cfg, device, f64 = model.cfg, model.W_E.device, torch.float64
+    n, n_pos = tokens.shape
+    L, H = cfg.n_layers, cfg.n_heads
+    d_sums = torch.zeros(5, L, H, dtype=f64, device=device)
+    # per half: each head's own mask (a sliding-window layer allows fewer entries than a global one)
+    s1 = torch.zeros(2, L, H, n_pos, n_pos, dtype=f64, device=device)
+    s2 = torch.zeros_like(s1)
+    cnt = torch.zeros_like(s1)
+    toep_sum = torch.zeros(L, H, dtype=f64, device=device)
+    toep_n = torch.zeros(L, H, dtype=f64, device=device)
+    half_of = torch.arange(n) % 2
+    with eval_mode(model), torch.no_grad():
+        for start in range(0, n, batch_size):
+            rows = slice(start, min(n, start + batch_size))
+            toks = tokens[rows].to(device)
+            pm = None if pad_mask is None else pad_mask[rows].to(device)
+            scores, finite, direct = _batch(model, toks, pm, reads_direct)
+            d_sums += torch.stack(
+                [
+                    (direct * finite).sum((0, 3, 4)),
+                    (direct**2 * finite).sum((0, 3, 4)),
+                    scores.sum((0, 3, 4)),
+                    (scores**2).sum((0, 3, 4)),
+                    finite.to(f64).sum((0, 3, 4)),
+                ]
+            )
+            t = toeplitz_score(scores, finite)
+            ok = torch.isfinite(t)
+            toep_sum += torch.where(ok, t, torch.zeros_like(t)).sum(0)
+            toep_n += ok.sum(0)
+            for hf in (0, 1):
+                sel = (half_of[rows] == hf).to(device)
+                if not bool(sel.any()):
+                    continue
+                s1[hf] += scores[sel].sum(0)
+                s2[hf] += (scores[sel] ** 2).sum(0)
+                cnt[hf] += finite[sel].to(f64).sum(0)
+    return d_sums, (s1, s2, cnt), toep_sum, toep_n
+
+
+def _batch(model: ProbeModel, toks: Tensor, pm, reads_direct: bool):
+    """One batch's logits ``[b, L, H, q, k]`` in float64 (0 where not allowed), the allowed
+    entries, and the encoding's own term in them."""
+    cfg, device, f64 = model.cfg, model.W_E.device, torch.float64
+    L, n_pos = cfg.n_layers, toks.shape[1]
+    names = [f"blocks.{layer}.attn.hook_attn_scores" for layer in range(L)]
+    direct_names = [
+        n for layer in range(L) for n in qk_hooks(layer) + [f"blocks.{layer}.attn.hook_pos_bias"]
+    ]
+    _, cache = model.run_with_cache(toks, pm, names_filter=names + direct_names)
+    raw = torch.stack([cache[nm] for nm in names], 1)  # [b, L, H, q, k]
+    finite = allowed(raw)  # in the dtype the model masked in
+    scores = raw.to(f64)
+    if cfg.mask_padding:
+        qv = (toks != cfg.pad_id) if pm is None else pm
+        finite = finite & qv[:, None, None, :, None]
+    scores = torch.where(finite, scores, torch.zeros((), dtype=f64, device=device))
+    direct = torch.stack(
+        [_direct(model, cache, layer, n_pos, reads_direct) for layer in range(L)], 1
+    )
+    return scores, finite, direct
+
+
+def _split_half(s1: Tensor, s2: Tensor, cnt: Tensor) -> Tensor:
+    """The template's R^2: fitted on one half, scored on the other, both ways, averaged;
+    clipped to [0, 1] (NaN where the scored half's logits do not vary)."""
+    f64 = torch.float64
+    r2 = []
+    for a, b in ((0, 1), (1, 0)):
+        both = (cnt[a] > 0) & (cnt[b] > 0)
+        t_a = s1[a] / cnt[a].clamp(min=1)
+        w = both.to(f64)
+        n_b = (cnt[b] * w).sum((-2, -1))
+        sum_b = (s1[b] * w).sum((-2, -1))
+        sq_b = (s2[b] * w).sum((-2, -1))
+        ss_tot = sq_b - sum_b**2 / n_b.clamp(min=1)
+        ss_res = (w * (s2[b] - 2 * t_a * s1[b] + cnt[b] * t_a**2)).sum((-2, -1))
+        deg = ss_tot <= 1e-20 * sq_b.clamp(min=1e-300)
+        r2.append(
+            torch.where(
+                deg, torch.full_like(ss_tot, math.nan), 1 - ss_res / ss_tot.clamp(min=1e-300)
+            )
+        )
+    return ((r2[0] + r2[1]) / 2).clamp(min=0.0, max=1.0)
 
 
 def _direct(model: ProbeModel, cache, layer: int, n_pos: int, reads: bool = True) -> Tensor:

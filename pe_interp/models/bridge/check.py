@@ -89,35 +89,9 @@ class ForwardCheck:
             ]
             if normed[0] is not None and normed[1] is not None:
                 candidates.append(("hook_q_normed", "hook_k_normed", *normed))
-            found, err = None, math.inf
-            for qn, kn, cq, ck in candidates:
-                rq, rk = self._turn(cq, ck, spans)
-                if rot_q is not None and rot_k is not None:
-                    e = max(_gap(rq, rot_q), _gap(rk, rot_k))
-                else:  # no rotated q/k hooked: the scores say whether the rotation is the bridge's
-                    e = _score_gap(rq, rk, scores, self._scale(layer))
-                err = min(err, e)
-                if e <= _tolerance(rq):
-                    found = (qn, kn, rq, rk)
-                    break
+            found, err = self._match(layer, candidates, spans, rot_q, rot_k, scores)
             if found is None:
-                if self._qk_norm(layer) and (rot_q is None or len(candidates) == 1):
-                    lacks = (
-                        "a hook on them after the norm"
-                        if rot_q is not None
-                        else ("a hook on the rotated q/k (hook_rot_q/hook_rot_k)")
-                    )
-                    return "tables", (
-                        f"{name}: QK-norm before the rotation: the bridge's hook_q/hook_k hold q/k "
-                        f"before the norm of layer {layer}, and it has no {lacks}, so route shares "
-                        "and the logit decomposition cannot read or move its rotation"
-                    )
-                return "tables", (
-                    f"{name}: the rotary tables read from the model's rotary module do not reproduce "
-                    f"layer {layer}'s rotated q/k (max error {err:.2g}; a RoPE layout other than "
-                    "Hugging Face's rotate_half, or a per-layer RoPE the module does not give), so "
-                    "route shares and the logit decomposition cannot read or move its rotation"
-                )
+                return "tables", self._unmatched(layer, rot_q, len(candidates), err)
             if found[0] != "hook_q":
                 if rot_q is None or rot_k is None:
                     return "tables", (
@@ -131,28 +105,74 @@ class ForwardCheck:
         else:
             rq, rk = q, k
         if out["scores"] is None:
-            if scores is None:
-                return "scores", (
-                    f"{name}: the bridge fires no hook_attn_scores in layer {layer}, so the logit "
-                    "decomposition has nothing to split"
-                )
-            hf = self.model.bridge.original_model.config
-            cap = getattr(hf, "attn_logit_softcapping", None)
-            if cap:  # the softmax reads tanh-capped scores, whatever their size in this forward
-                return "scores", (
-                    f"{name}: attention logit soft-capping (attn_logit_softcapping = {cap:g}): the "
-                    "softmax reads cap * tanh(scores / cap), which is no sum of terms, so the logit "
-                    "decomposition cannot split it; route shares, positional_scores' template and "
-                    "Toeplitz scores, ablation and patching run on it"
-                )
-            e = _score_gap(rq, rk, scores, self._scale(layer))
-            if e > _tolerance(scores):
-                return "scores", (
-                    f"{name}: the bridge's hook_attn_scores are not scale * rot(q) . rot(k) in "
-                    f"layer {layer} (max error {e:.2g}: a bias or a cap inside them), so the logit "
-                    "decomposition cannot split them; route shares, positional_scores' template "
-                    "and Toeplitz scores, ablation and patching run on it"
-                )
+            return self._check_scores(layer, rq, rk, scores)
+        return None
+
+    def _match(
+        self, layer: int, candidates: list, spans, rot_q, rot_k, scores
+    ) -> tuple[tuple | None, float]:
+        """The first candidate ``(q hook, k hook, q, k)`` whose rotation reproduces the rotated q/k
+        (or, where they are not hooked, the scores), rotated; and the smallest error seen."""
+        found, err = None, math.inf
+        for qn, kn, cq, ck in candidates:
+            rq, rk = self._turn(cq, ck, spans)
+            if rot_q is not None and rot_k is not None:
+                e = max(_gap(rq, rot_q), _gap(rk, rot_k))
+            else:  # no rotated q/k hooked: the scores say whether the rotation is the bridge's
+                e = _score_gap(rq, rk, scores, self._scale(layer))
+            err = min(err, e)
+            if e <= _tolerance(rq):
+                found = (qn, kn, rq, rk)
+                break
+        return found, err
+
+    def _unmatched(self, layer: int, rot_q, n_candidates: int, err: float) -> str:
+        """Why no candidate's rotation reproduces the layer's: a QK-norm it cannot see behind, or
+        tables other than the model's."""
+        name = self.model.cfg.encoding_name
+        if self._qk_norm(layer) and (rot_q is None or n_candidates == 1):
+            lacks = (
+                "a hook on them after the norm"
+                if rot_q is not None
+                else ("a hook on the rotated q/k (hook_rot_q/hook_rot_k)")
+            )
+            return (
+                f"{name}: QK-norm before the rotation: the bridge's hook_q/hook_k hold q/k "
+                f"before the norm of layer {layer}, and it has no {lacks}, so route shares "
+                "and the logit decomposition cannot read or move its rotation"
+            )
+        return (
+            f"{name}: the rotary tables read from the model's rotary module do not reproduce "
+            f"layer {layer}'s rotated q/k (max error {err:.2g}; a RoPE layout other than "
+            "Hugging Face's rotate_half, or a per-layer RoPE the module does not give), so "
+            "route shares and the logit decomposition cannot read or move its rotation"
+        )
+
+    def _check_scores(self, layer: int, rq: Tensor, rk: Tensor, scores) -> tuple[str, str] | None:
+        """Whether ``hook_attn_scores`` is ``scale * rot(q) . rot(k)`` where the mask allows it."""
+        name = self.model.cfg.encoding_name
+        if scores is None:
+            return "scores", (
+                f"{name}: the bridge fires no hook_attn_scores in layer {layer}, so the logit "
+                "decomposition has nothing to split"
+            )
+        hf = self.model.bridge.original_model.config
+        cap = getattr(hf, "attn_logit_softcapping", None)
+        if cap:  # the softmax reads tanh-capped scores, whatever their size in this forward
+            return "scores", (
+                f"{name}: attention logit soft-capping (attn_logit_softcapping = {cap:g}): the "
+                "softmax reads cap * tanh(scores / cap), which is no sum of terms, so the logit "
+                "decomposition cannot split it; route shares, positional_scores' template and "
+                "Toeplitz scores, ablation and patching run on it"
+            )
+        e = _score_gap(rq, rk, scores, self._scale(layer))
+        if e > _tolerance(scores):
+            return "scores", (
+                f"{name}: the bridge's hook_attn_scores are not scale * rot(q) . rot(k) in "
+                f"layer {layer} (max error {e:.2g}: a bias or a cap inside them), so the logit "
+                "decomposition cannot split them; route shares, positional_scores' template "
+                "and Toeplitz scores, ablation and patching run on it"
+            )
         return None
 
     def _qk_norm(self, layer: int) -> bool:
