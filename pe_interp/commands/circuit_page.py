@@ -15,7 +15,7 @@ def _num(x: Any) -> str:
     return "" if x is None else f"{x:+.3f}"
 
 
-def _num(v: float | None) -> str:
+def _cell(v: float | None) -> str:
     """A table cell: three decimals, or a dash where nothing was measured (NaN is saved as null)."""
     return "–" if v is None or v != v else f"{v:.3f}"
 
@@ -49,7 +49,7 @@ def body_html(c) -> str:
     if route.get("layer0"):
         l0 = route["layer0"]
         cells = "".join(
-            f"<tr><td>{html.escape(k)}</td><td>{_num(v)}</td><td>{_num(l0['toeplitz'].get(k))}</td></tr>"
+            f"<tr><td>{html.escape(k)}</td><td>{_cell(v)}</td><td>{_cell(l0['toeplitz'].get(k))}</td></tr>"
             for k, v in l0["variance_share"].items()
         )
         parts.append(
