@@ -190,7 +190,7 @@ def test_acdc_equals_a_naive_loop_of_exact_forwards(positional, capsys):
     """Speculation and skipping units that no longer reach the logits change no decision (nor
     does the progress bar, which counts every unit decided)."""
     from probes.circuits.acdc import acdc, overlap
-    from probes.circuits.faithfulness import _Evaluator
+    from probes.circuits.faithfulness import EdgeEvaluator
     from probes.circuits.paths import prune
 
     model = random_model("rope", n_layers=2)
@@ -208,7 +208,7 @@ def test_acdc_equals_a_naive_loop_of_exact_forwards(positional, capsys):
         progress=positional,
     )
     S = 2 if positional else 1
-    ev = _Evaluator(
+    ev = EdgeEvaluator(
         model,
         clean,
         corrupt,

@@ -10,7 +10,7 @@ from circuit_env import FN, SPANS, random_model, random_pairs
 
 from probes.circuits import faithfulness_curve, minimal_circuit
 from probes.circuits.engine import capture, contributions, writer_hooks
-from probes.circuits.faithfulness import _Evaluator, ablated_metric
+from probes.circuits.faithfulness import EdgeEvaluator, ablated_metric
 from probes.circuits.learned import _budget_mask, _threshold, learn_ranking
 from probes.circuits.paths import prune
 
@@ -19,7 +19,7 @@ def _setup(positional: bool):
     model = random_model("rope", n_layers=2)
     clean, corrupt = random_pairs()
     S = 4 if positional else 1
-    ev = _Evaluator(
+    ev = EdgeEvaluator(
         model,
         clean,
         corrupt,

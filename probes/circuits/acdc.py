@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from probes.circuits.edge_ablation import _Evaluator, has_gap, unit_span_names
+from probes.circuits.edge_ablation import EdgeEvaluator, has_gap, unit_span_names
 from probes.circuits.engine import resolve
-from probes.circuits.paths import _backward, prune
+from probes.circuits.paths import backward_through, prune
 from probes.circuits.selection import Circuit, circuit_from_mask
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def acdc(
     t0 = time.perf_counter()
     names = unit_span_names(spans, span_names, "acdc")
     S = max(1, len(names))
-    ev = _Evaluator(
+    ev = EdgeEvaluator(
         model,
         clean,
         corrupt,
@@ -135,7 +135,9 @@ class _Search:
         """Try the units into reader ``r`` (the latest writer first, spans in order), ``k`` at a
         time; those no kept unit connects to the logits any more go without a forward."""
         graph, keep = self.ev.graph, self.keep
-        used = _backward(graph, keep, False)[r]  # [S]: whether the reader still reaches the logits
+        used = backward_through(graph, keep, False)[
+            r
+        ]  # [S]: whether the reader still reaches the logits
         before = int(keep[r].sum())
         keep[r] &= used[None, :]
         cands = [

@@ -59,7 +59,7 @@ from torch import Tensor
 
 from pe_interp.util.modes import eval_mode
 from probes.circuits.alignment import moved
-from probes.circuits.attribution_chunk import _chunk
+from probes.circuits.attribution_chunk import attribute_chunk
 from probes.circuits.engine import (
     as_pair,
     as_run,
@@ -189,7 +189,7 @@ def attribute(
         for c0 in range(0, n, chunk):
             sl = slice(c0, c0 + chunk)
             bins = None if ids is None else (ids[sl].to(c.tokens.device), len(names))
-            part = _chunk(
+            part = attribute_chunk(
                 model,
                 graph,
                 c.rows(sl),

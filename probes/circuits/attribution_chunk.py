@@ -1,6 +1,6 @@
 """One chunk of examples of attribution patching: the hooked runs and the summed estimates.
 
-:func:`_chunk` runs the base forward and backward (once per gradient variant: GradDrop's dropped
+:func:`attribute_chunk` runs the base forward and backward (once per gradient variant: GradDrop's dropped
 blocks, EAP-IG's interpolation steps) on a chunk of examples and returns the summed (not yet
 averaged) scores of nodes and edges, summed over positions, per position or per span bin;
 :func:`_qk_fix` is AtP*'s exact recomputation of the attention softmax for query and key edges.
@@ -90,7 +90,7 @@ def _qk_fix(
     ``sign * sum_b sum (A(x + sign * delta_w) - A(x)) . dm/dA`` per query head. The delta goes into
     every head of the fork at once; a query head's pattern reads its own key/value head only, so
     under grouped key/value heads query head ``h``'s entry is its share of the edge into its key/value
-    head, and that edge is the sum over the group (:func:`_chunk`)."""
+    head, and that edge is the sum over the group (:func:`attribute_chunk`)."""
     out = {}
     b = len(base)
     for layer in range(graph.n_layers):
@@ -133,7 +133,7 @@ def _qk_fix(
     return out
 
 
-def _chunk(
+def attribute_chunk(
     model: ProbeModel,
     graph,
     clean: Run,

@@ -3,7 +3,7 @@
 :func:`ablated_metric`: an ablated edge's reader reads the writer's term from another run instead
 of the live one (TransformerLens' ``faithfulness`` rule): the paired corrupt run's, a resampled
 clean example's (a seeded derangement) or their mean per position (:data:`ABLATIONS`).
-:class:`_Evaluator` measures keep masks ``[k, readers, writers, spans]`` on fixed pairs, with the
+:class:`EdgeEvaluator` measures keep masks ``[k, readers, writers, spans]`` on fixed pairs, with the
 clean run (everything kept) and the corrupt one (nothing kept) as the ends of the scale. Used by
 :mod:`probes.circuits.faithfulness`, :mod:`probes.circuits.acdc` and :mod:`probes.circuits.learned`.
 """
@@ -165,7 +165,7 @@ def unit_span_names(spans: Any, span_names: Any, who: str) -> tuple[str, ...]:
     return names
 
 
-class _Evaluator:
+class EdgeEvaluator:
     """Measures keep masks ``[k, readers, writers, spans]`` on fixed pairs: the mean metric of
     each, the clean run's (everything kept) and the corrupt one's (nothing kept)."""
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from probes.circuits.edge_ablation import (
     ABLATIONS,
-    _Evaluator,
+    EdgeEvaluator,
     ablated_metric,
     has_gap,
     unit_span_names,
@@ -59,7 +59,7 @@ def _circuit_masks(c: Circuit, graph: Graph, sizes: Sequence[int]) -> np.ndarray
     return keeps
 
 
-def _summary(ev: _Evaluator, sizes, kept, per, total) -> dict[str, Any]:
+def _summary(ev: EdgeEvaluator, sizes, kept, per, total) -> dict[str, Any]:
     full, empty = ev.ends()
     m = per.mean(1)
     rec = (
@@ -125,7 +125,7 @@ def faithfulness_curve(
     if isinstance(scores, Circuit):
         return _circuit_curve(model, scores, clean, corrupt, sizes, spans, how)
     r = _ranking(scores, select=select, positional=positional, by=by)
-    ev = _Evaluator(
+    ev = EdgeEvaluator(
         model,
         clean,
         corrupt,
@@ -153,7 +153,7 @@ def _circuit_curve(model, c: Circuit, clean, corrupt, sizes, spans, how) -> dict
     """:func:`faithfulness_curve` of a :class:`Circuit`: its first ``n`` edges as listed."""
     graph = build_graph(model.cfg)
     n_spans = len(c.span_names) if c.positional else 1
-    ev = _Evaluator(
+    ev = EdgeEvaluator(
         model,
         clean,
         corrupt,
@@ -203,7 +203,7 @@ def minimal_circuit(
     if not isinstance(target, int | float) or not 0 < target <= 1:
         raise ValueError(f"minimal_circuit: target must be in (0, 1], got {target!r}")
     r = _ranking(scores, select=select, positional=positional, by=by)
-    ev = _Evaluator(
+    ev = EdgeEvaluator(
         model,
         clean,
         corrupt,
@@ -248,7 +248,7 @@ def minimal_circuit(
 
 
 def _smallest(
-    r: Ranking, ev: _Evaluator, target: float, points: int, full: float, empty: float
+    r: Ranking, ev: EdgeEvaluator, target: float, points: int, full: float, empty: float
 ) -> tuple[dict[int, tuple[int, float, float]], int]:
     """The search of :func:`minimal_circuit`: every size measured (size -> (kept, recovered,
     metric)) and the smallest prefix found to reach ``target``."""

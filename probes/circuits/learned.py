@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from pe_interp.util.modes import eval_mode
-from probes.circuits.edge_ablation import _Evaluator, ablated_metric, has_gap, unit_span_names
+from probes.circuits.edge_ablation import EdgeEvaluator, ablated_metric, has_gap, unit_span_names
 from probes.circuits.engine import capture, contributions, resolve, writer_hooks
 from probes.circuits.selection import SELECTIONS, Ranking, order_units
 from probes.common.inputs import check_count
@@ -99,7 +99,7 @@ def learn_ranking(
     start = time.perf_counter()
     names = unit_span_names(spans, span_names, who)
     S = max(1, len(names))
-    ev = _Evaluator(
+    ev = EdgeEvaluator(
         model,
         clean,
         corrupt,

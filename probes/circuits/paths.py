@@ -68,7 +68,7 @@ def _forward(graph: Graph, weight: np.ndarray, reach_max: bool) -> np.ndarray:
     return up
 
 
-def _backward(graph: Graph, weight: np.ndarray, reach_max: bool) -> np.ndarray:
+def backward_through(graph: Graph, weight: np.ndarray, reach_max: bool) -> np.ndarray:
     """Per reader and span, to the logits: whether it is used (bool) or its widest path."""
     R, W, S = weight.shape
     down = np.full((R, S), -np.inf if reach_max else False, dtype=weight.dtype)
@@ -95,7 +95,7 @@ def prune(graph: Graph, keep: np.ndarray) -> np.ndarray:
     units from the embedding to the logits."""
     keep = keep & graph.valid[..., None]
     live = _forward(graph, keep, False)
-    used = _backward(graph, keep, False)
+    used = backward_through(graph, keep, False)
     return keep & live[None] & used[:, None]
 
 
@@ -104,7 +104,7 @@ def widest_paths(graph: Graph, rank: np.ndarray) -> np.ndarray:
     embedding, the widest path from its reader to the logits); -inf where there is no unit."""
     w = np.where(graph.valid[..., None], np.nan_to_num(rank, nan=-np.inf), -np.inf)
     up = _forward(graph, w, True)
-    down = _backward(graph, w, True)
+    down = backward_through(graph, w, True)
     return np.minimum(np.minimum(w, up[None]), down[:, None])
 
 

@@ -44,7 +44,7 @@ from probes.gradients.per_head import (  # noqa: F401 - re-exported, as before t
     ALL_PARAMS,
     QK_PARAMS,
     HeadSlice,
-    _batch_parts,
+    batch_parts,
     coherence,
     head_gradient_stats,
     head_slices,
@@ -164,7 +164,7 @@ def gradient_coherence(
         seeds = tuple(init_seeds) if init_seeds is not None else (cfg.seed,)
     if not seeds:
         raise ValueError("gradient_coherence: init_seeds is empty")
-    tokens, labels, pad_mask = _batch_parts(batch, cfg.pad_id)
+    tokens, labels, pad_mask = batch_parts(batch, cfg.pad_id)
     if tokens.shape[0] < 1:
         raise ValueError("gradient_coherence: empty batch")
     try:

@@ -110,7 +110,7 @@ class _Unchecked(nn.Module):
         return self.model.forward_unchecked(tokens, key_valid)
 
 
-def _batch_parts(batch: Any, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
+def batch_parts(batch: Any, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
     if hasattr(batch, "tokens"):
         return batch.tokens, batch.labels, batch.pad_mask
     if isinstance(batch, tuple | list) and len(batch) in (2, 3):

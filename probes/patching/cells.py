@@ -108,7 +108,7 @@ def first_block(model: ProbeModel, site: str, layer: int) -> int:
     return layer if model.can_restart or resumes(model, site) else 0
 
 
-class _Patcher:
+class Patcher:
     """Patched forwards of one example chunk: caches both runs once, then runs cell groups."""
 
     def __init__(

@@ -71,7 +71,7 @@ from probes.patching.cells import (
     BLOCK_SITES,
     HEAD_SITES,
     SITES,
-    _Patcher,
+    Patcher,
     cell_layout,
     first_block,
     hook_name,
@@ -197,7 +197,7 @@ def _patch_cells(
         for start in range(0, n, chunk):
             rows = slice(start, min(n, start + chunk))
             m = None if pad_mask is None else pad_mask[rows]
-            patcher = _Patcher(model, site, layers, src_tokens[rows], recv_tokens[rows], m, m)
+            patcher = Patcher(model, site, layers, src_tokens[rows], recv_tokens[rows], m, m)
             bar.update(2 * L * (rows.stop - rows.start))
             src_logits_all.append(patcher.src_logits)
             recv_logits_all.append(patcher.recv_logits)
