@@ -146,6 +146,25 @@ def load_model_dir(
     if not bare:
         _check_task(path, task, preset, seed)  # a bad --task or --preset before the boot
     check_causal(path, given)
+    provenance, source = _weights_provenance(path, given)
+    bridge = boot_bridge(path, device=device)
+    check_finite(
+        bridge,
+        given,
+        "download the GGUF file again" if "gguf" in source else "save or download the model again",
+    )
+    check_attends_causally(path, given)
+    if bare:
+        return _as_vocab_run(path, bridge, provenance, source)
+    if is_prompt_task(task):
+        return _as_prompt_run(path, bridge, task, preset, seed, provenance, accuracy, check_prompts)
+    return _as_run(path, bridge, task, preset, seed, provenance, source)
+
+
+def _weights_provenance(path: Path, given: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The weights of the model directory ``path`` (``given``: what the user named, a GGUF file
+    perhaps) checked whole and within memory, and what every result records of them: their
+    hash, and where they came from."""
     weights = next((path / f for f in WEIGHT_FILES if (path / f).is_file()), None)
     if weights is None:
         raise CheckpointError(f"{path}: no weights ({' or '.join(WEIGHT_FILES)})")
@@ -160,18 +179,7 @@ def load_model_dir(
     if given != path:  # what the user named: the GGUF file, in messages
         source["file"] = str(given)
     provenance["source"] = source  # every result records where its weights came from
-    bridge = boot_bridge(path, device=device)
-    check_finite(
-        bridge,
-        given,
-        "download the GGUF file again" if "gguf" in source else "save or download the model again",
-    )
-    check_attends_causally(path, given)
-    if bare:
-        return _as_vocab_run(path, bridge, provenance, source)
-    if is_prompt_task(task):
-        return _as_prompt_run(path, bridge, task, preset, seed, provenance, accuracy, check_prompts)
-    return _as_run(path, bridge, task, preset, seed, provenance, source)
+    return provenance, source
 
 
 def task_choices() -> str:

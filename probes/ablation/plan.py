@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor
 
 from probes.ablation.engines import check_engine
@@ -123,13 +122,9 @@ def check_request(
     amp=False,
     who="ablate_heads",
     engine: Any = "exact",
-    rows: bool = False,
 ) -> AblationRequest:
     """Every check of a sweep, in one place: a one-line ``ValueError`` for the first bad argument.
-    A raw TransformerLens bridge is wrapped here (:func:`probes.common.inputs.as_probe_model`).
-
-    ``rows``: the metric reads each example by its row index, not a class label (route shares read
-    a row's pair of labels so): ``labels`` must be None and become ``0..n-1``."""
+    A raw TransformerLens bridge is wrapped here (:func:`probes.common.inputs.as_probe_model`)."""
     model = as_probe_model(model, who)
     engine = check_engine(engine, head_sets is not None)
     if method not in METHODS:
@@ -145,13 +140,9 @@ def check_request(
     units, grid = units_of(model, layers, heads, head_sets, who)
     check_finite_model(model, who)
     n_bootstrap = check_count(n_bootstrap, "n_bootstrap", 0, who)
-    if rows and labels is not None:
-        raise ValueError(f"{who}: a sweep whose metric reads rows takes no labels")
     tokens, labels, pad_mask = check_examples(model, tokens, labels, pad_mask, who=who)
     if tokens.shape[0] == 0:
         raise ValueError(f"{who}: no examples to evaluate")
-    if rows:
-        labels = torch.arange(tokens.shape[0], device=tokens.device)
     ref = None if reference is None else check_reference(model, reference, who)
     if method == "mean" and ref is None and tokens.shape[0] < 2:
         raise ValueError(

@@ -144,28 +144,9 @@ def check_patch(
         raise ValueError(
             "patch: the default metric needs clean_labels and corrupt_labels (or pass metric=)"
         )
-    # both runs share pad_mask (pairs are aligned): it must fit the clean and the corrupt tokens
-    clean_tokens, clean_labels, mask = check_examples(
-        model,
-        clean_tokens,
-        clean_labels,
-        pad_mask,
-        who="patch",
-        what="clean_tokens",
-        label_name="clean_labels",
+    clean_tokens, corrupt_tokens, clean_labels, corrupt_labels, pad_mask = _check_examples(
+        model, clean_tokens, corrupt_tokens, clean_labels, corrupt_labels, pad_mask, default_metric
     )
-    corrupt_tokens, corrupt_labels, _ = check_examples(
-        model,
-        corrupt_tokens,
-        corrupt_labels,
-        pad_mask,
-        who="patch",
-        what="corrupt_tokens",
-        label_name="corrupt_labels",
-    )
-    pad_mask = None if pad_mask is None else mask
-    if default_metric:
-        check_pairs_differ(model, clean_tokens, corrupt_tokens, clean_labels, corrupt_labels, mask)
     if direction == "clean_to_corrupt":
         src_tokens, recv_tokens = clean_tokens, corrupt_tokens
     else:
@@ -191,6 +172,41 @@ def check_patch(
         chunk,
         group,
     )
+
+
+def _check_examples(
+    model: ProbeModel,
+    clean_tokens: Tensor,
+    corrupt_tokens: Tensor,
+    clean_labels: Tensor | None,
+    corrupt_labels: Tensor | None,
+    pad_mask: Tensor | None,
+    default_metric: bool,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None]:
+    """Both runs checked on the model's device, and (the default metric) the pairs' own check."""
+    # both runs share pad_mask (pairs are aligned): it must fit the clean and the corrupt tokens
+    clean_tokens, clean_labels, mask = check_examples(
+        model,
+        clean_tokens,
+        clean_labels,
+        pad_mask,
+        who="patch",
+        what="clean_tokens",
+        label_name="clean_labels",
+    )
+    corrupt_tokens, corrupt_labels, _ = check_examples(
+        model,
+        corrupt_tokens,
+        corrupt_labels,
+        pad_mask,
+        who="patch",
+        what="corrupt_tokens",
+        label_name="corrupt_labels",
+    )
+    pad_mask = None if pad_mask is None else mask
+    if default_metric:
+        check_pairs_differ(model, clean_tokens, corrupt_tokens, clean_labels, corrupt_labels, mask)
+    return clean_tokens, corrupt_tokens, clean_labels, corrupt_labels, pad_mask
 
 
 def _check_shapes(

@@ -125,36 +125,12 @@ def route_shares(
     )
     extra, routes = position_routes(model)
     heads = [(int(a), int(h)) for a, h in zip(*np.nonzero(routes))]
-    n = len(clean)
     batch_size = default_batch_size(model) if batch_size is None else batch_size
     watch = FiniteWatch()
-    # the metric reads a row's pair of labels by its index (the sweep passes "labels" through)
-    ld_of = Metric("logit difference", lambda logits, i: logit_diff(logits, good[i], bad[i]))
     with eval_mode(model):
-        moved = MovedOutputs(model, clean, mask, sigma, routes)
-        estimates = None
-        if screen is not None and screen.k < len(heads):
-            moved = MovedOnce(moved, batch_size)
-            estimates = route_estimates(
-                model,
-                clean,
-                mask,
-                good,
-                bad,
-                moved,
-                path=screen.path,
-                steps=screen.steps,
-                batch_size=batch_size,
-            )
-            heads = screened_heads(estimates, routes, screen.k)
-        if heads:  # each head's route as a replacement of its output in the exact sweep
-            rows_of = torch.arange(n, device=clean.device)  # the metric reads each row's pair
-            sweep = Sweep(
-                model, clean, rows_of, mask, [(u,) for u in heads], ld_of, batch_size, progress
-            )
-            ld_clean, ld_heads = exact_sweep(sweep, moved, watch)
-        else:
-            ld_clean, ld_heads = None, torch.empty(0, n, dtype=torch.float64)
+        heads, estimates, ld_clean, ld_heads = _head_routes(
+            model, clean, mask, good, bad, sigma, routes, heads, screen, batch_size, progress, watch
+        )
         # the residual route and every route at once: whole forwards from the embedding
         whole = [EMBED] * bool(extra) + ["all"]
         ld_whole = _whole_routes(
@@ -237,6 +213,53 @@ def _check_routes(
     except ValueError as err:
         raise ValueError(f"{who}: {err}") from None
     return clean, corrupt, good, bad, mask, sigma, screen
+
+
+def _head_routes(
+    model: ProbeModel,
+    clean: Tensor,
+    mask: Tensor,
+    good: Tensor,
+    bad: Tensor,
+    sigma: Tensor,
+    routes: np.ndarray,
+    heads: list[tuple[int, int]],
+    screen: Screen | None,
+    batch_size: int,
+    progress: bool,
+    watch: FiniteWatch,
+) -> tuple[list[tuple[int, int]], np.ndarray | None, Tensor | None, Tensor]:
+    """Each head's route as a replacement of its output in the exact sweep (the ``screen``'s
+    ``k`` largest estimates only, where it screens): ``(heads measured, estimates or None, the
+    clean logit differences or None, [heads, n] with each head's positions moved)``."""
+    n = len(clean)
+    # the metric reads a row's pair of labels by its index (the sweep passes "labels" through)
+    ld_of = Metric("logit difference", lambda logits, i: logit_diff(logits, good[i], bad[i]))
+    moved = MovedOutputs(model, clean, mask, sigma, routes)
+    estimates = None
+    if screen is not None and screen.k < len(heads):
+        moved = MovedOnce(moved, batch_size)
+        estimates = route_estimates(
+            model,
+            clean,
+            mask,
+            good,
+            bad,
+            moved,
+            path=screen.path,
+            steps=screen.steps,
+            batch_size=batch_size,
+        )
+        heads = screened_heads(estimates, routes, screen.k)
+    if heads:  # each head's route as a replacement of its output in the exact sweep
+        rows_of = torch.arange(n, device=clean.device)  # the metric reads each row's pair
+        sweep = Sweep(
+            model, clean, rows_of, mask, [(u,) for u in heads], ld_of, batch_size, progress
+        )
+        ld_clean, ld_heads = exact_sweep(sweep, moved, watch)
+    else:
+        ld_clean, ld_heads = None, torch.empty(0, n, dtype=torch.float64)
+    return heads, estimates, ld_clean, ld_heads
 
 
 def _whole_routes(
