@@ -70,8 +70,9 @@ def test_grouped_key_value_heads_get_a_k_and_a_v_reader_each(families, family): 
     edges = attribute(model, pairs, granularity="edge")
     assert edges.readers == graph.readers
     np.testing.assert_allclose(np.nansum(edges.scores, axis=0), nodes.scores, atol=1e-5)
-    with pytest.raises(ValueError, match=f"^path_patch: the model's {H} query heads share 2 key"):
-        path_patch(model, pairs)
+    pp = path_patch(model, pairs, None, ["embed", "L0H0"], ["L1KV0.k", "L1KV1.v"], "k")
+    assert pp.receivers == ("L1KV0.k", "L1KV1.v") and np.isfinite(pp.values).all()
+    assert np.abs(pp.effects).max() > 0  # the patched key/value head moves the answer
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
