@@ -198,18 +198,6 @@ def reader_of(layer: int, head: int, component: str, graph: Graph) -> str:
     return f"{head_name(layer, head)}.{component}"
 
 
-def check_ungrouped(graph: Graph, who: str, lacks: str) -> None:
-    """One-line ValueError where ``graph``'s query heads share key/value heads and ``who`` has no
-    key/value-head readers yet (``lacks``: what it would need)."""
-    if graph.grouped:
-        kv = graph.kv_layout
-        raise ValueError(
-            f"{who}: the model's {kv.n_heads} query heads share {kv.n_kv_heads} key/value heads, and "
-            f"{lacks} has no key/value-head receivers yet (edge attribution, exact edge ablation "
-            "and faithfulness run on it)"
-        )
-
-
 def kv_heads_of(cfg) -> int | None:
     """The key/value heads of a model config where fewer than its query heads (a bridge's
     ``n_kv_heads``; our own model has none, so one per query head): None where ungrouped."""
@@ -297,7 +285,6 @@ __all__ = [
     "Site",
     "build_graph",
     "build_graph_from",
-    "check_ungrouped",
     "head_name",
     "kv_heads_of",
     "kv_name",
