@@ -169,7 +169,7 @@ def test_a_step_is_done_by_its_weights_not_by_the_path_they_were_named_by(tmp_pa
     are the same (sha256, origin); other weights or another n are not done."""
     import json
 
-    from pe_interp.commands.survey import _done
+    from pe_interp.commands.survey_checks import done as _done
 
     def stamp(file, sha="ab", n=64):
         source = {"weights": "model.safetensors", "gguf": {"sha256": "cd"}, "file": file}

@@ -45,6 +45,14 @@ from pe_interp.commands.options import (
     positive_n,
     seed_type,
 )
+from pe_interp.commands.survey_checks import (
+    changed_since,
+    check_model,
+    check_prompts,
+    check_steps,
+    prompt_preset,
+    stamp_of,
+)
 from pe_interp.report.survey import STEPS
 
 FAMILIES_SURVEYED = ("induction", "recall", "successor")
@@ -99,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--family must be a prompt family or a .jsonl file, got {args.family!r}")
     out = Path(args.out)
     todo = [s for s in STEPS if s in args.steps]
-    _check_steps(args, todo, out)  # what no model is needed to tell, before it loads
+    check_steps(args, todo, out)  # what no model is needed to tell, before it loads
     try:
         loaded = load_model_dir(
             args.model,
@@ -108,20 +116,20 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             device=device_arg(args.device),
             accuracy=False,  # every step checked first
-            check_prompts=lambda task, weights: _check_prompts(
-                task, _stamp(weights, task, args), args, todo, out
+            check_prompts=lambda task, weights: check_prompts(
+                task, stamp_of(weights, task, args), args, todo, out
             ),
         )
     except CheckpointError as err:
         raise ValueError(str(err)) from None
-    stamp = _stamp(loaded.provenance, loaded.task, args)
-    _check_model(loaded, args, todo)
+    stamp = stamp_of(loaded.provenance, loaded.task, args)
+    check_model(loaded, args, todo)
     loaded = with_accuracy(loaded)  # the first forward on the prompts
     out.mkdir(parents=True, exist_ok=True)
     print(f"{args.model}: {loaded.config['accuracy']['summary']}")
     for i, step in enumerate(todo, 1):
         path = out / f"{step}.json"
-        kept = None if step in args.redo else _changed(path, stamp, step, args)
+        kept = None if step in args.redo else changed_since(path, stamp, step, args)
         if kept == "":
             print(f"[{i}/{len(todo)}] {step}: done before ({path})")
             continue
@@ -135,173 +143,6 @@ def run(args: argparse.Namespace) -> int:
         save_result(path, payload, loaded.provenance, indent=1, kind=f"survey-{step}")
         print(f"[{i}/{len(todo)}] {step}: {payload.get('line', '')} ({payload['seconds']:.0f} s)")
     return _report(out, None)
-
-
-def prompt_preset(family: str, n: int) -> str:
-    """The preset whose prompts a family draws for ``--n n``: the smallest of quick, mid and paper
-    that holds n (quick for n <= 64, so that the first 64 prompts stay those of earlier surveys);
-    a one-line ValueError past the largest. A prompts file holds what it holds (its steps record
-    the number they used)."""
-    from pe_interp.prompts.task import PROMPT_COUNTS
-
-    if str(family).endswith(".jsonl"):
-        return "quick"
-    for preset in ("quick", "mid", "paper"):
-        if n <= PROMPT_COUNTS[preset]:
-            return preset
-    raise ValueError(
-        f"--n must be <= {PROMPT_COUNTS['paper']} for a prompt family (the most prompts it draws), "
-        f"got {n}"
-    )
-
-
-PAIR_STEPS = ("patching", "routes")  # the steps that read counterfactual pairs
-
-
-def _check_steps(args: argparse.Namespace, todo: list[str], out: Path) -> None:
-    """One line, before the model loads and before anything is written, for a step that cannot
-    run: frequency without the head_types step's heads, a pair step on a prompts file without
-    counterfactuals, --redo of a step not asked for, --n past what a family draws."""
-    from pe_interp.prompts.jsonl import count_counterfactuals
-
-    stray = [s for s in args.redo if s not in todo]
-    if stray:
-        raise ValueError(
-            f"--redo {' '.join(stray)}: not among --steps ({' '.join(todo)}); add it to --steps"
-        )
-    prompt_preset(args.family, args.n)
-    if "frequency" in todo and "head_types" not in todo and not (out / "head_types.json").is_file():
-        raise ValueError(
-            f"--steps frequency reads the heads the head_types step typed, and {out} has no "
-            "head_types.json: add head_types to --steps"
-        )
-    pair_steps = [s for s in PAIR_STEPS if s in todo]
-    jsonl = str(args.family).endswith(".jsonl")
-    if pair_steps and jsonl and count_counterfactuals(args.family) == 0:
-        named, rest = " and ".join(pair_steps), " ".join(s for s in todo if s not in PAIR_STEPS)
-        raise ValueError(
-            f"--family {args.family}: no line gives a counterfactual_prompt, which {named} "
-            f"{'need' if len(pair_steps) > 1 else 'needs'} (clean/counterfactual pairs): add "
-            "counterfactual_prompt and counterfactual_answer to its lines, or leave "
-            f"{named} out" + (f" (--steps {rest})" if rest else "")
-        )
-
-
-def _stamp(weights: dict[str, Any], task, args: argparse.Namespace) -> dict[str, Any]:
-    """What a step's file records of its inputs: the weights, the prompts and --n."""
-    return {"weights": weights, "prompts": task.to_dict(), "n": args.n}
-
-
-def _check_prompts(
-    task, stamp: dict[str, Any], args: argparse.Namespace, todo: list[str], out: Path
-) -> None:
-    """One line, once the prompts are read and before the model's first forward, for a step these
-    prompts cannot serve: a pair step on a file without counterfactuals, routes on content
-    counterfactuals, frequency reading a head_types.json of other weights, prompts or --n."""
-    user = getattr(task, "user", None)
-    pairs = None if user is None else user.counterfactuals
-    if user is not None and pairs is None and any(s in todo for s in PAIR_STEPS):
-        raise ValueError(f"--family {args.family}: no line gives a counterfactual_prompt")
-    if "routes" in todo and pairs is not None and pairs.kind != "position":
-        raise ValueError(
-            f"--family {args.family}: its counterfactuals change the tokens (content "
-            "counterfactuals), and route shares measure position on position-only pairs (the "
-            "same tokens moved): leave routes out of --steps, or give pairs that move the "
-            "prompt's tokens"
-        )
-    if "frequency" in todo and "head_types" not in todo:
-        why = _changed(out / "head_types.json", stamp, "head_types", args)
-        if why != "":
-            raise ValueError(
-                f"{out / 'head_types.json'} is not of this survey ({why or 'missing'}), and "
-                "the frequency step reads its heads: add head_types to --steps"
-            )
-
-
-def _check_model(loaded, args: argparse.Namespace, todo: list[str]) -> None:
-    """One line, once the model is built and before its first forward on the prompts, for a step
-    this model cannot serve: routes where its positions cannot be moved, frequency where it does
-    not rotate queries and keys."""
-    model = loaded.model
-    if "routes" in todo:
-        from probes.routes.moving import can_move_positions
-
-        if not can_move_positions(model):
-            raise ValueError(
-                f"{args.model}: route shares cannot move this model's positions "
-                f"({model.cfg.encoding_name}): leave routes out of --steps"
-            )
-    if "frequency" in todo:
-        from probes.decomposition.frequency import not_rotary
-
-        why = not_rotary(model)
-        if why:
-            raise ValueError(f"{args.model}: {why}: leave frequency out of --steps")
-
-
-# What a step's numbers depend on besides the weights, the prompts and --n (the stamp): read
-# back from its saved result, so that a step run with other options is run again.
-STEP_OPTIONS: dict[str, tuple[str, ...]] = {
-    "ablation": ("n_bootstrap", "seed"),
-    "patching": ("n_bootstrap",),
-    "routes": ("n_bootstrap", "seed"),
-}
-
-
-def _changed(path: Path, stamp: dict[str, Any], step: str, args: argparse.Namespace) -> str | None:
-    """Why the step's file cannot stand for this run of the step ("" where it can: it records
-    these weights, these prompts, this n and these options; None where there is no file), said
-    as what changed."""
-    try:
-        saved = json.loads(path.read_text())
-        recorded = saved["survey"]
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return "its file is unreadable"
-    if not _done_stamp(recorded, stamp):
-        if isinstance(recorded, dict) and recorded.get("n") != stamp["n"]:
-            return f"--n {recorded.get('n')} before, {stamp['n']} now"
-        return "other weights or prompts"
-    result = saved.get("result") if isinstance(saved.get("result"), dict) else {}
-    for option in STEP_OPTIONS.get(step, ()):
-        before, now = result.get(option), getattr(args, option)
-        if before != now:
-            return f"--{option.replace('_', '-')} {before} before, {now} now"
-    if step == "frequency":  # it reads the head_types step's heads: those of head_types.json now
-        try:
-            types = json.loads((path.parent / "head_types.json").read_text())["result"]["types"]
-            heads = [list(h) for h in types["previous_token"]]
-        except (OSError, ValueError, KeyError, TypeError):
-            heads = None
-        if saved.get("positional_heads") != heads:
-            return "the head_types step's heads changed"
-    return ""
-
-
-def _done(path: Path, stamp: dict[str, Any]) -> bool:
-    """The step's file records these weights, these prompts and this n (the weights by their
-    hash and origin, not by the path the model was named by: a survey resumes under another)."""
-    try:
-        saved = json.loads(path.read_text())["survey"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return _done_stamp(saved, stamp)
-
-
-def _done_stamp(saved: Any, stamp: dict[str, Any]) -> bool:
-    return _identity(json.loads(json.dumps(stamp, default=str))) == _identity(saved)
-
-
-def _identity(stamp: Any) -> Any:
-    """A stamp without the path the weights were named by (``weights.source.file``)."""
-    if not isinstance(stamp, dict):
-        return stamp
-    source = (stamp.get("weights") or {}).get("source")
-    if isinstance(source, dict) and "file" in source:
-        source = {k: v for k, v in source.items() if k != "file"}
-        return {**stamp, "weights": {**stamp["weights"], "source": source}}
-    return stamp
 
 
 def _prompts(loaded, n: int):
