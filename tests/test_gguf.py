@@ -15,6 +15,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from pe_interp.runs import gguf as pg  # noqa: E402
+from pe_interp.runs import gguf_file as gf  # noqa: E402
 from pe_interp.util.io import CorruptFileError  # noqa: E402
 
 VOCAB, HIDDEN, HEADS, KV_HEADS, LAYERS, CTX = 300, 64, 4, 2, 2, 64
@@ -173,7 +174,7 @@ def test_provenance_records_the_file_and_its_quantisation(tmp_path, counted):
     out = pg.convert_gguf(path, tmp_path / "cache")
     prov = pg.gguf_provenance(out)
     assert prov == json.loads((out / pg.PROVENANCE).read_text())
-    assert prov["sha256"] == pg.file_sha256(path) and out.name == prov["sha256"][:16]
+    assert prov["sha256"] == gf.file_sha256(path) and out.name == prov["sha256"][:16]
     assert prov["file"] == "q8.gguf" and prov["size"] == path.stat().st_size
     assert prov["file_type"] == "MOSTLY_Q8_0" and prov["dequantised"] == "fp32"
     assert prov["tensor_types"] == {"Q8_0": 1 + 7 * LAYERS + 1, "F32": 2 * LAYERS + 1}
@@ -199,7 +200,7 @@ def test_the_cache_root_follows_the_environment(tmp_path, monkeypatch, counted):
     path = write_gguf(tiny_llama(), tmp_path / "tiny.gguf")
     monkeypatch.setenv(pg.CACHE_ENV, str(tmp_path / "env"))
     out = pg.convert_gguf(path)
-    assert out == tmp_path / "env" / "gguf" / pg.file_sha256(path)[:16]
+    assert out == tmp_path / "env" / "gguf" / gf.file_sha256(path)[:16]
     monkeypatch.delenv(pg.CACHE_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert pg.cache_root() == tmp_path / "xdg" / "pe-interp" / "gguf"
@@ -278,15 +279,17 @@ def test_a_model_too_large_for_memory_is_refused_before_loading(tmp_path, monkey
 
 
 def test_available_memory_is_read_from_the_system():
-    free = pg.available_memory()
+    from pe_interp.util.hardware import available_memory
+
+    free = available_memory()
     assert free is None or free > 0
 
 
 def test_is_gguf_file_by_name_or_magic(tmp_path):
     path = write_gguf(tiny_llama(), tmp_path / "tiny.gguf")
     renamed = path.rename(tmp_path / "tiny.bin")
-    assert pg.is_gguf_file(renamed) and pg.is_gguf_file(tmp_path / "absent.gguf")
-    assert not pg.is_gguf_file(tmp_path) and not pg.is_gguf_file(tmp_path / "absent.bin")
+    assert gf.is_gguf_file(renamed) and gf.is_gguf_file(tmp_path / "absent.gguf")
+    assert not gf.is_gguf_file(tmp_path) and not gf.is_gguf_file(tmp_path / "absent.bin")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -299,7 +302,7 @@ def test_convert_prints_the_cached_directory(tmp_path, capsys, counted):
     cache = tmp_path / "cache"
     assert main(["convert", str(path), "--cache", str(cache)]) == 0
     out, err = capsys.readouterr()
-    assert out == f"{cache / pg.file_sha256(path)[:16]}\n"
+    assert out == f"{cache / gf.file_sha256(path)[:16]}\n"
     assert "converted in" in err and "ALL_F32: 21 F32 tensors, dequantised to fp32" in err
     assert main(["convert", str(path), "--cache", str(cache)]) == 0 and len(counted) == 1
     again, err = capsys.readouterr()
@@ -321,14 +324,14 @@ def test_ablate_reads_a_gguf_file_with_task(tmp_path, monkeypatch, capsys, count
     assert main([*argv[:2], "--no-progress"]) == 2  # no --task: one line, nothing converted
     assert "a GGUF model file, not a pe-interp run" in capsys.readouterr().err and not counted
     assert main([*argv, "--task", "distance", "--no-figures", "--no-progress"]) == 0
-    out = pg.cache_root() / pg.file_sha256(path)[:16]
+    out = pg.cache_root() / gf.file_sha256(path)[:16]
     assert str(out) in capsys.readouterr().out and len(counted) == 1
     saved = AblationResult.load(out / "ablation.json")
     assert saved.n_examples == 24 and saved.values.shape == (LAYERS, HEADS)
     run = load_model_dir(path, "distance", "smoke")
     assert run.run_dir == out and len(counted) == 1  # read from the cache
     assert run.config["model_dir"]["gguf"] == pg.gguf_provenance(out)
-    assert run.config["model_dir"]["gguf"]["sha256"] == pg.file_sha256(path)
+    assert run.config["model_dir"]["gguf"]["sha256"] == gf.file_sha256(path)
     assert run.config["model_dir"]["file"] == str(path)
     assert json.loads((out / "ablation.json").read_text())["weights"] == run.provenance
     assert (

@@ -15,6 +15,7 @@ import probes
 from pe_interp.models.bridge.hf_arch import build_hf_model, save_model_dir, word_tokenizer
 from pe_interp.models.protocol import ProbeModel
 from pe_interp.runs import gguf as pg
+from pe_interp.runs import gguf_file as gf
 from pe_interp.runs.checkpoint import CheckpointError, load_run
 from pe_interp.runs.model_dirs import load_model_dir
 
@@ -72,8 +73,8 @@ def test_a_gguf_file_loads_as_its_converted_directory(tmp_path, monkeypatch):
     model = pe_interp.load(path)
     assert isinstance(model, ProbeModel)
     assert model.origin.provenance["source"]["file"] == str(path)
-    assert model.origin.provenance["source"]["gguf"]["sha256"] == pg.file_sha256(path)
-    again = pe_interp.load(pg.cache_root() / pg.file_sha256(path)[:16])
+    assert model.origin.provenance["source"]["gguf"]["sha256"] == gf.file_sha256(path)
+    again = pe_interp.load(pg.cache_root() / gf.file_sha256(path)[:16])
     assert again.origin.provenance["sha256"] == model.origin.provenance["sha256"]
     assert _same_weights(model, again)
 

@@ -46,7 +46,7 @@ def link_dirs(values: list[str] | None) -> dict[str, Path]:
 def run(args: argparse.Namespace) -> int:
     from pe_interp.commands.show_dirs import is_survey_dir, model_report_refusal
     from pe_interp.runs.checkpoint import split_step
-    from pe_interp.runs.gguf import is_gguf_file
+    from pe_interp.runs.gguf_file import is_gguf_file
     from pe_interp.runs.model_dirs import is_model_dir
     from pe_interp.util.io import read_json
 

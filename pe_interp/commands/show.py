@@ -45,7 +45,7 @@ def _status(run_dir: Path, path: Path, step: int | None = None) -> tuple[str, st
 def run(args: argparse.Namespace) -> int:
     from pe_interp.commands.show_dirs import is_survey_dir, show_model, show_survey
     from pe_interp.runs.checkpoint import load_run, split_step
-    from pe_interp.runs.gguf import is_gguf_file
+    from pe_interp.runs.gguf_file import is_gguf_file
     from pe_interp.runs.model_dirs import is_model_dir
 
     path, at = split_step(args.run_dir)

@@ -69,7 +69,8 @@ def model_summary(config: dict[str, Any]) -> str:
 def show_model(given: Path) -> int:
     """A saved model directory (a GGUF file: its converted directory in the cache): its shape,
     where it came from, and the results commands wrote into it, each checked against its weights."""
-    from pe_interp.runs.gguf import converted, gguf_provenance, is_gguf_file
+    from pe_interp.runs.gguf import converted, gguf_provenance
+    from pe_interp.runs.gguf_file import is_gguf_file
     from pe_interp.runs.model_dirs import WEIGHT_FILES, weight_files, weights_sha256
 
     path = given
@@ -134,7 +135,7 @@ def show_model(given: Path) -> int:
 
 def model_report_refusal(given: Path) -> str:
     """What ``pe-interp report`` says of a model directory or GGUF file: which command reads it."""
-    from pe_interp.runs.gguf import is_gguf_file
+    from pe_interp.runs.gguf_file import is_gguf_file
 
     what = "a GGUF model file" if is_gguf_file(given) else "a saved Hugging Face model"
     return (

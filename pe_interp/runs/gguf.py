@@ -2,10 +2,10 @@
 once into a cache and read like any other model directory (:mod:`pe_interp.runs.model_dirs`).
 
 :func:`convert_gguf` checks the file first and refuses in one line, writing nothing, when it is not
-GGUF (no ``GGUF`` magic), is truncated, names an architecture ``transformers`` cannot load from
-GGUF, or would not fit in memory once dequantised (its fp32 size from the tensor shapes, before
-anything is loaded). It then loads the file with ``transformers`` (every tensor dequantised to
-fp32), saves the model and its tokenizer with ``save_pretrained`` into a temporary directory with
+GGUF (no ``GGUF`` magic), is truncated (its header, read by :mod:`pe_interp.runs.gguf_file`), names
+an architecture ``transformers`` cannot load from GGUF, or would not fit in memory once dequantised
+(its fp32 size from the tensor shapes, before anything is loaded). It then loads the file with
+``transformers`` (every tensor dequantised to fp32), saves the model and its tokenizer with ``save_pretrained`` into a temporary directory with
 a ``provenance.json`` (:func:`gguf_provenance`: the file's name, sha256, size and quantisation
 types, ``"dequantised": "fp32"``, the library versions) and renames it into place, so a crash never
 leaves half a cache. The cache is ``<root>/<sha256[:16]>/``; the root is the ``cache_dir``
@@ -15,19 +15,17 @@ argument, else ``$PE_INTERP_CACHE/gguf``, else ``$XDG_CACHE_HOME/pe-interp/gguf`
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
 import re
 import shutil
 import tempfile
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pe_interp.util.io import CorruptFileError, atomic_write_json, check_writable_dir, read_json
+from pe_interp.runs.gguf_file import existing_file, file_sha256, read_gguf
+from pe_interp.util.hardware import available_memory
+from pe_interp.util.io import atomic_write_json, check_writable_dir, read_json
 
-MAGIC = b"GGUF"
 PROVENANCE = "provenance.json"
 CACHE_ENV = "PE_INTERP_CACHE"
 # What converting needs: the dequantised weights about twice (the loaded model, the file being
@@ -39,30 +37,12 @@ GIB = float(1 << 30)
 
 __all__ = [
     "CACHE_ENV",
-    "MAGIC",
     "PROVENANCE",
-    "available_memory",
     "cache_root",
     "convert_gguf",
     "converted",
-    "file_sha256",
     "gguf_provenance",
-    "is_gguf_file",
-    "read_gguf",
 ]
-
-
-def is_gguf_file(path: str | Path) -> bool:
-    """True when ``path`` names a GGUF file: a ``.gguf`` name (existing or not, so that a missing
-    one is reported as a missing GGUF file), or a file that starts with the ``GGUF`` magic."""
-    path = Path(path)
-    if path.suffix.lower() == ".gguf":
-        return not path.is_dir()
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == MAGIC
-    except OSError:
-        return False
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -74,107 +54,6 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
         return Path(os.environ[CACHE_ENV]).expanduser() / "gguf"
     xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(xdg).expanduser() / "pe-interp" / "gguf"
-
-
-def file_sha256(path: str | Path) -> str:
-    """The sha256 of the file's bytes, hex, read in 1 MiB pieces."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def read_gguf(path: str | Path) -> dict[str, Any]:
-    """What the file's header says, read with ``gguf.GGUFReader`` without loading a weight:
-    ``{"architecture", "file_type", "tensor_types" (name -> count), "parameters", "fp32_bytes"}``.
-    A one-line CorruptFileError when it is not GGUF or is truncated; FileNotFoundError if absent."""
-    path = _a_file(path)
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if head != MAGIC:
-        raise CorruptFileError(
-            f"{path}: not a GGUF file (it starts with {head!r}, not {MAGIC!r})"
-            if head
-            else f"{path}: not a GGUF file (it is empty)"
-        )
-    from gguf import GGMLQuantizationType, GGUFReader, LlamaFileType
-
-    try:
-        reader = GGUFReader(path)
-        tensors = [
-            (t.name, t.tensor_type, int(t.n_elements), t.n_bytes, t.data) for t in reader.tensors
-        ]
-        arch = reader.fields["general.architecture"].contents()
-        file_type = (
-            reader.fields["general.file_type"].contents()
-            if "general.file_type" in reader.fields
-            else None
-        )
-    except KeyError as err:
-        raise CorruptFileError(
-            f"{path}: a GGUF file without {err.args[0]!r} in its header"
-        ) from None
-    except Exception as err:  # the reader's own errors on a cut or damaged file: one line
-        first = (str(err).splitlines() or [type(err).__name__])[0]
-        raise CorruptFileError(
-            f"{path}: truncated or damaged GGUF file of {path.stat().st_size} bytes (gguf's reader: "
-            f"{first[:160]})"
-        ) from None
-    short = [name for name, _, _, n_bytes, data in tensors if data.nbytes != n_bytes]
-    if short or not tensors:
-        raise CorruptFileError(
-            f"{path}: truncated GGUF file (tensor {short[0]!r} runs past the end of the file)"
-            if short
-            else f"{path}: a GGUF file without tensors"
-        )
-    n = sum(count for _, _, count, _, _ in tensors)
-    return {
-        "architecture": str(arch),
-        "file_type": _enum_name(LlamaFileType, file_type),
-        "tensor_types": dict(Counter(_enum_name(GGMLQuantizationType, t[1]) for t in tensors)),
-        "parameters": n,
-        "fp32_bytes": 4 * n,
-    }
-
-
-def _a_file(path: str | Path) -> Path:
-    """``path`` as a Path if it is a file; a one-line FileNotFoundError otherwise."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path}: file not found" if not path.exists() else f"{path}: not a file"
-        )
-    return path
-
-
-def _enum_name(enum: Any, value: Any) -> str | None:
-    """``value``'s name in ``enum`` (``MOSTLY_Q4_1``, ``Q8_0``), its number as text if unknown."""
-    if value is None:
-        return None
-    try:
-        return enum(int(value)).name
-    except ValueError:
-        return str(value)
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this process may still take: ``MemAvailable`` of ``/proc/meminfo`` (else
-    ``os.sysconf``'s available pages), bounded by a cgroup v2 limit; None when neither is known."""
-    found: list[int] = []
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                found.append(int(line.split()[1]) * 1024)
-    if not found:
-        with contextlib.suppress(ValueError, OSError, AttributeError):
-            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    with contextlib.suppress(OSError, ValueError):
-        group = Path("/sys/fs/cgroup")
-        limit = (group / "memory.max").read_text().strip()
-        if limit != "max":
-            found.append(int(limit) - int((group / "memory.current").read_text()))
-    return min(found) if found else None
 
 
 def _loadable(arch: str) -> bool:
@@ -226,7 +105,7 @@ def convert_gguf(path: str | Path, cache_dir: str | Path | None = None) -> Path:
     (:func:`cache_root`), converted now unless an earlier call did. A one-line ValueError (nothing
     written) for a file that is not GGUF, is truncated, cannot be loaded or would not fit in memory,
     or a cache that cannot be written (checked before the de-quantising)."""
-    path = _a_file(path)
+    path = existing_file(path)
     sha = file_sha256(path)
     root = cache_root(cache_dir)
     out = root / sha[:16]
@@ -270,7 +149,7 @@ def convert_gguf(path: str | Path, cache_dir: str | Path | None = None) -> Path:
 def converted(path: str | Path, cache_dir: str | Path | None = None) -> Path | None:
     """The directory the GGUF file at ``path`` was converted into, or None where it has not been
     (nothing is converted here)."""
-    sha = file_sha256(_a_file(path))
+    sha = file_sha256(existing_file(path))
     out = cache_root(cache_dir) / sha[:16]
     return out if _complete(out, sha) else None
 

@@ -24,7 +24,8 @@ from typing import Any
 
 from pe_interp.models.protocol import ProbeModel
 from pe_interp.runs.checkpoint import STEPS_DIR, CheckpointError, Run, load_run, split_step
-from pe_interp.runs.gguf import CACHE_ENV, cache_root, is_gguf_file
+from pe_interp.runs.gguf import CACHE_ENV, cache_root
+from pe_interp.runs.gguf_file import is_gguf_file
 from pe_interp.runs.model_dirs import is_hub_name, is_model_dir, load_model_dir
 
 

@@ -43,11 +43,8 @@ from pe_interp.runs.causal import (
     check_causal,
 )
 from pe_interp.runs.checkpoint import CheckpointError, Run
-from pe_interp.runs.gguf import (
-    convert_gguf,
-    gguf_provenance,
-    is_gguf_file,
-)
+from pe_interp.runs.gguf import convert_gguf, gguf_provenance
+from pe_interp.runs.gguf_file import is_gguf_file
 from pe_interp.runs.weights import (
     WEIGHT_FILES,
     check_finite,

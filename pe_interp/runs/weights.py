@@ -9,12 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from pe_interp.runs.checkpoint import CheckpointError
-from pe_interp.runs.gguf import (
-    GIB,
-    MEMORY_FACTOR,
-    MEMORY_MARGIN,
-    available_memory,
-)
+from pe_interp.runs.gguf import GIB, MEMORY_FACTOR, MEMORY_MARGIN
+from pe_interp.util.hardware import available_memory
 
 WEIGHT_FILES = (
     "model.safetensors",

@@ -11,6 +11,7 @@ them, and on CUDA only when the GPU supports bf16.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from pathlib import Path
@@ -135,11 +136,31 @@ def autocast(device: torch.device | str, amp: bool):
     return torch.autocast(device.type if device.type in ("cpu", "cuda") else "cpu", enabled=False)
 
 
+def available_memory() -> int | None:
+    """Bytes of memory this process may still take: ``MemAvailable`` of ``/proc/meminfo`` (else
+    ``os.sysconf``'s available pages), bounded by a cgroup v2 limit; None when neither is known."""
+    found: list[int] = []
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    if not found:
+        with contextlib.suppress(ValueError, OSError, AttributeError):
+            found.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    with contextlib.suppress(OSError, ValueError):
+        group = Path("/sys/fs/cgroup")
+        limit = (group / "memory.max").read_text().strip()
+        if limit != "max":
+            found.append(int(limit) - int((group / "memory.current").read_text()))
+    return min(found) if found else None
+
+
 __all__ = [
     "BF16_CPU_FLAGS",
     "ENV_OVERRIDE",
     "NUMERICS_FLAGS",
     "autocast",
+    "available_memory",
     "bf16_autocast_pays",
     "cpu_flags",
     "cpu_has_bf16",
