@@ -2,7 +2,8 @@
 return frozen results which save and load themselves.
 
 - :mod:`probes.common`: what every probe shares: input checks, options, metrics, progress bars,
-  the one replacement seam (zero, mean, resample), figures and offline HTML.
+  the one replacement seam (zero, mean, resample, the corrupt run; keyed by hook name, for heads
+  and edges alike), figures and offline HTML.
 - :mod:`probes.ablation`: head ablation sweeps (zero, mean, resample): one entry, one input check
   (:mod:`probes.ablation.plan`), one room per engine (batched and exact, sampled, attribution),
   and heads ranked along the ablation path (:mod:`probes.ablation.ranking`).

@@ -84,7 +84,7 @@ def test_the_estimates_are_the_derivative_in_each_heads_scale(path, a0):
             scale = torch.full((H,), a0, dtype=torch.float64)
             if at == layer:
                 scale[head] += eps
-            zd, od = z.double(), z1[at].double()
+            zd, od = z.double(), z1[hook.name].double()
             return (od + scale[None, None, :, None] * (zd - od)).to(z.dtype)
 
         with torch.no_grad():

@@ -263,6 +263,27 @@ class ModelConfig:
             raise ValueError(KV_EMBED_NO_EDGES)
         return None
 
+    # ---- what the probes read of every model (ProbeConfig), fixed for ours --------------------
+    @property
+    def n_kv_heads(self) -> int:
+        """One key/value head per query head (a bridge's grouped model has fewer)."""
+        return self.n_heads
+
+    @property
+    def parallel_attn_mlp(self) -> bool:
+        """False: a block's MLP reads the residual stream after its attention."""
+        return False
+
+    @property
+    def embed_hook(self) -> str:
+        """Where the circuit probes read the embedding writer: the token embedding's hook."""
+        return "hook_embed"
+
+    @property
+    def mlp_in_hook(self) -> str:
+        """``blocks.{l}.<this>``: the MLP's own copy of its input (``use_hook_mlp_in``)."""
+        return "hook_mlp_in"
+
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         skip = {"device", *RUNTIME_FLAGS}

@@ -91,8 +91,10 @@ class ProbeConfig(Protocol):
 
     n_layers: int
     n_heads: int
+    n_kv_heads: int  # key/value heads, shared by groups of query heads where fewer (a bridge's)
     d_head: int
     d_model: int
+    d_mlp: int  # 0: attention-only blocks
     d_vocab: int
     n_ctx: int
     pad_id: int  # -1: no row may be padded
@@ -102,6 +104,11 @@ class ProbeConfig(Protocol):
     mask_padding: bool  # pads reach no real token (so a chunk may be cut to its longest row)
     kv_source: str  # "residual", or "embed": every layer's keys and values read the layer-0 input
     attention_dir: str  # "causal" or "bidirectional"
+    parallel_attn_mlp: bool  # a block's attention and MLP read the same input (GPT-NeoX)
+    # where the circuit probes read the embedding writer (a hook name) and each MLP's own input
+    # (blocks.{l}.<this>): TransformerLens' hook_embed and hook_mlp_in on our own model
+    embed_hook: str
+    mlp_in_hook: str
     # TransformerLens' fork flags, as the circuit probes find and restore them
     # (ProbeModel.set_use_split_qkv_input and the rest)
     use_split_qkv_input: bool

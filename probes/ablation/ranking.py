@@ -25,9 +25,9 @@ estimate is in the units of the metric the exact grid reports:
   their means (drops positive when the ablation hurts, as :func:`probes.ablate_heads`: a rise of
   the loss, a fall of the others).
 
-``replace``: any :class:`probes.common.replace.Replacement` instead of ``method``'s (the layers it does
-not list keep their live output, so their heads' estimates are 0): route shares screen each
-head's moved positions this way (:mod:`probes.routes.screen`).
+``replace``: any :class:`probes.common.replace.Replacement` instead of ``method``'s (the layers
+whose ``hook_z`` it does not list keep their live output, so their heads' estimates are 0): route
+shares screen each head's moved positions this way (:mod:`probes.routes.screen`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pe_interp.util.modes import eval_mode
 from probes.common.inputs import takes_probe_model
 from probes.common.metrics import margin
 from probes.common.options import INTEGRATION_PATHS, SURROGATES
-from probes.common.replace import Replacement, replacement
+from probes.common.replace import Replacement, filled, replacement
 
 PATHS = INTEGRATION_PATHS
 
@@ -72,17 +72,10 @@ def _others(model: ProbeModel, tokens, pad_mask, method, reference, seed, rows) 
             f"rank_heads: the mean's reference is shorter ({reference[0].shape[1]}) than the "
             f"examples ({tokens.shape[1]})"
         )
-    layers = range(model.cfg.n_layers)
+    names = [HOOKS.z(layer) for layer in range(model.cfg.n_layers)]
     return replacement(
-        model, method, layers, tokens, pad_mask, reference=reference, seed=seed, batch_size=rows
+        model, method, names, tokens, pad_mask, reference=reference, seed=seed, batch_size=rows
     )
-
-
-def _full(value: Tensor | None, like: Tensor) -> Tensor:
-    """A replacement's value for one layer (None: zero; ``[pos, H, D]``: every row) as ``like``."""
-    if value is None:
-        return torch.zeros_like(like)
-    return value[None].expand_as(like) if value.ndim == 3 else value
 
 
 @takes_probe_model
@@ -188,7 +181,10 @@ def _chunk_change(
         base = _per_example(surrogate, logits, lab).double().cpu()
         idx = torch.arange(c0, c0 + b, device=toks.device)
         now = other_of.for_chunk(idx, toks.shape[1])
-        other = {k: (_full(now[k], live[k]) if k in now else live[k]).detach() for k in range(L)}
+        other = {
+            k: (filled(now[HOOKS.z(k)], live[k]) if HOOKS.z(k) in now else live[k]).detach()
+            for k in range(L)
+        }
     a = torch.tensor(alphas, dtype=model.W_E.dtype, device=toks.device).repeat_interleave(
         b
     )  # [steps * b]

@@ -15,12 +15,13 @@ from probes.common.replace import Replacement, position_means, replacement
 
 
 def for_request(req: AblationRequest) -> Replacement:
-    """The replacement ``req.method`` of a checked sweep, for the layers its units touch."""
+    """The replacement ``req.method`` of a checked sweep, at ``hook_z`` of the layers its units
+    touch."""
     layers = sorted({layer for unit in req.units for layer, _ in unit})
     return replacement(
         req.model,
         req.method,
-        layers,
+        [HOOKS.z(layer) for layer in layers],
         req.tokens,
         req.pad_mask,
         reference=req.reference,

@@ -129,7 +129,7 @@ def sweep_batched(req: Sweep, watch: FiniteWatch, repl: Replacement) -> tuple[Te
             # Layer s's attention is the clean one in every copy except for the ablated heads:
             # each adds its change of output, (replacement - z_h) @ W_O[h].
             z = cache[("z", s)]
-            r = replacement[s]
+            r = replacement[HOOKS.z(s)]
             diff = -z if r is None else (r.to(z.dtype) if r.ndim == 4 else r.to(z.dtype)[None]) - z
             W_O = model.blocks[s].attn.W_O
             for j0 in range(0, len(uids), k):
@@ -137,7 +137,7 @@ def sweep_batched(req: Sweep, watch: FiniteWatch, repl: Replacement) -> tuple[Te
                 kk = len(part)
                 masks = unit_masks([units[u] for u in part], H, tokens.device)
                 hooks = [
-                    (f"blocks.{layer}.attn.hook_z", replace_hook(m, replacement[layer], kk, B))
+                    (HOOKS.z(layer), replace_hook(m, replacement[HOOKS.z(layer)], kk, B))
                     for layer, m in masks.items()
                     if layer != s
                 ]
@@ -231,7 +231,7 @@ def sweep_stacked(req: Sweep, watch: FiniteWatch, repl: Replacement) -> tuple[Te
                 kk = len(part)
                 masks = unit_masks([units[u] for u in part], H, tokens.device)
                 hooks = [
-                    (f"blocks.{layer}.attn.hook_z", replace_hook(m, replacement[layer], kk, B))
+                    (HOOKS.z(layer), replace_hook(m, replacement[HOOKS.z(layer)], kk, B))
                     for layer, m in masks.items()
                 ]
                 if s in resid:
@@ -278,7 +278,7 @@ def sweep_naive(req: Sweep, watch: FiniteWatch, repl: Replacement) -> tuple[Tens
                 by_layer.setdefault(layer, []).append(h)
 
             hooks = [
-                (f"blocks.{layer}.attn.hook_z", overwrite_hook(hs, replacement[layer]))
+                (HOOKS.z(layer), overwrite_hook(hs, replacement[HOOKS.z(layer)]))
                 for layer, hs in by_layer.items()
             ]
             vals[u, idx.cpu()] = metric(

@@ -1,7 +1,8 @@
 """σ-alignment: on a position-only pair (the corrupt row holds the clean row's tokens moved,
 ``x'[σ(i)] = x[i]``) read the corrupt run at each clean token's moved position, so that a unit
 blind to position has equal values in both runs (:func:`probes.attribute`'s ``aligned``, and the
-faithfulness ablation's)."""
+faithfulness ablation's, whose corrupt :class:`~probes.common.replace.Replacement` reads its rows
+at σ). :func:`align` itself lives with the replacements (:mod:`probes.common.replace`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from torch import Tensor
 
 from probes.circuits.engine import Run
 from probes.common.inputs import position_permutation
+from probes.common.replace import align
 
 
 def moved(clean: Run, corrupt: Run | None, who: str) -> Tensor:
@@ -22,17 +24,6 @@ def moved(clean: Run, corrupt: Run | None, who: str) -> Tensor:
         return position_permutation(clean.tokens, corrupt.tokens)
     except ValueError as err:
         raise ValueError(f"{who}: aligned=True: {err}") from None
-
-
-def align(acts: dict[str, Tensor], sigma: Tensor | None) -> dict[str, Tensor]:
-    """Each ``[b, pos, ...]`` activation read at ``σ``: row ``b``, position ``i`` takes position
-    ``σ[b, i]`` (the corrupt run's value of the clean token at ``i``). ``σ`` None: unchanged."""
-    if sigma is None:
-        return acts
-    return {
-        n: a.gather(1, sigma.view(*sigma.shape, *[1] * (a.ndim - 2)).expand_as(a))
-        for n, a in acts.items()
-    }
 
 
 __all__ = ["align", "moved"]

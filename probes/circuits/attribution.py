@@ -6,11 +6,13 @@ with positions summed). For a node or edge with activation ``a``, every method e
 
     effect = m(with a at its clean value) - m(with a at its other value)
 
-where "other" is the corrupt run's activation (``corrupt`` given), zero or the mean over a
-reference set (``corrupt=None``: zero or mean ablation, so the effect is the drop the ablation
-causes). The metric ``m`` is per example (``"logprob"`` of the clean label, ``"logit_diff"``
-between the clean and the corrupt label, ``"logit"``, or ``fn(logits, clean_labels,
-corrupt_labels) -> [n]``); scores are means over examples.
+where "other" is the corrupt run's activation (``corrupt`` given), or with ``corrupt=None`` what
+the :class:`probes.common.replace.Replacement` that ``ablation`` names puts at the writer hooks:
+zero or the mean over a reference set (zero or mean ablation, so the effect is the drop the
+ablation causes; :func:`probes.circuits.edge_ablation.edge_replacement` builds it once). The
+metric ``m`` is per example (``"logprob"`` of the clean label, ``"logit_diff"`` between the clean
+and the corrupt label, ``"logit"``, or ``fn(logits, clean_labels, corrupt_labels) -> [n]``);
+scores are means over examples.
 
 - ``"atp"`` (Nanda 2022; TransformerLens' ``attribution_patch``): ``(a_clean - a_other) . g`` with
   ``g`` the metric's gradient at the base run: the corrupt run (``direction="denoise"``, as
@@ -60,20 +62,12 @@ from torch import Tensor
 from pe_interp.util.modes import eval_mode
 from probes.circuits.alignment import moved
 from probes.circuits.attribution_chunk import attribute_chunk
-from probes.circuits.engine import (
-    as_pair,
-    as_run,
-    forks,
-    mean_metric,
-    pair_labels,
-    resolve,
-    writer_hooks,
-)
+from probes.circuits.edge_ablation import edge_replacement
+from probes.circuits.engine import as_pair, forks, mean_metric, pair_labels, resolve
 from probes.circuits.graph import build_graph, parse
 from probes.circuits.scores import Attribution, span_ids
 from probes.common.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
 from probes.common.options import ATTRIBUTION_ABLATIONS, ATTRIBUTION_METHODS
-from probes.common.replace import position_means
 
 if TYPE_CHECKING:
     from pe_interp.models.protocol import ProbeModel
@@ -173,28 +167,24 @@ def attribute(
     chunk = max(1, min(rows, int(2e8 // per_example))) if edges else rows
     n, P = len(c), c.tokens.shape[1]
     with eval_mode(model), forks(model, on=edges):
-        means = None
-        if k is None and ablation == "mean":
-            ref = (
-                c
-                if reference is None
-                else as_run(model, reference, what="reference", who="attribute")
+        repl = (  # ablation: what a unit moves towards (a pair's other side is its corrupt run)
+            None
+            if k is not None
+            else edge_replacement(
+                model, graph, ablation, c, None, reference=reference, rows=rows, who="attribute"
             )
-            if ref.tokens.shape[1] < P:
-                raise ValueError(
-                    f"attribute: the reference is shorter ({ref.tokens.shape[1]}) than the examples ({P})"
-                )
-            means = position_means(model, ref.tokens, ref.pad_mask, writer_hooks(graph), rows)
+        )
         totals: list[Tensor] | None = None
         for c0 in range(0, n, chunk):
             sl = slice(c0, c0 + chunk)
             bins = None if ids is None else (ids[sl].to(c.tokens.device), len(names))
+            idx = torch.arange(n, device=c.tokens.device)[sl]
             part = attribute_chunk(
                 model,
                 graph,
                 c.rows(sl),
                 None if k is None else k.rows(sl),
-                means,
+                None if repl is None else repl.for_chunk(idx, P),
                 mode=mode,
                 method=method,
                 edges=edges,

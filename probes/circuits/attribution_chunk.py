@@ -26,6 +26,7 @@ from probes.circuits.engine import (
     writer_hooks,
 )
 from probes.circuits.graph import Graph
+from probes.common.replace import filled
 
 if TYPE_CHECKING:
     from pe_interp.models.protocol import ProbeModel
@@ -138,7 +139,7 @@ def attribute_chunk(
     graph,
     clean: Run,
     other: Run | None,
-    means,
+    replaced: dict[str, Tensor | None] | None,
     *,
     mode,
     method,
@@ -150,7 +151,10 @@ def attribute_chunk(
     sigma=None,
 ):
     """Summed (not yet averaged) scores of one chunk of examples, for each gradient variant.
-    ``sigma``: the corrupt run read at each clean token's moved position (:func:`probes.circuits.alignment.align`)."""
+    ``other``: the corrupt run's rows, or None for ablation: then ``replaced`` holds the
+    Replacement's values for these rows at the writer hooks (:meth:`Replacement.for_chunk`), and
+    ``mode`` is not ``"denoise"``. ``sigma``: the corrupt run read at each clean token's moved
+    position (:func:`probes.circuits.alignment.align`)."""
     W = writer_hooks(graph)
     R = reader_hooks(graph) if edges else []
     good, bad = pair_labels(clean, other)
@@ -227,14 +231,7 @@ def attribute_chunk(
             else:
                 a_other, g = align(acts, sigma), align(g, sigma)
             if other is None:
-                a_other = {
-                    n: (
-                        torch.zeros_like(a_clean[n])
-                        if mode == "zero"
-                        else means[n][None, : a_clean[n].shape[1]].expand_as(a_clean[n])
-                    )
-                    for n in W
-                }
+                a_other = {n: filled(replaced[n], a_clean[n]) for n in W}
             delta = {n: a_clean[n] - a_other[n] for n in W}
         patterns.append({n: g.pop(n) for n in pattern_names})
         with torch.no_grad():

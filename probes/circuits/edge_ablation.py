@@ -1,8 +1,10 @@
 """A circuit's metric with every edge outside it ablated, and the evaluator that measures keep masks.
 
 :func:`ablated_metric`: an ablated edge's reader reads the writer's term from another run instead
-of the live one (TransformerLens' ``faithfulness`` rule): the paired corrupt run's, a resampled
-clean example's (a seeded derangement) or their mean per position (:data:`ABLATIONS`).
+of the live one (TransformerLens' ``faithfulness`` rule). What it reads is a
+:class:`probes.common.replace.Replacement` at the writer hooks (:func:`replaced_terms`), built once
+from :data:`ABLATIONS`' shorthand (the paired corrupt run's, σ-aligned where asked; a resampled
+clean example's, a seeded derangement; their mean per position) or passed as one (zero, say).
 :class:`EdgeEvaluator` measures keep masks ``[k, readers, writers, spans]`` on fixed pairs, with the
 clean run (everything kept) and the corrupt one (nothing kept) as the ends of the scale. Used by
 :mod:`probes.circuits.faithfulness`, :mod:`probes.circuits.acdc` and :mod:`probes.circuits.learned`.
@@ -18,13 +20,11 @@ import torch
 from torch import Tensor
 
 from pe_interp.util.modes import eval_mode
-from probes.circuits.alignment import align, moved
+from probes.circuits.alignment import moved
 from probes.circuits.engine import (
     Run,
     as_pair,
     as_run,
-    capture,
-    contributions,
     forks,
     pair_labels,
     reader_groups,
@@ -35,14 +35,21 @@ from probes.circuits.engine import (
 from probes.circuits.graph import Graph, build_graph
 from probes.circuits.scores import span_ids
 from probes.common.inputs import check_count, check_finite_model
-from probes.common.metrics import resample_sources
 from probes.common.options import FAITHFULNESS_ABLATIONS
-from probes.common.replace import position_means
+from probes.common.replace import Replacement, replacement
 
 if TYPE_CHECKING:
     from pe_interp.models.protocol import ProbeModel
 
-__all__ = ["ABLATIONS", "ablated_metric", "has_gap", "unit_span_names"]
+__all__ = [
+    "ABLATIONS",
+    "EdgeEvaluator",
+    "ablated_metric",
+    "edge_replacement",
+    "has_gap",
+    "replaced_terms",
+    "unit_span_names",
+]
 
 
 ABLATIONS = FAITHFULNESS_ABLATIONS
@@ -148,10 +155,68 @@ def has_gap(full: float, empty: float) -> bool:
     return abs(full - empty) > 1e-6 * max(1.0, abs(full), abs(empty))
 
 
-def _resampled(c: Run, sl: slice, seed: int) -> Run:
-    src = resample_sources(len(c), None, seed).to(c.tokens.device)[sl]
-    kv = None if c.key_valid is None else c.key_valid[src]
-    return Run(c.tokens[src], kv, c.pad_mask[src], c.labels[src])
+def replaced_terms(
+    model: ProbeModel, graph: Graph, values: dict[str, Tensor | None], width: int
+) -> Tensor:
+    """The writers' residual terms ``[b or 1, width, writers, d_model]`` of a replacement's values
+    at :func:`~probes.circuits.engine.writer_hooks` (:meth:`Replacement.for_chunk`'s: None is
+    zero; a value for every row is one row, which :func:`ablated_metric` broadcasts)."""
+    terms: dict[str, Tensor | None] = {}
+    for name in writer_hooks(graph):
+        v, per_row = values[name], 4 if name.endswith("attn.hook_z") else 3  # [b, pos, (H,) d]
+        terms[name] = (
+            None if v is None else writer_term(model, name, v if v.ndim == per_row else v[None])
+        )
+    b = max((t.shape[0] for t in terms.values() if t is not None), default=1)
+    d = model.cfg.d_model
+    return torch.cat(
+        [
+            model.W_E.new_zeros(b, width, graph.n_heads if n.endswith("attn.hook_z") else 1, d)
+            if t is None
+            else t.expand(b, -1, -1, -1)
+            for n, t in terms.items()
+        ],
+        dim=2,
+    )
+
+
+def edge_replacement(
+    model: ProbeModel,
+    graph: Graph,
+    ablation: str,
+    clean: Run,
+    corrupt: Run | None,
+    *,
+    reference: Any,
+    rows: int,
+    who: str,
+    sigma: Tensor | None = None,
+    seed: int = 0,
+) -> Replacement:
+    """The :class:`~probes.common.replace.Replacement` at every writer hook that the shorthand
+    ``ablation`` names (:func:`probes.common.replace.replacement`), for the clean rows: ``"zero"``,
+    ``"corrupt"`` (the paired corrupt run, read at ``sigma`` where given), ``"resample"`` (a seeded
+    derangement of the clean rows) or ``"mean"`` per position over ``reference`` (default the
+    clean rows; ``rows`` a forward), refused in one line where shorter than the examples."""
+    other = corrupt if ablation == "corrupt" else None
+    if ablation == "mean" and reference is not None:
+        other = as_run(model, reference, what="reference", who=who)
+        if other.tokens.shape[1] < clean.tokens.shape[1]:
+            raise ValueError(
+                f"{who}: the reference is shorter ({other.tokens.shape[1]}) than the examples "
+                f"({clean.tokens.shape[1]})"
+            )
+    return replacement(
+        model,
+        ablation,
+        writer_hooks(graph),
+        clean.tokens,
+        clean.pad_mask,
+        reference=None if other is None else (other.tokens, other.pad_mask),
+        sigma=sigma,
+        seed=seed,
+        batch_size=rows,
+    )
 
 
 def unit_span_names(spans: Any, span_names: Any, who: str) -> tuple[str, ...]:
@@ -165,9 +230,27 @@ def unit_span_names(spans: Any, span_names: Any, who: str) -> tuple[str, ...]:
     return names
 
 
+def _given(model: ProbeModel, ablation: Any, who: str) -> bool:
+    """Whether ``ablation`` is a Replacement (at every writer hook) rather than a name of
+    :data:`ABLATIONS`; a one-line error for anything else."""
+    if isinstance(ablation, str) or not hasattr(ablation, "for_chunk"):
+        if ablation not in ABLATIONS:
+            raise ValueError(
+                f"{who}: ablation must be one of {', '.join(ABLATIONS)} or a Replacement; "
+                f"got {ablation!r}"
+            )
+        return False
+    missing = sorted(set(writer_hooks(build_graph(model.cfg))) - set(ablation.names))
+    if missing:
+        raise ValueError(f"{who}: the Replacement leaves writer hooks out: {', '.join(missing)}")
+    return True
+
+
 class EdgeEvaluator:
     """Measures keep masks ``[k, readers, writers, spans]`` on fixed pairs: the mean metric of
-    each, the clean run's (everything kept) and the corrupt one's (nothing kept)."""
+    each, the clean run's (everything kept) and the corrupt one's (nothing kept). ``ablation``:
+    one of :data:`ABLATIONS` (built once, :func:`edge_replacement`) or a
+    :class:`~probes.common.replace.Replacement` at every writer hook."""
 
     def __init__(
         self,
@@ -185,10 +268,7 @@ class EdgeEvaluator:
         aligned: bool = False,
         who: str = "faithfulness",
     ):
-        if ablation not in ABLATIONS:
-            raise ValueError(
-                f"{who}: ablation must be one of {', '.join(ABLATIONS)}; got {ablation!r}"
-            )
+        given = _given(model, ablation, who)
         if batch_size is not None:
             check_count(batch_size, "batch_size", 1, who)
         check_finite_model(model, who)
@@ -202,7 +282,7 @@ class EdgeEvaluator:
                 f"{who}: aligned=True reads the corrupt run at each token's moved position; it needs "
                 f"ablation='corrupt', got {ablation!r}"
             )
-        self.sigma = moved(self.c, self.k, who) if aligned else None
+        sigma = moved(self.c, self.k, who) if aligned else None
         self.ids = None
         if n_spans > 1 or spans is not None:
             if spans is None:  # a circuit of spans, evaluated without them
@@ -219,22 +299,32 @@ class EdgeEvaluator:
         _, self.fn = resolve(metric)
         self.good, self.bad = pair_labels(self.c, self.k)
         self.rows = batch_size or 256
-        self.ablation, self.seed = ablation, seed
-        names = writer_hooks(self.graph)
-        self.repl_all = None
-        if ablation == "mean":
-            with eval_mode(model):
-                ref = (
-                    self.c
-                    if reference is None
-                    else as_run(model, reference, what="reference", who=who)
-                )
-                means = position_means(model, ref.tokens, ref.pad_mask, names, self.rows)
-                P = self.c.tokens.shape[1]
-                self.repl_all = contributions(
-                    model, self.graph, {n: m[None, :P] for n, m in means.items()}
-                ).detach()
+        self.replacement = (
+            ablation
+            if given
+            else edge_replacement(
+                model,
+                self.graph,
+                ablation,
+                self.c,
+                self.k,
+                reference=reference,
+                rows=self.rows,
+                who=who,
+                sigma=sigma,
+                seed=seed,
+            )
+        )
+        self.ablation = self.replacement.method
         self._full = self._empty = None
+
+    def terms(self, idx: Tensor) -> Tensor:
+        """What an ablated edge's reader reads of each writer for the clean rows ``idx``: the
+        writers' terms of the replacement, ``[len(idx) or 1, pos, writers, d_model]``."""
+        with torch.no_grad():
+            width = self.c.tokens.shape[1]
+            values = self.replacement.for_chunk(idx, width)
+            return replaced_terms(self.model, self.graph, values, width)
 
     def __call__(self, keeps: np.ndarray) -> np.ndarray:
         """Per-example metric ``[len(keeps), n]``."""
@@ -247,25 +337,10 @@ class EdgeEvaluator:
         fit = max(1, MEMORY_BUDGET // (2 * W * P * self.model.cfg.d_model * 4))
         chunk = max(1, min(len(c), self.rows, fit))
         per = max(1, min(self.rows, fit) // chunk)
-        names = writer_hooks(graph)
         with eval_mode(model):
             for c0 in range(0, len(c), chunk):
                 sl = slice(c0, c0 + chunk)
-                if self.repl_all is not None:
-                    repl = self.repl_all
-                else:
-                    src = (
-                        self.k.rows(sl)
-                        if self.ablation == "corrupt"
-                        else _resampled(c, sl, self.seed)
-                    )
-                    with torch.no_grad():
-                        acts = capture(model, src, names)[0]
-                        repl = contributions(
-                            model,
-                            graph,
-                            align(acts, None if self.sigma is None else self.sigma[sl]),
-                        )
+                repl = self.terms(torch.arange(len(c), device=c.tokens.device)[sl])
                 sp = None if self.ids is None else self.ids[sl].to(c.tokens.device)
                 for j0 in range(0, keep.shape[0], per):
                     out[j0 : j0 + per, sl] = ablated_metric(

@@ -4,7 +4,8 @@ size; the curve's area; the smallest circuit that reaches a target.
 An ablated edge's reader reads the writer's term from another run instead of the live one
 (TransformerLens' ``faithfulness`` rule, which :func:`ablated_metric` equals edge by edge):
 the paired corrupt run's (``ablation="corrupt"``), a resampled clean example's
-(``"resample"``: a seeded derangement) or their mean per position (``"mean"``). A
+(``"resample"``: a seeded derangement) or their mean per position (``"mean"``), each a
+:class:`probes.common.replace.Replacement` at the writer hooks, as any other passed instead. A
 position-aware circuit keeps an edge at some spans of each example and ablates it at the
 others. ``recovered = (m(circuit) - m(nothing kept)) / (m(clean) - m(nothing kept))``.
 
@@ -237,7 +238,7 @@ def minimal_circuit(
         "empty": empty,
         "area": curve_area(kept, rec, r.total),
         "total_edges": r.total,
-        "ablation": ablation,
+        "ablation": ev.ablation,
         "aligned": bool(aligned),
         "select": r.select,
         "positional": r.positional,

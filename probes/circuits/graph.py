@@ -200,9 +200,9 @@ def reader_of(layer: int, head: int, component: str, graph: Graph) -> str:
 
 def kv_heads_of(cfg) -> int | None:
     """The key/value heads of a model config where fewer than its query heads (a bridge's
-    ``n_kv_heads``; our own model has none, so one per query head): None where ungrouped."""
-    n = getattr(cfg, "n_kv_heads", None)
-    if n is None or int(n) == cfg.n_heads:
+    ``n_kv_heads``; our own model has one per query head): None where ungrouped."""
+    n = cfg.n_kv_heads
+    if int(n) == cfg.n_heads:
         return None
     return KVLayout(cfg.n_heads, int(n)).n_kv_heads  # raises where they do not share evenly
 
@@ -214,7 +214,7 @@ def build_graph(cfg) -> Graph:
     n_kv = kv_heads_of(cfg)
     has_mlp = bool(cfg.d_mlp)
     kv_embed = cfg.kv_source == "embed"
-    parallel = bool(getattr(cfg, "parallel_attn_mlp", False))
+    parallel = bool(cfg.parallel_attn_mlp)
     writers = ["embed"]
     for layer in range(L):
         writers += [head_name(layer, h) for h in range(H)]
@@ -244,7 +244,6 @@ def build_graph(cfg) -> Graph:
             valid[i, 0] = True
         else:
             valid[i] = depth < s.layer
-    hooks = {k: getattr(cfg, k) for k in ("embed_hook", "mlp_in_hook") if hasattr(cfg, k)}
     return Graph(
         tuple(writers),
         tuple(readers),
@@ -255,7 +254,8 @@ def build_graph(cfg) -> Graph:
         kv_embed,
         parallel=parallel,
         n_kv_heads=n_kv,
-        **hooks,
+        embed_hook=cfg.embed_hook,
+        mlp_in_hook=cfg.mlp_in_hook,
     )
 
 

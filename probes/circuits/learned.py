@@ -59,7 +59,7 @@ import torch
 
 from pe_interp.util.modes import eval_mode
 from probes.circuits.edge_ablation import EdgeEvaluator, ablated_metric, has_gap, unit_span_names
-from probes.circuits.engine import capture, contributions, resolve, writer_hooks
+from probes.circuits.engine import resolve
 from probes.circuits.selection import SELECTIONS, Ranking, order_units
 from probes.common.inputs import check_count
 
@@ -197,8 +197,7 @@ def _optimise(
         for p in frozen:
             p.requires_grad_(False)
         with eval_mode(model):
-            with torch.no_grad():
-                repl = contributions(model, graph, capture(model, ev.k, writer_hooks(graph))[0])
+            repl = ev.terms(torch.arange(len(ev.c), device=device))  # the corrupt run's terms
             for step in it:
                 sharp = beta ** (max(0, step - hold) / max(1, steps - 1 - hold))
                 if budget is None:

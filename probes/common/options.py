@@ -16,6 +16,8 @@ IntegrationPath = Literal["joint", "layer", "clean"]
 AttributionMethod = Literal["atp", "atp*", "eap-ig"]  # the attribution estimator
 AttributionAblation = Literal["zero", "mean"]  # what attribution moves a unit towards
 FaithfulnessAblation = Literal["corrupt", "resample", "mean"]  # what replaces what a circuit drops
+# what a probes.common.replace.Replacement puts in: every one of the three above names one of these
+ReplacementMethod = Literal["zero", "mean", "resample", "corrupt"]
 Surrogate = Literal["accuracy", "loss", "logit", "margin", "logprob"]  # rank_heads' integrand
 
 ABLATION_METHODS: tuple[str, ...] = get_args(AblationMethod)
@@ -24,6 +26,7 @@ INTEGRATION_PATHS: tuple[str, ...] = get_args(IntegrationPath)
 ATTRIBUTION_METHODS: tuple[str, ...] = get_args(AttributionMethod)
 ATTRIBUTION_ABLATIONS: tuple[str, ...] = get_args(AttributionAblation)
 FAITHFULNESS_ABLATIONS: tuple[str, ...] = get_args(FaithfulnessAblation)
+REPLACEMENT_METHODS: tuple[str, ...] = get_args(ReplacementMethod)
 SURROGATES: tuple[str, ...] = get_args(Surrogate)
 
 __all__ = [
@@ -33,6 +36,7 @@ __all__ = [
     "ENGINES",
     "FAITHFULNESS_ABLATIONS",
     "INTEGRATION_PATHS",
+    "REPLACEMENT_METHODS",
     "SURROGATES",
     "AblationMethod",
     "AttributionAblation",
@@ -40,5 +44,6 @@ __all__ = [
     "Engine",
     "FaithfulnessAblation",
     "IntegrationPath",
+    "ReplacementMethod",
     "Surrogate",
 ]

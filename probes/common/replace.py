@@ -1,22 +1,27 @@
-"""What replaces a head's output when a probe removes it: the one replacement seam, below head
+"""What replaces an activation when a probe removes it: the one replacement seam, below head
 ablation (:mod:`probes.ablation.exact`), route shares (:mod:`probes.routes.moving`) and the
-circuit probes (:mod:`probes.circuits`). It takes tensors, not a request, and reads the model
-through its hooks only.
+circuit probes (:mod:`probes.circuits`: edge ablation and attribution). It takes tensors, not a
+request, and reads the model through its hooks only.
 
-- :class:`Replacement` (a Protocol): per chunk of examples, what each layer's ablated heads of
-  ``blocks.{l}.attn.hook_z`` become. Three frozen implementations: :class:`ZeroReplacement`
+- :class:`Replacement` (a Protocol): per chunk of examples, what the activations at its hooks
+  ``names`` become, keyed by hook name: a head ablation's ``HOOKS.z(l)``, an edge ablation's
+  writer hooks (:func:`probes.circuits.engine.writer_hooks`: the embedding, each layer's
+  ``hook_z`` and ``hook_mlp_out``). Three frozen implementations: :class:`ZeroReplacement`
   (nothing), :class:`MeanReplacement` (the mean per position over a reference set) and
-  :class:`ResampleReplacement` (another example's, from a seeded derangement or draw);
-  :func:`replacement` builds one by name. Route shares' moved outputs
+  :class:`ResampleReplacement` (another example's, from a seeded derangement or draw; or the
+  paired corrupt run's, each row its own pair, σ-aligned where asked); :func:`replacement` builds
+  one by name (:data:`REPLACEMENT_METHODS`). Route shares' moved outputs
   (:class:`probes.routes.moving.MovedOutputs`) are a fourth.
 - :func:`position_means`: the mean of any hooks' activations per position over the tokens the
   model sees (the one definition the mean ablation and the circuits' mean replacement share).
-- The hooks that put a replacement in: :func:`replace_hook` (stacked copies, each its own heads)
-  and :func:`overwrite_hook` (the naive loop's).
+- :func:`filled` (a chunk's value at one hook as the live activation's shape), :func:`align`
+  (σ-alignment), and the hooks that put a replacement in: :func:`replace_hook` (stacked copies,
+  each its own heads) and :func:`overwrite_hook` (the naive loop's).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,20 +32,23 @@ from torch import Tensor
 from pe_interp.models.protocol import HOOKS, ProbeModel
 from pe_interp.util.modes import eval_mode
 from probes.common.metrics import resample_sources
-from probes.common.options import ABLATION_METHODS, AblationMethod
+from probes.common.options import ABLATION_METHODS, REPLACEMENT_METHODS, AblationMethod
 
 Method = AblationMethod
 METHODS = ABLATION_METHODS
 
 __all__ = [
     "METHODS",
+    "REPLACEMENT_METHODS",
     "MeanReplacement",
     "Method",
     "Replacement",
     "ResampleReplacement",
     "ZeroReplacement",
+    "align",
     "capture",
     "capture_z",
+    "filled",
     "needed_width",
     "overwrite_hook",
     "position_means",
@@ -50,89 +58,140 @@ __all__ = [
 
 
 class Replacement(Protocol):
-    """What replaces the ablated heads' ``hook_z`` of ``layers``, chunk by chunk."""
+    """What replaces the activations at the hooks ``names``, chunk by chunk."""
 
     method: str  # its name, as results and progress bars say it
-    layers: Sequence[int]
+    names: Sequence[str]  # the hooks it replaces
 
-    def for_chunk(self, idx: Tensor, width: int) -> dict[int, Tensor | None]:
-        """``{layer: None (zero) | [width, H, D] (one for every row) | [len(idx), width, H, D]}``
-        for the examples ``idx`` cut to ``width`` columns."""
+    def for_chunk(self, idx: Tensor, width: int) -> dict[str, Tensor | None]:
+        """``{hook name: None (zero) | [width, ...] (one for every row) | [len(idx), width, ...]}``
+        for the examples ``idx`` cut to ``width`` columns (``...``: the hook's own axes, e.g.
+        ``[n_heads, d_head]`` at ``hook_z``)."""
         ...
 
 
 @dataclass(frozen=True)
 class ZeroReplacement:
-    """``z_h = 0``: the authors' protocol (``W_V[h] = 0, b_V[h] = 0`` makes ``v_h = 0``)."""
+    """Zero at every hook: at ``hook_z`` the authors' protocol (``W_V[h] = 0, b_V[h] = 0`` makes
+    ``v_h = 0``)."""
 
-    layers: tuple[int, ...]
+    names: tuple[str, ...]
     method: str = "zero"
 
-    def for_chunk(self, idx: Tensor, width: int) -> dict[int, Tensor | None]:
-        return dict.fromkeys(self.layers)
+    def for_chunk(self, idx: Tensor, width: int) -> dict[str, Tensor | None]:
+        return dict.fromkeys(self.names)
 
 
 @dataclass(frozen=True, eq=False)
 class MeanReplacement:
-    """``z_h`` at position ``p`` is its mean at ``p`` over a reference set (:func:`position_means`)."""
+    """The activation at position ``p`` is its mean at ``p`` over a reference set
+    (:func:`position_means`)."""
 
-    layers: tuple[int, ...]
-    means: dict[int, Tensor]  # {layer: [width, n_heads, d_head]}
+    names: tuple[str, ...]
+    means: dict[str, Tensor]  # {name: [width, ...]}
     method: str = "mean"
 
-    def for_chunk(self, idx: Tensor, width: int) -> dict[int, Tensor | None]:
-        return {layer: self.means[layer][:width] for layer in self.layers}
+    def for_chunk(self, idx: Tensor, width: int) -> dict[str, Tensor | None]:
+        return {n: self.means[n][:width] for n in self.names}
 
 
 @dataclass(frozen=True, eq=False)
 class ResampleReplacement:
-    """``z_h`` of example ``i`` is that of reference example ``sources[i]``, from its own clean
-    forward (one set of sources for every head, so head-to-head differences are not the sources')."""
+    """The activations of example ``i`` are those of reference example ``sources[i]``, from its
+    own clean forward (one set of sources for every hook, so head-to-head differences are not the
+    sources'). The paired corrupt run is one (``method="corrupt"``): its reference is the corrupt
+    rows, each row its own source, and with ``sigma`` row ``i`` reads its pair at ``σ[i]``, each
+    token's moved position (:func:`align`: on position-only pairs, so that a unit blind to
+    position reads its own value)."""
 
-    layers: tuple[int, ...]
+    names: tuple[str, ...]
     model: Any
     tokens: Tensor  # the reference's
     pad_mask: Tensor
     sources: Tensor  # [n evaluated] indices into the reference
+    sigma: Tensor | None = None  # [n evaluated, pos]: where row i reads its source
     method: str = "resample"
 
-    def for_chunk(self, idx: Tensor, width: int) -> dict[int, Tensor | None]:
+    def for_chunk(self, idx: Tensor, width: int) -> dict[str, Tensor | None]:
         src = self.sources[idx]
         ws = max(width, int(needed_width(self.model, self.pad_mask[src]).max()))
-        z = capture_z(self.model, self.tokens[src, :ws], self.pad_mask[src, :ws], self.layers)
-        return {layer: z[layer][:, :width] for layer in self.layers}
+        acts = capture(
+            self.model,
+            self.tokens[src, :ws],
+            self.pad_mask[src, :ws],
+            self.names,
+            _stop(self.names),
+        )
+        acts = align(acts, None if self.sigma is None else self.sigma[idx, :ws])
+        return {n: acts[n][:, :width] for n in self.names}
 
 
 def replacement(
     model: ProbeModel,
     method: str,
-    layers: Sequence[int],
+    names: Sequence[str],
     tokens: Tensor,
     pad_mask: Tensor,
     *,
     reference: tuple[Tensor, Tensor] | None = None,
+    sigma: Tensor | None = None,
     seed: int = 0,
     batch_size: int = 128,
 ) -> Replacement:
-    """The :class:`Replacement` ``method`` for the examples ``tokens`` (checked, on the model's
-    device): its reference is ``reference`` (checked ``(tokens, pad_mask)``) or those examples.
-    ``resample`` draws a seeded cyclic derangement of the examples, or with a reference a seeded
-    uniform source each (:func:`probes.common.metrics.resample_sources`)."""
-    layers = tuple(sorted(set(layers)))
+    """The :class:`Replacement` ``method`` at the hooks ``names`` for the examples ``tokens``
+    (checked, on the model's device): its reference is ``reference`` (checked ``(tokens,
+    pad_mask)``) or those examples. ``resample`` draws a seeded cyclic derangement of the examples,
+    or with a reference a seeded uniform source each
+    (:func:`probes.common.metrics.resample_sources`); ``corrupt`` reads the reference, the paired
+    corrupt rows, row by row (at ``sigma``, where given)."""
+    names = tuple(dict.fromkeys(names))
     rt, rp = (tokens, pad_mask) if reference is None else reference
     if method == "zero":
-        return ZeroReplacement(layers)
+        return ZeroReplacement(names)
     if method == "mean":
-        names = [HOOKS.z(layer) for layer in layers]
         means = position_means(
-            model, rt, rp, names, batch_size, width=tokens.shape[1], stop_at_layer=max(layers) + 1
+            model, rt, rp, names, batch_size, width=tokens.shape[1], stop_at_layer=_stop(names)
         )
-        return MeanReplacement(layers, {layer: means[HOOKS.z(layer)] for layer in layers})
+        return MeanReplacement(names, means)
     if method == "resample":
         n_ref = None if reference is None else rt.shape[0]
         sources = resample_sources(tokens.shape[0], n_ref, seed).to(tokens.device)
-        return ResampleReplacement(layers, model, rt, rp, sources)
-    raise ValueError(f"unknown method {method!r}; expected one of {', '.join(map(repr, METHODS))}")
+        return ResampleReplacement(names, model, rt, rp, sources)
+    if method == "corrupt":
+        assert reference is not None and reference[0].shape == tokens.shape
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        return ResampleReplacement(names, model, rt, rp, rows, sigma, method="corrupt")
+    raise ValueError(
+        f"unknown method {method!r}; expected one of {', '.join(map(repr, REPLACEMENT_METHODS))}"
+    )
+
+
+def _stop(names: Sequence[str]) -> int | None:
+    """The block to stop a forward before so that every hook of ``names`` has fired: after the
+    last block they sit in, or None (the whole forward) where one sits outside the blocks."""
+    blocks = [re.match(r"blocks\.(\d+)\.", n) for n in names]
+    if not blocks or not all(blocks):
+        return None
+    return max(int(m.group(1)) for m in blocks if m) + 1
+
+
+def filled(value: Tensor | None, like: Tensor) -> Tensor:
+    """A replacement's value at one hook (None: zero; ``[width, ...]``: every row) as ``like``, the
+    live activation ``[rows, width, ...]``."""
+    if value is None:
+        return torch.zeros_like(like)
+    return value[None].expand_as(like) if value.ndim < like.ndim else value
+
+
+def align(acts: dict[str, Tensor], sigma: Tensor | None) -> dict[str, Tensor]:
+    """Each ``[b, pos, ...]`` activation read at ``σ``: row ``b``, position ``i`` takes position
+    ``σ[b, i]`` (the corrupt run's value of the clean token at ``i``). ``σ`` None: unchanged."""
+    if sigma is None:
+        return acts
+    return {
+        n: a.gather(1, sigma.view(*sigma.shape, *[1] * (a.ndim - 2)).expand_as(a))
+        for n, a in acts.items()
+    }
 
 
 def needed_width(model: ProbeModel, pad_mask: Tensor) -> Tensor:

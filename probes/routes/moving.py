@@ -201,10 +201,11 @@ class MovedOutputs:
         self.model, self.tokens, self.pad_mask, self.sigma = model, tokens, pad_mask, sigma
         self.routes = torch.as_tensor(routes, device=tokens.device)
         self.layers = [layer for layer in range(routes.shape[0]) if bool(routes[layer].any())]
+        self.names = [HOOKS.z(layer) for layer in self.layers]
 
-    def for_chunk(self, idx: Tensor, width: int) -> dict[int, Tensor]:
-        """``{layer: z' [len(idx), width, n_heads, d_head]}`` for the examples ``idx`` cut to
-        ``width`` columns (a cut keeps every real token, and σ maps real positions to real ones)."""
+    def for_chunk(self, idx: Tensor, width: int) -> dict[str, Tensor | None]:
+        """``{HOOKS.z(layer): z' [len(idx), width, n_heads, d_head]}`` for the examples ``idx`` cut
+        to ``width`` columns (a cut keeps every real token; σ maps real positions to real ones)."""
         toks, pm, sig = (
             self.tokens[idx, :width],
             self.pad_mask[idx, :width],
@@ -213,7 +214,7 @@ class MovedOutputs:
         if bool((sig >= width).any()):
             raise AssertionError("a width cut dropped a position that σ moves a token to")
         clean = capture_z(self.model, toks, pm, self.layers)  # what each layer's input reads
-        out: dict[int, Tensor] = {}
+        out: dict[str, Tensor | None] = {}
         no_embed = torch.zeros(len(idx), dtype=torch.bool, device=idx.device)
         group = self.model.kv_layout.group
         index = torch.arange(self.routes.shape[1], device=idx.device) % group
@@ -232,7 +233,7 @@ class MovedOutputs:
             with self.model.hooks(fwd_hooks=hooks):
                 capture(self.model, toks, pm, [], max(self.layers) + 1)
             for layer, z in moved.items():
-                prev = out.get(layer)
+                prev = out.get(HOOKS.z(layer))
                 keep = mine[layer][None, None, :, None]
-                out[layer] = z if prev is None else torch.where(keep, z, prev)
+                out[HOOKS.z(layer)] = z if prev is None else torch.where(keep, z, prev)
         return out

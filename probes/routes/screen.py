@@ -81,17 +81,17 @@ class MovedOnce:
     method = "positions moved"
 
     def __init__(self, moved: MovedOutputs, rows: int) -> None:
-        self.layers = moved.layers
+        self.names = moved.names
         n, width = moved.tokens.shape
-        parts: dict[int, list[Tensor]] = {layer: [] for layer in self.layers}
+        parts: dict[str, list[Tensor]] = {name: [] for name in self.names}
         for c0 in range(0, n, rows):
             idx = torch.arange(c0, min(n, c0 + rows), device=moved.tokens.device)
-            for layer, z in moved.for_chunk(idx, width).items():
-                parts[layer].append(z)
-        self.z = {layer: torch.cat(zs) for layer, zs in parts.items() if zs}
+            for name, z in moved.for_chunk(idx, width).items():
+                parts[name].append(z)
+        self.z = {name: torch.cat(zs) for name, zs in parts.items() if zs}
 
-    def for_chunk(self, idx: Tensor, width: int) -> dict[int, Tensor]:
-        return {layer: z[idx, :width] for layer, z in self.z.items()}
+    def for_chunk(self, idx: Tensor, width: int) -> dict[str, Tensor | None]:
+        return {name: z[idx, :width] for name, z in self.z.items()}
 
 
 def route_estimates(
