@@ -17,6 +17,9 @@ AttributionMethod = Literal["atp", "atp*", "eap-ig"]  # the attribution estimato
 AttributionAblation = Literal["zero", "mean"]  # what attribution moves a unit towards
 FaithfulnessAblation = Literal["corrupt", "resample", "mean"]  # what replaces what a circuit drops
 Surrogate = Literal["accuracy", "loss", "logit", "margin", "logprob"]  # rank_heads' integrand
+# the edge graph's k/v readers under grouped key/value heads: one per key/value head, or one per
+# query head (EAP-IG's ungrouped view)
+KVView = Literal["grouped", "ungrouped"]
 
 ABLATION_METHODS: tuple[str, ...] = get_args(AblationMethod)
 ENGINES: tuple[str, ...] = get_args(Engine)
@@ -25,6 +28,7 @@ ATTRIBUTION_METHODS: tuple[str, ...] = get_args(AttributionMethod)
 ATTRIBUTION_ABLATIONS: tuple[str, ...] = get_args(AttributionAblation)
 FAITHFULNESS_ABLATIONS: tuple[str, ...] = get_args(FaithfulnessAblation)
 SURROGATES: tuple[str, ...] = get_args(Surrogate)
+KV_VIEWS: tuple[str, ...] = get_args(KVView)
 
 __all__ = [
     "ABLATION_METHODS",
@@ -33,6 +37,7 @@ __all__ = [
     "ENGINES",
     "FAITHFULNESS_ABLATIONS",
     "INTEGRATION_PATHS",
+    "KV_VIEWS",
     "SURROGATES",
     "AblationMethod",
     "AttributionAblation",
@@ -40,5 +45,6 @@ __all__ = [
     "Engine",
     "FaithfulnessAblation",
     "IntegrationPath",
+    "KVView",
     "Surrogate",
 ]
