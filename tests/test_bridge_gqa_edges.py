@@ -304,6 +304,27 @@ def _naive_ablation(bridge, graph, clean, corrupt_terms, ablated):
     return _metric(_last(logits, mask), clean.labels, None)
 
 
+def _ablated_and_naive(model, bridge, graph, pairs, sets):
+    """``(ablated_metric, naive loop)``, ``[sets, n]`` each: the clean run with each set of edges
+    reading the corrupt run's terms, by the probe on ``model`` and by :func:`_naive_ablation` on
+    ``bridge``; and the corrupt terms. Every set moves the metric."""
+    c, k = as_pair(model, pairs, None)
+    tk = _terms(bridge, graph, pairs.corrupt.tokens, pairs.corrupt.pad_mask)
+    keep = np.ones((len(sets), *graph.valid.shape), dtype=bool)
+    for j, edges in enumerate(sets):
+        for w, r in edges:
+            keep[j, graph.reader_index(r), graph.writer_index(w)] = False
+    with forks(model), torch.no_grad():
+        repl = contributions(model, graph, capture(model, k, writer_hooks(graph))[0])
+        got = ablated_metric(
+            model, graph, c, repl, torch.as_tensor(keep), _metric, c.labels, k.labels
+        )
+    want = torch.stack([_naive_ablation(bridge, graph, pairs.clean, tk, e) for e in sets])
+    clean = _naive_ablation(bridge, graph, pairs.clean, tk, [])
+    assert float((want - clean[None]).abs().amax(1).min()) > 1e-6  # every ablation matters
+    return got, want, tk
+
+
 def test_exact_edge_ablation_equals_a_naive_hook_loop_at_each_key_value_head(grouped):
     """Every edge into a key/value head's k or v reader ablated alone, then a set of edges across
     both layers (an ablated layer-0 edge moves the live terms the layer-1 readers then swap), then
@@ -315,8 +336,6 @@ def test_exact_edge_ablation_equals_a_naive_hook_loop_at_each_key_value_head(gro
     _, bridge, model = grouped
     pairs = _pairs(2)
     graph = build_graph(model.cfg)
-    c, k = as_pair(model, pairs, None)
-    tk = _terms(bridge, graph, pairs.corrupt.tokens, pairs.corrupt.pad_mask)
     kv_edges = [
         (graph.writers[w], r)
         for r in graph.readers
@@ -334,18 +353,7 @@ def test_exact_edge_ablation_equals_a_naive_hook_loop_at_each_key_value_head(gro
         ("L1H2", "logits"),
     ]
     sets = [[e] for e in kv_edges] + [mixed]
-    keep = np.ones((len(sets), *graph.valid.shape), dtype=bool)
-    for j, edges in enumerate(sets):
-        for w, r in edges:
-            keep[j, graph.reader_index(r), graph.writer_index(w)] = False
-    with forks(model), torch.no_grad():
-        repl = contributions(model, graph, capture(model, k, writer_hooks(graph))[0])
-        got = ablated_metric(
-            model, graph, c, repl, torch.as_tensor(keep), _metric, c.labels, k.labels
-        )
-    want = torch.stack([_naive_ablation(bridge, graph, pairs.clean, tk, e) for e in sets])
-    clean = _naive_ablation(bridge, graph, pairs.clean, tk, [])
-    assert float((want - clean[None]).abs().amax(1).min()) > 1e-6  # every ablation matters
+    got, want, tk = _ablated_and_naive(model, bridge, graph, pairs, sets)
     worst = float((got - want).abs().max())
     # a circuit of 12 edges, the rest ablated, measured by faithfulness_curve
     ranking = rank_edges(attribute(model, pairs, granularity="edge", metric=_metric))
@@ -410,28 +418,15 @@ def rank_edges_circuit(model, pairs):
     ).circuit(40)
 
 
-def test_path_patching_into_a_key_value_head_equals_a_naive_hook_loop(grouped):
-    """Each sender's clean term patched into one key/value head's k or v fork of the corrupt run
-    (and into q forks, an MLP and the readout): path_patch against a naive hook loop; the head
-    route names a head's k/v reader by its key/value head, and exact_edges scores every edge."""
-    from probes.circuits.families import exact_edges
-    from probes.circuits.route import head_route
-
-    _, bridge, model = grouped
-    graph = build_graph(model.cfg)
-    pairs = _pairs(4)
+def _naive_path_patches(bridge, graph, pairs, results) -> tuple[float, int]:
+    """``(max |path_patch - naive|, edges)`` over the :class:`PathPatch` ``results``: each sender's
+    clean-minus-corrupt term (``bridge``'s own) added at its receiver's hook (its slot of a q/k/v
+    fork, the MLP's own input, the final residual) of the corrupt run; NaN where no edge."""
     c, k = pairs.clean, pairs.corrupt
     tc = _terms(bridge, graph, c.tokens, c.pad_mask)
     tk = _terms(bridge, graph, k.tokens, k.pad_mask)
-    n_kv = graph.kv_layout.n_kv_heads
-    receivers = [f"L1KV{g}.{x}" for g in range(n_kv) for x in "kv"] + ["L1H2.q", "MLP0", "logits"]
-    pp = {x: path_patch(model, pairs, None, None, [r for r in receivers if r.endswith(f".{x}") or (x == "q" and "." not in r)], x, metric=_metric) for x in "qkv"}  # fmt: skip
     worst, n = 0.0, 0
-    with torch.no_grad():
-        plain = _last(_run(bridge, k.tokens, k.pad_mask, []), k.pad_mask)
-    corrupt = float(_metric(plain, c.labels, k.labels).mean())
-    for got in pp.values():
-        assert abs(got.corrupt_metric - corrupt) <= 1e-9
+    for got in results:
         for j, r in enumerate(got.receivers):
             for i, w in enumerate(got.senders):
                 if not graph.valid[graph.reader_index(r), graph.writer_index(w)]:
@@ -465,6 +460,28 @@ def test_path_patching_into_a_key_value_head_equals_a_naive_hook_loop(grouped):
                     logits = _run(bridge, k.tokens, k.pad_mask, [(hook, add)])
                 want = float(_metric(_last(logits.detach(), k.pad_mask), c.labels, k.labels).mean())
                 worst, n = max(worst, abs(got.values[i, j] - want)), n + 1
+    return worst, n
+
+
+def test_path_patching_into_a_key_value_head_equals_a_naive_hook_loop(grouped):
+    """Each sender's clean term patched into one key/value head's k or v fork of the corrupt run
+    (and into q forks, an MLP and the readout): path_patch against a naive hook loop; the head
+    route names a head's k/v reader by its key/value head, and exact_edges scores every edge."""
+    from probes.circuits.families import exact_edges
+    from probes.circuits.route import head_route
+
+    _, bridge, model = grouped
+    graph = build_graph(model.cfg)
+    pairs = _pairs(4)
+    c, k = pairs.clean, pairs.corrupt
+    n_kv = graph.kv_layout.n_kv_heads
+    receivers = [f"L1KV{g}.{x}" for g in range(n_kv) for x in "kv"] + ["L1H2.q", "MLP0", "logits"]
+    pp = {x: path_patch(model, pairs, None, None, [r for r in receivers if r.endswith(f".{x}") or (x == "q" and "." not in r)], x, metric=_metric) for x in "qkv"}  # fmt: skip
+    with torch.no_grad():
+        plain = _last(_run(bridge, k.tokens, k.pad_mask, []), k.pad_mask)
+    corrupt = float(_metric(plain, c.labels, k.labels).mean())
+    assert all(abs(got.corrupt_metric - corrupt) <= 1e-9 for got in pp.values())
+    worst, n = _naive_path_patches(bridge, graph, pairs, pp.values())
     print(f"{n_kv} key/value heads: {n} path patches, max |path_patch - naive| {worst:.1e}")
     assert n >= 30 and worst <= 1e-9, worst
     k_reader = f"L1KV{graph.kv_layout.kv_head(3)}.k"

@@ -23,6 +23,9 @@ faithfulness.
 4. Exact path patching of every writer into the top head's q, k and v under both families, and
    for a layer-0 head its logit terms (content, position, offset).
 
+``--kv-view ungrouped``: under grouped key/value heads, a k and a v reader per query head (EAP-IG's
+view; the default ``grouped`` has one per key/value head), in every step.
+
 Writes ``RUN_DIR/circuit.json`` (or ``--out DIR``) (:meth:`probes.Circuit.load` reads it: the kept
 ``edges`` and their ``spans``, ``total_edges``, ``faithfulness`` with ``kept``; the route, the
 top head and the curve) and ``RUN_DIR/circuit.html`` (offline).
@@ -85,6 +88,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--method", default="eap-ig", choices=METHODS)
     p.add_argument(
+        "--kv-view",
+        default="grouped",
+        choices=["grouped", "ungrouped"],
+        help="under grouped key/value heads: k/v readers per key/value head (grouped) or per query "
+        "head (ungrouped, as EAP-IG)",
+    )
+    p.add_argument(
         "--aligned",
         action="store_true",
         help="with --method atp on position pairs: compare each token with itself at its moved position "
@@ -131,6 +141,7 @@ def circuit_run(
     sparsity=0.5,
     budget=None,
     aligned=False,
+    kv_view="grouped",
 ) -> tuple[Any, Any]:
     """The work of ``pe-interp circuit``: returns the circuit (route and curve in it) and the route."""
     from probes import family_attributions
@@ -158,6 +169,7 @@ def circuit_run(
         metric=metric,
         positional=positional,
         aligned=aligned,
+        kv_view=kv_view,
     )
     ranking = rank_edges(fams, select=select, positional=positional, by=counterfactual)
     if method == "learned":  # ordered by the learnt masks; each edge keeps its family scores
@@ -186,6 +198,7 @@ def circuit_run(
         seed=seed,
         metric=metric,
         attributions={k: fams[k] for k in ("position", "content")},
+        kv_view=kv_view,
     )
     meta = _meta(c, ranking, (layer, head), why, route, counterfactual, n, seed, model, aligned)
     c.faithfulness["n_pairs"] = n
@@ -245,6 +258,7 @@ def _learned(
         budget=budget,
         select=select,
         progress=True,
+        kv_view=ranking.graph.kv_view,  # the families' view
     )
     return dataclasses.replace(
         learned, scores=ranking.scores, meta={**ranking.meta, **learned.meta}
@@ -340,6 +354,7 @@ def _circuit(args: argparse.Namespace, loaded) -> int:
         sparsity=args.sparsity,
         budget=args.budget,
         aligned=args.aligned,
+        kv_view=args.kv_view,
     )
     out = Path(args.out) if args.out else loaded.result_dir
     save_result(out / "circuit.json", c, loaded.provenance)

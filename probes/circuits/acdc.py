@@ -45,6 +45,7 @@ def acdc(
     speculate: int = 32,
     batch_size: int | None = None,
     progress: bool = False,
+    kv_view: str = "grouped",
 ) -> Circuit:
     """The ACDC circuit of ``clean`` against ``corrupt`` (``CounterfactualPairs`` or two batches).
     ``spans`` (the task, or ``[n, pos]`` ids with ``span_names``): one unit per edge and span;
@@ -53,7 +54,8 @@ def acdc(
     Returns a :class:`Circuit` (``method="acdc"``; ``scores["acdc"]``: each kept unit's metric
     change when it was tested), whose ``faithfulness["kept"]`` is its recovered share on these
     pairs and ``meta["acdc"]`` the forwards, seconds, ``tau`` and the threshold in metric units.
-    ``progress``: a bar of the units decided, with the number kept, and an ETA."""
+    ``progress``: a bar of the units decided, with the number kept, and an ETA. ``kv_view``: as
+    :func:`probes.attribute`'s."""
     if not isinstance(tau, int | float) or not 0 <= tau < 1:
         raise ValueError(f"acdc: tau must be in [0, 1), got {tau!r}")
     if not isinstance(speculate, int) or speculate < 1:
@@ -73,6 +75,7 @@ def acdc(
         spans=spans,
         n_spans=S,
         who="acdc",
+        kv_view=kv_view,
     )
     graph = ev.graph
     units = ev.units()

@@ -43,7 +43,11 @@ rounding: the moved keys are summed in another order).
 Under grouped (and multi-query) key/value heads an edge into a key/value head's k or v reader
 (``"L1KV0.k"``) is the writer's term added to that key/value head's fork, which every query head of
 its group reads: its AtP and EAP-IG gradients are the fork's own, and AtP* recomputes the pattern of
-each query head of the group and sums them (``tests/test_bridge_gqa_edges.py``).
+each query head of the group and sums them (``tests/test_bridge_gqa_edges.py``). ``kv_view=
+"ungrouped"`` scores an edge into each query head's own copy of its key/value head's input
+(``"L1H2.k"``; :mod:`probes.circuits.graph`): its gradient is the one through that query head alone,
+from a forward run once per query head of a group (:func:`probes.circuits.engine.merge_hooks`), so
+the query heads' scores sum to their key/value head's (``tests/test_bridge_ungrouped_edges.py``).
 
 Where the metric is linear in the activation between the two values (a readout without a final
 norm; a value input of the last layer of a model without norms or MLPs; a query or key input
@@ -64,7 +68,7 @@ from probes.circuits.alignment import moved
 from probes.circuits.attribution_chunk import attribute_chunk
 from probes.circuits.edge_ablation import edge_replacement
 from probes.circuits.engine import as_pair, forks, mean_metric, pair_labels, resolve
-from probes.circuits.graph import build_graph, parse
+from probes.circuits.graph import build_graph, check_kv_view, parse
 from probes.circuits.scores import Attribution, span_ids
 from probes.common.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
 from probes.common.options import ATTRIBUTION_ABLATIONS, ATTRIBUTION_METHODS
@@ -96,6 +100,7 @@ def attribute(
     span_names: Any = None,
     aligned: bool = False,
     batch_size: int | None = None,
+    kv_view: str = "grouped",
 ) -> Attribution:
     """Attribution scores of every node (``granularity="node"``) or edge (``"edge"``).
 
@@ -108,7 +113,8 @@ def attribute(
     (``"atp"``, ``"eap-ig"``). ``aligned`` (``"atp"``, position-only pairs): each clean token's
     activation is compared with the corrupt run's at that token's moved position, not at the same
     index, so that a unit blind to position scores 0 (module docstring). ``batch_size``:
-    most rows per forward (examples x steps or x writers). See the module docstring."""
+    most rows per forward (examples x steps or x writers). ``kv_view``: ``"ungrouped"`` gives
+    grouped key/value heads a k and a v reader per query head (edges). See the module docstring."""
     for name, value, allowed in (
         ("method", method, METHODS),
         ("granularity", granularity, GRANULARITIES),
@@ -123,8 +129,9 @@ def attribute(
         raise ValueError(f"attribute: steps must be a positive integer, got {steps!r}")
     if batch_size is not None:
         check_count(batch_size, "batch_size", 1, "attribute")
+    check_kv_view(kv_view, "attribute")
     check_finite_model(model, "attribute")
-    graph = build_graph(model.cfg)
+    graph = build_graph(model.cfg, kv_view)
     c, k = as_pair(model, clean, corrupt, "attribute")
     if method == "eap-ig" and k is None:
         raise ValueError(
@@ -162,7 +169,9 @@ def attribute(
     cfg = model.cfg
     # examples per chunk: the forked forward keeps ~[pos, heads, d_model] per reader hook and example
     per_example = (
-        c.tokens.shape[1] * cfg.d_model * (3 * cfg.n_heads + 2) * cfg.n_layers * 8 if edges else 0
+        c.tokens.shape[1] * cfg.d_model * (3 * cfg.n_heads + 2) * cfg.n_layers * 8 * graph.kv_split
+        if edges
+        else 0
     )
     chunk = max(1, min(rows, int(2e8 // per_example))) if edges else rows
     n, P = len(c), c.tokens.shape[1]
@@ -238,6 +247,7 @@ def attribute(
         meta={
             "encoding": model.cfg.encoding_name,
             "kv_source": model.cfg.kv_source,
+            "kv_view": kv_view,
             **({"aligned": True} if aligned else {}),
         },
     )

@@ -91,7 +91,8 @@ def _qk_fix(
     ``sign * sum_b sum (A(x + sign * delta_w) - A(x)) . dm/dA`` per query head. The delta goes into
     every head of the fork at once; a query head's pattern reads its own key/value head only, so
     under grouped key/value heads query head ``h``'s entry is its share of the edge into its key/value
-    head, and that edge is the sum over the group (:func:`attribute_chunk`)."""
+    head, and that edge is the sum over the group (:func:`attribute_chunk`); in the ungrouped view
+    it is the edge into ``h``'s own k reader."""
     out = {}
     b = len(base)
     for layer in range(graph.n_layers):
@@ -157,6 +158,7 @@ def attribute_chunk(
     position (:func:`probes.circuits.alignment.align`)."""
     W = writer_hooks(graph)
     R = reader_hooks(graph) if edges else []
+    split = graph.kv_split if edges else 1  # the ungrouped view's copies of a forward
     good, bad = pair_labels(clean, other)
     sign = 1.0 if mode == "denoise" else -1.0
     base = other if mode == "denoise" else clean
@@ -204,6 +206,7 @@ def attribute_chunk(
                 grad_names=W + R,
                 repeat=m,
                 replace={graph.embed_hook: lambda x, interp=interp: interp},
+                split=split,
             )
             for n, t in g.items():
                 t = t.view(m, -1, *t.shape[1:]).sum(0)
@@ -223,6 +226,7 @@ def attribute_chunk(
             metric=metric(),
             grad_names=W + R + pattern_names,
             detach=drop,
+            split=split,
         )
         if not drop:
             base_acts = acts

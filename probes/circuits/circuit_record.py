@@ -31,7 +31,9 @@ class Circuit:
     ``spans[i]`` is the span at which edge ``i`` is kept (an edge can appear once per span) and
     ``span_names`` the examples' spans; ``total_edges`` counts the units of the whole graph
     (edges x spans read). ``faithfulness`` holds the measured faithfulness (``"kept"``: of this
-    circuit) and, from :func:`probes.circuits.faithfulness.minimal_circuit`, the curve."""
+    circuit) and, from :func:`probes.circuits.faithfulness.minimal_circuit`, the curve.
+    ``kv_view``: the graph's view of grouped key/value heads (:mod:`probes.circuits.graph`),
+    ``"ungrouped"`` where its k/v readers are per query head on a grouped model."""
 
     nodes: tuple[str, ...]
     edges: tuple[tuple[str, str], ...]
@@ -46,6 +48,7 @@ class Circuit:
     meta: dict[str, Any] = field(default_factory=dict)
     spans: tuple[str, ...] | None = None
     span_names: tuple[str, ...] = ()
+    kv_view: str = "grouped"
 
     @property
     def positional(self) -> bool:
@@ -60,7 +63,7 @@ class Circuit:
     def into(self, node: str) -> list[int]:
         """Indices of the edges whose reader belongs to ``node`` (``"L0H4"`` takes its q, k, v; in a
         grouped model its q only, and its key/value head ``"L0KV2"`` takes the k and v its group
-        reads)."""
+        reads; in the ungrouped view the head takes its own k and v)."""
         return [i for i, (_, r) in enumerate(self.edges) if r == node or r.split(".")[0] == node]
 
     def label(self, i: int) -> str:
@@ -95,6 +98,7 @@ class Circuit:
             "metric": self.metric,
             "faithfulness": to_json(self.faithfulness),
             "meta": to_json(self.meta),
+            "kv_view": self.kv_view,
         }
 
     @classmethod
@@ -114,6 +118,7 @@ class Circuit:
             dict(d.get("meta") or {}),
             None if spans is None else tuple(spans),
             tuple(d.get("span_names") or ()),
+            d.get("kv_view", "grouped"),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -166,4 +171,5 @@ def circuit_from_mask(
         meta=dict(meta or {}),
         spans=tuple(span_names[s] for _, _, s in triples) if span_names else None,
         span_names=tuple(span_names),
+        kv_view=graph.kv_view,
     )

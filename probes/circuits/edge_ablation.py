@@ -26,13 +26,15 @@ from probes.circuits.engine import (
     as_pair,
     as_run,
     forks,
+    merge_hooks,
     pair_labels,
     reader_groups,
     resolve,
+    to_fork,
     writer_hooks,
     writer_term,
 )
-from probes.circuits.graph import Graph, build_graph
+from probes.circuits.graph import Graph, build_graph, check_kv_view
 from probes.circuits.scores import span_ids
 from probes.common.inputs import check_count, check_finite_model
 from probes.common.options import FAITHFULNESS_ABLATIONS
@@ -76,8 +78,10 @@ def ablated_metric(
     A reader's input is its live value plus, for each ablated writer, the replacement minus the
     live term: one batched contraction per reader hook, of the differences of every writer before
     it (each writer's computed once, when its hook has fired) with the mask at each position's
-    span."""
+    span. The ungrouped view of grouped key/value heads runs ``graph.kv_split`` copies of the
+    rows (:func:`probes.circuits.engine.merge_hooks`)."""
     k, b = keep.shape[0], len(run)
+    split = graph.kv_split
     if keep.ndim == 3:
         keep = keep[..., None]
     if spans is None and keep.shape[-1] != 1:
@@ -99,7 +103,7 @@ def ablated_metric(
         col += n
 
     def grab(x, hook, name):  # the name asked for (a bridge's hook.name is its own)
-        live[name] = x
+        live[name] = x[: k * b]  # the copies agree at every writer
         return None
 
     def diff(name: str, c0: int, n: int) -> Tensor:
@@ -120,7 +124,7 @@ def ablated_metric(
             ]
         return prefix[1]
 
-    def fix(idx: list[int], per_head: bool):
+    def fix(name: str, idx: list[int], per_head: bool):
         reads = graph.valid[idx]  # [readers, writers]
         w = (
             int(np.flatnonzero(reads.any(0)).max()) + 1
@@ -134,18 +138,17 @@ def ablated_metric(
                 add = torch.einsum("kbpwd,krw->kbprd", upto(w), ex[..., 0])
             else:
                 add = torch.einsum("kbpwd,krwbp->kbprd", upto(w), ex[..., ids])
-            return x + (
-                add.reshape(k * b, P, len(idx), d) if per_head else add.reshape(k * b, P, d)
-            )
+            add = add.reshape(k * b, P, len(idx), d) if per_head else add.reshape(k * b, P, d)
+            return x + to_fork(add, name, split)
 
         return hook
 
-    hooks = [(n, partial(grab, name=n)) for n in writer_hooks(graph)]
-    hooks += [(h, fix(idx, ph)) for h, idx, _, ph in reader_groups(graph)]
-    tokens = run.tokens.repeat(k, 1)
-    kv = None if run.key_valid is None else run.key_valid.repeat(k, 1)
+    hooks = merge_hooks(model, split) + [(n, partial(grab, name=n)) for n in writer_hooks(graph)]
+    hooks += [(h, fix(h, idx, ph)) for h, idx, _, ph in reader_groups(graph)]
+    tokens = run.tokens.repeat(k * split, 1)
+    kv = None if run.key_valid is None else run.key_valid.repeat(k * split, 1)
     with forks(model), torch.set_grad_enabled(keep.requires_grad), model.hooks(fwd_hooks=hooks):
-        logits = model.forward_unchecked(tokens, kv)
+        logits = model.forward_unchecked(tokens, kv)[: k * b]
     return fn(logits, good.repeat(k), bad.repeat(k)).double().view(k, b)
 
 
@@ -267,12 +270,14 @@ class EdgeEvaluator:
         n_spans,
         aligned: bool = False,
         who: str = "faithfulness",
+        kv_view: str = "grouped",
     ):
         given = _given(model, ablation, who)
         if batch_size is not None:
             check_count(batch_size, "batch_size", 1, who)
+        check_kv_view(kv_view, who)
         check_finite_model(model, who)
-        self.model, self.graph = model, build_graph(model.cfg)
+        self.model, self.graph = model, build_graph(model.cfg, kv_view)
         clean_batch = clean.clean if hasattr(clean, "clean") else clean
         self.c, self.k = as_pair(model, clean, corrupt, who)
         if ablation == "corrupt" and self.k is None:
@@ -334,7 +339,7 @@ class EdgeEvaluator:
         # rows per forward: as asked, and no more than the writers' differences and one prefix of
         # them (each [rows, pos, writers, d_model]) fit in MEMORY_BUDGET
         P, W = c.tokens.shape[1], len(graph.writers)
-        fit = max(1, MEMORY_BUDGET // (2 * W * P * self.model.cfg.d_model * 4))
+        fit = max(1, MEMORY_BUDGET // (2 * W * P * self.model.cfg.d_model * 4 * graph.kv_split))
         chunk = max(1, min(len(c), self.rows, fit))
         per = max(1, min(self.rows, fit) // chunk)
         with eval_mode(model):

@@ -139,6 +139,60 @@ def _attend_hooked(
     return seen
 
 
+# ---------------------------------------------------------------------------------------------
+# the ungrouped view of grouped key/value heads: a copy of each forward per query head of a group
+# ---------------------------------------------------------------------------------------------
+def merge_hooks(model: ProbeModel, split: int) -> list[tuple[str, Callable]]:
+    """The hooks of a forward split for the ungrouped view (``split = graph.kv_split`` > 1): its
+    rows run ``split`` times, stacked along the batch (``[split, rows]``), and copy ``j`` carries
+    what query head ``g * split + j`` reads of key/value head ``g`` (:func:`to_fork`). At each
+    layer's ``attn.hook_z`` every copy takes head ``h``'s output from copy ``h % split``, the one
+    computed from head ``h``'s own k and v, so the copies agree again from there on. These go
+    before any other hook at ``hook_z``; none where ``split`` is 1."""
+    if split == 1:
+        return []
+    H = model.cfg.n_heads
+
+    def merge(z: Tensor, hook) -> Tensor:
+        zs = z.view(split, -1, *z.shape[1:])  # [split, rows, pos, heads, d_head]
+        h = torch.arange(H, device=z.device)
+        picked = zs[h % split, :, :, h]  # [heads, rows, pos, d_head]
+        return picked.permute(1, 2, 0, 3).repeat(split, 1, 1, 1)
+
+    return [(f"blocks.{layer}.attn.hook_z", merge) for layer in range(model.cfg.n_layers)]
+
+
+def _kv_fork(name: str) -> bool:
+    return name.endswith(("attn.hook_k_input", "attn.hook_v_input"))
+
+
+def to_fork(x: Tensor, name: str, split: int) -> Tensor:
+    """A term for reader hook ``name`` on one copy's rows (``[rows, pos, ...]``; one slot per query
+    head at a k/v fork) laid out for a forward split ``split`` ways (:func:`merge_hooks`): query
+    head ``g * split + j`` of a k/v fork goes to copy ``j``'s slot ``g``, any other term to every
+    copy."""
+    if split == 1:
+        return x
+    if not _kv_fork(name):
+        return x.repeat(split, *[1] * (x.dim() - 1))
+    b, p, H, d = x.shape
+    x = x.view(b, p, H // split, split, d).permute(3, 0, 1, 2, 4)  # [split, b, p, kv heads, d]
+    return x.reshape(split * b, p, H // split, d)
+
+
+def from_fork(g: Tensor, name: str, split: int) -> Tensor:
+    """A gradient at hook ``name`` of a split forward, back on one copy's rows: a k/v fork's copies
+    as one slot per query head (the inverse of :func:`to_fork`), any other hook's copies summed
+    (the copies are one function of the hook's value: the chain rule)."""
+    if split == 1:
+        return g
+    g = g.view(split, -1, *g.shape[1:])
+    if not _kv_fork(name):
+        return g.sum(0)
+    s, b, p, n, d = g.shape
+    return g.permute(1, 2, 3, 0, 4).reshape(b, p, n * s, d)  # [b, p, query heads, d]
+
+
 def writer_hooks(graph: Graph) -> list[str]:
     names = [graph.embed_hook]
     for layer in range(graph.n_layers):
@@ -211,6 +265,7 @@ def capture(
     replace: dict[str, Callable[[Tensor], Tensor]] | None = None,
     detach: Sequence[str] = (),
     repeat: int = 1,
+    split: int = 1,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor]:
     """Run the model's forward on ``run`` (its rows repeated ``repeat`` times), reading the
     activations at ``names``.
@@ -218,41 +273,45 @@ def capture(
     With ``metric(logits) -> [rows]`` and ``grad_names``, also the gradient of the summed metric at
     each of those hooks (rows are independent, so row i's gradient is that of its own metric),
     through a zero tensor added there. ``replace[name](x)`` substitutes a hook's value;
-    ``detach`` hooks let their value through but no gradient (GradDrop). Returns
+    ``detach`` hooks let their value through but no gradient (GradDrop). ``split``: the
+    ungrouped view's copies of the forward (:func:`merge_hooks`; activations and the metric are
+    copy 0's, gradients per query head at a k/v fork, :func:`from_fork`). Returns
     ``(activations, gradients, per-row metric)``.
     """
     acts: dict[str, Tensor] = {}
     zeros: dict[str, Tensor] = {}
     replace = replace or {}
     wanted = set(names) | set(grad_names) | set(replace) | set(detach)
+    rows = len(run) * repeat  # one copy's
 
     def hook(
         x: Tensor, hook, name: str
     ) -> Tensor:  # name: the one asked for (a bridge's hook.name is its own)
         if name in replace:
-            x = replace[name](x)
+            x = to_fork(replace[name](x[:rows]), name, split)
         if name in grad_names:
             zeros[name] = torch.zeros_like(x, requires_grad=True)
             x = x + zeros[name]
         if name in names:
-            acts[name] = x.detach()
+            acts[name] = x[:rows].detach()
         if name in detach:
             x = x.detach()
         return x
 
-    tokens = run.tokens.repeat(repeat, 1)
-    kv = None if run.key_valid is None else run.key_valid.repeat(repeat, 1)
-    with (
-        torch.set_grad_enabled(bool(grad_names)),
-        model.hooks(fwd_hooks=[(n, partial(hook, name=n)) for n in sorted(wanted)]),
-    ):
-        logits = model.forward_unchecked(tokens, kv)
+    tokens = run.tokens.repeat(repeat * split, 1)
+    kv = None if run.key_valid is None else run.key_valid.repeat(repeat * split, 1)
+    hooks = merge_hooks(model, split) + [(n, partial(hook, name=n)) for n in sorted(wanted)]
+    with torch.set_grad_enabled(bool(grad_names)), model.hooks(fwd_hooks=hooks):
+        logits = model.forward_unchecked(tokens, kv)[:rows]
         values = metric(logits) if metric is not None else logits.new_zeros(logits.shape[0])
         grads: dict[str, Tensor] = {}
         if grad_names:
             have = [n for n in grad_names if n in zeros]
             got = torch.autograd.grad(values.sum(), [zeros[n] for n in have], allow_unused=True)
-            grads = {n: (torch.zeros_like(zeros[n]) if g is None else g) for n, g in zip(have, got)}
+            grads = {
+                n: from_fork(torch.zeros_like(zeros[n]) if g is None else g, n, split)
+                for n, g in zip(have, got)
+            }
     return acts, grads, values.detach()
 
 
@@ -279,11 +338,14 @@ __all__ = [
     "capture",
     "contributions",
     "forks",
+    "from_fork",
     "mean_metric",
+    "merge_hooks",
     "no_forks",
     "pair_labels",
     "reader_groups",
     "reader_hooks",
     "resolve",
+    "to_fork",
     "writer_hooks",
 ]

@@ -11,6 +11,9 @@ others. ``recovered = (m(circuit) - m(nothing kept)) / (m(clean) - m(nothing kep
 
 Select a circuit on one set of pairs and measure it on another (the CLI and the benchmarks use
 held-out pairs, another seed of the same family).
+
+The edges are those of the scores' graph: under grouped key/value heads, the view their
+attribution took (``kv_view``, :mod:`probes.circuits.graph`), and a :class:`Circuit`'s own.
 """
 
 from __future__ import annotations
@@ -133,6 +136,7 @@ def faithfulness_curve(
         spans=spans if r.positional else None,
         n_spans=r.n_spans,
         who="faithfulness_curve",
+        kv_view=r.graph.kv_view,
         **how,
     )
     if sizes is None:
@@ -152,7 +156,7 @@ def faithfulness_curve(
 
 def _circuit_curve(model, c: Circuit, clean, corrupt, sizes, spans, how) -> dict[str, Any]:
     """:func:`faithfulness_curve` of a :class:`Circuit`: its first ``n`` edges as listed."""
-    graph = build_graph(model.cfg)
+    graph = build_graph(model.cfg, c.kv_view)
     n_spans = len(c.span_names) if c.positional else 1
     ev = EdgeEvaluator(
         model,
@@ -161,6 +165,7 @@ def _circuit_curve(model, c: Circuit, clean, corrupt, sizes, spans, how) -> dict
         spans=spans if c.positional else None,
         n_spans=n_spans,
         who="faithfulness_curve",
+        kv_view=c.kv_view,
         **how,
     )
     sizes = list(sizes) if sizes is not None else [len(c.edges)]
@@ -217,6 +222,7 @@ def minimal_circuit(
         n_spans=r.n_spans,
         aligned=aligned,
         who="minimal_circuit",
+        kv_view=r.graph.kv_view,
     )
     full, empty = ev.ends()
     seen, hi = _smallest(r, ev, target, points, full, empty)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from probes.circuits.attribution import Attribution, attribute
-from probes.circuits.graph import build_graph, parse
+from probes.circuits.graph import build_graph, check_kv_view, parse
 from probes.common.inputs import takes_probe_model
 
 if TYPE_CHECKING:
@@ -17,21 +17,36 @@ if TYPE_CHECKING:
 
 
 def exact_edges(
-    model: ProbeModel, clean, corrupt=None, *, metric="margin", batch_size: int | None = None
+    model: ProbeModel,
+    clean,
+    corrupt=None,
+    *,
+    metric="margin",
+    batch_size: int | None = None,
+    kv_view: str = "grouped",
 ) -> Attribution:
     """Every edge's exact effect (:func:`probes.path_patch`, clean into corrupt) in the shape of an
     edge :class:`Attribution` (``method="path_patch"``), so that circuits and the agreement
-    measures take exact and estimated scores alike."""
+    measures take exact and estimated scores alike; ``kv_view`` as :func:`probes.attribute`'s."""
     from probes.circuits.path_patching import path_patch
 
-    graph = build_graph(model.cfg)
+    check_kv_view(kv_view, "exact_edges")
+    graph = build_graph(model.cfg, kv_view)
     scores = np.full(graph.valid.shape, np.nan)
     for comp in "qkv":
         receivers = [
             r for r in graph.readers if r.endswith(f".{comp}") or (comp == "q" and "." not in r)
         ]
         pp = path_patch(
-            model, clean, corrupt, None, receivers, comp, metric=metric, batch_size=batch_size
+            model,
+            clean,
+            corrupt,
+            None,
+            receivers,
+            comp,
+            metric=metric,
+            batch_size=batch_size,
+            kv_view=kv_view,
         )
         for j, r in enumerate(pp.receivers):
             scores[graph.reader_index(r), [graph.writer_index(w) for w in pp.senders]] = pp.effects[

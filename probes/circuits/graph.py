@@ -15,6 +15,14 @@ per key/value head, and so are the readers, ``"L{l}KV{g}.k"`` and ``"L{l}KV{g}.v
 query heads ``g * group .. (g + 1) * group - 1`` (:class:`pe_interp.models.protocol.KVLayout`);
 the q readers stay one per query head. :func:`reader_of` names the k/v reader a head reads.
 
+The **ungrouped view** (``kv_view="ungrouped"``, as EAP-IG's ``ungroup_grouped_query_attention``
+has it) gives grouped key/value heads a k and a v reader per query head too, ``"L{l}H{h}.k|v"``:
+query head ``h`` reads its own copy of its key/value head's input, so an edge into it moves the
+key (value) that head ``h`` attends with and no other head's. That is the graph of the model with
+each key/value head copied to every query head of its group; the engine runs it as
+:attr:`Graph.kv_split` copies of each forward (:func:`probes.circuits.engine.merge_hooks`).
+Attribution scores then sum over each group to the grouped view's (the chain rule).
+
 An **edge** ``writer -> reader`` exists when the writer comes before the reader: a layer-``l``
 head input reads the embedding and every head and MLP of the layers before ``l``; ``MLP{l}``
 also reads its own layer's heads (not where attention and MLP run side by side, as in GPT-NeoX);
@@ -32,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pe_interp.models.protocol import KVLayout
+from probes.common.options import KV_VIEWS
 
 COMPONENTS = ("q", "k", "v")
 _HEAD = re.compile(r"^L(\d+)H(\d+)$")
@@ -130,6 +139,7 @@ class Graph:
     mlp_in_hook: str = "hook_mlp_in"  # blocks.{l}.<this>: the MLP's own copy of its input
     parallel: bool = False
     n_kv_heads: int | None = None  # None: one key/value head per query head
+    kv_view: str = "grouped"  # "ungrouped": a k and a v reader per query head, grouped or not
 
     @property
     def kv_layout(self) -> KVLayout:
@@ -137,8 +147,21 @@ class Graph:
 
     @property
     def grouped(self) -> bool:
-        """Whether query heads share key/value heads (k/v readers ``"L{l}KV{g}.k|v"``)."""
+        """Whether query heads share key/value heads."""
         return self.kv_layout.grouped
+
+    @property
+    def shared_kv(self) -> bool:
+        """Whether the k and v readers are one per key/value head, ``"L{l}KV{g}.k|v"`` (grouped
+        key/value heads in the grouped view)."""
+        return self.grouped and self.kv_view == "grouped"
+
+    @property
+    def kv_split(self) -> int:
+        """The copies of each forward the readers need: under the ungrouped view of grouped
+        key/value heads one per query head of a group (each carries what its query head reads of
+        the key/value head), else 1."""
+        return self.kv_layout.group if self.grouped and self.kv_view == "ungrouped" else 1
 
     def reader_of(self, layer: int, head: int, component: str) -> str:
         """The reader whose fork query head ``head`` of ``layer`` reads as its ``component`` input
@@ -147,8 +170,8 @@ class Graph:
 
     def fork_readers(self, layer: int, component: str) -> list[str]:
         """The readers of one q/k/v fork of ``layer``, in the fork's head order: one per query head,
-        or (grouped k and v) one per key/value head."""
-        if component != "q" and self.grouped:
+        or (grouped k and v in the grouped view) one per key/value head."""
+        if component != "q" and self.shared_kv:
             return [f"{kv_name(layer, g)}.{component}" for g in range(self.kv_layout.n_kv_heads)]
         return [f"{head_name(layer, h)}.{component}" for h in range(self.n_heads)]
 
@@ -190,10 +213,11 @@ class Graph:
 def reader_of(layer: int, head: int, component: str, graph: Graph) -> str:
     """The name of the reader that query head ``head`` of ``layer`` reads as its ``component``
     (``"q"``, ``"k"``, ``"v"``) input: ``"L{l}H{h}.c"``, or, for k and v of a grouped model, its
-    key/value head's ``"L{l}KV{g}.c"`` (shared with the rest of its group)."""
+    key/value head's ``"L{l}KV{g}.c"`` (shared with the rest of its group; not in the ungrouped
+    view)."""
     if component not in COMPONENTS:
         raise ValueError(f"component must be one of {', '.join(COMPONENTS)}; got {component!r}")
-    if component != "q" and graph.grouped:
+    if component != "q" and graph.shared_kv:
         return f"{kv_name(layer, graph.kv_layout.kv_head(head))}.{component}"
     return f"{head_name(layer, head)}.{component}"
 
@@ -207,9 +231,17 @@ def kv_heads_of(cfg) -> int | None:
     return KVLayout(cfg.n_heads, int(n)).n_kv_heads  # raises where they do not share evenly
 
 
-def build_graph(cfg) -> Graph:
+def check_kv_view(kv_view: str, who: str) -> None:
+    if kv_view not in KV_VIEWS:
+        raise ValueError(
+            f"{who}: kv_view must be one of {', '.join(map(repr, KV_VIEWS))}; got {kv_view!r}"
+        )
+
+
+def build_graph(cfg, kv_view: str = "grouped") -> Graph:
     """The :class:`Graph` of a model with config ``cfg`` (grouped where ``cfg.n_kv_heads`` is below
-    ``cfg.n_heads``)."""
+    ``cfg.n_heads``; ``kv_view="ungrouped"``: k/v readers per query head all the same)."""
+    check_kv_view(kv_view, "build_graph")
     L, H = cfg.n_layers, cfg.n_heads
     n_kv = kv_heads_of(cfg)
     has_mlp = bool(cfg.d_mlp)
@@ -222,7 +254,7 @@ def build_graph(cfg) -> Graph:
             writers.append(f"MLP{layer}")
     readers: list[str] = []
     for layer in range(L):
-        if n_kv is None:
+        if n_kv is None or kv_view == "ungrouped":
             readers += [f"{head_name(layer, h)}.{c}" for c in COMPONENTS for h in range(H)]
         else:
             readers += [f"{head_name(layer, h)}.q" for h in range(H)]
@@ -256,12 +288,13 @@ def build_graph(cfg) -> Graph:
         n_kv_heads=n_kv,
         embed_hook=cfg.embed_hook,
         mlp_in_hook=cfg.mlp_in_hook,
+        kv_view=kv_view,
     )
 
 
 def build_graph_from(scores) -> Graph:
     """The :class:`Graph` an edge attribution scored: its writers and readers, an edge wherever
-    it has a score (``scores.scores``, NaN where there is no edge)."""
+    it has a score (``scores.scores``, NaN where there is no edge), in its ``meta["kv_view"]``."""
     valid = ~np.isnan(np.asarray(scores.scores, dtype=np.float64))
     kv = [i for i, r in enumerate(scores.readers) if parse(r).component in ("k", "v")]
     kv_embed = bool(kv) and not valid[kv, 1:].any() and scores.n_layers > 1
@@ -276,6 +309,7 @@ def build_graph_from(scores) -> Graph:
         has_mlp,
         kv_embed,
         n_kv_heads=n_kv or None,
+        kv_view=scores.meta.get("kv_view", "grouped"),
     )
 
 
@@ -285,6 +319,7 @@ __all__ = [
     "Site",
     "build_graph",
     "build_graph_from",
+    "check_kv_view",
     "head_name",
     "kv_heads_of",
     "kv_name",

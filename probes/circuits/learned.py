@@ -85,6 +85,7 @@ def learn_ranking(
     select: str = "paths",
     batch_size: int | None = None,
     progress: bool = False,
+    kv_view: str = "grouped",
 ) -> Ranking:
     """Units of ``clean`` against ``corrupt`` (``CounterfactualPairs`` or two batches) ranked by
     learned mask logits (the module docstring says how, and what the :class:`Ranking` holds).
@@ -93,7 +94,7 @@ def learn_ranking(
     in (0, 1)) asks for the size instead, falling to it over the ``anneal`` share of the steps.
     ``steps`` Adam steps at ``lr`` from every logit at ``init``, the mask's sharpness growing
     from 1 to ``beta``. Deterministic: no noise, no seed. Each step runs every pair in one batch
-    (``batch_size`` sizes the exact measurements only)."""
+    (``batch_size`` sizes the exact measurements only; ``kv_view`` as :func:`probes.attribute`'s)."""
     who = "learn_ranking"
     _check_settings(who, sparsity, lr, beta, steps, budget, anneal, select)
     start = time.perf_counter()
@@ -111,6 +112,7 @@ def learn_ranking(
         spans=spans,
         n_spans=S,
         who=who,
+        kv_view=kv_view,
     )
     graph = ev.graph
     full, empty = ev.ends()

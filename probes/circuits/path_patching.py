@@ -20,7 +20,10 @@ output replaces its corrupt one in the cached ``hook_resid_mid`` and the forward
 Senders, receivers and examples share forwards as rows of one batch. A model without those
 restart seams (``can_restart`` False: a TransformerLens bridge) runs each (sender, receiver) pair as
 a whole corrupt forward with the delta added at the receiver's own hook, which is the definition
-itself (``tests/test_path_patching.py`` holds the two paths equal on our model).
+itself (``tests/test_path_patching.py`` holds the two paths equal on our model). So does the
+ungrouped view of grouped key/value heads (``kv_view="ungrouped"``: a receiver ``"L1H3.k"`` is query
+head 3's own copy of its key/value head's input), with a copy of the forward per query head of a
+group (:func:`probes.circuits.engine.merge_hooks`).
 """
 
 from __future__ import annotations
@@ -48,11 +51,13 @@ from probes.circuits.engine import (
     contributions,
     forks,
     mean_metric,
+    merge_hooks,
     pair_labels,
     resolve,
+    to_fork,
     writer_hooks,
 )
-from probes.circuits.graph import COMPONENTS, build_graph, head_name, parse
+from probes.circuits.graph import COMPONENTS, build_graph, check_kv_view, head_name, parse
 from probes.common.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
 
 if TYPE_CHECKING:
@@ -155,6 +160,7 @@ def path_patch(
     *,
     metric: Any = "logit_diff",
     batch_size: int | None = None,
+    kv_view: str = "grouped",
 ) -> PathPatch:
     """Patch each ``sender -> receiver`` edge alone (see the module docstring).
 
@@ -163,9 +169,11 @@ def path_patch(
     default every writer. ``receivers``: ``"L1H3"``/``(1, 3)`` (its ``component`` input),
     ``"L1H3.k"``, ``"MLP1"``, ``"logits"``; default every head (``component``), MLP and the
     readout. ``metric``: per example, as in :func:`probes.attribute`; values are means.
+    ``kv_view``: ``"ungrouped"`` gives grouped key/value heads k/v receivers per query head.
     """
+    check_kv_view(kv_view, "path_patch")
     _check_args(model, component, batch_size)
-    graph = build_graph(model.cfg)
+    graph = build_graph(model.cfg, kv_view)
     c, k = as_pair(model, clean, corrupt, "path_patch")
     if k is None:
         raise ValueError("path_patch: needs a corrupt run (pass CounterfactualPairs or corrupt=)")
@@ -185,7 +193,7 @@ def path_patch(
         layer = L if site.kind == "logits" else site.layer
         by_site.setdefault((layer, site.kind, site.component), []).append(j)
     W = writer_hooks(graph)
-    hooked = not model.can_restart  # a bridge: no seam to restart a layer at
+    hooked = not model.can_restart or graph.kv_split > 1  # a bridge, or the ungrouped view's copies
     names = W if hooked else W + [f"blocks.{i}.{h}" for i in range(L) for h in _RESTARTS]
     names.append(f"blocks.{L - 1}.hook_resid_post")
     chunk = max(1, min(n, rows))
@@ -209,7 +217,7 @@ def path_patch(
         m_clean,
         m_corrupt,
         n,
-        {"encoding": model.cfg.encoding_name, "kv_source": model.cfg.kv_source},
+        {"encoding": model.cfg.encoding_name, "kv_source": model.cfg.kv_source, "kv_view": kv_view},
     )
 
 
@@ -228,7 +236,7 @@ def _chunk(
 ):
     """One chunk of examples, both runs cached: yields ``(senders, receiver columns, summed
     metric)`` per receiver site, in ``by_site``'s order, each before the next is computed."""
-    hooked = not model.can_restart  # a bridge: no seam to restart a layer at
+    hooked = not model.can_restart or graph.kv_split > 1  # a bridge, or the ungrouped view's copies
     a_clean = capture(model, cc, W)[0]
     a_cor = capture(model, kk, names)[0]
     delta = contributions(model, graph, {x: a_clean[x] - a_cor[x] for x in W})[
@@ -348,9 +356,11 @@ def _site_hooked(
 ) -> np.ndarray:
     """What :func:`_site` sums, for a model without restart seams (a bridge): each valid (sender,
     receiver) pair is one copy of the corrupt run, the sender's delta added at that receiver's
-    input hook alone (its own head's fork, the MLP's input or the final residual)."""
-    b = len(run)
+    input hook alone (its own head's fork, the MLP's input or the final residual); in the ungrouped
+    view a forward split ``graph.kv_split`` ways (:func:`probes.circuits.engine.to_fork`)."""
+    b, split = len(run), graph.kv_split
     heads: list[int | None] = [None]
+    n_slots = 0  # a fork's heads
     if kind == "logits":
         hook = f"blocks.{graph.n_layers - 1}.hook_resid_post"
     elif kind == "mlp":
@@ -359,6 +369,7 @@ def _site_hooked(
         # the receiver's slot in its fork: its query head, or a grouped k/v reader's key/value head
         slots = [(s.head if s.kv is None else s.kv) for s in map(parse, receivers)]
         hook, heads = f"blocks.{layer}.attn.hook_{comp}_input", slots
+        n_slots = len(graph.fork_readers(layer, comp))
     pairs = [(i, j) for i, j in zip(*np.nonzero(valid))]
     out = np.zeros(valid.shape)
     per = max(1, rows // b)
@@ -368,17 +379,17 @@ def _site_hooked(
         d = delta[:, :, [int(senders[i]) for i, _ in chunk]].permute(2, 0, 1, 3)  # [k, b, p, d]
         at = torch.tensor([0 if heads[j] is None else heads[j] for _, j in chunk], device=d.device)
 
-        def add(x, hook, d=d, at=at, k=k):
+        def add(x, hook, d=d, at=at, k=k, site=hook):
             if heads[0] is None:
-                return x + d.reshape(x.shape)
-            x = x.clone().view(k, b, *x.shape[1:])  # [k, b, p, heads, d]
-            x[torch.arange(k, device=x.device), :, :, at] += d
-            return x.view(k * b, *x.shape[2:])
+                return x + to_fork(d.reshape(k * b, *d.shape[2:]), site, split)
+            t = d.new_zeros(k, b, d.shape[2], n_slots, d.shape[3])  # [k, b, p, slots, d]
+            t[torch.arange(k, device=d.device), :, :, at] = d
+            return x + to_fork(t.view(k * b, *t.shape[2:]), site, split)
 
-        tokens = run.tokens.repeat(k, 1)
-        kv = None if run.key_valid is None else run.key_valid.repeat(k, 1)
-        with model.hooks(fwd_hooks=[(hook, add)]):
-            logits = model.forward_unchecked(tokens, kv)
+        tokens = run.tokens.repeat(k * split, 1)
+        kv = None if run.key_valid is None else run.key_valid.repeat(k * split, 1)
+        with model.hooks(fwd_hooks=merge_hooks(model, split) + [(hook, add)]):
+            logits = model.forward_unchecked(tokens, kv)[: k * b]
         sums = fn(logits, good.repeat(k), bad.repeat(k)).double().view(k, b).sum(1).cpu().numpy()
         for (i, j), v in zip(chunk, sums):
             out[i, j] = v

@@ -28,6 +28,7 @@ from pe_interp.util.io import (
 from probes.circuits.graph import (
     COMPONENTS,
     build_graph,
+    check_kv_view,
     head_name,
     parse,
     reader_of,
@@ -154,14 +155,17 @@ def head_route(
     seed: int = 0,
     attributions: Mapping[str, Attribution] | None = None,
     batch_size: int | None = None,
+    kv_view: str = "grouped",
 ) -> HeadRoute:
     """The route into ``head`` under each family (see the module docstring). ``attributions``
-    (one edge attribution per family, e.g. :func:`probes.family_attributions`) adds estimates."""
+    (one edge attribution per family, e.g. :func:`probes.family_attributions`) adds estimates.
+    ``kv_view``: ``"ungrouped"`` routes into the head's own k and v, not its key/value head's."""
     name = head_name(*head) if isinstance(head, tuple | list) else str(head)
     site = parse(name)
     if site.kind != "head":
         raise ValueError(f"head_route: {name!r} is not a head")
-    graph = build_graph(model.cfg)
+    check_kv_view(kv_view, "head_route")
+    graph = build_graph(model.cfg, kv_view)
     exact: dict[str, dict[str, dict[str, float]]] = {}
     estimate: dict[str, dict[str, dict[str, float]]] = {}
     gaps = {}
@@ -176,7 +180,15 @@ def head_route(
                 if graph.valid[graph.reader_index(reader), graph.writer_index(w)]
             ]
             pp = path_patch(
-                model, pairs, None, senders, [reader], comp, metric=metric, batch_size=batch_size
+                model,
+                pairs,
+                None,
+                senders,
+                [reader],
+                comp,
+                metric=metric,
+                batch_size=batch_size,
+                kv_view=kv_view,
             )
             exact[kind][comp] = {s: float(pp.effects[i, 0]) for i, s in enumerate(pp.senders)}
             gaps[kind] = pp.clean_metric - pp.corrupt_metric

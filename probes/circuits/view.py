@@ -2,7 +2,8 @@
 ``multipartite_layout``), edges coloured by their positional against content share and as wide
 as their score, a position-aware circuit's edges one per span, side by side and dashed by span,
 the numbers on hover. A grouped model's key/value head is a node of its own (``"L1KV0"``: the k and
-v inputs its group of query heads shares). No external script, style or font: it works offline, in a
+v inputs its group of query heads shares; in the ungrouped view each query head takes its own k and v
+edges, as in a model without grouping). No external script, style or font: it works offline, in a
 notebook (``IPython.display.HTML(circuit_html(c))``), in ``report.html`` and as a page of its own
 (:func:`circuit_page`).
 
@@ -185,6 +186,7 @@ def circuit_summary(c: Any) -> str:
     """What the circuit is and how faithful, in one line (the CLI's, the report's, the page's)."""
     f = c.faithfulness or {}
     kind = "position-aware edges (edge x span)" if c.positional else "edges"
+    view = "; k/v readers per query head" if getattr(c, "kv_view", "") == "ungrouped" else ""
     share = len(c.edges) / c.total_edges if c.total_edges else float("nan")
     sel = c.meta.get("selection", {})
     what = (
@@ -200,7 +202,7 @@ def circuit_summary(c: Any) -> str:
         else "its pairs"
     )
     faith = "" if kept is None else f", faithfulness {kept:.3f} on {pairs}"
-    return f"{what}: {len(c.edges)} of {c.total_edges} {kind} ({share:.1%}){faith}"
+    return f"{what}: {len(c.edges)} of {c.total_edges} {kind} ({share:.1%}){faith}{view}"
 
 
 def span_counts(c: Any) -> str:

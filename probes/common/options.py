@@ -19,6 +19,9 @@ FaithfulnessAblation = Literal["corrupt", "resample", "mean"]  # what replaces w
 # what a probes.common.replace.Replacement puts in: every one of the three above names one of these
 ReplacementMethod = Literal["zero", "mean", "resample", "corrupt"]
 Surrogate = Literal["accuracy", "loss", "logit", "margin", "logprob"]  # rank_heads' integrand
+# the edge graph's k/v readers under grouped key/value heads: one per key/value head, or one per
+# query head (EAP-IG's ungrouped view)
+KVView = Literal["grouped", "ungrouped"]
 
 ABLATION_METHODS: tuple[str, ...] = get_args(AblationMethod)
 ENGINES: tuple[str, ...] = get_args(Engine)
@@ -28,6 +31,7 @@ ATTRIBUTION_ABLATIONS: tuple[str, ...] = get_args(AttributionAblation)
 FAITHFULNESS_ABLATIONS: tuple[str, ...] = get_args(FaithfulnessAblation)
 REPLACEMENT_METHODS: tuple[str, ...] = get_args(ReplacementMethod)
 SURROGATES: tuple[str, ...] = get_args(Surrogate)
+KV_VIEWS: tuple[str, ...] = get_args(KVView)
 
 __all__ = [
     "ABLATION_METHODS",
@@ -36,6 +40,7 @@ __all__ = [
     "ENGINES",
     "FAITHFULNESS_ABLATIONS",
     "INTEGRATION_PATHS",
+    "KV_VIEWS",
     "REPLACEMENT_METHODS",
     "SURROGATES",
     "AblationMethod",
@@ -44,6 +49,7 @@ __all__ = [
     "Engine",
     "FaithfulnessAblation",
     "IntegrationPath",
+    "KVView",
     "ReplacementMethod",
     "Surrogate",
 ]
