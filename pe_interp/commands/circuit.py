@@ -10,7 +10,9 @@ faithfulness.
 2. Edge scores (``--method``: ``eap-ig``, ``atp``, ``atp*`` or exact ``path_patch``) on the
    task's position-only and content-only counterfactuals, and on ``--counterfactual``'s family,
    which ranks the edges; per span of the examples (the task's ``prefix``, ``trigger1``,
-   ``between``, ``trigger2``, ``suffix``, ``padding``) unless ``--whole-edges``. ``--method
+   ``between``, ``trigger2``, ``suffix``, ``padding``; a prompt family's, e.g. induction's ``bos``,
+   ``prefix``, ``cue``, ``answer``, ``after``, ``repeat``, ``query``: :mod:`pe_interp.prompts.spans`)
+   unless ``--whole-edges`` (a prompts file names no spans: it needs it). ``--method
    learned``: the edges ranked by masks learnt for faithfulness and sparsity on that family's
    pairs (:func:`probes.circuits.learned.learn_ranking`, weight ``--sparsity``, or ``--budget``:
    the share of the edges to end on, reached along a path of circuits; minutes), each still shown
@@ -141,11 +143,14 @@ def circuit_run(
         top_n, n, faithful, method, sparsity, budget, positional, aligned, counterfactual, select
     )
     model.check_forks()  # a model whose edges cannot be defined says what it lacks, before any work
-    if positional and not hasattr(task, "spans"):
+    if positional and not task.span_names:
         raise ValueError(
-            f"--task {task.name}: natural prompts name no spans of their positions, so the edges "
+            f"--task {task.name}: its prompts name no spans of their positions, so the edges "
             "cannot be position-aware; pass --whole-edges"
         )
+    held_out = task.counterfactuals(n, kind=counterfactual, seed=seed + 1)
+    if positional:  # rows with no one layout (unequal lengths) refuse here, before any forward
+        task.spans(held_out.clean)
     kinds = ["position", "content"] + ([counterfactual] if counterfactual == "both" else [])
     scorer = "eap-ig" if method == "learned" else method
     fams = family_attributions(
@@ -174,7 +179,6 @@ def circuit_run(
             budget,
             select,
         )
-    held_out = task.counterfactuals(n, kind=counterfactual, seed=seed + 1)
     spans = task if positional else None
     c = _kept(model, ranking, held_out, faithful, top_n, n, spans, metric, aligned)
     (layer, head), why = top_head(run)
@@ -307,10 +311,10 @@ def run(args: argparse.Namespace) -> int:
     out_dir_arg(args.out)
     if args.faithful is not None and not 0 < args.faithful <= 1:
         raise ValueError(f"--faithful must be in (0, 1], got {args.faithful}")
-    if args.task is not None and is_prompt_task(args.task) and not args.whole_edges:
+    if is_prompt_task(args.task) and str(args.task).endswith(".jsonl") and not args.whole_edges:
         raise ValueError(
-            f"--task {args.task}: natural prompts name no spans of their positions, so the edges "
-            "cannot be position-aware; pass --whole-edges"
+            f"--task {args.task}: a prompts file names no spans of its prompts' positions, so the "
+            "edges cannot be position-aware; pass --whole-edges"
         )
     with writing_run(
         args.run_dir, device=device_arg(args.device), out=args.out, **model_dir_arg(args)
