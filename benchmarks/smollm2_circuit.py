@@ -1,0 +1,134 @@
+"""Benchmark: ``pe-interp circuit SmolLM2.gguf --task induction ...`` as the command runs it (issue
+55, items 3 and 5), with the forwards of each phase counted: rows through each block's first norm
+(a forward pre-hook; a skipped block runs none), a row that runs with gradients counted three
+times (its backward as two), in layer-weighted forwards of the ``--n`` pairs (rows through every
+block / (L x n)). Phases: the edge scores (``family_attributions``), the faithfulness search
+(``minimal_circuit`` or the curve), the head whose route is read (``top_head``) and the route
+(``head_route``). Prints each phase's forwards and seconds, the peak RSS, the threads and the load.
+
+    python benchmarks/smollm2_circuit.py GGUF_OR_DIR [--json OUT.json] -- --faithful 0.9 --aligned ...
+
+Everything after ``--`` goes to ``pe-interp circuit MODEL --task induction``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+PHASES = (
+    ("edge scores", "probes", "family_attributions"),
+    ("faithfulness", "probes.circuits", "minimal_circuit"),
+    ("faithfulness", "probes.circuits", "faithfulness_curve"),
+    ("top head", "pe_interp.commands.circuit", "top_head"),
+    ("route", "probes.circuits.route", "head_route"),
+)
+
+
+class Counter:
+    """Rows through every block's first norm; with gradients on, three per row."""
+
+    def __init__(self, bridge) -> None:
+        self.rows = [0] * len(bridge.blocks)
+        self.handles = [
+            block.ln1.register_forward_pre_hook(self._count(i))
+            for i, block in enumerate(bridge.blocks)
+        ]
+
+    def _count(self, i):
+        def hook(mod, args):
+            x = args[0]
+            self.rows[i] += int(x.shape[0]) * (
+                3 if torch.is_grad_enabled() and x.requires_grad else 1
+            )
+
+        return hook
+
+    def weighted(self) -> float:
+        return sum(self.rows) / len(self.rows)
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def instrument(n: int, record: dict) -> None:
+    """Wrap ``circuit_run`` (to count on its model's bridge) and each phase (to read the count)."""
+    import importlib
+
+    import pe_interp.commands.circuit as cmd
+
+    state: dict = {}
+    run = cmd.circuit_run
+
+    def counted_run(model, *a, **k):
+        state["counter"] = Counter(model.bridge)
+        try:
+            return run(model, *a, **k)
+        finally:
+            state["counter"].close()
+
+    cmd.circuit_run = counted_run
+    for phase, module, name in PHASES:
+        mod = importlib.import_module(module)
+        fn = getattr(mod, name)
+
+        def wrapped(*a, _fn=fn, _phase=phase, **k):
+            c = state["counter"]
+            before, t0 = c.weighted(), time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                got = record.setdefault(_phase, {"forwards": 0.0, "seconds": 0.0})
+                got["forwards"] += (c.weighted() - before) / n
+                got["seconds"] += time.perf_counter() - t0
+
+        setattr(mod, name, wrapped)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    rest = argv[argv.index("--") + 1 :] if "--" in argv else []
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", help="the SmolLM2 GGUF file or its converted directory")
+    ap.add_argument("--json", default=None, help="write the counts and timings here")
+    args = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if not Path(args.model).exists():
+        print(f"smollm2_circuit: {args.model} does not exist: skipped")
+        return
+    n = int(rest[rest.index("--n") + 1]) if "--n" in rest else 128
+    record: dict = {}
+    instrument(n, record)
+    from pe_interp.cli import main as cli
+
+    t0 = time.perf_counter()
+    code = cli(["circuit", args.model, "--task", "induction", *rest])
+    wall = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    total = sum(p["forwards"] for p in record.values())
+    print(
+        f"\ncircuit {' '.join(rest)}: exit {code}, {wall:.0f} s, peak RSS {peak:.2f} GiB, "
+        f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}"
+    )
+    for phase, p in record.items():
+        print(
+            f"  {phase}: {p['forwards']:.1f} layer-weighted forwards of {n} pairs, {p['seconds']:.0f} s"
+        )
+    print(f"  total: {total:.1f} layer-weighted forwards")
+    if args.json:
+        out = {"argv": rest, "exit": code, "seconds": wall, "peak_rss_gib": peak, "n": n}
+        out |= {"threads": torch.get_num_threads(), "load": os.getloadavg()[0], "phases": record}
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
