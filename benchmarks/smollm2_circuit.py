@@ -1,14 +1,16 @@
-"""Benchmark: ``pe-interp circuit SmolLM2.gguf --task induction ...`` as the command runs it (issue
-55, items 3 and 5), with the forwards of each phase counted: rows through each block's first norm
+"""Benchmark: ``pe-interp circuit SmolLM2.gguf --task induction ...`` (or the survey's circuit step,
+``pe-interp survey ... --steps circuit``) as the command runs it (issue 55, items 3 and 5), with the
+forwards of each phase counted: rows through each block's first norm
 (a forward pre-hook; a skipped block runs none), a row that runs with gradients counted three
 times (its backward as two), in layer-weighted forwards of the ``--n`` pairs (rows through every
 block / (L x n)). Phases: the edge scores (``family_attributions``), the faithfulness search
 (``minimal_circuit`` or the curve), the head whose route is read (``top_head``) and the route
 (``head_route``). Prints each phase's forwards and seconds, the peak RSS, the threads and the load.
 
-    python benchmarks/smollm2_circuit.py GGUF_OR_DIR [--json OUT.json] -- --faithful 0.9 --aligned ...
+    python benchmarks/smollm2_circuit.py [--json OUT.json] -- circuit GGUF --task induction --faithful 0.9 ...
+    python benchmarks/smollm2_circuit.py [--json OUT.json] -- survey GGUF --out findings/smollm2 --steps circuit
 
-Everything after ``--`` goes to ``pe-interp circuit MODEL --task induction``.
+Everything after ``--`` is the command line of ``pe-interp``; its model must exist (else: skipped).
 """
 
 from __future__ import annotations
@@ -99,24 +101,26 @@ def main() -> None:
     argv = sys.argv[1:]
     rest = argv[argv.index("--") + 1 :] if "--" in argv else []
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", help="the SmolLM2 GGUF file or its converted directory")
     ap.add_argument("--json", default=None, help="write the counts and timings here")
     args = ap.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
-    if not Path(args.model).exists():
-        print(f"smollm2_circuit: {args.model} does not exist: skipped")
+    if len(rest) < 2 or rest[0] not in ("circuit", "survey"):
+        ap.error("give the command after --: circuit MODEL ... or survey MODEL ... --steps circuit")
+    if not Path(rest[1]).exists():
+        print(f"smollm2_circuit: {rest[1]} does not exist: skipped")
         return
-    n = int(rest[rest.index("--n") + 1]) if "--n" in rest else 128
+    default_n = 128 if rest[0] == "circuit" else 64
+    n = int(rest[rest.index("--n") + 1]) if "--n" in rest else default_n
     record: dict = {}
     instrument(n, record)
     from pe_interp.cli import main as cli
 
     t0 = time.perf_counter()
-    code = cli(["circuit", args.model, "--task", "induction", *rest])
+    code = cli(rest)
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     total = sum(p["forwards"] for p in record.values())
     print(
-        f"\ncircuit {' '.join(rest)}: exit {code}, {wall:.0f} s, peak RSS {peak:.2f} GiB, "
+        f"\n{' '.join(rest)}: exit {code}, {wall:.0f} s, peak RSS {peak:.2f} GiB, "
         f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}"
     )
     for phase, p in record.items():
