@@ -323,3 +323,25 @@ def test_circuit_on_natural_prompts_runs_per_span_or_on_whole_edges(
     assert len(saved["edges"]) == 5 and saved["spans"] is None
     assert saved["meta"]["top_head"].startswith("L") and saved["weights"]["sha256"]
     assert (out / "circuit.html").read_text().count("<table") >= 2
+
+
+def test_a_circuit_of_rows_with_no_one_layout_is_refused_before_a_forward(model_dir, monkeypatch):
+    """Recall whose questions differ in length has no one layout to name spans of: the circuit
+    refuses in one line before its first forward (with whole edges it needs none)."""
+    import dataclasses
+    from functools import cached_property
+
+    from pe_interp.commands.circuit import circuit_run
+    from pe_interp.prompts import RecallByIndex
+
+    class Uneven(RecallByIndex):
+        @cached_property
+        def _questions(self) -> list[list[int]]:
+            qs = [list(q) for q in super()._questions]
+            return [qs[0] + qs[0][-1:], *qs[1:]]
+
+    run = load_model_dir(model_dir, "recall")
+    task = dataclasses.replace(run.task, family=Uneven(TOK))
+    monkeypatch.setattr(run.model, "forward_unchecked", lambda *a, **k: 1 / 0)
+    with pytest.raises(ValueError, match=r"^recall: its questions are 7 to 8 tokens long"):
+        circuit_run(run.model, task, run, n=4)
