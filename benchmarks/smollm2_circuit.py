@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from smollm2 import Counter as BlockRows  # noqa: E402  (benchmarks/, the script's own directory)
 
 PHASES = (
     ("edge scores", "probes", "family_attributions"),
@@ -36,31 +37,20 @@ PHASES = (
 )
 
 
-class Counter:
-    """Rows through every block's first norm; with gradients on, three per row."""
-
-    def __init__(self, bridge) -> None:
-        self.rows = [0] * len(bridge.blocks)
-        self.handles = [
-            block.ln1.register_forward_pre_hook(self._count(i))
-            for i, block in enumerate(bridge.blocks)
-        ]
+class Counter(BlockRows):
+    """Rows through every block's first norm (:class:`smollm2.Counter`); with gradients on, three
+    per row (the backward as two)."""
 
     def _count(self, i):
         def hook(mod, args):
             x = args[0]
-            self.rows[i] += int(x.shape[0]) * (
-                3 if torch.is_grad_enabled() and x.requires_grad else 1
-            )
+            grad = torch.is_grad_enabled() and x.requires_grad
+            self.rows[i] += int(x.shape[0]) * (3 if grad else 1)
 
         return hook
 
     def weighted(self) -> float:
         return sum(self.rows) / len(self.rows)
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
 
 
 def instrument(n: int, record: dict) -> None:
