@@ -144,10 +144,13 @@ def circuit_run(
     aligned=False,
     tolerance=0.02,
     route_head=None,
+    route=True,
     progress=False,
 ) -> tuple[Any, Any]:
     """The work of ``pe-interp circuit``: returns the circuit (route and curve in it) and the route.
     ``route_head``: ``((layer, head), where it comes from)`` for the route, instead of :func:`top_head`;
+    ``route`` False: no route (the route None; exact path patching of every writer into a deep head
+    costs a restarted forward per writer);
     ``progress``: each phase's line, and bars with an ETA for the long ones, on stderr."""
     from probes import family_attributions
     from probes.circuits import rank_edges
@@ -204,21 +207,23 @@ def circuit_run(
     )
     say("the head whose route is read" + (" (given)" if route_head else ": sampled head ablation"))
     (layer, head), why = route_head or top_head(run, progress=progress)
-    say(f"the route into L{layer}H{head}: exact path patching")
-    route = head_route(
-        model,
-        task,
-        (layer, head),
-        n=n,
-        seed=seed,
-        metric=metric,
-        attributions={k: fams[k] for k in ("position", "content")},
-        progress=progress,
-    )
+    routed = None
+    if route:
+        say(f"the route into L{layer}H{head}: exact path patching")
+        routed = head_route(
+            model,
+            task,
+            (layer, head),
+            n=n,
+            seed=seed,
+            metric=metric,
+            attributions={k: fams[k] for k in ("position", "content")},
+            progress=progress,
+        )
     say(None)
-    meta = _meta(c, ranking, (layer, head), why, route, counterfactual, n, seed, model, aligned)
+    meta = _meta(c, ranking, (layer, head), why, routed, counterfactual, n, seed, model, aligned)
     c.faithfulness["n_pairs"] = n
-    return dataclasses.replace(c, meta=meta), route
+    return dataclasses.replace(c, meta=meta), routed
 
 
 def _check_args(
@@ -345,7 +350,7 @@ def _meta(c, ranking, top, why, route, counterfactual, n, seed, model, aligned) 
         **c.meta,
         "top_head": head_name(*top),
         "top_head_source": why,
-        "route": route.to_dict(),
+        "route": None if route is None else route.to_dict(),
         "counterfactual": counterfactual,
         "n_pairs": n,
         "seed": seed,

@@ -1,11 +1,11 @@
 """The survey's ``circuit`` step: the σ-aligned, position-aware circuit of the survey's prompts
 (``pe-interp circuit MODEL --task FAMILY --faithful 0.9 --aligned --method atp``: scored on the
 family's position-only pairs, its size chosen and its faithfulness measured on held-out pairs,
-seed ``--seed + 1``), with the route into the head the routes step ranks first (else the
-sampled top-head ablation's). The step's file holds a digest, not the circuit itself (a circuit
-of many thousand units is tens of MB): its faithfulness curve, its units per span, every head's
-kept edges in and out with the rank of its first, the first :data:`TOP_EDGES` units, and the
-units that read the route head."""
+seed ``--seed + 1``), read beside the head the routes step ranks first (else the sampled
+top-head ablation's), without the exact route into it. The step's file holds a digest, not the
+circuit itself (a circuit of many thousand units is tens of MB): its faithfulness curve, its
+units per span, every head's kept edges in and out with the rank of its first, the first
+:data:`TOP_EDGES` units, and the units that read the route head."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def circuit_step(loaded, args: argparse.Namespace) -> dict[str, Any]:
     from pe_interp.commands.circuit import circuit_run
     from probes.circuits.view import circuit_summary
 
-    c, route = circuit_run(
+    c, _ = circuit_run(
         loaded.model,
         loaded.task,
         loaded,
@@ -48,11 +48,12 @@ def circuit_step(loaded, args: argparse.Namespace) -> dict[str, Any]:
         n=args.n,
         seed=args.seed,
         route_head=_route_head(Path(args.out)),
-        progress=True,
+        route=False,  # the routes step measured where position enters; path patching every
+        progress=True,  # writer into a deep head costs a restarted forward per writer
     )
     digest = circuit_digest(c)
     return {
-        "result": digest | {"seed": args.seed, "route": route.to_dict()},
+        "result": digest | {"seed": args.seed},
         "n_used": args.n,
         "line": circuit_summary(c),
     }

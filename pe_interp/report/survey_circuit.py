@@ -1,7 +1,7 @@
 """The survey's circuit section (``pe-interp survey``'s ``circuit`` step,
 :mod:`pe_interp.commands.survey_circuit`), from its digest alone: what the circuit is and how
-faithful on held-out pairs, the measured faithfulness curve, its units per span, its first units,
-what reads the route head, and the route into it."""
+faithful on held-out pairs, the measured faithfulness curve, its units per span, its first units
+and what reads the head of the largest route share."""
 
 from __future__ import annotations
 
@@ -55,24 +55,7 @@ def circuit_section(step: dict[str, Any]) -> list[str]:
         lines += [f"| {r[0]} | {_unit(r[1:])} | {r[4]:+.3f} | {r[5]:+.3f} |" for r in reads]
     else:
         lines.append(f"No unit of the circuit reads {head}.")
-    lines += ["", *_route_lines(res.get("route") or {}, head)]
     return lines
-
-
-def _route_lines(route: dict[str, Any], head: str) -> list[str]:
-    """The three writers whose exact path patch into each of the head's q, k, v moves the metric
-    most, under the position family."""
-    exact = (route.get("exact") or {}).get("position") or {}
-    if not exact:
-        return []
-    cells = []
-    for comp, senders in exact.items():
-        top = sorted(senders.items(), key=lambda kv: -abs(kv[1]))[:3]
-        cells.append(f"{comp}: " + ", ".join(f"{s} {v:+.3f}" for s, v in top))
-    return [
-        f"Into {head}, exact path patching on the same pairs (clean into corrupt, the metric's "
-        f"change; the largest three writers of each input): " + "; ".join(cells) + "."
-    ]
 
 
 def circuit_column(step: dict[str, Any] | None, head: str) -> str | None:
