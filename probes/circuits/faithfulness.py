@@ -316,12 +316,11 @@ class _Search:
         def close(lo: int, hi: int) -> bool:
             return hi - lo <= max(1, tolerance * hi)
 
-        width = (hi - lo) / max(
-            1, tolerance * hi
-        )  # rounds of per_round sizes, each / (per_round + 1)
-        rounds = 0 if close(lo, hi) else int(np.ceil(np.log(width) / np.log(per_round + 1)))
-        self._advance(0, self.forwards + rounds * per_round)  # at most; the bar ends where it ends
         while not close(lo, hi):
+            # the rounds left, each of per_round sizes dividing the gap by per_round + 1 (the ETA)
+            width = (hi - lo) / max(1, tolerance * hi)
+            rounds = int(np.ceil(np.log(width) / np.log(per_round + 1)))
+            self._advance(0, self.forwards + max(1, rounds) * per_round)
             step = np.unique(np.linspace(lo, hi, per_round + 2).astype(int))[1:-1]
             self.measure(step.tolist())
             inside = [n for n in sorted(seen) if lo < n < hi]
