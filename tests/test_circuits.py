@@ -185,6 +185,33 @@ def test_smallest_faithful_circuit_and_the_curve():
     assert curve_area([0, 1, 2], [0.0, 1.0, 1.0], 2) == pytest.approx(0.75)
 
 
+def test_smallest_circuit_to_a_tolerance_measures_fewer_circuits():
+    """With ``tolerance`` the search stops once the sizes either side of the target are that close
+    (relative to the larger): the circuit still reaches the target (its faithfulness measured
+    again from scratch), a size at most that far below it was measured below the target, and
+    ``forwards`` counts the circuits measured, the clean and corrupt ends included."""
+    from probes.circuits import minimal_circuit, rank_edges
+
+    model = random_model("rope")
+    clean, corrupt = random_pairs()
+    a = attribute(
+        model, clean, corrupt, metric=FN, granularity="edge", spans=SPANS, span_names=list("abcd")
+    )
+    r = rank_edges(a, positional=True)
+    exact = minimal_circuit(model, r, clean, corrupt, target=0.8, metric=FN, spans=SPANS)
+    kw = dict(target=0.8, metric=FN, spans=SPANS, points=6, per_round=2, tolerance=0.2)
+    loose = minimal_circuit(model, r, clean, corrupt, **kw)
+    f, e = loose.faithfulness, exact.faithfulness
+    assert f["forwards"] == len(f["sizes"]) < e["forwards"] == len(e["sizes"])
+    assert f["kept"] >= 0.8 and f["prefix"] >= e["prefix"]
+    again = faithfulness_curve(model, loose, clean, corrupt, metric=FN, spans=SPANS)
+    assert again["recovered"][0] == pytest.approx(f["kept"], rel=1e-9)
+    below = [n for n, rec in zip(f["sizes"], f["recovered"]) if n < f["prefix"] and rec < 0.8]
+    assert f["prefix"] - max(below) <= max(1, 0.2 * f["prefix"])
+    with pytest.raises(ValueError, match=r"^minimal_circuit: per_round >= 1"):
+        minimal_circuit(model, r, clean, corrupt, target=0.8, metric=FN, spans=SPANS, tolerance=1)
+
+
 @pytest.mark.parametrize("positional", [False, True])
 def test_acdc_equals_a_naive_loop_of_exact_forwards(positional, capsys):
     """Speculation and skipping units that no longer reach the logits change no decision (nor

@@ -277,21 +277,33 @@ def test_a_sharded_model_loads_and_counts_every_shard(tmp_path):
         load_model_dir(sharded, "induction")
 
 
-def test_circuit_on_natural_prompts_runs_on_whole_edges_or_refuses_in_one_line(
+def test_circuit_on_natural_prompts_runs_per_span_or_on_whole_edges(
     model_dir, tmp_path, capsys, monkeypatch
 ):
-    """``pe-interp circuit MODEL --task induction`` (issue 54): position-aware edges need named
-    spans, which natural prompts lack (refused before the model loads); with whole edges a grouped
-    model (k/v readers per key/value head) and an ungrouped one write their circuits."""
+    """``pe-interp circuit MODEL --task induction`` (issues 54, 55): a family's edges are kept per
+    named span (a prompts file has none: refused before the model loads); with whole edges a
+    grouped model (k/v readers per key/value head) and an ungrouped one write their circuits."""
     loads = []
     monkeypatch.setattr(
         "pe_interp.models.bridge.hf_arch.boot_bridge", lambda *a, **k: loads.append(a) or 1 / 0
     )
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"prompt": "desk coin desk", "answer": " coin"}) + "\n")
     out = tmp_path / "spans"
-    argv = ["circuit", str(model_dir), "--task", "induction", "--n", "6", "--out", str(out)]
-    expect_cli_refusal(argv, r"natural prompts name no spans.*pass --whole-edges", capsys)
+    argv = ["circuit", str(model_dir), "--task", str(path), "--n", "6", "--out", str(out)]
+    expect_cli_refusal(argv, r"prompts file names no spans.*pass --whole-edges", capsys)
     assert not loads and not out.exists()
     monkeypatch.undo()
+
+    out = tmp_path / "aligned"  # σ-aligned, per span of the induction layout
+    argv = ["circuit", str(model_dir), "--task", "induction", "--n", "6", "--aligned"]
+    assert main([*argv, "--method", "atp", "--faithful", "0.9", "--out", str(out)]) == 0
+    saved = json.loads((out / "circuit.json").read_text())
+    names = make_family("induction", TOK).span_names
+    faith = saved["faithfulness"]
+    assert saved["span_names"] == list(names) and len(saved["edges"]) == faith["prefix"]
+    assert set(saved["spans"]) <= set(names) and saved["meta"]["aligned"] and faith["aligned"]
+    assert faith["kept"] >= 0.9 and saved["meta"]["held_out_seed"] == 1
 
     out = tmp_path / "grouped"  # 4 query heads on 2 key/value heads: k/v readers per key/value head
     argv = ["circuit", str(model_dir), "--task", "induction", "--n", "6", "--whole-edges"]
@@ -311,3 +323,25 @@ def test_circuit_on_natural_prompts_runs_on_whole_edges_or_refuses_in_one_line(
     assert len(saved["edges"]) == 5 and saved["spans"] is None
     assert saved["meta"]["top_head"].startswith("L") and saved["weights"]["sha256"]
     assert (out / "circuit.html").read_text().count("<table") >= 2
+
+
+def test_a_circuit_of_rows_with_no_one_layout_is_refused_before_a_forward(model_dir, monkeypatch):
+    """Recall whose questions differ in length has no one layout to name spans of: the circuit
+    refuses in one line before its first forward (with whole edges it needs none)."""
+    import dataclasses
+    from functools import cached_property
+
+    from pe_interp.commands.circuit import circuit_run
+    from pe_interp.prompts import RecallByIndex
+
+    class Uneven(RecallByIndex):
+        @cached_property
+        def _questions(self) -> list[list[int]]:
+            qs = [list(q) for q in super()._questions]
+            return [qs[0] + qs[0][-1:], *qs[1:]]
+
+    run = load_model_dir(model_dir, "recall")
+    task = dataclasses.replace(run.task, family=Uneven(TOK))
+    monkeypatch.setattr(run.model, "forward_unchecked", lambda *a, **k: 1 / 0)
+    with pytest.raises(ValueError, match=r"^recall: its questions are 7 to 8 tokens long"):
+        circuit_run(run.model, task, run, n=4)

@@ -45,7 +45,9 @@ def test_each_step_equals_the_probe_called_directly(surveyed):
 
     model, out = surveyed
     steps = load_steps(out)
-    assert set(steps) == {"accuracy", "ablation", "patching", "routes", "head_types", "frequency"}
+    assert set(steps) == {
+        "accuracy", "ablation", "patching", "routes", "head_types", "frequency", "circuit",
+    }  # fmt: skip
     run = load_model_dir(model, "induction")
     prompts = run.task.prompts[:16]
     direct = ablate_heads(run.model, prompts.tokens, prompts.labels, pad_mask=prompts.pad_mask)
@@ -115,6 +117,39 @@ def test_the_report_is_rebuilt_from_the_findings(surveyed, tmp_path):
         assert row.split(" | ")[column] == f"{scale * grid[lh]:+.1f} [1]"
 
 
+def test_the_circuit_step_is_the_aligned_circuit_command_on_the_same_pairs(surveyed):
+    """The step's digest equals ``circuit_run(..., aligned=True, method="atp", faithful=0.9)`` on
+    the survey's prompts, read into the head of the largest route share; its units are in ranking
+    order (|position score|, σ-aligned), its counts add up, and the report sets it beside the
+    heads the other probes single out."""
+    from pe_interp.commands.circuit import circuit_run
+    from pe_interp.commands.survey_circuit import circuit_digest
+
+    model, out = surveyed
+    steps = load_steps(out)
+    res = steps["circuit"]["result"]
+    shares = np.array(steps["routes"]["result"]["shares"], dtype=float)
+    lh = tuple(int(i) for i in np.unravel_index(np.nanargmax(shares), shares.shape))
+    assert res["meta"]["top_head"] == f"L{lh[0]}H{lh[1]}" and res["meta"]["aligned"]
+    run = load_model_dir(model, "induction")
+    c, _ = circuit_run(
+        run.model, run.task, run, method="atp", aligned=True, faithful=0.9, n=16,
+        route_head=(lh, "given"),
+    )  # fmt: skip
+    direct = json.loads(json.dumps(circuit_digest(c), default=float))
+    assert res["top_edges"] == direct["top_edges"] and res["size"] == direct["size"]
+    assert res["faithfulness"]["kept"] == pytest.approx(direct["faithfulness"]["kept"], abs=1e-9)
+    f = res["faithfulness"]
+    assert f["kept"] >= 0.9 and f["forwards"] == len(f["sizes"]) and f["aligned"]
+    position = [abs(row[3]) for row in res["top_edges"]]
+    assert position == sorted(position, reverse=True)
+    assert sum(res["span_counts"].values()) == res["size"]
+    assert set(res["span_counts"]) <= set(res["span_names"]) and "answer" in res["span_names"]
+    text = (out / "SURVEY.md").read_text()
+    assert "## A σ-aligned, position-aware circuit" in text
+    assert "circuit: first unit out (rank; units out, in)" in text
+
+
 def test_demo_real_without_smollm2_says_how_to_install_it(tmp_path, monkeypatch, capsys):
     from bad_input_env import expect_cli_refusal
 
@@ -137,6 +172,14 @@ def test_survey_refuses_bad_input_in_one_line(tmp_path, capsys):
         r"not a saved Hugging Face model",
         capsys,
     )
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(json.dumps({"prompt": "desk coin desk", "answer": " coin"}) + "\n")
+    expect_cli_refusal(
+        ["survey", str(tmp_path), "--out", str(tmp_path / "o"), "--family", str(mine),
+         "--steps", "accuracy", "circuit"],
+        r"a prompts file names no spans .*: leave circuit out of --steps",
+        capsys,
+    )  # fmt: skip
     assert not (tmp_path / "o").exists()
 
 

@@ -10,7 +10,9 @@ faithfulness.
 2. Edge scores (``--method``: ``eap-ig``, ``atp``, ``atp*`` or exact ``path_patch``) on the
    task's position-only and content-only counterfactuals, and on ``--counterfactual``'s family,
    which ranks the edges; per span of the examples (the task's ``prefix``, ``trigger1``,
-   ``between``, ``trigger2``, ``suffix``, ``padding``) unless ``--whole-edges``. ``--method
+   ``between``, ``trigger2``, ``suffix``, ``padding``; a prompt family's, e.g. induction's ``bos``,
+   ``prefix``, ``cue``, ``answer``, ``after``, ``repeat``, ``query``: :mod:`pe_interp.prompts.spans`)
+   unless ``--whole-edges`` (a prompts file names no spans: it needs it). ``--method
    learned``: the edges ranked by masks learnt for faithfulness and sparsity on that family's
    pairs (:func:`probes.circuits.learned.learn_ranking`, weight ``--sparsity``, or ``--budget``:
    the share of the edges to end on, reached along a path of circuits; minutes), each still shown
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -72,6 +75,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="T",
         help="keep the smallest circuit whose faithfulness on held-out pairs reaches T (0 < T <= 1)",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.02,
+        help="with --faithful: end the search once the measured sizes either side of T are this "
+        "close, relative to the larger (0: adjacent, one circuit per unit of the gap)",
     )
     p.add_argument("--top-n", type=int, default=30, help="edges kept (without --faithful)")
     p.add_argument(
@@ -116,6 +126,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--metric", default="margin", choices=["margin", "logit_diff", "logprob", "logit"]
     )
     p.add_argument("--seed", type=seed_type, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no phase lines or bars on stderr")
     add_device_flag(p, default="cpu")
     p.add_argument(
         "--out", default=None, help="where circuit.json and circuit.html go (default RUN_DIR)"
@@ -142,8 +153,16 @@ def circuit_run(
     budget=None,
     aligned=False,
     kv_view="grouped",
+    tolerance=0.02,
+    route_head=None,
+    route=True,
+    progress=False,
 ) -> tuple[Any, Any]:
-    """The work of ``pe-interp circuit``: returns the circuit (route and curve in it) and the route."""
+    """The work of ``pe-interp circuit``: returns the circuit (route and curve in it) and the route.
+    ``route_head``: ``((layer, head), where it comes from)`` for the route, instead of :func:`top_head`;
+    ``route`` False: no route (the route None; exact path patching of every writer into a deep head
+    costs a restarted forward per writer);
+    ``progress``: each phase's line, and bars with an ETA for the long ones, on stderr."""
     from probes import family_attributions
     from probes.circuits import rank_edges
     from probes.circuits.route import head_route
@@ -152,13 +171,20 @@ def circuit_run(
         top_n, n, faithful, method, sparsity, budget, positional, aligned, counterfactual, select
     )
     model.check_forks()  # a model whose edges cannot be defined says what it lacks, before any work
-    if positional and not hasattr(task, "spans"):
+    if positional and not task.span_names:
         raise ValueError(
-            f"--task {task.name}: natural prompts name no spans of their positions, so the edges "
+            f"--task {task.name}: its prompts name no spans of their positions, so the edges "
             "cannot be position-aware; pass --whole-edges"
         )
+    held_out = task.counterfactuals(n, kind=counterfactual, seed=seed + 1)
+    if positional:  # rows with no one layout (unequal lengths) refuse here, before any forward
+        task.spans(held_out.clean)
     kinds = ["position", "content"] + ([counterfactual] if counterfactual == "both" else [])
     scorer = "eap-ig" if method == "learned" else method
+    say = _Phases(progress)
+    say(
+        f"edge scores ({scorer}{', aligned' if aligned else ''}) on {n} pairs of {', '.join(kinds)}"
+    )
     fams = family_attributions(
         model,
         task,
@@ -186,23 +212,31 @@ def circuit_run(
             budget,
             select,
         )
-    held_out = task.counterfactuals(n, kind=counterfactual, seed=seed + 1)
     spans = task if positional else None
-    c = _kept(model, ranking, held_out, faithful, top_n, n, spans, metric, aligned)
-    (layer, head), why = top_head(run)
-    route = head_route(
-        model,
-        task,
-        (layer, head),
-        n=n,
-        seed=seed,
-        metric=metric,
-        attributions={k: fams[k] for k in ("position", "content")},
-        kv_view=kv_view,
+    say(f"faithfulness on {n} held-out pairs")
+    c = _kept(
+        model, ranking, held_out, faithful, top_n, n, spans, metric, aligned, tolerance, progress
     )
-    meta = _meta(c, ranking, (layer, head), why, route, counterfactual, n, seed, model, aligned)
+    say("the head whose route is read" + (" (given)" if route_head else ": sampled head ablation"))
+    (layer, head), why = route_head or top_head(run, progress=progress)
+    routed = None
+    if route:
+        say(f"the route into L{layer}H{head}: exact path patching")
+        routed = head_route(
+            model,
+            task,
+            (layer, head),
+            n=n,
+            seed=seed,
+            metric=metric,
+            attributions={k: fams[k] for k in ("position", "content")},
+            kv_view=kv_view,
+            progress=progress,
+        )
+    say(None)
+    meta = _meta(c, ranking, (layer, head), why, routed, counterfactual, n, seed, model, aligned)
     c.faithfulness["n_pairs"] = n
-    return dataclasses.replace(c, meta=meta), route
+    return dataclasses.replace(c, meta=meta), routed
 
 
 def _check_args(
@@ -265,15 +299,44 @@ def _learned(
     )
 
 
-def _kept(model, ranking, held_out, faithful, top_n, n, spans, metric, aligned):
-    """The smallest circuit reaching ``faithful`` on the held-out pairs, else the ``top_n`` best
-    edges with the faithfulness curve around them."""
+class _Phases:
+    """Each phase's line on stderr as it starts, and the seconds the one before took."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.t0, self.last = enabled, time.perf_counter(), None
+
+    def __call__(self, text: str | None) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if self.last is not None:
+            print(f"  {self.last}: {now - self.t0:.0f} s", file=sys.stderr, flush=True)
+        if text is not None:
+            print(f"{text} ...", file=sys.stderr, flush=True)
+        self.t0, self.last = now, text
+
+
+def _kept(
+    model, ranking, held_out, faithful, top_n, n, spans, metric, aligned, tolerance, progress
+):
+    """The smallest circuit reaching ``faithful`` on the held-out pairs (to ``tolerance``: 8
+    sizes, then 3 a round), else the ``top_n`` best edges with the faithfulness curve around them."""
     from probes.circuits import faithfulness_curve, minimal_circuit
     from probes.circuits.faithfulness import default_sizes
 
     if faithful is not None:
         return minimal_circuit(
-            model, ranking, held_out, target=faithful, spans=spans, metric=metric, aligned=aligned
+            model,
+            ranking,
+            held_out,
+            target=faithful,
+            spans=spans,
+            metric=metric,
+            aligned=aligned,
+            points=8,
+            per_round=3,
+            tolerance=tolerance,
+            progress=progress,
         )
     c = ranking.circuit(top_n)
     sizes = sorted({*default_sizes(ranking.total, 12), len(c.edges)})
@@ -301,7 +364,7 @@ def _meta(c, ranking, top, why, route, counterfactual, n, seed, model, aligned) 
         **c.meta,
         "top_head": head_name(*top),
         "top_head_source": why,
-        "route": route.to_dict(),
+        "route": None if route is None else route.to_dict(),
         "counterfactual": counterfactual,
         "n_pairs": n,
         "seed": seed,
@@ -321,10 +384,12 @@ def run(args: argparse.Namespace) -> int:
     out_dir_arg(args.out)
     if args.faithful is not None and not 0 < args.faithful <= 1:
         raise ValueError(f"--faithful must be in (0, 1], got {args.faithful}")
-    if args.task is not None and is_prompt_task(args.task) and not args.whole_edges:
+    if not 0 <= args.tolerance < 1:
+        raise ValueError(f"--tolerance must be in [0, 1), got {args.tolerance}")
+    if is_prompt_task(args.task) and str(args.task).endswith(".jsonl") and not args.whole_edges:
         raise ValueError(
-            f"--task {args.task}: natural prompts name no spans of their positions, so the edges "
-            "cannot be position-aware; pass --whole-edges"
+            f"--task {args.task}: a prompts file names no spans of its prompts' positions, so the "
+            "edges cannot be position-aware; pass --whole-edges"
         )
     with writing_run(
         args.run_dir, device=device_arg(args.device), out=args.out, **model_dir_arg(args)
@@ -355,6 +420,8 @@ def _circuit(args: argparse.Namespace, loaded) -> int:
         budget=args.budget,
         aligned=args.aligned,
         kv_view=args.kv_view,
+        tolerance=args.tolerance,
+        progress=not args.no_progress,
     )
     out = Path(args.out) if args.out else loaded.result_dir
     save_result(out / "circuit.json", c, loaded.provenance)

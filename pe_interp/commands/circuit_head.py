@@ -10,7 +10,7 @@ from pathlib import Path
 __all__ = ["top_head"]
 
 
-def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
+def top_head(run, n: int = 1000, progress: bool = False) -> tuple[tuple[int, int], str]:
     """The single-head deposit, the layer-concentration head or the top head, and where it comes from."""
     import numpy as np
 
@@ -47,6 +47,7 @@ def top_head(run, n: int = 1000) -> tuple[tuple[int, int], str]:
         pad_mask=test.pad_mask,
         engine=Sampled(share=0.2, verify_top=3),
         n_bootstrap=0,
+        progress=progress,
     )
     layer, head = np.unravel_index(np.nanargmax(result.drops), result.drops.shape)
     return (

@@ -11,7 +11,10 @@ weights it read (sha256 and origin) and the prompts (family, seed, BOS policy):
 - ``patching``: every head's output patched from clean into position-only corrupt prompts;
 - ``routes``: route shares (the positional criterion) on position-only pairs, with its verdict;
 - ``head_types``: previous-token, duplicate-token, induction and first-token (sink) scores;
-- ``frequency``: RoPE frequency usage per head, and Barbero et al.'s two findings as k of n heads.
+- ``frequency``: RoPE frequency usage per head, and Barbero et al.'s two findings as k of n heads;
+- ``circuit``: the σ-aligned, position-aware circuit reaching 0.9 faithfulness on held-out
+  position-only pairs, and the route into the head of the largest route share
+  (:mod:`pe_interp.commands.survey_circuit`).
 
 Before the model's first forward every step asked for is checked against these prompts and this
 model (a prompts file without counterfactuals cannot serve patching or routes, content
@@ -53,6 +56,7 @@ from pe_interp.commands.survey_checks import (
     prompt_preset,
     stamp_of,
 )
+from pe_interp.commands.survey_circuit import circuit_step
 from pe_interp.report.survey import STEPS
 
 FAMILIES_SURVEYED = ("induction", "recall", "successor")
@@ -305,6 +309,7 @@ STEP_FUNCTIONS: dict[str, Callable[[Any, argparse.Namespace], dict[str, Any]]] =
     "routes": _routes,
     "head_types": _head_types,
     "frequency": _frequency,
+    "circuit": circuit_step,
 }
 
 

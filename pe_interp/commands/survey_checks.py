@@ -16,6 +16,7 @@ STEP_OPTIONS: dict[str, tuple[str, ...]] = {
     "ablation": ("n_bootstrap", "seed"),
     "patching": ("n_bootstrap",),
     "routes": ("n_bootstrap", "seed"),
+    "circuit": ("seed",),
 }
 
 
@@ -37,7 +38,7 @@ def prompt_preset(family: str, n: int) -> str:
     )
 
 
-PAIR_STEPS = ("patching", "routes")  # the steps that read counterfactual pairs
+PAIR_STEPS = ("patching", "routes", "circuit")  # the steps that read counterfactual pairs
 
 
 def check_steps(args: argparse.Namespace, todo: list[str], out: Path) -> None:
@@ -59,6 +60,11 @@ def check_steps(args: argparse.Namespace, todo: list[str], out: Path) -> None:
         )
     pair_steps = [s for s in PAIR_STEPS if s in todo]
     jsonl = str(args.family).endswith(".jsonl")
+    if "circuit" in todo and jsonl:
+        raise ValueError(
+            f"--family {args.family}: a prompts file names no spans of its prompts' positions, "
+            "which the circuit step keeps its edges at: leave circuit out of --steps"
+        )
     if pair_steps and jsonl and count_counterfactuals(args.family) == 0:
         named, rest = " and ".join(pair_steps), " ".join(s for s in todo if s not in PAIR_STEPS)
         raise ValueError(
@@ -105,6 +111,8 @@ def check_model(loaded, args: argparse.Namespace, todo: list[str]) -> None:
     this model cannot serve: routes where its positions cannot be moved, frequency where it does
     not rotate queries and keys."""
     model = loaded.model
+    if "circuit" in todo:  # its edges need each head's own residual term and q/k/v forks
+        model.check_forks()
     if "routes" in todo:
         from probes.routes.moving import can_move_positions
 

@@ -23,6 +23,9 @@ Counterfactuals (:meth:`PromptFamily.counterfactuals`; the clean rows are ``samp
   every row the same multiset of tokens, the answer another item (two positions change).
 - ``"content"``: the answer item replaced by an item in no slot of the row: the same positions,
   the answer that new item (one position changes: the answer slot is never repeated or named).
+
+Each family names the spans of its layout (``span_names``, ``spans(batch)``;
+:mod:`pe_interp.prompts.spans`), which position-aware circuits keep edges at.
 """
 
 from __future__ import annotations
@@ -33,8 +36,16 @@ from functools import cached_property
 from typing import Any, ClassVar
 
 import torch
+from torch import Tensor
 
 from pe_interp.prompts.batch import PAIR_KINDS, PromptPairs, PromptSet, assemble, assemble_pairs
+from pe_interp.prompts.spans import (
+    INDUCTION_SPANS,
+    RECALL_SPANS,
+    SUCCESSOR_SPANS,
+    induction_spans,
+    list_spans,
+)
 from pe_interp.prompts.vocab import BosPolicy, bos_policy, encode, id_pool, word_pool
 from pe_interp.prompts.words import ORDINALS
 from pe_interp.tasks.base import check_int, derive_seed
@@ -80,6 +91,13 @@ class PromptFamily(ABC):
     @abstractmethod
     def _check(self) -> None:
         """Raise a one-line ValueError where the family's fields cannot make a prompt."""
+
+    span_names: ClassVar[tuple[str, ...]]
+
+    @abstractmethod
+    def spans(self, batch: Any) -> Tensor:
+        """Each position's index into :attr:`span_names`, ``[batch, pos]``, for rows of the family
+        (a :class:`~pe_interp.tasks.Batch`; :mod:`pe_interp.prompts.spans`)."""
 
     # ----------------------------------------------------------------- shared
     def __post_init__(self) -> None:
@@ -206,6 +224,7 @@ class Induction(PromptFamily):
     later token of the first copy (the repeat stays), so ``n_random >= n_repeat + 2``."""
 
     name: ClassVar[str] = "induction"
+    span_names: ClassVar[tuple[str, ...]] = INDUCTION_SPANS
     n_random: int = 12
     n_repeat: int = 6
 
@@ -225,6 +244,9 @@ class Induction(PromptFamily):
 
     def _partners(self, slot: int, asked: int) -> list[int]:
         return list(range(slot + 1, self.n_random))
+
+    def spans(self, batch: Any) -> Tensor:
+        return induction_spans(self, batch)
 
 
 @dataclass(frozen=True)
@@ -271,6 +293,13 @@ class _ListFamily(PromptFamily):
             out += ([] if i == 0 else pieces[self.separator]) + [item]
         return out + pieces[self.end]
 
+    @abstractmethod
+    def question_lengths(self) -> list[int]:
+        """How many tokens each question the family can ask has."""
+
+    def spans(self, batch: Any) -> Tensor:
+        return list_spans(self, batch)
+
 
 @dataclass(frozen=True)
 class RecallByIndex(_ListFamily):
@@ -278,6 +307,7 @@ class RecallByIndex(_ListFamily):
     index named by an ordinal (uniform over the list)."""
 
     name: ClassVar[str] = "recall"
+    span_names: ClassVar[tuple[str, ...]] = RECALL_SPANS
     question: ClassVar[str] = " The {ordinal} item in the list is"
 
     def _check(self) -> None:
@@ -298,6 +328,9 @@ class RecallByIndex(_ListFamily):
     def _partners(self, slot: int, asked: int) -> list[int]:
         return [j for j in range(self.n_list) if j != slot]
 
+    def question_lengths(self) -> list[int]:
+        return [len(q) for q in self._questions[: self.n_list]]
+
 
 @dataclass(frozen=True)
 class Successor(_ListFamily):
@@ -306,6 +339,7 @@ class Successor(_ListFamily):
     answer with an item other than the named one, so ``n_list >= 3``."""
 
     name: ClassVar[str] = "successor"
+    span_names: ClassVar[tuple[str, ...]] = SUCCESSOR_SPANS
     question: ClassVar[tuple[str, str]] = (" In the list, after", " comes")
 
     def _check(self) -> None:
@@ -326,6 +360,10 @@ class Successor(_ListFamily):
 
     def _partners(self, slot: int, asked: int) -> list[int]:
         return [j for j in range(self.n_list) if j not in (slot, slot - 1)]
+
+    def question_lengths(self) -> list[int]:
+        before, after = self._around
+        return [len(before) + 1 + len(after)]
 
 
 FAMILIES: dict[str, type[PromptFamily]] = {

@@ -6,7 +6,9 @@ A run's task gives its evaluation split (:meth:`PromptTask.splits`: no training 
 split is ``family.sample(n, seed)``) and its counterfactual pairs (:meth:`PromptTask.counterfactuals`),
 as the synthetic tasks do, in token ids of the model's own vocabulary: a class is a token id
 (``BridgedModel(bridge, answers=None)``). :attr:`PromptTask.prompts` keeps the prompt set itself
-(answers, BOS policy, pad id), which the run's accuracy line reads (:func:`prompt_accuracy`).
+(answers, BOS policy, pad id), which the run's accuracy line reads (:func:`prompt_accuracy`),
+and a family's named spans (:attr:`PromptTask.span_names`, :meth:`PromptTask.spans`), which
+position-aware circuits read.
 
 A prompts file (``--task my_prompts.jsonl``, :func:`pe_interp.prompts.load_jsonl`) has a fixed
 set of prompts: its split is the file's lines in order, and its counterfactuals are the lines that
@@ -20,6 +22,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+from torch import Tensor
 
 from pe_interp.prompts.accuracy import check_fits
 from pe_interp.prompts.batch import PromptPairs, PromptSet
@@ -110,6 +114,20 @@ class PromptTask:
     def counterfactual_pairs(self, n: int, seed: int = 0) -> CounterfactualPairs:
         """Position-only pairs (what ``pe-interp patch`` patches)."""
         return self.counterfactuals(n, "position", seed)
+
+    @property
+    def span_names(self) -> tuple[str, ...]:
+        """The family's named spans (:mod:`pe_interp.prompts.spans`); a prompts file has none."""
+        return () if self.family is None else self.family.span_names
+
+    def spans(self, batch: Batch) -> Tensor:
+        """Each position's index into :attr:`span_names`, ``[batch, pos]``; a one-line error for
+        a prompts file (its prompts have no layout) or rows of unequal length."""
+        if self.family is None:
+            raise ValueError(
+                f"{self.source}: a prompts file names no spans of its prompts' positions"
+            )
+        return self.family.spans(batch)
 
     def decode(self, ids: list[int]) -> list[str]:
         """Each id as its token's text (attention views' labels)."""

@@ -15,11 +15,20 @@ from typing import Any
 import numpy as np
 
 from pe_interp.report.findings import update_readme
+from pe_interp.report.survey_circuit import circuit_section
 from pe_interp.report.survey_figures import ablation_figure, patching_figure
 from pe_interp.report.survey_heads import heads_across
 from pe_interp.util.io import atomic_write_text
 
-STEPS = ("accuracy", "ablation", "patching", "routes", "head_types", "frequency")  # in run order
+STEPS = (
+    "accuracy",
+    "ablation",
+    "patching",
+    "routes",
+    "head_types",
+    "frequency",
+    "circuit",
+)  # in run order
 DEPOSIT_DROP = 0.5  # the single-head deposit's bar: one head costs >= 50 points
 SMALL_DROP = 0.05  # ... and every other head moves accuracy by <= 5 points
 
@@ -290,6 +299,7 @@ def survey_markdown(out: Path, steps: dict[str, dict[str, Any]], figures: dict[s
         "routes": ("## Route shares", _routes_section),
         "head_types": ("## Head types", lambda s: _head_types_section(s, figures.get("head_types"))),
         "frequency": ("## RoPE frequency usage", lambda s: _frequency_section(s, figures.get("frequency"))),
+        "circuit": ("## A σ-aligned, position-aware circuit", circuit_section),
     }  # fmt: skip
     for name, (title, section) in sections.items():
         if name in steps:
@@ -355,6 +365,8 @@ def readme_block(out: Path, steps: dict[str, dict[str, Any]]) -> str:
             )
             + "."
         )
+    if "circuit" in steps:
+        lines.append(f"- Circuit (σ-aligned, per span of the prompts): {steps['circuit']['line']}.")
     missing = [s for s in STEPS if s not in steps]
     if missing:
         lines.append(f"- Not yet run: {', '.join(missing)} (the survey resumes where it stopped).")

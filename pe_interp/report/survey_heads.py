@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from pe_interp.report.survey_circuit import circuit_column
+
 __all__ = ["heads_across"]
 
 TOP = 5  # heads taken from each probe's top
@@ -41,12 +43,14 @@ def heads_across(steps: dict[str, dict[str, Any]]) -> list[str]:
         for lh in heads
     }
     names = list(grids)
+    circuit = steps.get("circuit")
+    extra = [] if circuit is None else ["circuit: first unit out (rank; units out, in)"]
     lines = [
         f"Every head among the {TOP} largest of any probe, with what the other probes measured "
         "of it (ranks among all heads in brackets) and its head types:",
         "",
-        "| head | " + " | ".join(names) + " | types |",
-        "|---|" + "---|" * len(names) + "---|",
+        "| head | " + " | ".join(names + extra) + " | types |",
+        "|---|" + "---|" * len(names + extra) + "---|",
     ]
     for lh in sorted(heads):
         cells = []
@@ -56,5 +60,7 @@ def heads_across(steps: dict[str, dict[str, Any]]) -> list[str]:
             cells.append(
                 f"{scale * grid[lh]:+.1f} [{rank}]" if scale != 1.0 else f"{grid[lh]:+.2f} [{rank}]"
             )
+        if circuit is not None:
+            cells.append(circuit_column(circuit, f"L{lh[0]}H{lh[1]}") or "")
         lines.append(f"| L{lh[0]}H{lh[1]} | " + " | ".join(cells) + f" | {kinds[lh]} |")
     return lines

@@ -196,18 +196,29 @@ def minimal_circuit(
     aligned: bool = False,
     batch_size: int | None = None,
     points: int = 16,
+    per_round: int = 8,
+    tolerance: float = 0.0,
+    progress: bool = False,
 ) -> Circuit:
     """The smallest circuit of the ranking that recovers at least ``target`` on these pairs.
 
-    The curve is measured at :func:`default_sizes`, then between the last size below the target
-    and the first at or above it, 8 sizes at a time, until they are adjacent. Faithfulness need
-    not grow with size, so a smaller circuit than the one returned may reach the target between
-    the measured sizes; the returned circuit's own faithfulness is measured. Its
-    ``faithfulness`` holds ``"target"``, ``"kept"`` (its recovered share), ``"size"``, and the
-    measured curve (``"sizes"``, ``"kept_sizes"``, ``"recovered"``, ``"metric"``, ``"full"``,
-    ``"empty"``, ``"area"``, ``"total_edges"``)."""
+    The curve is measured at :func:`default_sizes` (``points``; the empty and the whole graph are
+    the clean and corrupt runs), then between the last size below the target and the first at or
+    above it, ``per_round`` sizes at a time, until they are adjacent, or with ``tolerance`` until
+    they are at most ``tolerance`` of the larger apart (each measured size costs one forward of
+    the pairs). Faithfulness need not grow with size, so a smaller circuit than the one returned
+    may reach the target between the measured sizes; the returned circuit's own faithfulness is
+    measured. Its ``faithfulness`` holds ``"target"``, ``"kept"`` (its recovered share),
+    ``"size"``, and the measured curve (``"sizes"``, ``"kept_sizes"``, ``"recovered"``,
+    ``"metric"``, ``"full"``, ``"empty"``, ``"area"``, ``"total_edges"``, ``"forwards"``: the
+    circuits measured). ``progress``: a bar of the circuits measured, with an ETA."""
     if not isinstance(target, int | float) or not 0 < target <= 1:
         raise ValueError(f"minimal_circuit: target must be in (0, 1], got {target!r}")
+    if per_round < 1 or points < 2 or not 0 <= tolerance < 1:
+        raise ValueError(
+            f"minimal_circuit: per_round >= 1, points >= 2 and tolerance in [0, 1) are needed, "
+            f"got {per_round}, {points} and {tolerance}"
+        )
     r = _ranking(scores, select=select, positional=positional, by=by)
     ev = EdgeEvaluator(
         model,
@@ -224,8 +235,9 @@ def minimal_circuit(
         who="minimal_circuit",
         kv_view=r.graph.kv_view,
     )
-    full, empty = ev.ends()
-    seen, hi = _smallest(r, ev, target, points, full, empty)
+    search = _Search(r, ev, target, progress)
+    hi = search.run(points, per_round, tolerance)
+    seen, full, empty = search.seen, search.full, search.empty
     sizes = sorted(seen)
     kept = [seen[n][0] for n in sizes]
     rec = [seen[n][1] for n in sizes]
@@ -249,47 +261,86 @@ def minimal_circuit(
         "select": r.select,
         "positional": r.positional,
         "n_pairs": len(ev.c),
+        "tolerance": float(tolerance),
+        "forwards": search.forwards,
     }
     c.meta["selection"].update({"target": float(target)})
     return Circuit(**{**c.__dict__, "faithfulness": faith})
 
 
-def _smallest(
-    r: Ranking, ev: EdgeEvaluator, target: float, points: int, full: float, empty: float
-) -> tuple[dict[int, tuple[int, float, float]], int]:
-    """The search of :func:`minimal_circuit`: every size measured (size -> (kept, recovered,
-    metric)) and the smallest prefix found to reach ``target``."""
-    seen: dict[int, tuple[int, float, float]] = {}  # size -> (kept, recovered, metric)
+class _Search:
+    """The search of :func:`minimal_circuit`: every size measured (``seen``: size -> (kept,
+    recovered, metric)), the clean and corrupt ends, and the circuits measured (``forwards``)."""
 
-    def measure(ns: Sequence[int]) -> None:
-        ns = [n for n in dict.fromkeys(ns) if n not in seen]
+    def __init__(self, r: Ranking, ev: EdgeEvaluator, target: float, progress: bool):
+        self.r, self.ev, self.target = r, ev, target
+        self.bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=2, desc=f"smallest circuit >= {target:g}", unit="circuit")
+        self.full, self.empty = ev.ends()  # the whole graph and nothing kept: 2 circuits
+        self.forwards = 2
+        self._advance(2)
+        gap = has_gap(self.full, self.empty)
+        self.seen: dict[int, tuple[int, float, float]] = {
+            0: (0, 0.0 if gap else float("nan"), self.empty),
+            r.total: (int(r.keep(r.total).sum()), 1.0 if gap else float("nan"), self.full),
+        }
+
+    def _advance(self, n: int, total: int | None = None) -> None:
+        if self.bar is not None:
+            if total is not None:
+                self.bar.total = total
+            self.bar.update(n)
+
+    def measure(self, ns: Sequence[int]) -> None:
+        ns = [n for n in dict.fromkeys(ns) if n not in self.seen]
         if not ns:
             return
-        keeps = np.stack([r.keep(n) for n in ns])
-        m = ev(keeps).mean(1)
+        keeps = np.stack([self.r.keep(n) for n in ns])
+        m = self.ev(keeps).mean(1)
+        full, empty = self.full, self.empty
         for n, kk, v in zip(ns, keeps.sum((1, 2, 3)), m):
-            seen[n] = (
+            self.seen[n] = (
                 int(kk),
                 float((v - empty) / (full - empty)) if has_gap(full, empty) else float("nan"),
                 float(v),
             )
+        self.forwards += len(ns)
+        self._advance(len(ns))
 
-    grid = default_sizes(r.total, points)
-    measure(grid)
-    hit = [n for n in grid if seen[n][1] >= target]
-    hi = hit[0] if hit else r.total
-    lo = max([n for n in grid if n < hi], default=0)
-    while hi - lo > 1:
-        step = np.unique(np.linspace(lo, hi, 10).astype(int))[1:-1]
-        measure(step.tolist())
-        inside = [n for n in sorted(seen) if lo < n < hi]
-        first = next((n for n in inside if seen[n][1] >= target), None)
-        if first is not None:
-            hi = first
-        lo = max([n for n in inside if n < hi], default=lo)
-        if not len(step):
-            break
-    return seen, hi
+    def run(self, points: int, per_round: int, tolerance: float) -> int:
+        """The smallest prefix found to reach the target."""
+        r, seen, target = self.r, self.seen, self.target
+        grid = default_sizes(r.total, points)
+        self._advance(0, self.forwards + len([n for n in grid if n not in seen]))
+        self.measure(grid)
+        hit = [n for n in grid if seen[n][1] >= target]
+        hi = hit[0] if hit else r.total
+        lo = max([n for n in grid if n < hi], default=0)
+
+        def close(lo: int, hi: int) -> bool:
+            return hi - lo <= max(1, tolerance * hi)
+
+        while not close(lo, hi):
+            # the rounds left, each of per_round sizes dividing the gap by per_round + 1 (the ETA)
+            width = (hi - lo) / max(1, tolerance * hi)
+            rounds = int(np.ceil(np.log(width) / np.log(per_round + 1)))
+            self._advance(0, self.forwards + max(1, rounds) * per_round)
+            step = np.unique(np.linspace(lo, hi, per_round + 2).astype(int))[1:-1]
+            self.measure(step.tolist())
+            inside = [n for n in sorted(seen) if lo < n < hi]
+            first = next((n for n in inside if seen[n][1] >= target), None)
+            if first is not None:
+                hi = first
+            lo = max([n for n in inside if n < hi], default=lo)
+            if not len(step):
+                break
+        if self.bar is not None:
+            self.bar.total = self.bar.n
+            self.bar.close()
+        return hi
 
 
 __all__ = [

@@ -156,10 +156,12 @@ def head_route(
     attributions: Mapping[str, Attribution] | None = None,
     batch_size: int | None = None,
     kv_view: str = "grouped",
+    progress: bool = False,
 ) -> HeadRoute:
     """The route into ``head`` under each family (see the module docstring). ``attributions``
     (one edge attribution per family, e.g. :func:`probes.family_attributions`) adds estimates.
-    ``kv_view``: ``"ungrouped"`` routes into the head's own k and v, not its key/value head's."""
+    ``kv_view``: ``"ungrouped"`` routes into the head's own k and v, not its key/value head's;
+    ``progress``: a bar of the path patchings (a family's q, k or v each), with an ETA."""
     name = head_name(*head) if isinstance(head, tuple | list) else str(head)
     site = parse(name)
     if site.kind != "head":
@@ -169,6 +171,7 @@ def head_route(
     exact: dict[str, dict[str, dict[str, float]]] = {}
     estimate: dict[str, dict[str, dict[str, float]]] = {}
     gaps = {}
+    bar = _bar(len(kinds) * len(COMPONENTS), name) if progress else None
     for kind in kinds:
         pairs = task.counterfactuals(n, kind=kind, seed=seed)
         exact[kind], estimate[kind] = {}, {}
@@ -195,12 +198,22 @@ def head_route(
             a = (attributions or {}).get(kind)
             if a is not None:
                 estimate[kind][comp] = {s: a.edge(s, reader) for s in senders}
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
     layer0 = None
     if site.layer == 0 and model.encoding.decomposes:  # not over a bridge's BLOOM (ALiBi unseen)
         # a synthetic task samples its rows; natural prompts are their own held-out rows
         rows = task.sample(16, seed=seed) if hasattr(task, "sample") else task.prompts
         layer0 = layer0_terms(model, rows, site.head)
     return HeadRoute(name, metric, n, exact, {k: v for k, v in estimate.items() if v}, gaps, layer0)
+
+
+def _bar(total: int, name: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=f"route into {name}", unit="path patching")
 
 
 __all__ = ["HeadRoute", "head_route", "layer0_terms"]
