@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pe_interp.models.protocol import PostNorm
+
 __all__ = [
     "RESUME_TOLERANCE",
     "check_hooks_from",
@@ -30,6 +32,8 @@ __all__ = [
     "keeps_logits",
     "layer_of",
     "may_keep",
+    "mlp_hooks",
+    "post_norm_of",
     "read_positions",
     "resumes_exactly",
     "skipping_blocks",
@@ -159,6 +163,32 @@ def why_no_edges(bridge: Any, d_vocab: int, n_tokens: int = 7) -> str | None:
     if bridge not in _EDGES:
         _EDGES[bridge] = check_edges(bridge, d_vocab, n_tokens)
     return _EDGES[bridge]
+
+
+POST_NORMS = {"attn": "ln1_post", "mlp": "ln2_post"}  # branch -> the block's norm after it
+
+
+def post_norm_of(bridge: Any, layer: int, branch: str) -> PostNorm | None:
+    """The norm block ``layer`` of a bridge applies to its ``branch``'s (``"attn"``, ``"mlp"``)
+    output before the residual adds it (Gemma 2 and 3, OLMo 2: ``ln1_post``, ``ln2_post``): the
+    Hugging Face module itself, called as the model calls it and firing no hook; None where the
+    block adds the output as it is."""
+    name = POST_NORMS[branch]
+    sub = (getattr(bridge.blocks[layer], "submodules", None) or {}).get(name)
+    norm = None if sub is None else getattr(sub, "original_component", None)
+    return None if norm is None else PostNorm(f"blocks.{layer}.{name}.hook_in", norm)
+
+
+def mlp_hooks(bridge: Any) -> tuple[str, str]:
+    """Where the circuit probes read an MLP's own input and its writer term in block ``l``
+    (``blocks.{l}.<hook>``): ln2's input, or the MLP's where no norm comes before it (OLMo 2); the
+    MLP's output inside its post-MLP norm (``ln2_post.hook_in``) where one follows it, else
+    ``hook_mlp_out``."""
+    subs = getattr(bridge.blocks[0], "submodules", None) or {}
+    return (
+        "ln2.hook_in" if "ln2" in subs or "mlp" not in subs else "mlp.hook_in",
+        "ln2_post.hook_in" if "ln2_post" in subs else "hook_mlp_out",
+    )
 
 
 def check_edges(bridge: Any, d_vocab: int, n_tokens: int = 7) -> str | None:
