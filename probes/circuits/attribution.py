@@ -43,6 +43,12 @@ Under grouped (and multi-query) key/value heads an edge into a key/value head's 
 its group reads: its AtP and EAP-IG gradients are the fork's own, and AtP* recomputes the pattern of
 each query head of the group and sums them (``tests/test_bridge_gqa_edges.py``).
 
+Where a norm follows a block's attention or MLP (Gemma 2 and 3, OLMo 2) a writer's term is read
+inside it and an edge's term difference goes through the norm's Jacobian at the run whose gradient
+is read (each step's, for EAP-IG; ``meta["post_norm"] = "jacobian"``): an edge's AtP score is then
+the derivative of the exact edge ablation, which recomputes the norm
+(:mod:`probes.circuits.post_norm`; ``tests/test_post_norm_edges.py``).
+
 Where the metric is linear in the activation between the two values (a readout without a final
 norm; a value input of the last layer of a model without norms or MLPs; a query or key input
 there for ``"atp*"``) the estimate is the exact effect, and ``tests/test_attribution.py`` holds
@@ -70,6 +76,7 @@ from probes.circuits.engine import (
     writer_hooks,
 )
 from probes.circuits.graph import build_graph, parse
+from probes.circuits.post_norm import LINEARISATION, post_norms
 from probes.circuits.scores import Attribution, span_ids
 from probes.common.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
 from probes.common.options import ATTRIBUTION_ABLATIONS, ATTRIBUTION_METHODS
@@ -249,6 +256,8 @@ def attribute(
             "encoding": model.cfg.encoding_name,
             "kv_source": model.cfg.kv_source,
             **({"aligned": True} if aligned else {}),
+            # a norm after a block: how an edge's term went through it (post_norm.LINEARISATION)
+            **({"post_norm": LINEARISATION} if edges and post_norms(model, graph) else {}),
         },
     )
 
