@@ -16,7 +16,8 @@ ablation sweep stacks copies, :func:`probes.ablation.sweeps.sweep_stacked`; path
 bridge itself found it exact (:func:`~pe_interp.models.bridge.forward.resumes_exactly`: not BLOOM, whose
 ALiBi the bridge then drops); a forward returning class logits unembeds only the position it reads;
 edges need each head's residual term to be its own and per-head forks before the norm
-(:func:`~pe_interp.models.bridge.forward.check_edges`, a check on the bridge: not BLOOM, Gemma 2 or OLMo 2;
+(:func:`~pe_interp.models.bridge.forward.check_edges`, a check on the bridge: not BLOOM; a norm after
+the attention or the MLP, as in Gemma 2 and 3 and OLMo 2, is recomputed, :meth:`BridgedModel.post_norm`;
 grouped key/value heads get one k and one v reader per key/value head); and padding
 must be on the right (a causal model then never lets a pad reach a real token).
 
