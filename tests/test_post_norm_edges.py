@@ -325,6 +325,11 @@ def test_edge_attribution_is_the_derivative_of_the_exact_ablation_through_the_no
     assert scale > 1e-2
     np.testing.assert_allclose(atp.scores[graph.valid], grad[graph.valid], atol=1e-5 * scale)
     at = [(graph.reader_index(r), graph.writer_index(w)) for w, r in edges]
+    print(
+        f"{family}: atp, {graph.valid.sum()} edges, max |score - d/dkeep| "
+        f"{np.abs(atp.scores - grad)[graph.valid].max():.1e}, max |score - finite difference| "
+        f"{np.abs(np.array([atp.scores[i, j] for i, j in at]) - fd).max():.1e}, max |score| {scale:.1e}"
+    )
     np.testing.assert_allclose([atp.scores[i, j] for i, j in at], fd, atol=2e-3 * scale)
     # EAP-IG's Jacobian moves along its path, step by step: one step is AtP at the clean run, and
     # with more, a writer's edges still add up to its node score (the chain rule through the norm)

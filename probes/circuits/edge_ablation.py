@@ -104,20 +104,15 @@ def _mix(diffs: Tensor, ex: Tensor, ids: Tensor | None) -> Tensor:
 
 class _ReaderEdits:
     """The hooks of one :func:`ablated_metric` forward: the writers' live terms as their hooks fire,
-    and each reader hook's edit. Memory: the writers' differences ``[k, b, pos, writers, d]``, one
-    concatenated prefix of those without a norm after them, and per reader hook and normed block
-    a few ``[k, b, pos, readers, d]`` (readers ≤ heads), within the evaluator's budget of two
-    differences' worth (``EdgeEvaluator``) once a model has five layers."""
+    and each reader hook's edit. Memory: the writers' differences ``[k, b, pos, writers, d]`` and
+    one concatenated prefix of those without a norm after them (``EdgeEvaluator``'s budget holds
+    two such); where norms follow every block the prefix is the embedding's alone, and a normed
+    block's edit holds a few ``[k, b, pos, readers, d]`` (readers ≤ heads) at a time instead,
+    within that budget from six layers on."""
 
     def __init__(self, model, graph, repl, excl, ids, soft, shape):
-        self.model, self.graph, self.repl, self.excl, self.ids, self.soft = (
-            model,
-            graph,
-            repl,
-            excl,
-            ids,
-            soft,
-        )
+        self.model, self.graph, self.repl = model, graph, repl
+        self.excl, self.ids, self.soft = excl, ids, soft  # [k, R, W, S], [b, P] or None
         self.k, self.b, self.P = shape
         self.d = model.cfg.d_model
         self.norms = post_norms(model, graph)
@@ -187,7 +182,8 @@ class _ReaderEdits:
             for name, c0, n in self.chunks:
                 if c0 < w and name in self.norms:
                     part = self.normed(name, c0, n, ex[:, :, c0 : c0 + n])
-                    add = part if add is None else add if part is None else add + part
+                    if part is not None:
+                        add = part if add is None else add + part
             if add is None:
                 return x
             return x + (
