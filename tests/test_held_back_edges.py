@@ -1,12 +1,13 @@
 """The edge probes (edge attribution, path patching, circuits) on the families no other test builds
 (issue 47, item 3; the families of ``test_held_back_families``). Whether an edge can be carried is
 read from the bridge (:func:`pe_interp.models.bridge.forward.check_edges`), not from its model type: a
-family whose heads each write their own ``z_h W_O[h]`` to the residual and whose per-head forks
-come before the layer norm runs (each family built here with one key/value head per query head), and
-the forks are checked against the Hugging Face layer's own norm input; a family with a norm after
-the attention (Gemma 2 and 3, OLMo 2) refuses in one line. Grouped key/value heads get a k and a v
-reader per key/value head (``tests/test_bridge_gqa_edges.py`` holds them to finite differences
-and naive loops)."""
+family whose heads each write their own ``z_h W_O[h]`` to the residual, or their own term inside a
+norm after the attention (Gemma 2 and 3, OLMo 2, whose norm the probes recompute:
+``tests/test_post_norm_edges.py``), and whose per-head forks come before the layer norm runs (each
+family built here with one key/value head per query head), and the forks are checked against the
+Hugging Face layer's own norm input (the attention's input where no norm comes before it). Grouped
+key/value heads get a k and a v reader per key/value head (``tests/test_bridge_gqa_edges.py``
+holds them to finite differences and naive loops)."""
 
 from __future__ import annotations
 
@@ -33,8 +34,6 @@ from probes import attribute, path_patch
 from probes.circuits.engine import forks
 from probes.circuits.graph import build_graph
 
-NORM_AFTER_ATTENTION = {"gemma2", "gemma3", "olmo2"}
-
 
 def _counterfactuals() -> CounterfactualPairs:
     clean, corrupt, good, bad = _pairs()
@@ -54,15 +53,10 @@ def _ungrouped(family: str, tmp_path) -> BridgedModel:
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma3"])
 def test_grouped_key_value_heads_get_a_k_and_a_v_reader_each(families, family):  # noqa: F811
-    """k/v forks come one per key/value head, and so do the edge graph's k/v readers; a family
-    with a norm after attention still refuses, naming that; path patching refuses grouped heads in
-    one line."""
+    """k/v forks come one per key/value head, and so do the edge graph's k/v readers, also under a
+    norm after attention (Gemma 3); path patching reaches a key/value head's receivers."""
     _, model, _ = families(family)
-    why = check_edges(model.bridge, 30)
-    if family in NORM_AFTER_ATTENTION:  # the first thing it lacks is named
-        assert "attention output is not the sum of its heads" in why
-        return
-    assert why is None
+    assert check_edges(model.bridge, 30) is None
     pairs = _counterfactuals()
     graph = build_graph(model.cfg)
     assert graph.fork_readers(1, "k") == ["L1KV0.k", "L1KV1.k"]
@@ -76,27 +70,24 @@ def test_grouped_key_value_heads_get_a_k_and_a_v_reader_each(families, family): 
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_edges_run_only_where_each_head_writes_its_own_term_before_a_norm(family, tmp_path):
+def test_edges_run_where_each_head_writes_its_own_term_or_its_own_inside_a_norm(family, tmp_path):
     model = _ungrouped(family, tmp_path)
     pairs = _counterfactuals()
-    if family in NORM_AFTER_ATTENTION:
-        assert "attention output is not the sum of its heads" in check_edges(model.bridge, 30)
-        with pytest.raises(
-            ValueError,
-            match=r"attention output is not the sum of its heads' z_h W_O\[h\] .*; so edge "
-            "attribution, path patching and circuits do not run on it",
-        ):
-            attribute(model, pairs, granularity="edge")
-        return
     assert check_edges(model.bridge, 30) is None
     # the forks: a delta at every head's q, k and v input of layer 1 is a delta at the input of
-    # the norm that the Hugging Face layer puts before its attention
+    # the norm that the Hugging Face layer puts before its attention (at the attention's own
+    # input where there is none, as in OLMo 2)
     tokens, mask, _ = _examples()
     d = torch.randn(*tokens.shape, model.cfg.d_model, generator=torch.Generator().manual_seed(1))
     hf = model.bridge.original_model
-    handle = hf.model.layers[1].input_layernorm.register_forward_pre_hook(
-        lambda m, args: (args[0] + d,)
-    )
+    layer = hf.model.layers[1]
+    if hasattr(layer, "input_layernorm"):
+        handle = layer.input_layernorm.register_forward_pre_hook(lambda m, args: (args[0] + d,))
+    else:
+        handle = layer.self_attn.register_forward_pre_hook(
+            lambda m, args, kw: (args, {**kw, "hidden_states": kw["hidden_states"] + d}),
+            with_kwargs=True,
+        )
     try:
         with torch.no_grad():
             logits = hf(tokens, attention_mask=mask.long()).logits

@@ -109,6 +109,7 @@ def test_a_model_without_a_position_view_is_refused_in_one_line_naming_it():
         "hooks",
         "attention_scale",
         "check_forks",
+        "post_norm",
         "set_use_split_qkv_input",
         "set_use_attn_in",
     )

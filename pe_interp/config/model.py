@@ -284,6 +284,11 @@ class ModelConfig:
         """``blocks.{l}.<this>``: the MLP's own copy of its input (``use_hook_mlp_in``)."""
         return "hook_mlp_in"
 
+    @property
+    def mlp_out_hook(self) -> str:
+        """``blocks.{l}.<this>``: an MLP's writer term, its output (no norm follows it here)."""
+        return "hook_mlp_out"
+
     # ---- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         skip = {"device", *RUNTIME_FLAGS}

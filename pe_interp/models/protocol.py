@@ -18,7 +18,8 @@ What the Protocol holds:
 - where the forward restarts (:attr:`ProbeModel.restart`, :class:`Restart`);
 - the key/value-head layout (:attr:`ProbeModel.kv_layout`, :class:`KVLayout`);
 - the per-head forks of the circuit probes: TransformerLens' ``set_use_split_qkv_input``,
-  ``set_use_attn_in`` and ``set_use_hook_mlp_in``, and :meth:`ProbeModel.check_forks`.
+  ``set_use_attn_in`` and ``set_use_hook_mlp_in``, and :meth:`ProbeModel.check_forks`;
+- a norm after a block's attention or MLP (:meth:`ProbeModel.post_norm`, :class:`PostNorm`).
 """
 
 from __future__ import annotations
@@ -105,10 +106,12 @@ class ProbeConfig(Protocol):
     kv_source: str  # "residual", or "embed": every layer's keys and values read the layer-0 input
     attention_dir: str  # "causal" or "bidirectional"
     parallel_attn_mlp: bool  # a block's attention and MLP read the same input (GPT-NeoX)
-    # where the circuit probes read the embedding writer (a hook name) and each MLP's own input
-    # (blocks.{l}.<this>): TransformerLens' hook_embed and hook_mlp_in on our own model
+    # where the circuit probes read the embedding writer (a hook name), each MLP's own input and
+    # its writer term (blocks.{l}.<this>, inside a norm after the MLP where the model has one):
+    # TransformerLens' hook_embed, hook_mlp_in and hook_mlp_out on our own model
     embed_hook: str
     mlp_in_hook: str
+    mlp_out_hook: str
     # TransformerLens' fork flags, as the circuit probes find and restore them
     # (ProbeModel.set_use_split_qkv_input and the rest)
     use_split_qkv_input: bool
@@ -252,6 +255,17 @@ def layer_of(hook: Any) -> int:
     return int(hook.layer())
 
 
+@dataclass(frozen=True)
+class PostNorm:
+    """A norm a block applies to one branch's output before the residual adds it (Gemma 2 and 3,
+    OLMo 2: ``resid += norm(sum_h z_h W_O[h] + b_O)``, ``resid += norm(mlp_out)``)."""
+
+    hook_in: str
+    """The hook that reads the norm's input, the branch's output (``blocks.{l}.ln1_post.hook_in``)."""
+    norm: Callable[[Tensor], Tensor]
+    """The model's own norm, on any leading axes (``[..., d_model]``); it fires no hook."""
+
+
 @runtime_checkable
 class ProbeModel(Protocol):
     """What a probe may ask of a model (module docstring). ``isinstance(model, ProbeModel)``
@@ -318,6 +332,11 @@ class ProbeModel(Protocol):
         architecture forks after the norm); nothing where they can (ours)."""
         ...
 
+    def post_norm(self, layer: int, branch: str) -> PostNorm | None:
+        """The norm block ``layer`` applies to its ``branch``'s (``"attn"`` or ``"mlp"``) output
+        before the residual adds it; None where it adds the output as it is (ours)."""
+        ...
+
     def set_use_split_qkv_input(self, on: bool) -> None:
         """Fire the per-head q/k/v inputs (``attn.hook_q_input`` …), as in TransformerLens."""
         ...
@@ -381,6 +400,7 @@ __all__ = [
     "RESTARTS",
     "KVLayout",
     "PositionView",
+    "PostNorm",
     "ProbeConfig",
     "ProbeModel",
     "Restart",

@@ -49,6 +49,12 @@ each query head of the group and sums them (``tests/test_bridge_gqa_edges.py``).
 from a forward run once per query head of a group (:func:`probes.circuits.engine.merge_hooks`), so
 the query heads' scores sum to their key/value head's (``tests/test_bridge_ungrouped_edges.py``).
 
+Where a norm follows a block's attention or MLP (Gemma 2 and 3, OLMo 2) a writer's term is read
+inside it and an edge's term difference goes through the norm's Jacobian at the run whose gradient
+is read (each step's, for EAP-IG; ``meta["post_norm"] = "jacobian"``): an edge's AtP score is then
+the derivative of the exact edge ablation, which recomputes the norm
+(:mod:`probes.circuits.post_norm`; ``tests/test_post_norm_edges.py``).
+
 Where the metric is linear in the activation between the two values (a readout without a final
 norm; a value input of the last layer of a model without norms or MLPs; a query or key input
 there for ``"atp*"``) the estimate is the exact effect, and ``tests/test_attribution.py`` holds
@@ -69,6 +75,7 @@ from probes.circuits.attribution_chunk import attribute_chunk
 from probes.circuits.edge_ablation import edge_replacement
 from probes.circuits.engine import as_pair, forks, mean_metric, pair_labels, resolve
 from probes.circuits.graph import build_graph, check_kv_view, parse
+from probes.circuits.post_norm import LINEARISATION, post_norms
 from probes.circuits.scores import Attribution, span_ids
 from probes.common.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
 from probes.common.options import ATTRIBUTION_ABLATIONS, ATTRIBUTION_METHODS
@@ -249,6 +256,8 @@ def attribute(
             "kv_source": model.cfg.kv_source,
             "kv_view": kv_view,
             **({"aligned": True} if aligned else {}),
+            # a norm after a block: how an edge's term went through it (post_norm.LINEARISATION)
+            **({"post_norm": LINEARISATION} if edges and post_norms(model, graph) else {}),
         },
     )
 

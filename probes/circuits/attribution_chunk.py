@@ -26,6 +26,7 @@ from probes.circuits.engine import (
     writer_hooks,
 )
 from probes.circuits.graph import Graph
+from probes.circuits.post_norm import norm_inputs, post_norms, through_norms
 from probes.common.replace import filled
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def _node_by_pos(
         z = f"blocks.{layer}.attn.hook_z"
         rows.append(_binned((delta[z] * grads[z]).sum(-1).double(), bins))
         if graph.has_mlp:
-            m = f"blocks.{layer}.hook_mlp_out"
+            m = f"blocks.{layer}.{graph.mlp_out_hook}"
             rows.append(_binned((delta[m] * grads[m]).sum(-1).double(), bins)[None])
     return torch.cat(rows)
 
@@ -155,16 +156,19 @@ def attribute_chunk(
     ``other``: the corrupt run's rows, or None for ablation: then ``replaced`` holds the
     Replacement's values for these rows at the writer hooks (:meth:`Replacement.for_chunk`), and
     ``mode`` is not ``"denoise"``. ``sigma``: the corrupt run read at each clean token's moved
-    position (:func:`probes.circuits.alignment.align`)."""
+    position (:func:`probes.circuits.alignment.align`). Where a norm follows a block, an edge's
+    term goes through its Jacobian at the run whose gradient is read
+    (:mod:`probes.circuits.post_norm`)."""
     W = writer_hooks(graph)
     R = reader_hooks(graph) if edges else []
+    norms = post_norms(model, graph) if edges else {}
     split = graph.kv_split if edges else 1  # the ungrouped view's copies of a forward
     good, bad = pair_labels(clean, other)
     sign = 1.0 if mode == "denoise" else -1.0
     base = other if mode == "denoise" else clean
-    extra: list[str] = []
+    extra: list[str] = norm_inputs(norms)
     if method == "atp*":
-        extra = [
+        extra += [
             f"blocks.{layer}.{n}"
             for layer in range(graph.n_layers)
             for n in ("hook_resid_pre", "attn.hook_pattern")
@@ -173,6 +177,8 @@ def attribute_chunk(
     def metric(n_rep: int = 1):
         return lambda logits: fn(logits, good.repeat(n_rep), bad.repeat(n_rep))
 
+    if method == "eap-ig":
+        return [_eap_ig(model, graph, clean, other, W + R, metric, steps, rows, edges, bins)]
     a_clean = capture(model, clean, W)[0] if base is not clean else None
     if other is not None and base is not other:
         a_other = align(capture(model, other, W)[0], sigma)
@@ -184,38 +190,6 @@ def attribute_chunk(
         if method == "atp*"
         else []
     )
-    if method == "eap-ig":
-        a_clean, a_other = capture(model, clean, W)[0], capture(model, other, W)[0]
-        e_c, e_k = a_clean[graph.embed_hook], a_other[graph.embed_hook]
-        summed: dict[str, Tensor] = {}
-        per = max(1, rows // len(clean))
-        for s0 in range(0, steps, per):
-            alpha = (
-                torch.arange(s0 + 1, min(steps, s0 + per) + 1, device=e_c.device, dtype=e_c.dtype)
-                / steps
-            )
-            m = len(alpha)
-            interp = (e_k[None] + alpha[:, None, None, None] * (e_c - e_k)[None]).reshape(
-                -1, *e_c.shape[1:]
-            )
-            _, g, _ = capture(
-                model,
-                other,
-                [],
-                metric=metric(m),
-                grad_names=W + R,
-                repeat=m,
-                replace={graph.embed_hook: lambda x, interp=interp: interp},
-                split=split,
-            )
-            for n, t in g.items():
-                t = t.view(m, -1, *t.shape[1:]).sum(0)
-                summed[n] = t if n not in summed else summed[n] + t
-        delta = {n: a_clean[n] - a_other[n] for n in W}
-        with torch.no_grad():
-            return [
-                _scores(graph, delta, {n: t / steps for n, t in summed.items()}, edges, model, bins)
-            ]
     results, patterns = [], []
     pattern_names = [n for n in extra if "pattern" in n]
     for drop in variants:  # one gradient at a time: the readers' gradients are large
@@ -234,16 +208,17 @@ def attribute_chunk(
                 a_clean = acts
             else:
                 a_other, g = align(acts, sigma), align(g, sigma)
+                base_acts = a_other
             if other is None:
                 a_other = {n: filled(replaced[n], a_clean[n]) for n in W}
             delta = {n: a_clean[n] - a_other[n] for n in W}
         patterns.append({n: g.pop(n) for n in pattern_names})
         with torch.no_grad():
-            results.append(_scores(graph, delta, g, edges, model, bins))
+            results.append(_scores(graph, delta, g, edges, model, bins, base_acts))
         del g
     if method == "atp*":
         with torch.no_grad():
-            contrib = contributions(model, graph, delta)
+            contrib = _terms(model, graph, delta, base_acts)
             qk = _qk_fix(model, graph, base, base_acts, contrib, patterns, sign, rows)
         for v, e in enumerate(results):  # replace the linearised q/k edges (positions summed)
             for (layer, c), t in qk.items():
@@ -256,7 +231,64 @@ def attribute_chunk(
     return results
 
 
-def _scores(graph, delta, grads, edges, model: ProbeModel, bins=None) -> Tensor:
+def _eap_ig(model: ProbeModel, graph, clean, other, grad_names, metric, steps, rows, edges, bins):
+    """EAP-IG's summed scores: the gradient at ``steps`` runs whose layer-0 input goes from the
+    corrupt run's to the clean one's. Where a norm follows a block its Jacobian moves along the
+    path too, so edges are scored at each step (a norm's Jacobian times the term, with that step's
+    gradient) and summed; elsewhere the gradients are summed and scored once."""
+    W = writer_hooks(graph)
+    norms = post_norms(model, graph) if edges else {}
+    a_clean, a_other = capture(model, clean, W)[0], capture(model, other, W)[0]
+    delta = {n: a_clean[n] - a_other[n] for n in W}
+    e_c, e_k = a_clean[graph.embed_hook], a_other[graph.embed_hook]
+    with torch.no_grad():
+        terms = contributions(model, graph, delta) if norms else None
+    summed: dict[str, Tensor] = {}
+    total = None
+    per = max(1, rows // len(clean))
+    for s0 in range(0, steps, per):
+        alpha = (
+            torch.arange(s0 + 1, min(steps, s0 + per) + 1, device=e_c.device, dtype=e_c.dtype)
+            / steps
+        )
+        m = len(alpha)
+        interp = (e_k[None] + alpha[:, None, None, None] * (e_c - e_k)[None]).reshape(
+            -1, *e_c.shape[1:]
+        )
+        acts, g, _ = capture(
+            model,
+            other,
+            norm_inputs(norms),
+            metric=metric(m),
+            grad_names=grad_names,
+            repeat=m,
+            replace={graph.embed_hook: lambda x, interp=interp: interp},
+            split=graph.kv_split if edges else 1,
+        )
+        if norms:  # rows are steps x examples: the contraction sums over both
+            with torch.no_grad():
+                lin = through_norms(norms, graph, terms.repeat(m, 1, 1, 1), acts, exact=False)
+                at = None if bins is None else (bins[0].repeat(m, 1), bins[1])
+                part = _edge_by_pos(graph, lin, g, at)
+            total = part if total is None else total + part
+            continue
+        for n, t in g.items():
+            t = t.view(m, -1, *t.shape[1:]).sum(0)
+            summed[n] = t if n not in summed else summed[n] + t
+    with torch.no_grad():
+        if norms:
+            return total / steps
+        return _scores(graph, delta, {n: t / steps for n, t in summed.items()}, edges, model, bins)
+
+
+def _terms(model: ProbeModel, graph, delta, at) -> Tensor:
+    """The writers' residual term differences ``[b, pos, writers, d]``: through the Jacobian of a
+    norm after their block, at the base run's ``at`` (:mod:`probes.circuits.post_norm`)."""
+    terms = contributions(model, graph, delta)
+    return through_norms(post_norms(model, graph), graph, terms, at, exact=False)
+
+
+def _scores(graph, delta, grads, edges, model: ProbeModel, bins=None, at=None) -> Tensor:
     if not edges:
         return _node_by_pos(graph, delta, grads, bins)
-    return _edge_by_pos(graph, contributions(model, graph, delta), grads, bins)
+    return _edge_by_pos(graph, _terms(model, graph, delta, at), grads, bins)

@@ -198,8 +198,18 @@ def writer_hooks(graph: Graph) -> list[str]:
     for layer in range(graph.n_layers):
         names.append(f"blocks.{layer}.attn.hook_z")
         if graph.has_mlp:
-            names.append(f"blocks.{layer}.hook_mlp_out")
+            names.append(f"blocks.{layer}.{graph.mlp_out_hook}")
     return names
+
+
+def writer_chunks(graph: Graph) -> list[tuple[str, int, int]]:
+    """``(writer hook, its first writer column, its number of writers)`` of every writer hook."""
+    out, col = [], 0
+    for name in writer_hooks(graph):
+        n = graph.n_heads if name.endswith("hook_z") else 1
+        out.append((name, col, n))
+        col += n
+    return out
 
 
 def reader_groups(graph: Graph) -> list[tuple[str, list[int], int, bool]]:
@@ -237,7 +247,8 @@ def reader_hooks(graph: Graph) -> list[str]:
 def writer_term(model: ProbeModel, name: str, act: Tensor) -> Tensor:
     """The residual terms ``[batch, pos, writers, d_model]`` of one writer hook's writers, from its
     activation: ``z_h W_O[h]`` per head at ``attn.hook_z``, the value itself at ``hook_embed`` or
-    ``hook_mlp_out`` (one writer)."""
+    ``hook_mlp_out`` (one writer). Where a norm follows the block's attention or MLP these are the
+    terms inside it (:mod:`probes.circuits.post_norm` maps them to the residual)."""
     if name.endswith("attn.hook_z"):
         return torch.einsum("bphd,hdm->bphm", act, model.blocks[int(name.split(".")[1])].attn.W_O)
     return act[:, :, None]
@@ -347,5 +358,6 @@ __all__ = [
     "reader_hooks",
     "resolve",
     "to_fork",
+    "writer_chunks",
     "writer_hooks",
 ]

@@ -3,7 +3,9 @@ edges, and the names both carry.
 
 **Writers** put a term into the residual stream: ``"embed"`` (the token embedding,
 ``hook_embed``), each head ``"L{l}H{h}"`` (``z_h W_O[h]``, read at ``attn.hook_z``) and each
-MLP ``"MLP{l}"`` (``hook_mlp_out``). The positional term of an absolute encoding
+MLP ``"MLP{l}"`` (``hook_mlp_out``). Where a norm follows a block's attention or MLP (Gemma 2 and
+3, OLMo 2) a writer's term is read inside it (an MLP's at the norm's input) and the norm maps the
+block's sum to the residual (:mod:`probes.circuits.post_norm`). The positional term of an absolute encoding
 (``hook_pos_embed``) and the output biases are the same in every run, so they are no writer.
 
 **Readers** read the residual stream: each head's query, key and value input ``"L{l}H{h}.q"``,
@@ -137,6 +139,8 @@ class Graph:
     # a block's attention and MLP side by side in GPT-NeoX: then MLP{l} reads no layer-l head)
     embed_hook: str = "hook_embed"
     mlp_in_hook: str = "hook_mlp_in"  # blocks.{l}.<this>: the MLP's own copy of its input
+    # blocks.{l}.<this>: an MLP's writer term (inside the norm after the MLP, where there is one)
+    mlp_out_hook: str = "hook_mlp_out"
     parallel: bool = False
     n_kv_heads: int | None = None  # None: one key/value head per query head
     kv_view: str = "grouped"  # "ungrouped": a k and a v reader per query head, grouped or not
@@ -288,6 +292,7 @@ def build_graph(cfg, kv_view: str = "grouped") -> Graph:
         n_kv_heads=n_kv,
         embed_hook=cfg.embed_hook,
         mlp_in_hook=cfg.mlp_in_hook,
+        mlp_out_hook=cfg.mlp_out_hook,
         kv_view=kv_view,
     )
 

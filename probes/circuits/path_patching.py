@@ -2,7 +2,9 @@
 
 :func:`path_patch` runs the corrupt input and adds one sender's clean-minus-corrupt residual term
 (``z_h W_O[h]`` for a head, ``hook_mlp_out`` for an MLP, ``hook_embed``) to one receiver's
-input alone, at every position, while every other reader still sees the corrupt value: the
+input alone, at every position, while every other reader still sees the corrupt value (where a
+norm follows the sender's block, the term is replaced inside it and the norm recomputed on the
+corrupt run's sum, :mod:`probes.circuits.post_norm`): the
 edge intervention of TransformerLens' ``get_act_patch_direct_path`` (Wang et al. 2022), which
 it equals for head senders and q/k/v receivers (``tests/test_path_patching.py``).
 
@@ -58,6 +60,7 @@ from probes.circuits.engine import (
     writer_hooks,
 )
 from probes.circuits.graph import COMPONENTS, build_graph, check_kv_view, head_name, parse
+from probes.circuits.post_norm import norm_inputs, post_norms, through_norms
 from probes.common.inputs import FiniteWatch, check_count, check_finite_model, takes_probe_model
 
 if TYPE_CHECKING:
@@ -196,6 +199,9 @@ def path_patch(
     hooked = not model.can_restart or graph.kv_split > 1  # a bridge, or the ungrouped view's copies
     names = W if hooked else W + [f"blocks.{i}.{h}" for i in range(L) for h in _RESTARTS]
     names.append(f"blocks.{L - 1}.hook_resid_post")
+    norms = post_norms(model, graph)
+    assert hooked or not norms, "a restart at resid_mid adds a head's change with no norm after it"
+    names += norm_inputs(norms)
     chunk = max(1, min(n, rows))
     with eval_mode(model), forks(model), torch.no_grad():
         for c0 in range(0, n, chunk):
@@ -217,7 +223,12 @@ def path_patch(
         m_clean,
         m_corrupt,
         n,
-        {"encoding": model.cfg.encoding_name, "kv_source": model.cfg.kv_source, "kv_view": kv_view},
+        {
+            "encoding": model.cfg.encoding_name,
+            "kv_source": model.cfg.kv_source,
+            "kv_view": kv_view,
+            **({"post_norm": "exact"} if norms else {}),  # the sender's norm recomputed
+        },
     )
 
 
@@ -239,9 +250,10 @@ def _chunk(
     hooked = not model.can_restart or graph.kv_split > 1  # a bridge, or the ungrouped view's copies
     a_clean = capture(model, cc, W)[0]
     a_cor = capture(model, kk, names)[0]
-    delta = contributions(model, graph, {x: a_clean[x] - a_cor[x] for x in W})[
-        :, :, s_idx
-    ]  # [b, p, S, d]
+    delta = contributions(model, graph, {x: a_clean[x] - a_cor[x] for x in W})
+    # a norm after the sender's block: N(S' + t - t') - N(S'), S' the corrupt run's (post_norm)
+    delta = through_norms(post_norms(model, graph), graph, delta, a_cor, exact=True)
+    delta = delta[:, :, s_idx]  # [b, p, S, d]
     for (layer, kind, comp), cols in by_site.items():
         ok = valid[:, cols].any(1).nonzero()[0]  # senders with an edge into some of these
         if not len(ok):

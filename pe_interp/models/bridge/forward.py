@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from pe_interp.models.protocol import PostNorm
+
 __all__ = [
     "RESUME_TOLERANCE",
     "check_hooks_from",
@@ -30,6 +32,8 @@ __all__ = [
     "keeps_logits",
     "layer_of",
     "may_keep",
+    "mlp_hooks",
+    "post_norm_of",
     "read_positions",
     "resumes_exactly",
     "skipping_blocks",
@@ -161,13 +165,40 @@ def why_no_edges(bridge: Any, d_vocab: int, n_tokens: int = 7) -> str | None:
     return _EDGES[bridge]
 
 
+POST_NORMS = {"attn": "ln1_post", "mlp": "ln2_post"}  # branch -> the block's norm after it
+
+
+def post_norm_of(bridge: Any, layer: int, branch: str) -> PostNorm | None:
+    """The norm block ``layer`` of a bridge applies to its ``branch``'s (``"attn"``, ``"mlp"``)
+    output before the residual adds it (Gemma 2 and 3, OLMo 2: ``ln1_post``, ``ln2_post``): the
+    Hugging Face module itself, called as the model calls it and firing no hook; None where the
+    block adds the output as it is."""
+    name = POST_NORMS[branch]
+    sub = (getattr(bridge.blocks[layer], "submodules", None) or {}).get(name)
+    norm = None if sub is None else getattr(sub, "original_component", None)
+    return None if norm is None else PostNorm(f"blocks.{layer}.{name}.hook_in", norm)
+
+
+def mlp_hooks(bridge: Any) -> tuple[str, str]:
+    """Where the circuit probes read an MLP's own input and its writer term in block ``l``
+    (``blocks.{l}.<hook>``): ln2's input, or the MLP's where no norm comes before it (OLMo 2); the
+    MLP's output inside its post-MLP norm (``ln2_post.hook_in``) where one follows it, else
+    ``hook_mlp_out``."""
+    subs = getattr(bridge.blocks[0], "submodules", None) or {}
+    return (
+        "ln2.hook_in" if "ln2" in subs or "mlp" not in subs else "mlp.hook_in",
+        "ln2_post.hook_in" if "ln2_post" in subs else "hook_mlp_out",
+    )
+
+
 def check_edges(bridge: Any, d_vocab: int, n_tokens: int = 7) -> str | None:
     """Why the edge probes (attribution, path patching, circuits) cannot run on the bridge, in one
     line; None where they can. They add a writer's residual term to one head's q/k/v input, so:
 
     - each block writes ``sum_h z_h W_O[h] + b_O`` (``hook_attn_out``) plus ``hook_mlp_out`` to
-      the residual, so a head's term is its own (not where a norm follows the attention, as in
-      Gemma 2 and 3 and OLMo 2);
+      the residual, so a head's term is its own; or, where a norm follows the attention (Gemma 2
+      and 3, OLMo 2), that norm of the sum, so a head's term is its own inside the norm, which
+      the probes recompute (:mod:`probes.circuits.post_norm`); the same for a norm after the MLP;
     - the per-head forks (TransformerLens' ``use_split_qkv_input``) come before the layer norm:
       every layer's ``hook_q_input``/``hook_k_input``/``hook_v_input`` holds the layer's input
       (``hook_resid_pre``) in every head, and a term added to head 0's ``hook_q_input`` (and
@@ -182,29 +213,52 @@ def check_edges(bridge: Any, d_vocab: int, n_tokens: int = 7) -> str | None:
     tokens = torch.randint(0, d_vocab, (1, n_tokens), generator=g).to(device)
     n_layers = len(bridge.blocks)
     kinds = ("hook_resid_pre", "hook_resid_post", "attn.hook_z", "hook_attn_out", "hook_mlp_out")
-    writes = [f"blocks.{i}.{k}" for i in range(n_layers) for k in kinds]
-    got, missing = cached(bridge, tokens, writes)
+    writes = [f"blocks.{i}.{k}" for i in range(n_layers) for k in (*kinds, *mlp_hooks(bridge))]
+    got, missing = cached(bridge, tokens, list(dict.fromkeys(writes)))
     if missing is not None:
         return f"the bridge fires no {missing}, where a writer's residual term is read"
     for i in range(n_layers):
-        attn = bridge.blocks[i].attn
-        z, out = got[f"blocks.{i}.attn.hook_z"], got[f"blocks.{i}.hook_attn_out"]
-        b_o = getattr(attn, "b_O", None)
-        heads = torch.einsum("bphd,hdm->bpm", z, attn.W_O) + (0 if b_o is None else b_o)
-        pre, post = got[f"blocks.{i}.hook_resid_pre"], got[f"blocks.{i}.hook_resid_post"]
-        step = post - pre
-        tol = RESUME_TOLERANCE * (float(out.abs().max()) or 1.0)
-        if not bool(((heads - out).abs() <= tol).all()):
-            return (
-                f"layer {i}'s attention output is not the sum of its heads' z_h W_O[h] (a norm "
-                "after the attention), so a head's residual term is not its own"
-            )
-        # each entry at its own scale: where the residual is large (SmolLM2's massive activations)
-        # the difference of two of them keeps float32 rounding of their size, elsewhere not
-        tol = RESUME_TOLERANCE * (pre.abs() + post.abs() + float(step.abs().max()))
-        if not bool(((out + got[f"blocks.{i}.hook_mlp_out"] - step).abs() <= tol).all()):
-            return f"layer {i} writes more to the residual than hook_attn_out plus hook_mlp_out"
+        why = _why_not_writes(bridge, got, i)
+        if why is not None:
+            return why
     return _why_not_forks(bridge, tokens)
+
+
+def _why_not_writes(bridge: Any, got: dict[str, Tensor], i: int) -> str | None:
+    """The writers' half of :func:`check_edges`, for layer ``i``."""
+    attn = bridge.blocks[i].attn
+    z, out = got[f"blocks.{i}.attn.hook_z"], got[f"blocks.{i}.hook_attn_out"]
+    b_o = getattr(attn, "b_O", None)
+    heads = torch.einsum("bphd,hdm->bpm", z, attn.W_O) + (0 if b_o is None else b_o)
+    norm = post_norm_of(bridge, i, "attn")
+    with torch.no_grad():
+        heads = heads if norm is None else norm.norm(heads)
+    tol = RESUME_TOLERANCE * (float(out.abs().max()) or 1.0)
+    if not bool(((heads - out).abs() <= tol).all()):
+        return (
+            f"layer {i}'s attention output is not the sum of its heads' z_h W_O[h] (a norm "
+            "after the attention), so a head's residual term is not its own"
+            if norm is None
+            else f"layer {i}'s attention output is not its post-attention norm of the sum of its "
+            "heads' z_h W_O[h], so a head's term inside that norm is not its own"
+        )
+    mlp = post_norm_of(bridge, i, "mlp")
+    mlp_out = got[f"blocks.{i}.hook_mlp_out"]
+    if mlp is not None:
+        with torch.no_grad():
+            raw = mlp.norm(got[f"blocks.{i}.{mlp_hooks(bridge)[1]}"])
+        if not bool(
+            ((raw - mlp_out).abs() <= RESUME_TOLERANCE * (float(mlp_out.abs().max()) or 1.0)).all()
+        ):
+            return f"layer {i}'s MLP output is not its post-MLP norm of the MLP's own output"
+    pre, post = got[f"blocks.{i}.hook_resid_pre"], got[f"blocks.{i}.hook_resid_post"]
+    step = post - pre
+    # each entry at its own scale: where the residual is large (SmolLM2's massive activations)
+    # the difference of two of them keeps float32 rounding of their size, elsewhere not
+    tol = RESUME_TOLERANCE * (pre.abs() + post.abs() + float(step.abs().max()))
+    if not bool(((out + mlp_out - step).abs() <= tol).all()):
+        return f"layer {i} writes more to the residual than hook_attn_out plus hook_mlp_out"
+    return None
 
 
 AFTER_NORM = (

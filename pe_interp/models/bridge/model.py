@@ -16,7 +16,8 @@ ablation sweep stacks copies, :func:`probes.ablation.sweeps.sweep_stacked`; path
 bridge itself found it exact (:func:`~pe_interp.models.bridge.forward.resumes_exactly`: not BLOOM, whose
 ALiBi the bridge then drops); a forward returning class logits unembeds only the position it reads;
 edges need each head's residual term to be its own and per-head forks before the norm
-(:func:`~pe_interp.models.bridge.forward.check_edges`, a check on the bridge: not BLOOM, Gemma 2 or OLMo 2;
+(:func:`~pe_interp.models.bridge.forward.check_edges`, a check on the bridge: not BLOOM; a norm after
+the attention or the MLP, as in Gemma 2 and 3 and OLMo 2, is recomputed, :meth:`BridgedModel.post_norm`;
 grouped key/value heads get one k and one v reader per key/value head); and padding
 must be on the right (a causal model then never lets a pad reach a real token).
 
@@ -40,13 +41,15 @@ from pe_interp.models.bridge.forward import (
     check_hooks_from,
     keeps_logits,
     may_keep,
+    mlp_hooks,
+    post_norm_of,
     read_positions,
     resumes_exactly,
     skipping_blocks,
     why_no_edges,
 )
 from pe_interp.models.bridge.hf_arch import read_answers
-from pe_interp.models.protocol import KVLayout, Restart
+from pe_interp.models.protocol import KVLayout, PostNorm, Restart
 from pe_interp.util.checks import check_pad_mask_tensor, check_token_ids
 
 # Hugging Face model_type -> our name of the architecture (ModelConfig.arch, pe-interp train --arch)
@@ -79,11 +82,12 @@ class BridgeConfig:
     kv_source: str = "residual"
     attention_dir: str = "causal"
     parallel_attn_mlp: bool = False  # GPT-NeoX: a block's attention and MLP read the same input
-    # where the circuit probes read the embedding writer and an MLP's own input on a bridge: the
-    # layer-0 input (after BLOOM's embedding norm) and ln2's input (the bridge's hook_resid_mid is
-    # that too; the residual add reads its own copy)
+    # where the circuit probes read the embedding writer, an MLP's own input and its term on a
+    # bridge: the layer-0 input (after BLOOM's embedding norm, Gemma's scaling), ln2's input (the
+    # residual add reads its own copy) and hook_mlp_out, or as forward.mlp_hooks finds them
     embed_hook: str = "blocks.0.hook_resid_pre"
     mlp_in_hook: str = "ln2.hook_in"
+    mlp_out_hook: str = "hook_mlp_out"
     flags: Any = field(
         default=None, repr=False, compare=False
     )  # the bridge's own cfg, for the fork flags
@@ -158,6 +162,7 @@ class BridgedModel(nn.Module):
         kind = getattr(hf, "model_type", "?")
         arch = ARCH_OF.get(kind, kind)
         name, how = encoding_names(bridge, hf)
+        mlp_in, mlp_out = mlp_hooks(bridge)
         self.cfg = BridgeConfig(
             n_layers=c.n_layers,
             n_heads=c.n_heads,
@@ -177,6 +182,8 @@ class BridgedModel(nn.Module):
             encoding_name=f"{arch}: {name}",
             encoding_kind=how,
             parallel_attn_mlp=bool(getattr(c, "parallel_attn_mlp", False)),
+            mlp_in_hook=mlp_in,
+            mlp_out_hook=mlp_out,
             flags=c,
         )
         self._resumes = resumes_exactly(bridge, c.d_vocab)  # one 7-token forward, here
@@ -238,6 +245,11 @@ class BridgedModel(nn.Module):
                 f"{self.cfg.encoding_name}: {why}; so edge attribution, path patching and "
                 "circuits do not run on it (node attribution, ablation and patching do)"
             )
+
+    def post_norm(self, layer: int, branch: str) -> PostNorm | None:
+        """The Hugging Face norm after block ``layer``'s ``branch`` (``"attn"``, ``"mlp"``), None
+        where there is none (:func:`~pe_interp.models.bridge.forward.post_norm_of`)."""
+        return post_norm_of(self.bridge, layer, branch)
 
     def set_use_split_qkv_input(self, on: bool) -> None:
         self.bridge.set_use_split_qkv_input(on)

@@ -339,6 +339,9 @@ class HookedPETransformer(HookedRootModule):
         """Nothing to refuse: every fork of ours carries an edge exactly (each head's q/k/v input
         and ``hook_mlp_in`` fork before the norm that reads them)."""
 
+    def post_norm(self, layer: int, branch: str) -> None:
+        """None: each block adds its attention's and its MLP's output to the residual as they are."""
+
     def set_use_attn_result(self, use_attn_result: bool) -> None:
         """Fire ``attn.hook_result`` (each head's output ``z_h W_O[h]``), as in TransformerLens."""
         self._set_flag("use_attn_result", use_attn_result)
