@@ -12,8 +12,9 @@ import torch
 from circuit_env import FN, random_model, random_pairs
 
 from probes.ablation import resample_sources
-from probes.circuits.edge_ablation import EdgeEvaluator, ablated_metric
+from probes.circuits.edge_ablation import ablated_metric
 from probes.circuits.engine import as_pair, capture, contributions, writer_hooks
+from probes.circuits.evaluator import EdgeEvaluator
 from probes.circuits.graph import build_graph
 from probes.common.inputs import position_permutation
 from probes.common.replace import ZeroReplacement, replacement

@@ -31,8 +31,9 @@ from pe_interp.models.protocol import PostNorm
 from pe_interp.tasks.batch import Batch, CounterfactualPairs
 from probes import attribute, path_patch
 from probes.circuits.circuit_record import circuit_from_mask
-from probes.circuits.edge_ablation import EdgeEvaluator, ablated_metric
+from probes.circuits.edge_ablation import ablated_metric
 from probes.circuits.engine import as_pair, capture, contributions, pair_labels, writer_hooks
+from probes.circuits.evaluator import EdgeEvaluator
 from probes.circuits.faithfulness import faithfulness_curve
 from probes.circuits.graph import build_graph, parse
 from probes.circuits.runs import resolve

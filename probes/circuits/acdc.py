@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from probes.circuits.edge_ablation import EdgeEvaluator, has_gap, unit_span_names
 from probes.circuits.engine import resolve
+from probes.circuits.evaluator import EdgeEvaluator, has_gap, unit_span_names
 from probes.circuits.paths import backward_through, prune
 from probes.circuits.selection import Circuit, circuit_from_mask
 

@@ -9,7 +9,7 @@ with positions summed). For a node or edge with activation ``a``, every method e
 where "other" is the corrupt run's activation (``corrupt`` given), or with ``corrupt=None`` what
 the :class:`probes.common.replace.Replacement` that ``ablation`` names puts at the writer hooks:
 zero or the mean over a reference set (zero or mean ablation, so the effect is the drop the
-ablation causes; :func:`probes.circuits.edge_ablation.edge_replacement` builds it once). The
+ablation causes; :func:`probes.circuits.evaluator.edge_replacement` builds it once). The
 metric ``m`` is per example (``"logprob"`` of the clean label, ``"logit_diff"`` between the clean
 and the corrupt label, ``"logit"``, or ``fn(logits, clean_labels, corrupt_labels) -> [n]``);
 scores are means over examples.
@@ -72,8 +72,8 @@ from torch import Tensor
 from pe_interp.util.modes import eval_mode
 from probes.circuits.alignment import moved
 from probes.circuits.attribution_chunk import attribute_chunk
-from probes.circuits.edge_ablation import edge_replacement
 from probes.circuits.engine import as_pair, forks, mean_metric, pair_labels, resolve
+from probes.circuits.evaluator import edge_replacement
 from probes.circuits.graph import build_graph, check_kv_view, parse
 from probes.circuits.post_norm import LINEARISATION, post_norms
 from probes.circuits.scores import Attribution, span_ids

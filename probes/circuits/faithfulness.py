@@ -23,13 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from probes.circuits.edge_ablation import (
-    ABLATIONS,
-    EdgeEvaluator,
-    ablated_metric,
-    has_gap,
-    unit_span_names,
-)
+from probes.circuits.edge_ablation import ablated_metric
+from probes.circuits.evaluator import ABLATIONS, EdgeEvaluator, has_gap, unit_span_names
 from probes.circuits.graph import Graph, build_graph
 from probes.circuits.scores import Attribution
 from probes.circuits.selection import Circuit, Ranking, curve_area, default_sizes, rank_edges

@@ -58,8 +58,9 @@ import numpy as np
 import torch
 
 from pe_interp.util.modes import eval_mode
-from probes.circuits.edge_ablation import EdgeEvaluator, ablated_metric, has_gap, unit_span_names
+from probes.circuits.edge_ablation import ablated_metric
 from probes.circuits.engine import resolve
+from probes.circuits.evaluator import EdgeEvaluator, has_gap, unit_span_names
 from probes.circuits.selection import SELECTIONS, Ranking, order_units
 from probes.common.inputs import check_count
 
