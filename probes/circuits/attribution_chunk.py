@@ -182,14 +182,8 @@ def attribute_chunk(
     a_clean = capture(model, clean, W)[0] if base is not clean else None
     if other is not None and base is not other:
         a_other = align(capture(model, other, W)[0], sigma)
-    variants = [()] + (
-        [
-            tuple(f"blocks.{layer}.{h}" for h in ("hook_attn_out", "hook_mlp_out"))
-            for layer in range(graph.n_layers)
-        ]
-        if method == "atp*"
-        else []
-    )
+    # atp*: GradDrop's variants, each with one block's outputs detached
+    variants = [()] + (_dropped_blocks(graph) if method == "atp*" else [])
     results, patterns = [], []
     pattern_names = [n for n in extra if "pattern" in n]
     for drop in variants:  # one gradient at a time: the readers' gradients are large
@@ -220,15 +214,29 @@ def attribute_chunk(
         with torch.no_grad():
             contrib = _terms(model, graph, delta, base_acts)
             qk = _qk_fix(model, graph, base, base_acts, contrib, patterns, sign, rows)
-        for v, e in enumerate(results):  # replace the linearised q/k edges (positions summed)
-            for (layer, c), t in qk.items():
-                names = graph.fork_readers(layer, c)
-                if len(names) < graph.n_heads:  # a key/value head: the sum over its query heads
-                    t = t.view(*t.shape[:2], len(names), -1).sum(-1)
-                idx = [graph.reader_index(r) for r in names]
-                e[idx, : t.shape[1]] = 0.0
-                e[idx, : t.shape[1], 0] = t[v].T
+        _put_qk(graph, results, qk)
     return results
+
+
+def _dropped_blocks(graph: Graph) -> list[tuple[str, ...]]:
+    """AtP*'s GradDrop: per layer, the hooks of that block's outputs, detached in one variant."""
+    return [
+        tuple(f"blocks.{layer}.{h}" for h in ("hook_attn_out", "hook_mlp_out"))
+        for layer in range(graph.n_layers)
+    ]
+
+
+def _put_qk(graph: Graph, results: list[Tensor], qk: dict) -> None:
+    """Replace each variant's linearised q/k edges by :func:`_qk_fix`'s (positions summed; a
+    key/value head's the sum over its query heads), in place."""
+    for v, e in enumerate(results):
+        for (layer, c), t in qk.items():
+            names = graph.fork_readers(layer, c)
+            if len(names) < graph.n_heads:  # a key/value head: the sum over its query heads
+                t = t.view(*t.shape[:2], len(names), -1).sum(-1)
+            idx = [graph.reader_index(r) for r in names]
+            e[idx, : t.shape[1]] = 0.0
+            e[idx, : t.shape[1], 0] = t[v].T
 
 
 def _eap_ig(model: ProbeModel, graph, clean, other, grad_names, metric, steps, rows, edges, bins):

@@ -158,9 +158,17 @@ def circuit_svg(
             f"<path class='edge' d='{d}' stroke='{color}' stroke-width='{stroke:.2f}'{dash} data-tip='{esc}'>"
             f"<title>{html.escape(tip)}</title></path>"
         )
+    parts += _node_marks(c, nodes, xy, mag, highlight)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _node_marks(c: Any, nodes: list[str], xy: dict, mag: np.ndarray, highlight: str | None) -> list:
+    """Each node's circle and name, its tip the score of the edges into it."""
     incoming: dict[str, float] = {}
     for (_, r), m in zip(c.edges, mag):
         incoming[r.split(".")[0]] = incoming.get(r.split(".")[0], 0.0) + float(m)
+    parts = []
     for n in nodes:
         x, y = xy[n]
         kind = parse(n).kind
@@ -178,8 +186,7 @@ def circuit_svg(
             f"<circle cx='{x:.1f}' cy='{y:.1f}' r='9' fill='{fill}'/>"
             f"<text x='{x:.1f}' y='{y - 13:.1f}' text-anchor='middle'>{html.escape(n)}</text></g>"
         )
-    parts.append("</svg>")
-    return "".join(parts)
+    return parts
 
 
 def circuit_summary(c: Any) -> str:
