@@ -206,6 +206,8 @@ def test_cli_faithful_keeps_the_smallest_circuit_that_reaches_it(smoke_run, caps
             "atp",
             "--faithful",
             "0.8",
+            "--tolerance",
+            "0",
             "--out",
             str(tmp_path),
         ]
@@ -242,6 +244,10 @@ def test_cli_faithful_keeps_the_smallest_circuit_that_reaches_it(smoke_run, caps
         ]
     )
     assert whole == 0 and Circuit.load(tmp_path / "w" / "circuit.json").spans is None
+    f = Circuit.load(tmp_path / "w" / "circuit.json").faithfulness  # the default: 2% apart
+    below = [n for n, r in zip(f["sizes"], f["recovered"]) if n < f["prefix"] and r < 0.8]
+    assert f["tolerance"] == 0.02 and f["prefix"] - max(below) <= max(1, 0.02 * f["prefix"])
+    assert f["kept"] >= 0.8 and f["forwards"] == len(f["sizes"])
 
 
 def test_cli_learned_ranks_by_learnt_masks_and_keeps_family_scores(smoke_run, capsys, tmp_path):

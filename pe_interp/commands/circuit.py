@@ -37,12 +37,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from pe_interp.commands.circuit_head import top_head
+from pe_interp.commands.circuit_head import Phases, read_route
 from pe_interp.commands.circuit_page import body_html
 from pe_interp.commands.options import add_device_flag, add_model_dir_flags, seed_type
 
@@ -165,7 +164,6 @@ def circuit_run(
     ``progress``: each phase's line, and bars with an ETA for the long ones, on stderr."""
     from probes import family_attributions
     from probes.circuits import rank_edges
-    from probes.circuits.route import head_route
 
     select = _check_args(
         top_n, n, faithful, method, sparsity, budget, positional, aligned, counterfactual, select
@@ -181,7 +179,7 @@ def circuit_run(
         task.spans(held_out.clean)
     kinds = ["position", "content"] + ([counterfactual] if counterfactual == "both" else [])
     scorer = "eap-ig" if method == "learned" else method
-    say = _Phases(progress)
+    say = Phases(progress)
     say(
         f"edge scores ({scorer}{', aligned' if aligned else ''}) on {n} pairs of {', '.join(kinds)}"
     )
@@ -217,22 +215,19 @@ def circuit_run(
     c = _kept(
         model, ranking, held_out, faithful, top_n, n, spans, metric, aligned, tolerance, progress
     )
-    say("the head whose route is read" + (" (given)" if route_head else ": sampled head ablation"))
-    (layer, head), why = route_head or top_head(run, progress=progress)
-    routed = None
-    if route:
-        say(f"the route into L{layer}H{head}: exact path patching")
-        routed = head_route(
-            model,
-            task,
-            (layer, head),
-            n=n,
-            seed=seed,
-            metric=metric,
-            attributions={k: fams[k] for k in ("position", "content")},
-            kv_view=kv_view,
-            progress=progress,
-        )
+    (layer, head), why, routed = read_route(
+        model,
+        task,
+        run,
+        fams,
+        route_head,
+        route,
+        say,
+        n=n,
+        seed=seed,
+        metric=metric,
+        kv_view=kv_view,
+    )
     say(None)
     meta = _meta(c, ranking, (layer, head), why, routed, counterfactual, n, seed, model, aligned)
     c.faithfulness["n_pairs"] = n
@@ -297,23 +292,6 @@ def _learned(
     return dataclasses.replace(
         learned, scores=ranking.scores, meta={**ranking.meta, **learned.meta}
     )
-
-
-class _Phases:
-    """Each phase's line on stderr as it starts, and the seconds the one before took."""
-
-    def __init__(self, enabled: bool):
-        self.enabled, self.t0, self.last = enabled, time.perf_counter(), None
-
-    def __call__(self, text: str | None) -> None:
-        if not self.enabled:
-            return
-        now = time.perf_counter()
-        if self.last is not None:
-            print(f"  {self.last}: {now - self.t0:.0f} s", file=sys.stderr, flush=True)
-        if text is not None:
-            print(f"{text} ...", file=sys.stderr, flush=True)
-        self.t0, self.last = now, text
 
 
 def _kept(

@@ -1,13 +1,51 @@
 """The head whose route ``pe-interp circuit`` studies: the single-head deposit of the run's
 ``ablation.json``, else its layer-concentration head, else the head whose ablation hurts most;
-without that file, the largest exact drop among the heads that a sampled sweep ranks first.
+without that file, the largest exact drop among the heads that a sampled sweep ranks first. And
+the route into it (:func:`read_route`), and the command's phase lines (:class:`Phases`).
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
-__all__ = ["top_head"]
+__all__ = ["Phases", "read_route", "top_head"]
+
+
+class Phases:
+    """Each phase's line on stderr as it starts, and the seconds the one before took."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.t0, self.last = enabled, time.perf_counter(), None
+
+    def __call__(self, text: str | None) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if self.last is not None:
+            print(f"  {self.last}: {now - self.t0:.0f} s", file=sys.stderr, flush=True)
+        if text is not None:
+            print(f"{text} ...", file=sys.stderr, flush=True)
+        self.t0, self.last = now, text
+
+
+def read_route(model, task, run, fams, route_head, route: bool, say: Phases, **how):
+    """``((layer, head), where it comes from, its route)``: ``route_head`` or :func:`top_head`'s,
+    and the exact route into it (:func:`probes.circuits.route.head_route` on ``how``'s ``n``,
+    ``seed`` and ``metric``, with ``fams``' estimates), None without ``route``."""
+    from probes.circuits.route import head_route
+
+    say("the head whose route is read" + (" (given)" if route_head else ": sampled head ablation"))
+    (layer, head), why = route_head or top_head(run, progress=say.enabled)
+    if not route:
+        return (layer, head), why, None
+    say(f"the route into L{layer}H{head}: exact path patching")
+    attributions = {k: fams[k] for k in ("position", "content")}
+    routed = head_route(
+        model, task, (layer, head), attributions=attributions, progress=say.enabled, **how
+    )
+    return (layer, head), why, routed
 
 
 def top_head(run, n: int = 1000, progress: bool = False) -> tuple[tuple[int, int], str]:

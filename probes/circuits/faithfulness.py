@@ -232,34 +232,9 @@ def minimal_circuit(
     )
     search = _Search(r, ev, target, progress)
     hi = search.run(points, per_round, tolerance)
-    seen, full, empty = search.seen, search.full, search.empty
-    sizes = sorted(seen)
-    kept = [seen[n][0] for n in sizes]
-    rec = [seen[n][1] for n in sizes]
     c = r.circuit(hi)
-    faith = {
-        "target": float(target),
-        "kept": seen[hi][1],
-        "size": seen[hi][0],
-        "prefix": int(hi),
-        "metric_kept": seen[hi][2],
-        "sizes": sizes,
-        "kept_sizes": kept,
-        "recovered": rec,
-        "metric": [seen[n][2] for n in sizes],
-        "full": full,
-        "empty": empty,
-        "area": curve_area(kept, rec, r.total),
-        "total_edges": r.total,
-        "ablation": ev.ablation,
-        "aligned": bool(aligned),
-        "select": r.select,
-        "positional": r.positional,
-        "n_pairs": len(ev.c),
-        "tolerance": float(tolerance),
-        "forwards": search.forwards,
-    }
     c.meta["selection"].update({"target": float(target)})
+    faith = search.record(hi, ablation=ev.ablation, aligned=aligned, tolerance=tolerance)
     return Circuit(**{**c.__dict__, "faithfulness": faith})
 
 
@@ -281,6 +256,36 @@ class _Search:
         self.seen: dict[int, tuple[int, float, float]] = {
             0: (0, 0.0 if gap else float("nan"), self.empty),
             r.total: (int(r.keep(r.total).sum()), 1.0 if gap else float("nan"), self.full),
+        }
+
+    def record(self, hi: int, **how: Any) -> dict[str, Any]:
+        """:func:`minimal_circuit`'s ``faithfulness`` for the prefix ``hi``: its own, the curve
+        measured, and ``how`` it was measured."""
+        seen, r = self.seen, self.r
+        sizes = sorted(seen)
+        kept = [seen[n][0] for n in sizes]
+        rec = [seen[n][1] for n in sizes]
+        return {
+            "target": float(self.target),
+            "kept": seen[hi][1],
+            "size": seen[hi][0],
+            "prefix": int(hi),
+            "metric_kept": seen[hi][2],
+            "sizes": sizes,
+            "kept_sizes": kept,
+            "recovered": rec,
+            "metric": [seen[n][2] for n in sizes],
+            "full": self.full,
+            "empty": self.empty,
+            "area": curve_area(kept, rec, r.total),
+            "total_edges": r.total,
+            "ablation": how["ablation"],
+            "aligned": bool(how["aligned"]),
+            "select": r.select,
+            "positional": r.positional,
+            "n_pairs": len(self.ev.c),
+            "tolerance": float(how["tolerance"]),
+            "forwards": self.forwards,
         }
 
     def _advance(self, n: int, total: int | None = None) -> None:
