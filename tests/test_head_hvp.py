@@ -11,6 +11,7 @@ from circuit_env import inputs, random_model
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from probes import ablate_heads
+from probes.ablation import Attribution
 from probes.ablation.ranking import hvp_probes, rank_heads
 
 
@@ -105,8 +106,38 @@ def test_on_a_quadratic_metric_the_second_order_estimate_is_the_exact_drop(metho
     np.testing.assert_array_equal(est["flagged"], rel > 1)
 
 
+def test_screen_flag_fix_verifies_the_top_and_the_flagged_heads():
+    """``Attribution(path="hvp")``: the top ``verify_top`` by the second-order estimate, then the
+    flagged heads by their second-order term (all, or ``verify_flagged``), each with its exact drop."""
+    model = random_model("rope", n_heads=4)
+    tokens, labels, pad = inputs(24)
+    kw = dict(pad_mask=pad, metric="loss", n_bootstrap=0)
+    grid = ablate_heads(model, tokens, labels, **kw)
+    est = rank_heads(model, tokens, labels, pad, surrogate="loss", steps=2, path="hvp")
+    flagged = [tuple(h) for h in np.argwhere(est["flagged"])]
+    assert 0 < len(flagged) < grid.drops.size - 2  # some flagged, not all: the test has a choice
+    for cap in (None, 1):
+        res = ablate_heads(
+            model, tokens, labels, engine=Attribution(2, "hvp", 2, verify_flagged=cap), **kw
+        )
+        top = sorted(np.ndindex(grid.drops.shape), key=lambda h: -est["estimate"][h])[:2]
+        rest = [h for h in flagged if h not in top]
+        rest = sorted(rest, key=lambda h: -abs(est["second_order"][h]))[: cap or len(rest)]
+        assert [tuple(h) for h in res.meta["verified"]] == top + rest
+        assert [tuple(h) for h in res.meta["verified_flagged"]] == rest
+        assert [tuple(h) for h in res.meta["flagged"]] == flagged
+        for h in top + rest:
+            assert res.drops[h] == pytest.approx(grid.drops[h], abs=1e-12)
+        assert np.isnan(res.drops).sum() == grid.drops.size - len(top + rest)
+        np.testing.assert_allclose(res.meta["attribution"], est["estimate"], rtol=1e-6)
+
+
 def test_hvp_options_are_refused_at_the_door():
     model = random_model("rope")
     tokens, labels, pad = inputs(4)
     with pytest.raises(ValueError, match="steps must be at most 6"):
         rank_heads(model, tokens, labels, pad, steps=7, path="hvp")
+    with pytest.raises(ValueError, match="verify_flagged is for path 'hvp'"):
+        Attribution(verify_flagged=2)
+    with pytest.raises(ValueError, match="verify_flagged must be None or an integer"):
+        Attribution(path="hvp", verify_flagged=-1)
