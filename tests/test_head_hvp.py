@@ -33,22 +33,25 @@ def scaled_logprob(model, tokens, pad, labels, scale):
     return logprob(out, labels)
 
 
-def curvature(model, tokens, labels, pad, steps, seed=0):
+def curvature(model, tokens, labels, pad, steps, seed=0, batch_size=None):
     """``q`` per example ``[n, L, H]``: twice what ``"hvp"`` adds to AtP's change."""
     kw = dict(surrogate="logprob", seed=seed)
-    second = rank_heads(model, tokens, labels, pad, steps=steps, path="hvp", **kw)
+    second = rank_heads(
+        model, tokens, labels, pad, steps=steps, path="hvp", batch_size=batch_size, **kw
+    )
     first = rank_heads(model, tokens, labels, pad, steps=1, path="clean", **kw)
     return 2 * (second["per_example_change"] - first["per_example_change"]), second
 
 
-@pytest.mark.parametrize("steps", [1, 4])
-def test_the_hvp_term_is_torch_hvp_along_the_probes(steps):
+@pytest.mark.parametrize("steps,batch_size", [(1, None), (4, None), (4, 2)])
+def test_the_hvp_term_is_torch_hvp_along_the_probes(steps, batch_size):
     """Per example and head, ``q_h`` is the probe's ``v_h (H v)_h`` summed over probes, with
-    ``H v`` from ``torch.autograd.functional.hvp`` of the scaled model at every head live."""
+    ``H v`` from ``torch.autograd.functional.hvp`` of the scaled model at every head live (also
+    with 2 rows a pass: one example, two probes at a time)."""
     model = random_model("rope")
     tokens, labels, pad = inputs(6)
     n, L, H = len(tokens), model.cfg.n_layers, model.cfg.n_heads
-    q, _ = curvature(model, tokens, labels, pad, steps, seed=3)
+    q, _ = curvature(model, tokens, labels, pad, steps, seed=3, batch_size=batch_size)
     probes = hvp_probes(n, L, H, steps, 3)
     f = lambda a: scaled_logprob(model, tokens, pad, labels, a).sum()  # noqa: E731
     want = torch.zeros(n, L, H, dtype=torch.float64)

@@ -153,6 +153,7 @@ def rank_heads(
                     other_of,
                     surrogate,
                     probes[:, sl],
+                    rows,
                 )
                 continue
             base[sl], change[sl] = _chunk_change(
@@ -237,13 +238,28 @@ def _chunk_second_order(
     other_of: Replacement,
     surrogate: Any,
     probes: Tensor,
+    rows: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One chunk of examples at the clean point (``path="hvp"``): the clean value ``[b]``, each
     head's first-order change ``-g_h`` ``[b, L, H]`` and its curvature ``q_h = v_h (H v)_h`` summed
-    over the ``probes`` ``[P, b, L, H]`` (one copy of the chunk each; module docstring)."""
+    over the ``probes`` ``[P, b, L, H]`` (one copy of the chunk each, at most ``rows`` rows a pass;
+    module docstring)."""
+    base, other = _clean_and_other(model, toks, pm, lab, c0, other_of, surrogate)
+    per = max(1, rows // len(toks))  # probes a pass
+    first, curvature = None, torch.zeros(probes.shape[1:], dtype=torch.float64)
+    for p0 in range(0, len(probes), per):
+        g, q = _probe_pass(model, toks, pm, lab, other, surrogate, probes[p0 : p0 + per])
+        first, curvature = -g if first is None else first, curvature + q
+    return base, first, curvature
+
+
+def _probe_pass(
+    model: ProbeModel, toks: Tensor, pm: Tensor, lab: Tensor, other: dict, surrogate: Any, probes
+) -> tuple[Tensor, Tensor]:
+    """``g = dm/da`` ``[b, L, H]`` at every head live, and ``sum_p v_p (H v_p)`` over ``probes``
+    ``[P, b, L, H]``: one forward of ``P`` copies of the chunk, a backward and one more."""
     L, H, P = model.cfg.n_layers, model.cfg.n_heads, len(probes)
     b = len(toks)
-    base, other = _clean_and_other(model, toks, pm, lab, c0, other_of, surrogate)
     v = probes.reshape(P * b, L, H).to(device=toks.device, dtype=model.W_E.dtype)
     scale = torch.ones_like(v, requires_grad=True)  # every head live, in every copy
 
@@ -260,9 +276,9 @@ def _chunk_second_order(
         m = _per_example(surrogate, out, lab.repeat(P))
         (g,) = torch.autograd.grad(m.sum(), scale, create_graph=True)  # rows are independent
         (hv,) = torch.autograd.grad((g * v).sum(), scale)  # H v, per row
-    first = -g.detach().view(P, b, L, H)[0]  # the same in every copy
+    g0 = g.detach().view(P, b, L, H)[0]  # the same in every copy
     curvature = (v * hv).view(P, b, L, H).sum(0)  # each head is in one probe only
-    return base, first.double().cpu(), curvature.double().cpu()
+    return g0.double().cpu(), curvature.double().cpu()
 
 
 def _chunk_change(
