@@ -74,9 +74,13 @@ class Attribution:
         )
 
 
-def _verified(units: list, est: dict[str, Any], verify_top: int, verify_flagged: int | None):
-    """The heads to ablate exactly: the top ``verify_top`` by estimate (ties by the tiebreak), then
-    (``"hvp"``) the flagged heads among ``units`` not yet in, largest second-order term first."""
+def screen_flag_fix(
+    units: list, est: dict[str, Any], verify_top: int, verify_flagged: int | None
+) -> tuple[list, list]:
+    """The heads to ablate exactly, and the flagged ones among them: the top ``verify_top`` of
+    ``units`` by :func:`probes.ablation.ranking.rank_heads`' estimate ``est`` (ties by the tiebreak),
+    then (``"hvp"``) up to ``verify_flagged`` (None: all) of its flagged heads not yet in, largest
+    second-order term first."""
     grid, tie = est["estimate"], est["tiebreak"]
     heads = [u[0] for u in units]
     order = sorted(heads, key=lambda h: (-grid[h], -tie[h]))[:verify_top]
@@ -124,7 +128,7 @@ def attribution_engine(
         batch_size=req.batch_size,
     )
     grid, tie = est["estimate"], est["tiebreak"]
-    order, fixed = _verified(req.units, est, verify_top, verify_flagged)
+    order, fixed = screen_flag_fix(req.units, est, verify_top, verify_flagged)
     exact = exact_engine(dataclasses.replace(req, units=[(h,) for h in order], grid=False))
     L, H = req.model.cfg.n_layers, req.model.cfg.n_heads
 
@@ -167,4 +171,4 @@ def attribution_engine(
     )
 
 
-__all__ = ["Attribution", "attribution_engine"]
+__all__ = ["Attribution", "attribution_engine", "screen_flag_fix"]
