@@ -86,9 +86,11 @@ def evaluate(run_dir: str, args) -> None:
     exact = scored["exact (path patching)"][0].scores
     total = int((~np.isnan(exact)).sum())
     sizes = sorted({int(round(x * total)) for x in [0.0, *args.shares, 1.0]})
+    gap = scored["atp"][0]
     print(
         f"\n{model.cfg.encoding_name} {task.name} ({run_dir}): {total} edges; {args.family} pairs, "
-        f"{args.n} to score (seed 0), {args.n} held out (seed 1); margin"
+        f"{args.n} to score (seed 0; margin clean {gap.clean_metric:+.3f}, corrupt "
+        f"{gap.corrupt_metric:+.3f}), {args.n} held out (seed 1)"
     )
     print(
         f"| screen | time | rho with exact | recall of exact top {args.top} | signs right | "
