@@ -143,31 +143,13 @@ def rank_heads(
         )
         for c0 in range(0, n, chunk):
             sl = slice(c0, c0 + chunk)
+            part = (model, tokens[sl], pad_mask[sl], labels[sl], c0, other_of, surrogate)
             if probes is not None:
                 base[sl], change[sl], curvature[sl] = _chunk_second_order(
-                    model,
-                    tokens[sl],
-                    pad_mask[sl],
-                    labels[sl],
-                    c0,
-                    other_of,
-                    surrogate,
-                    probes[:, sl],
-                    rows,
+                    *part, probes[:, sl], rows
                 )
-                continue
-            base[sl], change[sl] = _chunk_change(
-                model,
-                tokens[sl],
-                pad_mask[sl],
-                labels[sl],
-                c0,
-                other_of,
-                surrogate,
-                alphas,
-                weights,
-                groups,
-            )
+            else:
+                base[sl], change[sl] = _chunk_change(*part, alphas, weights, groups)
     if probes is None:
         return _summary(surrogate, base, change, steps, path)
     return {
