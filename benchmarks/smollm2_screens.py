@@ -304,7 +304,9 @@ def main() -> None:
     drops = np.asarray(grid.drops)
     top = [int(i) for i in np.argsort(-drops, axis=None, kind="stable")[:10]]
     top_heads = [divmod(i, H) for i in top]
-    print(f"exhaustive grid: {t_grid:.1f} s; its top 10 {top_heads}")
+    print(
+        f"exhaustive grid: {t_grid:.1f} s (load {os.getloadavg()[0]:.1f}); its top 10 {top_heads}"
+    )
 
     screens: dict[str, np.ndarray] = {}
     times: dict[str, float] = {}
@@ -333,6 +335,9 @@ def main() -> None:
     )
     screen_rows(screens, times, verify, t_grid, top, H, args.max_verify)
     flag_fix_rows(hvp, verify, t_grid, top_heads, drops, screens["clean"], H)
+    print(
+        f"load at the end {os.getloadavg()[0]:.1f} (the grid's time is the baseline of every ratio)"
+    )
 
 
 if __name__ == "__main__":
