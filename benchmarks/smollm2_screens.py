@@ -257,7 +257,7 @@ def screen_rows(screens, times, verify, t_grid, top, H, max_verify) -> None:
             )
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="a converted SmolLM2 directory")
     ap.add_argument("--n", type=int, default=16)
@@ -267,7 +267,31 @@ def main() -> None:
     ap.add_argument("--probes", default="1", help="the hvp screens' probe counts (comma list)")
     ap.add_argument("--diagonal", action="store_true", help="also one head a probe (slow)")
     ap.add_argument("--no-qk", action="store_true", help="skip the QK fix (a slow diagnostic)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def load(path: Path, n: int):
+    """The bridged model and ``n`` induction prompts (seed 0), checked; the machine line printed."""
+    from pe_interp.models.bridge.hf_arch import boot_bridge
+    from pe_interp.models.bridge.model import BridgedModel
+    from pe_interp.prompts import make_family
+    from pe_interp.util.hardware import cpu_has_bf16
+    from probes.common.inputs import check_examples
+
+    bridge = boot_bridge(path)
+    ps = make_family("induction", bridge.tokenizer).sample(n, seed=0)
+    model = BridgedModel(bridge, pad_id=ps.pad_id)
+    tokens, labels, pad_mask = check_examples(model, ps.tokens, ps.labels, ps.pad_mask, who="bench")
+    print(
+        f"SmolLM2-135M ({path}); {cpu_name()}, {torch.get_num_threads()} threads, avx512_bf16 "
+        f"{cpu_has_bf16()}, load {os.getloadavg()[0]:.1f}; float32; {n} induction prompts of "
+        f"{tokens.shape[1]} tokens; metric loss"
+    )
+    return model, ps, tokens, labels, pad_mask
+
+
+def main() -> None:
+    args = parse_args()
     path = find_smollm2(args.model)
     if path is None:
         print(
@@ -277,24 +301,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from pe_interp.models.bridge.hf_arch import boot_bridge
-    from pe_interp.models.bridge.model import BridgedModel
-    from pe_interp.prompts import make_family
-    from pe_interp.util.hardware import cpu_has_bf16
     from probes import ablate_heads
     from probes.ablation.ranking import rank_heads
-    from probes.common.inputs import check_examples
 
-    bridge = boot_bridge(path)
-    ps = make_family("induction", bridge.tokenizer).sample(args.n, seed=0)
-    model = BridgedModel(bridge, pad_id=ps.pad_id)
-    tokens, labels, pad_mask = check_examples(model, ps.tokens, ps.labels, ps.pad_mask, who="bench")
+    model, ps, tokens, labels, pad_mask = load(path, args.n)
     H = model.cfg.n_heads
-    print(
-        f"SmolLM2-135M ({path}); {cpu_name()}, {torch.get_num_threads()} threads, avx512_bf16 "
-        f"{cpu_has_bf16()}, load {os.getloadavg()[0]:.1f}; float32; {args.n} induction prompts of "
-        f"{tokens.shape[1]} tokens; metric loss"
-    )
     kw = dict(pad_mask=ps.pad_mask, metric="loss", n_bootstrap=0)
 
     def verify(heads: list[tuple[int, int]]):
