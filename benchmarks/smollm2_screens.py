@@ -24,9 +24,20 @@ One run, one process, metric ``loss`` on ``--n`` induction prompts (seed 0, as
      layers in float64, every difference taken from that recomputation, checked against the
      bridge's ``hook_pattern`` first (a model whose
      recomputation differs by more than 1e-4 stops the run). A diagnostic, written plainly:
-     its time is reported, not optimised.
+     its time is reported, not optimised (``--no-qk`` skips it);
+   - ``hvp, P probes``: the clean point's second-order estimate (``rank_heads(path="hvp",
+     steps=P)``, ``--probes``: AtP plus half the Hessian's diagonal in each head's scale, from P
+     Hessian-vector products of random-sign probes, after Zhang & Wang 2026, arXiv 2606.09899);
+     ``hvp, diagonal`` (``--diagonal``, slow: one probe a head): the exact diagonal, what any
+     number of probes tends to.
 
-    python benchmarks/smollm2_screens.py [--n 16] [--threads 2] [--max-verify 60]
+4. Screen-Flag-Fix (``Attribution(path="hvp", verify_top=k, verify_flagged=f)``): each hvp
+   screen's top k and up to f of the heads it flags (second-order term above the first) verified
+   exactly: recall of the grid's top 10 and time (the screen's plus the verification's); then what
+   each made of the top-10 heads AtP signs the wrong way (estimate, reliability, flag).
+
+    python benchmarks/smollm2_screens.py [--n 16] [--threads 2] [--max-verify 60] [--probes 1]
+        [--diagonal] [--no-qk]
 """
 
 from __future__ import annotations
@@ -159,14 +170,128 @@ def qk_fix(path: Path, model, tokens, labels, pad_mask) -> np.ndarray:
     return -corr  # a rise of the log-probability is a fall of the loss
 
 
-def main() -> None:
+def hvp_screens(model, tokens, labels, pad_mask, args) -> dict[str, tuple[dict, float]]:
+    """``rank_heads(path="hvp")`` with each ``--probes`` count (and one head a probe with
+    ``--diagonal``): its result and time (median of ``--repeats``; the diagonal once)."""
+    from probes.ablation.ranking import rank_heads
+
+    n_heads = model.cfg.n_layers * model.cfg.n_heads
+    counts = [int(p) for p in args.probes.split(",") if p] + ([n_heads] if args.diagonal else [])
+    out = {}
+    for p in counts:
+        name = "hvp, diagonal" if p == n_heads else f"hvp, {p} probe{'s' * (p > 1)}"
+        rows = 32 if p == n_heads else None  # rows a pass: 32 probes of one example (memory)
+        out[name] = timed(
+            lambda p=p, rows=rows: rank_heads(
+                model,
+                tokens,
+                labels,
+                pad_mask,
+                surrogate="loss",
+                steps=p,
+                path="hvp",
+                batch_size=rows,
+            ),
+            1 if p == n_heads else args.repeats,
+        )
+    return out
+
+
+def flag_fix_rows(hvp, verify, t_grid, top_heads, drops, clean, H) -> None:
+    """Screen-Flag-Fix (module docstring, 4.): each "hvp" screen's top k and flagged heads
+    verified exactly, for k and the flagged heads' cap f; then what it made of the heads AtP signs
+    the wrong way among the grid's top 10."""
+    from probes.ablation.attribution import screen_flag_fix
+
+    units = [((layer, h),) for layer in range(drops.shape[0]) for h in range(H)]
+    print(
+        "| screen | screen time | flagged (of the top 10) | k | f | verified | recall of the top 10 "
+        "| engine time | less time |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, (est, t_screen) in hvp.items():
+        flagged = est["flagged"]
+        n_top = sum(bool(flagged[h]) for h in top_heads)
+        for k, f in ((10, 0), (10, 5), (10, 10), (5, 5), (5, 10)):
+            order, _ = screen_flag_fix(units, est, k, f)
+            _, t_v = timed(lambda o=order: verify(o))
+            t = t_screen + t_v
+            recall = len(set(order) & set(top_heads)) / 10
+            print(
+                f"| {name} | {t_screen:.1f} s | {int(flagged.sum())} ({n_top}) | {k} | {f} | "
+                f"{len(order)} | {recall:.1f} | {t:.1f} s | {t_grid / t:.1f}x |",
+                flush=True,
+            )
+    wrong = [h for h in top_heads if clean[h] < 0]
+    for name, (est, _) in hvp.items():
+        for h in wrong:
+            print(
+                f"{name}: {h} exact {drops[h]:+.2f}, AtP {est['first_order'][h]:+.2f}, second-order "
+                f"{est['estimate'][h]:+.2f}, reliability {est['reliability'][h]:.1f}, flagged "
+                f"{bool(est['flagged'][h])}, rank of its second-order term "
+                f"{int((np.abs(est['second_order']) > abs(est['second_order'][h])).sum())}"
+            )
+
+
+def screen_rows(screens, times, verify, t_grid, top, H, max_verify) -> None:
+    """Each screen's ranks of the grid's top 10, signed and by magnitude, and the engine that
+    verifies its top k for recall 0.9 (module docstring, 3.)."""
+    print(
+        "| screen | screen time | ranking | ranks of the top 10 | k for 0.9 | time at that k | less time |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, est in screens.items():
+        for how, key in (("signed", est), ("magnitude", np.abs(est))):
+            r = ranks_of(key, top)
+            k = r[8] + 1
+            if k <= max_verify:
+                order = [divmod(int(i), H) for i in np.argsort(-key, axis=None, kind="stable")[:k]]
+                _, t_k = timed(lambda o=order: verify(o))
+                t = times[name] + t_k
+                cell, ratio = f"{t:.1f} s", f"{t_grid / t:.1f}x"
+            else:
+                cell, ratio = f"(k > {max_verify}: not run)", "-"
+            print(
+                f"| {name} | {times[name]:.1f} s | {how} | {' '.join(map(str, r))} | {k} | {cell} | {ratio} |",
+                flush=True,
+            )
+
+
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="a converted SmolLM2 directory")
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3, help="timings of the screens and the floor")
     ap.add_argument("--max-verify", type=int, default=60)
     ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args()
+    ap.add_argument("--probes", default="1", help="the hvp screens' probe counts (comma list)")
+    ap.add_argument("--diagonal", action="store_true", help="also one head a probe (slow)")
+    ap.add_argument("--no-qk", action="store_true", help="skip the QK fix (a slow diagnostic)")
+    return ap.parse_args()
+
+
+def load(path: Path, n: int):
+    """The bridged model and ``n`` induction prompts (seed 0), checked; the machine line printed."""
+    from pe_interp.models.bridge.hf_arch import boot_bridge
+    from pe_interp.models.bridge.model import BridgedModel
+    from pe_interp.prompts import make_family
+    from pe_interp.util.hardware import cpu_has_bf16
+    from probes.common.inputs import check_examples
+
+    bridge = boot_bridge(path)
+    ps = make_family("induction", bridge.tokenizer).sample(n, seed=0)
+    model = BridgedModel(bridge, pad_id=ps.pad_id)
+    tokens, labels, pad_mask = check_examples(model, ps.tokens, ps.labels, ps.pad_mask, who="bench")
+    print(
+        f"SmolLM2-135M ({path}); {cpu_name()}, {torch.get_num_threads()} threads, avx512_bf16 "
+        f"{cpu_has_bf16()}, load {os.getloadavg()[0]:.1f}; float32; {n} induction prompts of "
+        f"{tokens.shape[1]} tokens; metric loss"
+    )
+    return model, ps, tokens, labels, pad_mask
+
+
+def main() -> None:
+    args = parse_args()
     path = find_smollm2(args.model)
     if path is None:
         print(
@@ -176,24 +301,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from pe_interp.models.bridge.hf_arch import boot_bridge
-    from pe_interp.models.bridge.model import BridgedModel
-    from pe_interp.prompts import make_family
-    from pe_interp.util.hardware import cpu_has_bf16
     from probes import ablate_heads
     from probes.ablation.ranking import rank_heads
-    from probes.common.inputs import check_examples
 
-    bridge = boot_bridge(path)
-    ps = make_family("induction", bridge.tokenizer).sample(args.n, seed=0)
-    model = BridgedModel(bridge, pad_id=ps.pad_id)
-    tokens, labels, pad_mask = check_examples(model, ps.tokens, ps.labels, ps.pad_mask, who="bench")
+    model, ps, tokens, labels, pad_mask = load(path, args.n)
     H = model.cfg.n_heads
-    print(
-        f"SmolLM2-135M ({path}); {cpu_name()}, {torch.get_num_threads()} threads, avx512_bf16 "
-        f"{cpu_has_bf16()}, load {os.getloadavg()[0]:.1f}; float32; {args.n} induction prompts of "
-        f"{tokens.shape[1]} tokens; metric loss"
-    )
     kw = dict(pad_mask=ps.pad_mask, metric="loss", n_bootstrap=0)
 
     def verify(heads: list[tuple[int, int]]):
@@ -203,7 +315,9 @@ def main() -> None:
     drops = np.asarray(grid.drops)
     top = [int(i) for i in np.argsort(-drops, axis=None, kind="stable")[:10]]
     top_heads = [divmod(i, H) for i in top]
-    print(f"exhaustive grid: {t_grid:.1f} s; its top 10 {top_heads}")
+    print(
+        f"exhaustive grid: {t_grid:.1f} s (load {os.getloadavg()[0]:.1f}); its top 10 {top_heads}"
+    )
 
     screens: dict[str, np.ndarray] = {}
     times: dict[str, float] = {}
@@ -215,8 +329,12 @@ def main() -> None:
             args.repeats,
         )
         screens[name] = np.asarray(est)
-    fix, t_fix = timed(lambda: qk_fix(path, model, tokens, labels, pad_mask))
-    screens["clean+qk"], times["clean+qk"] = screens["clean"] + fix, times["clean"] + t_fix
+    if not args.no_qk:
+        fix, t_fix = timed(lambda: qk_fix(path, model, tokens, labels, pad_mask))
+        screens["clean+qk"], times["clean+qk"] = screens["clean"] + fix, times["clean"] + t_fix
+    hvp = hvp_screens(model, tokens, labels, pad_mask, args)
+    for name, (est, t) in hvp.items():
+        screens[name], times[name] = np.asarray(est["estimate"]), t
 
     oracle, t_oracle = timed(lambda: verify(top_heads), args.repeats)
     same = np.allclose(np.asarray(oracle.drops), drops.flat[top], atol=1e-5)
@@ -226,25 +344,11 @@ def main() -> None:
         f"with the cheapest screen ({times['clean']:.1f} s) {floor:.1f}x less time than the grid: "
         "no screen-then-verify engine does better"
     )
+    screen_rows(screens, times, verify, t_grid, top, H, args.max_verify)
+    flag_fix_rows(hvp, verify, t_grid, top_heads, drops, screens["clean"], H)
     print(
-        "| screen | screen time | ranking | ranks of the top 10 | k for 0.9 | time at that k | less time |"
+        f"load at the end {os.getloadavg()[0]:.1f} (the grid's time is the baseline of every ratio)"
     )
-    print("|---|---|---|---|---|---|---|")
-    for name, est in screens.items():
-        for how, key in (("signed", est), ("magnitude", np.abs(est))):
-            r = ranks_of(key, top)
-            k = r[8] + 1
-            if k <= args.max_verify:
-                order = [divmod(int(i), H) for i in np.argsort(-key, axis=None, kind="stable")[:k]]
-                _, t_k = timed(lambda o=order: verify(o))
-                t = times[name] + t_k
-                cell, ratio = f"{t:.1f} s", f"{t_grid / t:.1f}x"
-            else:
-                cell, ratio = f"(k > {args.max_verify}: not run)", "-"
-            print(
-                f"| {name} | {times[name]:.1f} s | {how} | {' '.join(map(str, r))} | {k} | {cell} | {ratio} |",
-                flush=True,
-            )
 
 
 if __name__ == "__main__":

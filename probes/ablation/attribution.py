@@ -4,6 +4,11 @@ ablation path (:func:`probes.ablation.ranking.rank_heads`) rank every head of th
 ``verify_top`` heads estimated to hurt most are then ablated exactly
 (:func:`probes.ablation.exact.exact_engine`), and only they get a value.
 
+With ``path="hvp"`` (the clean point's second-order estimate) this is Screen-Flag-Fix (Zhang &
+Wang 2026, arXiv 2606.09899): the heads the estimate flags as unreliable (second-order term
+larger than the first) are verified too, after the top ``verify_top``: at most ``verify_flagged``
+of them (None: all), those with the largest second-order term first.
+
 ``benchmarks/head_ranking.py`` measures the ranking against the exact grid.
 """
 
@@ -25,13 +30,16 @@ from probes.common.options import INTEGRATION_PATHS, IntegrationPath
 @dataclass(frozen=True)
 class Attribution:
     """Every head ranked by integrated gradients along the ablation path (``steps``
-    Gauss-Legendre nodes, along ``path``: ``"joint"``, every layer at once, or ``"layer"``), then
-    the ``verify_top`` heads estimated to hurt most ablated exactly (module docstring). Runs in
-    float32 whatever ``amp`` says."""
+    Gauss-Legendre nodes, along ``path``: ``"joint"``, every layer at once, or ``"layer"``; or at
+    the clean point: ``"clean"``, AtP, or ``"hvp"``, its second-order estimate from ``steps``
+    Hessian-vector probes), then the ``verify_top`` heads estimated to hurt most ablated exactly,
+    and with ``"hvp"`` up to ``verify_flagged`` flagged heads (module docstring). Runs in float32
+    whatever ``amp`` says."""
 
     steps: int = 4
     path: IntegrationPath = "joint"
     verify_top: int = 3
+    verify_flagged: int | None = None
     name = "attribution"
     grid_only = True
 
@@ -48,6 +56,13 @@ class Attribution:
                 f"path 'clean' takes the derivative at one point: steps must be 1, got {st}"
             )
         check_verify_top(self.verify_top)
+        f = self.verify_flagged
+        if f is not None and (not isinstance(f, int) or isinstance(f, bool) or f < 0):
+            raise ValueError(f"verify_flagged must be None or an integer >= 0, got {f!r}")
+        if f is not None and self.path != "hvp":
+            raise ValueError(
+                f"verify_flagged is for path 'hvp' (only it flags heads), got path {self.path!r}"
+            )
 
     def run(self, req: AblationRequest) -> AblationResult:
         return attribution_engine(
@@ -55,14 +70,42 @@ class Attribution:
             verify_top=self.verify_top,
             steps=self.steps,
             path=self.path,
+            verify_flagged=self.verify_flagged,
         )
 
 
+def screen_flag_fix(
+    units: list, est: dict[str, Any], verify_top: int, verify_flagged: int | None
+) -> tuple[list, list]:
+    """The heads to ablate exactly, and the flagged ones among them: the top ``verify_top`` of
+    ``units`` by :func:`probes.ablation.ranking.rank_heads`' estimate ``est`` (ties by the tiebreak),
+    then (``"hvp"``) up to ``verify_flagged`` (None: all) of its flagged heads not yet in, largest
+    second-order term first."""
+    grid, tie = est["estimate"], est["tiebreak"]
+    heads = [u[0] for u in units]
+    order = sorted(heads, key=lambda h: (-grid[h], -tie[h]))[:verify_top]
+    if "flagged" not in est:
+        return order, []
+    size = np.abs(est["second_order"])
+    flagged = sorted(
+        (h for h in heads if est["flagged"][h] and h not in order), key=lambda h: -size[h]
+    )
+    flagged = flagged if verify_flagged is None else flagged[:verify_flagged]
+    return order + flagged, flagged
+
+
 def attribution_engine(
-    req: AblationRequest, *, verify_top: int, steps: int, path: str
+    req: AblationRequest,
+    *,
+    verify_top: int,
+    steps: int,
+    path: str,
+    verify_flagged: int | None = None,
 ) -> AblationResult:
     """The grid with the verified heads' exact values and NaN elsewhere; ``meta`` holds the
-    estimates (``"attribution"``), the stand-in metric, the verified heads and ``"verification"``."""
+    estimates (``"attribution"``), the stand-in metric, the verified heads and ``"verification"``;
+    ``path="hvp"`` adds ``"first_order"``, ``"reliability"`` and ``"flagged"`` (every flagged head,
+    verified or not) and ``"verified_flagged"``."""
     from probes.ablation.ranking import rank_heads
 
     m = req.metric
@@ -85,7 +128,7 @@ def attribution_engine(
         batch_size=req.batch_size,
     )
     grid, tie = est["estimate"], est["tiebreak"]
-    order = [u[0] for u in sorted(req.units, key=lambda u: (-grid[u[0]], -tie[u[0]]))[:verify_top]]
+    order, fixed = screen_flag_fix(req.units, est, verify_top, verify_flagged)
     exact = exact_engine(dataclasses.replace(req, units=[(h,) for h in order], grid=False))
     L, H = req.model.cfg.n_layers, req.model.cfg.n_heads
 
@@ -111,6 +154,11 @@ def attribution_engine(
         "verified": verification["heads"],
         "verification": verification,
     }
+    if "flagged" in est:
+        meta["first_order"] = est["first_order"].tolist()
+        meta["reliability"] = est["reliability"].tolist()
+        meta["flagged"] = [[int(x) for x in h] for h in np.argwhere(est["flagged"])]
+        meta["verified_flagged"] = [list(h) for h in fixed]
     return dataclasses.replace(
         exact,
         values=place(exact.values),
@@ -123,4 +171,4 @@ def attribution_engine(
     )
 
 
-__all__ = ["Attribution", "attribution_engine"]
+__all__ = ["Attribution", "attribution_engine", "screen_flag_fix"]

@@ -20,7 +20,8 @@ own options (:class:`AblationEngine`), and a string is shorthand for one with it
   elsewhere; ``meta`` holds the estimates (``"attribution"``), the stand-in, the verified heads and
   ``"verification"``: their estimates against their exact drops. Its top head is exact among the
   verified; :func:`probes.find_deposits` refuses the partial grid (a deposit verdict needs every
-  head of a layer).
+  head of a layer). ``path="hvp"`` ranks by the clean point's second-order estimate and verifies
+  the heads it flags as well (``verify_flagged``: Screen-Flag-Fix).
 
 Each engine checks its options when it is made (a one-line ``ValueError``), and says what it cannot
 run (``grid_only``: head sets, for the ranking engines), which the one input check refuses before

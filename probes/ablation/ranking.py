@@ -13,7 +13,17 @@ of two paths that share their gradients between heads:
   backwards of the whole model);
 - ``"layer"``: the heads of one layer at ``a``, the other layers at 1 (``n_layers x steps``);
 - ``"clean"``: no integral, the derivative at ``a = 1`` only (attribution patching, AtP: every
-  head live, as a single head's ablation leaves the others; ``steps`` must be 1).
+  head live, as a single head's ablation leaves the others; ``steps`` must be 1);
+- ``"hvp"``: the clean point's second-order Taylor estimate (after Zhang & Wang 2026, arXiv
+  2606.09899), ``m(0_h) - m(1) ~ -g_h + q_h / 2`` with ``g = dm/da`` and ``q_h`` the Hessian's
+  diagonal ``d2m/da_h2``, read from Hessian-vector products (double backward): the heads are
+  dealt round-robin into ``steps`` probes, each a vector of seeded random signs ``v`` on its
+  heads (:func:`hvp_probes`), and ``q_h = v_h (H v)_h`` (Hutchinson's diagonal estimator: exact
+  where a probe holds one head, ``steps = n_layers x n_heads``; with more heads to a probe, the
+  cross terms ``v_h v_h' H_hh'`` of its other heads enter with random signs). One probe costs
+  one forward, one backward and one more. Each head's ``reliability`` is ``|q_h / 2| / |g_h|``
+  (means over examples): the second-order term against the first; above 1 the series has not
+  settled and the head is ``flagged``, for an exact check (``Attribution`` verifies them).
 
 The derivative of each head's scale is taken per example (rows are independent), so the
 estimate is in the units of the metric the exact grid reports:
@@ -38,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pe_interp.models.protocol import HOOKS, ProbeModel
 from pe_interp.util.modes import eval_mode
@@ -102,15 +113,20 @@ def rank_heads(
     Returns ``{"estimate": [n_layers, n_heads] (positive = hurts), "tiebreak" (the mean fall of
     the integrated quantity, which orders heads of equal estimate: accuracy estimates are counts),
     "baseline" (the metric's clean mean), "surrogate", "steps", "path", "per_example_change"
-    ([n, n_layers, n_heads])}``."""
-    _check_ranking(surrogate, path, steps)
+    ([n, n_layers, n_heads])}``; ``path="hvp"`` adds ``"first_order"`` (AtP's estimate),
+    ``"second_order"`` (the fall of the integrated quantity the curvature adds, ``-mean q / 2``),
+    ``"reliability"`` and ``"flagged"`` (``[n_layers, n_heads]`` each). ``seed`` also draws
+    ``"hvp"``'s probe signs."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
+    _check_ranking(surrogate, path, steps, L * H)
     rows = batch_size or (128 if model.W_E.device.type == "cpu" else 2048)
     alphas, weights = (np.ones(1), np.ones(1)) if path == "clean" else _nodes(steps)
     groups = [[layer] for layer in range(L)] if path == "layer" else [list(range(L))]
     n = len(tokens)
     change = torch.zeros(n, L, H, dtype=torch.float64)  # per example: m(h ablated) - m(clean)
     base = torch.zeros(n, dtype=torch.float64)
+    probes = hvp_probes(n, L, H, steps, seed) if path == "hvp" else None  # [steps, n, L, H]
+    curvature = torch.zeros(n, L, H, dtype=torch.float64)  # "hvp": d2m/da_h2 per example
     chunk = max(1, rows // steps)
     with eval_mode(model):
         other_of = (
@@ -120,22 +136,22 @@ def rank_heads(
         )
         for c0 in range(0, n, chunk):
             sl = slice(c0, c0 + chunk)
-            base[sl], change[sl] = _chunk_change(
-                model,
-                tokens[sl],
-                pad_mask[sl],
-                labels[sl],
-                c0,
-                other_of,
-                surrogate,
-                alphas,
-                weights,
-                groups,
-            )
-    return _summary(surrogate, base, change, steps, path)
+            part = (model, tokens[sl], pad_mask[sl], labels[sl], c0, other_of, surrogate)
+            if probes is not None:
+                base[sl], change[sl], curvature[sl] = _chunk_second_order(
+                    *part, probes[:, sl], rows
+                )
+            else:
+                base[sl], change[sl] = _chunk_change(*part, alphas, weights, groups)
+    if probes is None:
+        return _summary(surrogate, base, change, steps, path)
+    return {
+        **_summary(surrogate, base, change + curvature / 2, steps, path),
+        **_reliability(surrogate, base, change, curvature),
+    }
 
 
-def _check_ranking(surrogate: Any, path: str, steps: int) -> None:
+def _check_ranking(surrogate: Any, path: str, steps: int, n_units: int) -> None:
     """A one-line ``ValueError`` for the first bad option of :func:`rank_heads`."""
     if not callable(surrogate) and surrogate not in SURROGATES:
         raise ValueError(
@@ -149,6 +165,98 @@ def _check_ranking(surrogate: Any, path: str, steps: int) -> None:
         raise ValueError(
             f"rank_heads: path 'clean' takes the derivative at one point (steps=1), got steps={steps}"
         )
+    if path == "hvp" and steps > n_units:
+        raise ValueError(
+            f"rank_heads: path 'hvp' deals {n_units} heads into steps probes: steps must be at most {n_units}, got {steps}"
+        )
+
+
+def hvp_probes(n: int, n_layers: int, n_heads: int, steps: int, seed: int) -> Tensor:
+    """``path="hvp"``'s probe vectors ``[steps, n, n_layers, n_heads]``: head ``i`` (flat index,
+    layer-major) belongs to probe ``i % steps``, where it holds a random sign (seeded, one per
+    example: the same heads and signs whatever the batch size); 0 in the other probes."""
+    g = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (n, n_layers * n_heads), generator=g).double() * 2 - 1
+    own = torch.arange(n_layers * n_heads) % steps == torch.arange(steps)[:, None]  # [steps, LH]
+    return (signs[None] * own[:, None]).view(steps, n, n_layers, n_heads)
+
+
+def _clean_and_other(
+    model: ProbeModel, toks: Tensor, pm: Tensor, lab: Tensor, c0: int, other_of, surrogate: Any
+) -> tuple[Tensor, dict[int, Tensor]]:
+    """One chunk's clean forward: the integrated quantity ``[b]`` and, per layer, what its heads'
+    outputs move to (the replacement, full shape; a layer it does not list keeps its live output)."""
+    L = model.cfg.n_layers
+    with torch.no_grad():
+        live: dict[int, Tensor] = {}
+        hooks = [
+            (
+                HOOKS.z(layer),
+                lambda x, hook, layer=layer, live=live: live.__setitem__(layer, x),
+            )
+            for layer in range(L)
+        ]
+        logits = model.run_with_hooks(toks, pm, fwd_hooks=hooks)
+        base = _per_example(surrogate, logits, lab).double().cpu()
+        idx = torch.arange(c0, c0 + len(toks), device=toks.device)
+        now = other_of.for_chunk(idx, toks.shape[1])
+        other = {
+            k: (filled(now[HOOKS.z(k)], live[k]) if HOOKS.z(k) in now else live[k]).detach()
+            for k in range(L)
+        }
+    return base, other
+
+
+def _chunk_second_order(
+    model: ProbeModel,
+    toks: Tensor,
+    pm: Tensor,
+    lab: Tensor,
+    c0: int,
+    other_of: Replacement,
+    surrogate: Any,
+    probes: Tensor,
+    rows: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One chunk of examples at the clean point (``path="hvp"``): the clean value ``[b]``, each
+    head's first-order change ``-g_h`` ``[b, L, H]`` and its curvature ``q_h = v_h (H v)_h`` summed
+    over the ``probes`` ``[P, b, L, H]`` (one copy of the chunk each, at most ``rows`` rows a pass;
+    module docstring)."""
+    base, other = _clean_and_other(model, toks, pm, lab, c0, other_of, surrogate)
+    per = max(1, rows // len(toks))  # probes a pass
+    first, curvature = None, torch.zeros(probes.shape[1:], dtype=torch.float64)
+    for p0 in range(0, len(probes), per):
+        g, q = _probe_pass(model, toks, pm, lab, other, surrogate, probes[p0 : p0 + per])
+        first, curvature = -g if first is None else first, curvature + q
+    return base, first, curvature
+
+
+def _probe_pass(
+    model: ProbeModel, toks: Tensor, pm: Tensor, lab: Tensor, other: dict, surrogate: Any, probes
+) -> tuple[Tensor, Tensor]:
+    """``g = dm/da`` ``[b, L, H]`` at every head live, and ``sum_p v_p (H v_p)`` over ``probes``
+    ``[P, b, L, H]``: one forward of ``P`` copies of the chunk, a backward and one more."""
+    L, H, P = model.cfg.n_layers, model.cfg.n_heads, len(probes)
+    b = len(toks)
+    v = probes.reshape(P * b, L, H).to(device=toks.device, dtype=model.W_E.dtype)
+    scale = torch.ones_like(v, requires_grad=True)  # every head live, in every copy
+
+    def hook(z, hook, layer):
+        o = other[layer].repeat(P, 1, 1, 1)
+        return o + scale[:, layer][:, None, :, None] * (z - o)
+
+    fwd = [(HOOKS.z(layer), partial(hook, layer=layer)) for layer in range(L)]
+    # a hooked pattern makes the attention eager, and SDPA falls back to its math kernel: the fused
+    # kernels (flash, Triton) have no derivative of their backward
+    fwd += [(HOOKS.attn(layer, "pattern"), lambda x, hook: x) for layer in range(L)]
+    with torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):
+        out = model.run_with_hooks(toks.repeat(P, 1), pm.repeat(P, 1), fwd_hooks=fwd)
+        m = _per_example(surrogate, out, lab.repeat(P))
+        (g,) = torch.autograd.grad(m.sum(), scale, create_graph=True)  # rows are independent
+        (hv,) = torch.autograd.grad((g * v).sum(), scale)  # H v, per row
+    g0 = g.detach().view(P, b, L, H)[0]  # the same in every copy
+    curvature = (v * hv).view(P, b, L, H).sum(0)  # each head is in one probe only
+    return g0.double().cpu(), curvature.double().cpu()
 
 
 def _chunk_change(
@@ -168,23 +276,7 @@ def _chunk_change(
     L, H, steps = model.cfg.n_layers, model.cfg.n_heads, len(alphas)
     b = len(toks)
     change = torch.zeros(b, L, H, dtype=torch.float64)
-    with torch.no_grad():
-        live: dict[int, Tensor] = {}
-        hooks = [
-            (
-                HOOKS.z(layer),
-                lambda x, hook, layer=layer, live=live: live.__setitem__(layer, x),
-            )
-            for layer in range(L)
-        ]
-        logits = model.run_with_hooks(toks, pm, fwd_hooks=hooks)
-        base = _per_example(surrogate, logits, lab).double().cpu()
-        idx = torch.arange(c0, c0 + b, device=toks.device)
-        now = other_of.for_chunk(idx, toks.shape[1])
-        other = {
-            k: (filled(now[HOOKS.z(k)], live[k]) if HOOKS.z(k) in now else live[k]).detach()
-            for k in range(L)
-        }
+    base, other = _clean_and_other(model, toks, pm, lab, c0, other_of, surrogate)
     a = torch.tensor(alphas, dtype=model.W_E.dtype, device=toks.device).repeat_interleave(
         b
     )  # [steps * b]
@@ -206,6 +298,20 @@ def _chunk_change(
             per = (g.double() * w).view(steps, b, H).sum(0)  # integral of dm/da over [0, 1]
             change[:, layer] = -per.cpu()
     return base, change
+
+
+def _reliability(surrogate: Any, base: Tensor, first: Tensor, curvature: Tensor) -> dict[str, Any]:
+    """``path="hvp"``'s extras: the first-order estimate alone (AtP, in the estimate's units), the
+    second-order term ``q / 2`` and each head's reliability score ``|mean q / 2| / |mean g|`` (the
+    integrated quantity's means over examples), flagged above 1 (module docstring)."""
+    second = curvature.mean(0) / 2
+    reliability = second.abs() / first.mean(0).abs().clamp_min(torch.finfo(torch.float64).tiny)
+    return {
+        "first_order": _summary(surrogate, base, first, 1, "clean")["estimate"],
+        "second_order": (-second).numpy(),  # its share of the estimate's fall of the quantity
+        "reliability": reliability.numpy(),
+        "flagged": (reliability > 1).numpy(),
+    }
 
 
 def _summary(surrogate: Any, base: Tensor, change: Tensor, steps: int, path: str) -> dict[str, Any]:
@@ -235,4 +341,4 @@ def _summary(surrogate: Any, base: Tensor, change: Tensor, steps: int, path: str
     }
 
 
-__all__ = ["PATHS", "SURROGATES", "rank_heads"]
+__all__ = ["PATHS", "SURROGATES", "hvp_probes", "rank_heads"]

@@ -11,8 +11,9 @@ from typing import Literal, get_args
 AblationMethod = Literal["zero", "mean", "resample"]  # what replaces an ablated head
 Engine = Literal["exact", "sampled", "attribution"]  # how ablate_heads covers the grid
 # attribution along the ablation path: all layers at once, or one; "clean": the derivative at the
-# clean point only (attribution patching, AtP: every head live, one backward)
-IntegrationPath = Literal["joint", "layer", "clean"]
+# clean point only (attribution patching, AtP: every head live, one backward); "hvp": that plus
+# the second-order term, from Hessian-vector products (one more backward)
+IntegrationPath = Literal["joint", "layer", "clean", "hvp"]
 AttributionMethod = Literal["atp", "atp*", "eap-ig"]  # the attribution estimator
 AttributionAblation = Literal["zero", "mean"]  # what attribution moves a unit towards
 FaithfulnessAblation = Literal["corrupt", "resample", "mean"]  # what replaces what a circuit drops

@@ -1,0 +1,137 @@
+"""Benchmark: edge screens against exact edge ablation (issue 55, item 4, "The screen").
+
+For each run directory, on ``--n`` counterfactual pairs of one family (``--family``, seed 0;
+margin metric; the corrupt run's values replace what a circuit drops), every edge (whole edges,
+positions summed) is scored by three screens of :func:`probes.circuits.attribute`:
+
+- ``atp``: attribution patching, the gradient at the corrupt run (``direction="denoise"``);
+- ``eap-ig``: EAP-IG with ``--steps`` (5) embeddings between corrupt and clean;
+- ``clean-corrupt``: the gradient averaged over the clean and the corrupt run (the mean of the
+  ``"denoise"`` and ``"noise"`` AtP estimates, which share the edge's delta: the trapezoid rule
+  of the same integral, two endpoints);
+
+and by the exact reference, each edge patched alone (:func:`probes.circuits.exact_edges`, path
+patching, clean into corrupt). Per screen: its time; Spearman's rho with the exact effects over
+every edge; the recall of the exact top ``--top`` edges (by |effect|) among its own top ``--top``;
+the sign agreement on them; and its faithfulness curve: the share of the clean-corrupt metric gap
+recovered by its top-n edges by |score| (``select="top"``, not connected) with every other edge
+ablated exactly (:func:`probes.circuits.faithfulness_curve`), on ``--n`` held-out pairs (seed 1),
+at shares of the graph (``--shares``), with the curve's area.
+
+    python benchmarks/edge_screens.py checkpoints/planted-one-route [--n 64] [--family position]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+
+def screens(model, pairs, steps: int) -> dict[str, tuple[object, float]]:
+    """Every edge scored by each screen (and the exact reference), with its time in seconds."""
+    from probes.circuits import attribute, exact_edges
+
+    kw = dict(granularity="edge", metric="margin")
+    out = {}
+    t0 = time.perf_counter()
+    atp = attribute(model, pairs, method="atp", **kw)
+    out["atp"] = atp, time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out[f"eap-ig, {steps} steps"] = (
+        attribute(model, pairs, method="eap-ig", steps=steps, **kw),
+        time.perf_counter() - t0,
+    )
+    t0 = time.perf_counter()
+    noise = attribute(model, pairs, method="atp", direction="noise", **kw)
+    both = dataclasses.replace(atp, scores=(atp.scores + noise.scores) / 2, mode="clean-corrupt")
+    out["clean-corrupt"] = both, out["atp"][1] + time.perf_counter() - t0
+    t0 = time.perf_counter()
+    exact = exact_edges(model, pairs, metric="margin")
+    out["exact (path patching)"] = exact, time.perf_counter() - t0
+    return out
+
+
+def agreement(est: np.ndarray, exact: np.ndarray, top: int) -> tuple[float, float, float]:
+    """Spearman's rho over every edge; recall of the exact top ``top`` (by |effect|) among the
+    screen's top ``top`` (by |score|); the share of those exact top edges it signs right."""
+    from probes.circuits.agreement import spearman
+
+    ok = ~np.isnan(exact)
+    e, x = est[ok], exact[ok]
+    want = np.argsort(-np.abs(x), kind="stable")[:top]
+    got = np.argsort(-np.abs(e), kind="stable")[:top]
+    recall = len(set(want) & set(got)) / top
+    return spearman(e, x), recall, float(np.mean(np.sign(e[want]) == np.sign(x[want])))
+
+
+def evaluate(run_dir: str, args) -> None:
+    from pe_interp import load_run
+    from probes.circuits import faithfulness_curve
+
+    run = load_run(run_dir)
+    model, task = run.model.eval(), run.task
+    sel = task.counterfactuals(args.n, kind=args.family, seed=0)
+    held = task.counterfactuals(args.n, kind=args.family, seed=1)
+    scored = screens(model, sel, args.steps)
+    exact = scored["exact (path patching)"][0].scores
+    total = int((~np.isnan(exact)).sum())
+    sizes = sorted({int(round(x * total)) for x in [0.0, *args.shares, 1.0]})
+    gap = scored["atp"][0]
+    print(
+        f"\n{model.cfg.encoding_name} {task.name} ({run_dir}): {total} edges; {args.family} pairs, "
+        f"{args.n} to score (seed 0; margin clean {gap.clean_metric:+.3f}, corrupt "
+        f"{gap.corrupt_metric:+.3f}), {args.n} held out (seed 1)"
+    )
+    print(
+        f"| screen | time | rho with exact | recall of exact top {args.top} | signs right | "
+        f"area | faithfulness at {', '.join(f'{s} ({s / total:.0%})' for s in sizes[1:-1])} edges |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, (a, t) in scored.items():
+        rho, recall, signs = agreement(a.scores, exact, args.top)
+        curve = faithfulness_curve(model, a, held, sizes=sizes, select="top")
+        pts = " ".join(f"{r:.2f}" for r in curve["recovered"][1:-1])
+        print(
+            f"| {name} | {t:.1f} s | {rho:.2f} | {recall:.2f} | {signs:.2f} | {curve['area']:.3f} | {pts} |",
+            flush=True,
+        )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("runs", nargs="+")
+    ap.add_argument("--n", type=int, default=64)
+    ap.add_argument("--family", default="position", choices=["position", "content", "both"])
+    ap.add_argument("--steps", type=int, default=5, help="EAP-IG's steps")
+    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument(
+        "--shares", type=float, nargs="+", default=[0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5]
+    )
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from smollm2 import cpu_name
+
+    from pe_interp.util.hardware import cpu_has_bf16
+
+    print(
+        f"{cpu_name()}, {torch.get_num_threads()} threads, avx512_bf16 {cpu_has_bf16()}, "
+        f"load {os.getloadavg()[0]:.1f}; float32"
+    )
+    for r in args.runs:
+        evaluate(r, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
