@@ -32,7 +32,7 @@ PHASES = (
     ("edge scores", "probes", "family_attributions"),
     ("faithfulness", "probes.circuits", "minimal_circuit"),
     ("faithfulness", "probes.circuits", "faithfulness_curve"),
-    ("top head", "pe_interp.commands.circuit_head", "top_head"),
+    ("top head", "pe_interp.commands.circuit", "top_head"),
     ("route", "probes.circuits.route", "head_route"),
 )
 

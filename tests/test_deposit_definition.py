@@ -196,7 +196,7 @@ def test_circuit_names_its_top_head_by_the_two_definitions(tmp_path):
     concentration" for find_deposits' looser flag; neither when nothing is flagged."""
     from types import SimpleNamespace
 
-    from pe_interp.commands.circuit_head import top_head
+    from pe_interp.commands.circuit import top_head
 
     run = SimpleNamespace(run_dir=tmp_path, result_dir=tmp_path, at_step=None, name=str(tmp_path))
     cases = [

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pe_interp.commands.circuit_head import Phases, read_route
+from pe_interp.commands.circuit_head import Phases, read_route, top_head
 from pe_interp.commands.circuit_page import body_html
 from pe_interp.commands.options import add_device_flag, add_model_dir_flags, seed_type
 
@@ -177,9 +177,11 @@ def circuit_run(
     held_out = task.counterfactuals(n, kind=counterfactual, seed=seed + 1)
     if positional:  # rows with no one layout (unequal lengths) refuse here, before any forward
         task.spans(held_out.clean)
+    say = Phases(progress)
+    # first: a stale ablation.json refuses before the work (its head is the file's, or sampled)
+    (layer, head), why = route_head or top_head(run, say=say)
     kinds = ["position", "content"] + ([counterfactual] if counterfactual == "both" else [])
     scorer = "eap-ig" if method == "learned" else method
-    say = Phases(progress)
     say(
         f"edge scores ({scorer}{', aligned' if aligned else ''}) on {n} pairs of {', '.join(kinds)}"
     )
@@ -215,19 +217,11 @@ def circuit_run(
     c = _kept(
         model, ranking, held_out, faithful, top_n, n, spans, metric, aligned, tolerance, progress
     )
-    (layer, head), why, routed = read_route(
-        model,
-        task,
-        run,
-        fams,
-        route_head,
-        route,
-        say,
-        n=n,
-        seed=seed,
-        metric=metric,
-        kv_view=kv_view,
-    )
+    routed = None
+    if route:
+        routed = read_route(
+            model, task, (layer, head), fams, say, n=n, seed=seed, metric=metric, kv_view=kv_view
+        )
     say(None)
     meta = _meta(c, ranking, (layer, head), why, routed, counterfactual, n, seed, model, aligned)
     c.faithfulness["n_pairs"] = n

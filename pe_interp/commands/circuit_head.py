@@ -30,26 +30,19 @@ class Phases:
         self.t0, self.last = now, text
 
 
-def read_route(model, task, run, fams, route_head, route: bool, say: Phases, **how):
-    """``((layer, head), where it comes from, its route)``: ``route_head`` or :func:`top_head`'s,
-    and the exact route into it (:func:`probes.circuits.route.head_route` on ``how``'s ``n``,
-    ``seed`` and ``metric``, with ``fams``' estimates), None without ``route``."""
+def read_route(model, task, head: tuple[int, int], fams, say: Phases, **how):
+    """The exact route into ``head`` (:func:`probes.circuits.route.head_route` on ``how``'s
+    ``n``, ``seed`` and ``metric``, with ``fams``' estimates)."""
     from probes.circuits.route import head_route
 
-    say("the head whose route is read" + (" (given)" if route_head else ": sampled head ablation"))
-    (layer, head), why = route_head or top_head(run, progress=say.enabled)
-    if not route:
-        return (layer, head), why, None
-    say(f"the route into L{layer}H{head}: exact path patching")
+    say(f"the route into L{head[0]}H{head[1]}: exact path patching")
     attributions = {k: fams[k] for k in ("position", "content")}
-    routed = head_route(
-        model, task, (layer, head), attributions=attributions, progress=say.enabled, **how
-    )
-    return (layer, head), why, routed
+    return head_route(model, task, head, attributions=attributions, progress=say.enabled, **how)
 
 
-def top_head(run, n: int = 1000, progress: bool = False) -> tuple[tuple[int, int], str]:
-    """The single-head deposit, the layer-concentration head or the top head, and where it comes from."""
+def top_head(run, n: int = 1000, say: Phases | None = None) -> tuple[tuple[int, int], str]:
+    """The single-head deposit, the layer-concentration head or the top head, and where it comes
+    from; ``say``: the sampled sweep's phase line and bar (the file's heads need none)."""
     import numpy as np
 
     from pe_interp.runs.checkpoint import STALE, weights_status
@@ -77,6 +70,8 @@ def top_head(run, n: int = 1000, progress: bool = False) -> tuple[tuple[int, int
         ), "largest ablation drop; no single-head deposit or layer concentration (ablation.json)"
     # Without the full grid, no verdict (it needs every head's drop on every example): the head whose
     # exact ablation hurts most among the three that the grid on a fifth of the examples ranks first.
+    if say is not None:
+        say("the head whose route is read: sampled head ablation")
     test = run.test_set(n)
     result = ablate_heads(
         run.model,
@@ -85,7 +80,7 @@ def top_head(run, n: int = 1000, progress: bool = False) -> tuple[tuple[int, int
         pad_mask=test.pad_mask,
         engine=Sampled(share=0.2, verify_top=3),
         n_bootstrap=0,
-        progress=progress,
+        progress=say is not None and say.enabled,
     )
     layer, head = np.unravel_index(np.nanargmax(result.drops), result.drops.shape)
     return (

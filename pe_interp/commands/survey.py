@@ -78,7 +78,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--n", type=int, default=64, help="prompts (and pairs) per probe (default 64)")
     p.add_argument("--seed", type=seed_type, default=0, help="seeds the prompts and the bootstraps")
     p.add_argument("--n-bootstrap", type=int, default=1000)
-    p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
+    p.add_argument(
+        "--steps",
+        nargs="+",
+        choices=STEPS,
+        default=None,
+        help="the steps to run (default: all; for a prompts file all but circuit, which needs the "
+        "named spans of a family's prompts)",
+    )
     p.add_argument("--redo", nargs="+", choices=STEPS, default=[], help="run these steps again")
     p.add_argument("--report", metavar="OUT", default=None, help="only rebuild the report of OUT")
     p.add_argument(
@@ -110,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
     if not is_prompt_task(args.family):
         raise ValueError(f"--family must be a prompt family or a .jsonl file, got {args.family!r}")
     out = Path(args.out)
-    todo = [s for s in STEPS if s in args.steps]
+    jsonl = str(args.family).endswith(".jsonl")
+    asked = args.steps or [s for s in STEPS if not (jsonl and s == "circuit")]
+    todo = [s for s in STEPS if s in asked]
     check_steps(args, todo, out)  # what no model is needed to tell, before it loads
     try:
         loaded = load_model_dir(

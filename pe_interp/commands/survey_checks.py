@@ -38,7 +38,7 @@ def prompt_preset(family: str, n: int) -> str:
     )
 
 
-PAIR_STEPS = ("patching", "routes", "circuit")  # the steps that read counterfactual pairs
+PAIR_STEPS = ("patching", "routes")  # the steps that read a prompts file's counterfactual pairs
 
 
 def check_steps(args: argparse.Namespace, todo: list[str], out: Path) -> None:
@@ -109,10 +109,8 @@ def check_prompts(
 def check_model(loaded, args: argparse.Namespace, todo: list[str]) -> None:
     """One line, once the model is built and before its first forward on the prompts, for a step
     this model cannot serve: routes where its positions cannot be moved, frequency where it does
-    not rotate queries and keys."""
+    not rotate queries and keys, circuit where its edges cannot be carried."""
     model = loaded.model
-    if "circuit" in todo:  # its edges need each head's own residual term and q/k/v forks
-        model.check_forks()
     if "routes" in todo:
         from probes.routes.moving import can_move_positions
 
@@ -127,6 +125,8 @@ def check_model(loaded, args: argparse.Namespace, todo: list[str]) -> None:
         why = not_rotary(model)
         if why:
             raise ValueError(f"{args.model}: {why}: leave frequency out of --steps")
+    if "circuit" in todo:  # its edges need each head's own residual term and q/k/v forks (a
+        model.check_forks()  # check that runs a few random tokens: after the checks that do not)
 
 
 def changed_since(
