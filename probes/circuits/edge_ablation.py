@@ -69,7 +69,9 @@ def ablated_metric(
     soft = keep.dtype != torch.bool
     excl = ((1 - keep.to(repl.dtype)) if soft else (~keep).to(repl.dtype)) * valid  # [k, R, W, S]
     ids = None if spans is None else spans.to(keep.device).long()
-    edits = _ReaderEdits(model, graph, repl, excl, ids, soft, (k, b, run.tokens.shape[1]))
+    edits = _ReaderEdits(
+        model, graph, repl, excl, ids, soft, (k, b, run.tokens.shape[1]), keep.requires_grad
+    )
     tokens = run.tokens.repeat(k * split, 1)
     kv = None if run.key_valid is None else run.key_valid.repeat(k * split, 1)
     with (
@@ -97,7 +99,7 @@ class _ReaderEdits:
     block's edit holds a few ``[k, b, pos, readers, d]`` (readers ≤ heads) at a time instead,
     within that budget from six layers on."""
 
-    def __init__(self, model, graph, repl, excl, ids, soft, shape):
+    def __init__(self, model, graph, repl, excl, ids, soft, shape, grad: bool = False):
         self.model, self.graph, self.repl = model, graph, repl
         self.excl, self.ids, self.soft = excl, ids, soft  # [k, R, W, S], [b, P] or None
         self.k, self.b, self.P = shape
@@ -108,8 +110,12 @@ class _ReaderEdits:
         self.diffs: dict[str, Tensor] = {}  # per writer hook
         self.base: dict[str, Tensor] = {}  # per norm: N(S) of the live S
         # the writers without a norm below w, concatenated: the last prefix only (readers come in
-        # depth order, so w never falls); keeping one per reader layer held O(layers^2) copies
+        # depth order, so w never falls); keeping one per reader layer held O(layers^2) copies.
+        # Without gradients every difference is written once into one buffer [k, b, P, W, d] and
+        # a prefix that starts at writer 0 is a view of it (no copy per reader layer)
         self.prefix: tuple = (None, [], None)
+        self.buf: Tensor | None = None
+        self.buffered = not grad
 
     def hooks(self) -> list:
         names = dict.fromkeys(writer_hooks(self.graph) + norm_inputs(self.norms))
@@ -123,19 +129,28 @@ class _ReaderEdits:
         """Replacement minus live term of one hook's writers, ``[k, b, P, n, d]``."""
         if name not in self.diffs:
             live = writer_term(self.model, name, self.live[name])
-            self.diffs[name] = self.repl[:, :, c0 : c0 + n] - live.reshape(
-                self.k, self.b, self.P, n, self.d
-            )
+            out = self.repl[:, :, c0 : c0 + n] - live.reshape(self.k, self.b, self.P, n, self.d)
+            if self.buffered:
+                if self.buf is None:
+                    W = len(self.graph.writers)
+                    self.buf = out.new_empty(self.k, self.b, self.P, W, self.d)
+                self.buf[:, :, :, c0 : c0 + n] = out
+                out = self.buf[:, :, :, c0 : c0 + n]
+            self.diffs[name] = out
         return self.diffs[name]
 
     def linear(self, w: int) -> tuple[list[int], Tensor | None]:
         """The columns of the writers below ``w`` without a norm after them, and their differences
-        ``[k, b, P, columns, d]`` (concatenated once per prefix)."""
+        ``[k, b, P, columns, d]`` (a view of the buffer, or concatenated once per prefix)."""
         if self.prefix[0] != w:
             self.prefix = (None, [], None)  # freed before the next one is built
             on = [c for c in self.chunks if c[1] < w and c[0] not in self.norms]
             cols = [j for _, c0, n in on for j in range(c0, c0 + n)]
-            self.prefix = (w, cols, torch.cat([self.diff(*c) for c in on], 3) if on else None)
+            parts = [self.diff(*c) for c in on]
+            if self.buffered and cols == list(range(len(cols))) and cols:
+                self.prefix = (w, cols, self.buf[:, :, :, : len(cols)])
+            else:
+                self.prefix = (w, cols, torch.cat(parts, 3) if on else None)
         return self.prefix[1], self.prefix[2]
 
     def normed(self, name: str, c0: int, n: int, ex: Tensor) -> Tensor | None:
