@@ -88,18 +88,19 @@ def _counterfactuals(n: int = 6) -> CounterfactualPairs:
 
 
 # ------------------------------------------------------------------------- the naive reference
-def _naive(hf, graph, base, other, cut, good, bad, joint: bool = True) -> np.ndarray:
+def _naive(hf, graph, base, other, cut, good, bad, joint: bool = True, ref=None) -> np.ndarray:
     """The answer logit difference per row of the Hugging Face model run on ``base`` where reader
     ``r`` reads writer ``w``'s term from the run on ``other`` for each ``(w, r)`` in ``cut``,
     everything else as it is in this run. ``joint`` False: each cut head's norm recomputed on its
-    own and the changes summed (the additive rule the norm breaks)."""
+    own and the changes summed (the additive rule the norm breaks). ``ref``: the recorded terms
+    to read instead of the run on ``other``'s (:func:`_record`'s keys)."""
     layers = hf.model.layers
     dh = getattr(hf.config, "head_dim", None)
     dh = dh or hf.config.hidden_size // hf.config.num_attention_heads
     into = defaultdict(list)
     for w, r in cut:
         into[r].append(w)
-    ref = _record(hf, other)
+    ref = _record(hf, other) if ref is None else ref
     live: dict = {}
 
     def delta(r: str) -> torch.Tensor:
@@ -268,6 +269,48 @@ def test_exact_edge_ablation_and_faithfulness_equal_a_naive_loop_on_the_hf_model
     out = faithfulness_curve(model, circuit, pairs, metric="logit_diff", ablation="corrupt")
     np.testing.assert_allclose(out["metric"][0], want[-3].mean(), atol=5e-5, rtol=0)
     np.testing.assert_allclose([out["full"], out["empty"]], want[-2:].mean(1), atol=5e-5, rtol=0)
+
+
+@pytest.mark.parametrize("family", list(KV))
+@pytest.mark.parametrize("ablation", ["mean", "resample"])
+def test_mean_and_resample_edge_ablation_recompute_the_norm_as_the_naive_loop(
+    built, family, ablation
+):
+    """The other replacements under the norm: each ablated writer's term inside the norm is its
+    mean per position over the clean rows, or another clean row's (the seeded derangement), and
+    the norm is recomputed on the sum, as the naive loop does on the Hugging Face layers."""
+    from probes.common.metrics import resample_sources
+
+    hf, model = built(family)
+    graph = build_graph(model.cfg)
+    pairs = _counterfactuals()
+    clean, good, bad = pairs.clean.tokens, pairs.clean.labels, pairs.corrupt.labels
+    rec = _record(hf, clean)
+    if ablation == "mean":
+        ref = {key: v.mean(0, keepdim=True).expand_as(v) for key, v in rec.items()}
+    else:
+        src = resample_sources(len(clean), None, 0)
+        assert not bool((src == torch.arange(len(clean))).any())  # every row reads another's
+        ref = {key: v[src] for key, v in rec.items()}
+    rng = np.random.default_rng(1)
+    keeps = [graph.valid & (rng.random(graph.valid.shape) < 0.5), np.zeros_like(graph.valid)]
+    for edge in _single_edges(graph)[:3]:
+        keep = graph.valid.copy()
+        keep[graph.reader_index(edge[1]), graph.writer_index(edge[0])] = False
+        keeps.append(keep)
+    ev = EdgeEvaluator(
+        model, pairs, None, ablation=ablation, metric="logit_diff", reference=None, seed=0,
+        batch_size=None, spans=None, n_spans=1,
+    )  # fmt: skip
+    ours = ev(np.stack(keeps)[..., None])
+    want = np.stack(
+        [_naive(hf, graph, clean, None, _cut(graph, k), good, bad, ref=ref) for k in keeps]
+    )
+    full = _naive(hf, graph, clean, None, [], good, bad, ref=ref)
+    err = np.abs(ours - want).max()
+    print(f"{family}, {ablation}: exact edge ablation vs naive loop, max |diff| {err:.2e}")
+    assert err < 2e-5, err
+    assert np.abs(want[:2] - full).max() > 1e-3  # the replacement moves the answer
 
 
 @pytest.mark.parametrize("family", list(KV))
