@@ -122,65 +122,23 @@ def attribute(
     index, so that a unit blind to position scores 0 (module docstring). ``batch_size``:
     most rows per forward (examples x steps or x writers). ``kv_view``: ``"ungrouped"`` gives
     grouped key/value heads a k and a v reader per query head (edges). See the module docstring."""
-    for name, value, allowed in (
-        ("method", method, METHODS),
-        ("granularity", granularity, GRANULARITIES),
-        ("ablation", ablation, ABLATIONS),
-        ("direction", direction, DIRECTIONS),
-    ):
-        if value not in allowed:
-            raise ValueError(
-                f"attribute: {name} must be one of {', '.join(map(repr, allowed))}; got {value!r}"
-            )
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"attribute: steps must be a positive integer, got {steps!r}")
-    if batch_size is not None:
-        check_count(batch_size, "batch_size", 1, "attribute")
-    check_kv_view(kv_view, "attribute")
+    _check_options(method, granularity, ablation, direction, steps, batch_size, kv_view)
+    _check_views(method, by_position, spans, aligned)
     check_finite_model(model, "attribute")
     graph = build_graph(model.cfg, kv_view)
     c, k = as_pair(model, clean, corrupt, "attribute")
-    if method == "eap-ig" and k is None:
-        raise ValueError(
-            "attribute: method='eap-ig' integrates from the corrupt input to the clean one; pass corrupt= (or use 'atp'/'atp*' for ablation)"
-        )
-    if method == "eap-ig" and not torch.equal(c.pad_mask, k.pad_mask):
-        raise ValueError(
-            "attribute: method='eap-ig' needs clean and corrupt rows with the same pad_mask"
-        )
-    if method == "atp*" and (by_position or spans is not None):
-        raise ValueError(
-            "attribute: by_position and spans are not available with method='atp*' (its key fix patches every position at once)"
-        )
-    if by_position and spans is not None:
-        raise ValueError("attribute: pass by_position or spans, not both")
+    _check_pair(method, c, k, graph)
     ids, names = (
         (None, ()) if spans is None else span_ids(spans, span_names, c.tokens.shape, "attribute")
     )
-    if aligned and method != "atp":
-        raise ValueError(
-            f"attribute: aligned=True is for method='atp' (a position-only pair's aligned inputs are equal, "
-            f"so there is no path for {method!r} to integrate or recompute)"
-        )
     sigma = moved(c, k, "attribute") if aligned else None
-    if method == "atp*" and graph.n_layers < 2:
-        raise ValueError(
-            "attribute: method='atp*' (GradDrop over layers) needs a model with at least 2 layers"
-        )
     mode = direction if k is not None else ablation
     metric_name, fn = resolve(metric)
     watch = FiniteWatch()  # every logit the metric sees, checked once at the end
     fn = watch.wrap(fn)
     edges = granularity == "edge" or method == "atp*"
     rows = batch_size or (256 if model.W_E.device.type == "cpu" else 4096)
-    cfg = model.cfg
-    # examples per chunk: the forked forward keeps ~[pos, heads, d_model] per reader hook and example
-    per_example = (
-        c.tokens.shape[1] * cfg.d_model * (3 * cfg.n_heads + 2) * cfg.n_layers * 8 * graph.kv_split
-        if edges
-        else 0
-    )
-    chunk = max(1, min(rows, int(2e8 // per_example))) if edges else rows
+    chunk = _chunk(model, graph, c.tokens.shape[1], rows, edges)
     n, P = len(c), c.tokens.shape[1]
     with eval_mode(model), forks(model, on=edges):
         repl = (  # ablation: what a unit moves towards (a pair's other side is its corrupt run)
@@ -215,24 +173,7 @@ def attribute(
         m_clean = mean_metric(model, c, fn, good, bad, rows)
         m_corrupt = float("nan") if k is None else mean_metric(model, k, fn, good, bad, rows)
     watch.check("attribute")
-    per_pos = [t.cpu().numpy() / n for t in totals]
-    if edges:
-        mask = graph.valid[..., None]
-        per_pos = [np.where(mask, t, np.nan) for t in per_pos]
-    summed = [
-        t.sum(-1) if not edges else np.where(graph.valid, np.nansum(t, -1), np.nan) for t in per_pos
-    ]
-    magnitude = None
-    if method == "atp*":
-        norm = np.full((len(graph.readers), 1), graph.n_layers - 1.0)
-        norm[graph.reader_index("logits")] = graph.n_layers  # no dropped block zeroes the readout
-        magnitude = sum(np.abs(s) for s in summed[1:]) / norm
-    scores = summed[0]
-    if edges and granularity == "node":  # atp*: a node is the sum of its edges
-        scores = np.nansum(scores, axis=0)
-        norm = np.full(len(graph.writers), graph.n_layers - 1.0)
-        norm[0] = graph.n_layers  # the embedding is in no block
-        magnitude = sum(np.abs(np.nansum(s, axis=0)) for s in summed[1:]) / norm
+    per_pos, scores, magnitude = _summed(totals, n, graph, method, edges, granularity)
     return Attribution(
         method=method,
         granularity=granularity,
@@ -260,6 +201,91 @@ def attribute(
             **({"post_norm": LINEARISATION} if edges and post_norms(model, graph) else {}),
         },
     )
+
+
+def _chunk(model: ProbeModel, graph, P: int, rows: int, edges: bool) -> int:
+    """Examples per chunk: the forked forward keeps ~[pos, heads, d_model] per reader hook and
+    example (and the ungrouped view a copy per query head of a group)."""
+    if not edges:
+        return rows
+    cfg = model.cfg
+    per_example = P * cfg.d_model * (3 * cfg.n_heads + 2) * cfg.n_layers * 8 * graph.kv_split
+    return max(1, min(rows, int(2e8 // per_example)))
+
+
+def _summed(totals: list[Tensor], n: int, graph, method: str, edges: bool, granularity: str):
+    """``(per position, scores, magnitude)`` of the summed chunk scores: the mean per example,
+    edges outside the graph NaN; AtP*'s magnitude the mean |score| over its dropped blocks."""
+    per_pos = [t.cpu().numpy() / n for t in totals]
+    if edges:
+        mask = graph.valid[..., None]
+        per_pos = [np.where(mask, t, np.nan) for t in per_pos]
+    summed = [
+        t.sum(-1) if not edges else np.where(graph.valid, np.nansum(t, -1), np.nan) for t in per_pos
+    ]
+    magnitude = None
+    if method == "atp*":
+        norm = np.full((len(graph.readers), 1), graph.n_layers - 1.0)
+        norm[graph.reader_index("logits")] = graph.n_layers  # no dropped block zeroes the readout
+        magnitude = sum(np.abs(s) for s in summed[1:]) / norm
+    scores = summed[0]
+    if edges and granularity == "node":  # atp*: a node is the sum of its edges
+        scores = np.nansum(scores, axis=0)
+        norm = np.full(len(graph.writers), graph.n_layers - 1.0)
+        norm[0] = graph.n_layers  # the embedding is in no block
+        magnitude = sum(np.abs(np.nansum(s, axis=0)) for s in summed[1:]) / norm
+    return per_pos, scores, magnitude
+
+
+def _check_options(method, granularity, ablation, direction, steps, batch_size, kv_view) -> None:
+    """:func:`attribute`'s options, each one of its choices, in one line before any work."""
+    for name, value, allowed in (
+        ("method", method, METHODS),
+        ("granularity", granularity, GRANULARITIES),
+        ("ablation", ablation, ABLATIONS),
+        ("direction", direction, DIRECTIONS),
+    ):
+        if value not in allowed:
+            raise ValueError(
+                f"attribute: {name} must be one of {', '.join(map(repr, allowed))}; got {value!r}"
+            )
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"attribute: steps must be a positive integer, got {steps!r}")
+    if batch_size is not None:
+        check_count(batch_size, "batch_size", 1, "attribute")
+    check_kv_view(kv_view, "attribute")
+
+
+def _check_views(method: str, by_position: bool, spans: Any, aligned: bool) -> None:
+    """The per-position, per-span and aligned views the ``method`` has."""
+    if method == "atp*" and (by_position or spans is not None):
+        raise ValueError(
+            "attribute: by_position and spans are not available with method='atp*' (its key fix patches every position at once)"
+        )
+    if by_position and spans is not None:
+        raise ValueError("attribute: pass by_position or spans, not both")
+    if aligned and method != "atp":
+        raise ValueError(
+            f"attribute: aligned=True is for method='atp' (a position-only pair's aligned inputs are equal, "
+            f"so there is no path for {method!r} to integrate or recompute)"
+        )
+
+
+def _check_pair(method: str, c, k, graph) -> None:
+    """What ``method`` needs of the runs and the model: EAP-IG a corrupt run with the clean
+    run's pad mask, AtP* two layers."""
+    if method == "eap-ig" and k is None:
+        raise ValueError(
+            "attribute: method='eap-ig' integrates from the corrupt input to the clean one; pass corrupt= (or use 'atp'/'atp*' for ablation)"
+        )
+    if method == "eap-ig" and not torch.equal(c.pad_mask, k.pad_mask):
+        raise ValueError(
+            "attribute: method='eap-ig' needs clean and corrupt rows with the same pad_mask"
+        )
+    if method == "atp*" and graph.n_layers < 2:
+        raise ValueError(
+            "attribute: method='atp*' (GradDrop over layers) needs a model with at least 2 layers"
+        )
 
 
 __all__ = [
