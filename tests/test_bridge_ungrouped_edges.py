@@ -151,7 +151,7 @@ def test_ungrouped_path_patching_equals_a_naive_hook_loop_on_the_twin(twins):
     readout) of the corrupt run, under the view; against the twin's per-head fork, run naively.
     ``exact_edges`` and the head route read the same receivers."""
     from probes.circuits.families import exact_edges
-    from probes.circuits.route import head_route
+    from probes.circuits.route import HeadRoute, head_route
 
     _, model, twin_bridge, _ = twins[2]
     graph = build_graph(model.cfg, "ungrouped")
@@ -171,6 +171,7 @@ def test_ungrouped_path_patching_equals_a_naive_hook_loop_on_the_twin(twins):
             return pairs
 
     route = head_route(model, Task(), "L1H1", n=6, kinds=("position",), kv_view="ungrouped")
+    assert route.kv_view == "ungrouped" == HeadRoute.from_dict(route.to_dict()).kv_view
     exact = route.exact["position"]["k"]
     direct = path_patch(
         model, pairs, None, list(exact), ["L1H1.k"], "k", metric="margin", kv_view="ungrouped"

@@ -58,6 +58,7 @@ class HeadRoute:
     estimate: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     gaps: dict[str, float] = field(default_factory=dict)  # kind -> m(clean) - m(corrupt)
     layer0: dict[str, Any] | None = None
+    kv_view: str = "grouped"  # "ungrouped": the routes into the head's own k and v readers
 
     def table(self) -> list[dict[str, Any]]:
         """One row per (family, component, sender), largest exact effect first."""
@@ -87,6 +88,7 @@ class HeadRoute:
                 "estimate": self.estimate,
                 "gaps": self.gaps,
                 "layer0": self.layer0,
+                "kv_view": self.kv_view,
             }
         )
 
@@ -100,6 +102,7 @@ class HeadRoute:
             d.get("estimate") or {},
             d.get("gaps") or {},
             d.get("layer0"),
+            d.get("kv_view", "grouped"),  # records before the view: grouped
         )
 
     def save(self, path: str | Path) -> Path:
@@ -207,7 +210,8 @@ def head_route(
         # a synthetic task samples its rows; natural prompts are their own held-out rows
         rows = task.sample(16, seed=seed) if hasattr(task, "sample") else task.prompts
         layer0 = layer0_terms(model, rows, site.head)
-    return HeadRoute(name, metric, n, exact, {k: v for k, v in estimate.items() if v}, gaps, layer0)
+    estimate = {k: v for k, v in estimate.items() if v}
+    return HeadRoute(name, metric, n, exact, estimate, gaps, layer0, kv_view)
 
 
 def _bar(total: int, name: str):
