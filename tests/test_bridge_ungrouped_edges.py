@@ -238,3 +238,26 @@ def test_pe_interp_circuit_takes_the_ungrouped_view(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([*argv, "--kv-view", "per-head"])
     assert "argument --kv-view: invalid choice: 'per-head'" in capsys.readouterr().err
+
+
+def test_eap_ig_stacks_its_steps_within_the_batch_size_counting_the_copies(twins):
+    """EAP-IG stacks its steps on the batch: under the ungrouped view each step's rows run once per
+    query head of a group, and the rows of one forward stay within ``batch_size``; the scores do
+    not depend on how the steps are stacked."""
+    bridge, model, _, _ = twins[1]  # 4 query heads on 1 key/value head: 4 copies of each row
+    pairs = _pairs(2)
+    widest = []
+    handle = bridge.blocks[0].ln1.register_forward_pre_hook(
+        lambda mod, args: widest.append(int(args[0].shape[0]))
+    )
+    kw = dict(granularity="edge", method="eap-ig", steps=4, metric=_metric, kv_view="ungrouped")
+    try:
+        one_a_forward = attribute(model, pairs, batch_size=4 * len(pairs.clean.tokens), **kw)
+        stacked = max(widest)
+        widest.clear()
+        all_stacked = attribute(model, pairs, batch_size=16 * len(pairs.clean.tokens), **kw)
+    finally:
+        handle.remove()
+    n = len(pairs.clean.tokens)
+    assert stacked == 4 * n and max(widest) == 16 * n  # one step, then all four, a forward
+    assert np.allclose(one_a_forward.scores, all_stacked.scores, rtol=0, atol=1e-12, equal_nan=True)

@@ -253,7 +253,8 @@ def _eap_ig(model: ProbeModel, graph, clean, other, grad_names, metric, steps, r
         terms = contributions(model, graph, delta) if norms else None
     summed: dict[str, Tensor] = {}
     total = None
-    per = max(1, rows // len(clean))
+    split = graph.kv_split if edges else 1  # the ungrouped view: a copy per query head
+    per = max(1, rows // (len(clean) * split))
     for s0 in range(0, steps, per):
         alpha = (
             torch.arange(s0 + 1, min(steps, s0 + per) + 1, device=e_c.device, dtype=e_c.dtype)
@@ -271,7 +272,7 @@ def _eap_ig(model: ProbeModel, graph, clean, other, grad_names, metric, steps, r
             grad_names=grad_names,
             repeat=m,
             replace={graph.embed_hook: lambda x, interp=interp: interp},
-            split=graph.kv_split if edges else 1,
+            split=split,
         )
         if norms:  # rows are steps x examples: the contraction sums over both
             with torch.no_grad():
