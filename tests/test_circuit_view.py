@@ -160,7 +160,7 @@ def test_cli_writes_circuit_json_and_html(smoke_run, capsys, tmp_path):
     )
     assert rc == 0
     c = Circuit.load(smoke_run / "circuit.json")
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()  # the phases go to stderr
     # the printed edges say whether they enter the top head
     into = c.into(c.meta["top_head"])
     heading = (
@@ -169,6 +169,10 @@ def test_cli_writes_circuit_json_and_html(smoke_run, capsys, tmp_path):
         else f"no edge of the circuit enters {c.meta['top_head']}"
     )
     assert heading in printed and "kept per span:" in printed
+    # each phase on stderr, the edge scores with a bar of the pairs
+    assert "edge scores (atp) on 16 pairs of position, content" in err
+    for kind in ("position", "content"):
+        assert f"{kind} pairs (atp): 100%" in err and "16/16 [" in err
     assert 0 < len(c.edges) <= 10 and c.positional and set(c.scores) == {"position", "content"}
     graph = build_graph(loaded_model(smoke_run).cfg)
     keep = c.keep_mask(graph)

@@ -197,6 +197,7 @@ def circuit_run(
         positional=positional,
         aligned=aligned,
         kv_view=kv_view,
+        progress=progress,
     )
     ranking = rank_edges(fams, select=select, positional=positional, by=counterfactual)
     if method == "learned":  # ordered by the learnt masks; each edge keeps its family scores

@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from pe_interp.util.modes import eval_mode
 from probes.circuits.alignment import moved
@@ -108,6 +109,7 @@ def attribute(
     aligned: bool = False,
     batch_size: int | None = None,
     kv_view: str = "grouped",
+    progress: bool | str = False,
 ) -> Attribution:
     """Attribution scores of every node (``granularity="node"``) or edge (``"edge"``).
 
@@ -121,7 +123,8 @@ def attribute(
     activation is compared with the corrupt run's at that token's moved position, not at the same
     index, so that a unit blind to position scores 0 (module docstring). ``batch_size``:
     most rows per forward (examples x steps or x writers). ``kv_view``: ``"ungrouped"`` gives
-    grouped key/value heads a k and a v reader per query head (edges). See the module docstring."""
+    grouped key/value heads a k and a v reader per query head (edges). ``progress``: a bar over the
+    pairs with an ETA on stderr (a string: its label). See the module docstring."""
     _check_options(method, granularity, ablation, direction, steps, batch_size, kv_view)
     _check_views(method, by_position, spans, aligned)
     check_finite_model(model, "attribute")
@@ -140,7 +143,9 @@ def attribute(
     rows = batch_size or (256 if model.W_E.device.type == "cpu" else 4096)
     chunk = _chunk(model, graph, c.tokens.shape[1], rows, edges)
     n, P = len(c), c.tokens.shape[1]
-    with eval_mode(model), forks(model, on=edges):
+    label = progress if isinstance(progress, str) else f"attribute ({method})"
+    bar = tqdm(total=n, desc=label, unit="pairs", disable=not progress)
+    with eval_mode(model), forks(model, on=edges), bar:
         repl = (  # ablation: what a unit moves towards (a pair's other side is its corrupt run)
             None
             if k is not None
@@ -169,6 +174,7 @@ def attribute(
                 sigma=None if sigma is None else sigma[sl],
             )
             totals = part if totals is None else [a + b for a, b in zip(totals, part)]
+            bar.update(len(idx))
         good, bad = pair_labels(c, k)
         m_clean = mean_metric(model, c, fn, good, bad, rows)
         m_corrupt = float("nan") if k is None else mean_metric(model, k, fn, good, bad, rows)

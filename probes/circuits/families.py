@@ -91,6 +91,7 @@ def family_attributions(
     kwargs.setdefault("metric", "margin")
     method = kwargs.pop("method", "atp")
     if method == "path_patch":  # exact
+        kwargs.pop("progress", None)  # one path patch per component: no bar of its own
         if aligned:
             raise ValueError(
                 "family_attributions: aligned scores are attribution estimates ('atp'); exact path patching "
@@ -111,6 +112,8 @@ def family_attributions(
         extra = (
             dict(spans=task.spans(pairs.clean), span_names=task.span_names) if positional else {}
         )
+        if kwargs.get("progress"):
+            kwargs["progress"] = f"{kind} pairs ({method})"
         out[kind] = attribute(
             model, pairs, method=method, aligned=aligned and kind == "position", **extra, **kwargs
         )
