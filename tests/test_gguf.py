@@ -72,9 +72,37 @@ def tiny_llama(seed: int = 0, tied: bool = False):
     return model
 
 
-def write_gguf(model, path: Path, quant: str | None = None, arch: str = "llama") -> Path:
-    """``model`` as a GGUF file: F32 tensors, or its matrices in ``quant`` (``"Q8_0"``)."""
+def _sentencepiece() -> tuple[list[str], list[float], list[int]]:
+    """A sentencepiece vocabulary of VOCAB tokens laid out as Gemma's (``<pad>``, ``<eos>``,
+    ``<bos>``, ``<unk>``, ``<mask>``, the 256 byte-fallback tokens, pieces, unused fillers); with
+    its scores and token types. No merges: transformers rebuilds them from the pieces' order. (A
+    vocabulary without ``<mask>`` gets one added past the model's vocabulary by GemmaTokenizer.)"""
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    pieces = ["\u2581", *letters, "\u2581t", "\u2581th", "\u2581the", "th", "in", "an"]
+    bytes_ = [f"<0x{b:02X}>" for b in range(256)]
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", *bytes_, *pieces]
+    n_unused = VOCAB - len(tokens)
+    tokens += [f"<unused{i}>" for i in range(n_unused)]
+    types = [3, 3, 3, 2, 3] + [6] * len(bytes_) + [1] * len(pieces) + [5] * n_unused
+    scores = [0.0] * (5 + len(bytes_)) + [-float(i) for i in range(len(pieces))] + [0.0] * n_unused
+    return tokens, scores, types
+
+
+# transformers' model type -> llama.cpp's architecture name, where they differ
+GGUF_ARCH = {"gemma3_text": "gemma3"}
+
+
+def write_gguf(model, path: Path, quant: str | None = None, arch: str | None = None) -> Path:
+    """``model`` as a GGUF file: F32 tensors, or its matrices in ``quant`` (``"Q8_0"``), written as
+    llama.cpp's convert_hf_to_gguf.py writes its architecture (``arch``, by default the model's):
+    a Llama with q/k rows permuted and a byte-level BPE tokenizer; a Gemma (2, 3) with its RMSNorm
+    scales stored as ``1 + weight`` (the loader subtracts the one), no permutation, its head size
+    and sliding window in the header and a sentencepiece tokenizer, as Gemma's own files have."""
     c = model.config
+    arch = arch or GGUF_ARCH.get(c.model_type, c.model_type)
+    gemma = arch.startswith("gemma")
+    rope = getattr(c, "rope_parameters", None) or {}
+    theta = (rope.get("full_attention") or rope).get("rope_theta", 10000.0)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny")
     w.add_block_count(c.num_hidden_layers)
@@ -84,28 +112,45 @@ def write_gguf(model, path: Path, quant: str | None = None, arch: str = "llama")
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
-    w.add_rope_freq_base(10000.0)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(float(theta))
+    if gemma:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_sliding_window(c.sliding_window)
     w.add_vocab_size(c.vocab_size)
     qtype = getattr(gguf.GGMLQuantizationType, quant) if quant else None
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quant else gguf.LlamaFileType.ALL_F32)
-    tokens, types, merges = _tokenizer()
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_pad_token_id(0)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, c.num_hidden_layers)
+    if gemma:
+        tokens, scores, types = _sentencepiece()
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_add_space_prefix(False)
+        w.add_unk_token_id(tokens.index("<unk>"))
+    else:
+        tokens, types, merges = _tokenizer()
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+    for name in ("bos", "eos", "pad"):
+        getattr(w, f"add_{name}_token_id")(getattr(c, f"{name}_token_id"))
+    enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    names = gguf.get_tensor_name_map(enum, c.num_hidden_layers)
     for key, value in model.state_dict().items():
         if c.tie_word_embeddings and key == "lm_head.weight":
             continue  # a tied model has no output.weight: the loader ties it from that
         base, suffix = key.rsplit(".", 1)
         name = f"{names.get_name(base)}.{suffix}"
         a = value.detach().numpy().astype(np.float32)
-        if ".attn_q." in name:
+        if gemma:
+            a = a + 1 if name.endswith("norm.weight") else a
+        elif ".attn_q." in name:
             a = _permute(a, c.num_attention_heads)
         elif ".attn_k." in name:
             a = _permute(a, c.num_key_value_heads)

@@ -43,8 +43,15 @@ KV = {"gemma2": 2, "gemma3": 1, "olmo2": 4}
 
 
 def _build(family: str, root, **more):
-    """The family's tiny model, its query and key projections and readout sharpened (as the
-    held-back families) and its norms after attention and MLP given scales far from one."""
+    """:func:`sharpened`, saved with the word-level tokenizer: ``(hf, its directory)``."""
+    hf = sharpened(family, **more)
+    return hf, save_model_dir(hf, TOK, root)
+
+
+def sharpened(family: str, **more):
+    """The family's tiny model (its config's settings overridden by ``more``), its query and key
+    projections and readout sharpened (as the held-back families) and its norms after attention
+    and MLP given scales far from one."""
     cls, own = FAMILIES[family]
     config = getattr(transformers, cls)(
         **{**COMMON, "num_key_value_heads": KV[family], **own, **more}
@@ -65,7 +72,7 @@ def _build(family: str, root, **more):
                 name.endswith("embed_tokens.weight") and hf.config.tie_word_embeddings
             ):
                 p.mul_(40.0)
-    return hf, save_model_dir(hf, TOK, root)
+    return hf
 
 
 @pytest.fixture(scope="module")
@@ -94,34 +101,44 @@ def _naive(hf, graph, base, other, cut, good, bad, joint: bool = True, ref=None)
     everything else as it is in this run. ``joint`` False: each cut head's norm recomputed on its
     own and the changes summed (the additive rule the norm breaks). ``ref``: the recorded terms
     to read instead of the run on ``other``'s (:func:`_record`'s keys)."""
+    logits = naive_logits(hf, graph, base, other, cut, joint, ref)[:, ANSWERS]
+    return (logits.gather(1, good[:, None]) - logits.gather(1, bad[:, None]))[:, 0].double().numpy()
+
+
+def naive_logits(hf, graph, base, other, cut, joint: bool = True, ref=None) -> torch.Tensor:
+    """:func:`_naive`'s run, its logits at the last position ``[rows, vocab]``. An entry of
+    ``cut`` may be ``(w, r, where)``: the edge cut at the positions where the bool ``where``
+    ``[rows, pos]`` holds only (a position-aware edge; each position's norm sees the heads cut
+    there together), everywhere else as it is."""
     layers = hf.model.layers
     dh = getattr(hf.config, "head_dim", None)
     dh = dh or hf.config.hidden_size // hf.config.num_attention_heads
     into = defaultdict(list)
-    for w, r in cut:
-        into[r].append(w)
+    for w, r, *where in cut:
+        into[r].append((w, where[0][..., None] if where else torch.tensor(True)))
     ref = _record(hf, other) if ref is None else ref
     live: dict = {}
 
     def delta(r: str) -> torch.Tensor:
         d = torch.zeros_like(live["x", 0])
         heads = defaultdict(list)
-        for w in into[r]:
+        for w, at in into[r]:
             s = parse(w)
             if s.kind == "embed":
-                d = d + ref["x", 0] - live["x", 0]
+                d = d + torch.where(at, ref["x", 0] - live["x", 0], 0.0)
             elif s.kind == "mlp":
                 norm = layers[s.layer].post_feedforward_layernorm
-                d = d + norm(ref["m", s.layer]) - norm(live["m", s.layer])
+                d = d + torch.where(at, norm(ref["m", s.layer]) - norm(live["m", s.layer]), 0.0)
             else:
-                heads[s.layer].append(s.head)
+                heads[s.layer].append((s.head, at))
         for layer, hs in heads.items():
             attn, norm = layers[layer].self_attn, layers[layer].post_attention_layernorm
             z = live["z", layer]
             for group in [hs] if joint else [[h] for h in hs]:
                 z_cut = z.clone()
-                for h in group:
-                    z_cut[..., h * dh : (h + 1) * dh] = ref["z", layer][..., h * dh : (h + 1) * dh]
+                for h, at in group:
+                    part = slice(h * dh, (h + 1) * dh)
+                    z_cut[..., part] = torch.where(at, ref["z", layer][..., part], z_cut[..., part])
                 d = d + norm(attn.o_proj(z_cut)) - norm(attn.o_proj(z))
         return d
 
@@ -150,11 +167,10 @@ def _naive(hf, graph, base, other, cut, good, bad, joint: bool = True, ref=None)
     handles.append(hf.model.norm.register_forward_pre_hook(lambda m, a: (a[0] + delta("logits"),)))
     try:
         with torch.no_grad():
-            logits = hf(base).logits[:, -1][:, ANSWERS]
+            return hf(base).logits[:, -1]
     finally:
         for h in handles:
             h.remove()
-    return (logits.gather(1, good[:, None]) - logits.gather(1, bad[:, None]))[:, 0].double().numpy()
 
 
 def _recording(hf, store: dict) -> list:

@@ -308,8 +308,10 @@ class _Refused(Exception):
 def _save_converted(model: Any, tokenizer: Any, out: Path) -> None:
     """Save the loaded model and its tokenizer into ``out`` with ``save_pretrained``: the weights
     go into a fresh model of the same class (no GGUF quantisation config, which save_pretrained
-    refuses), built on the meta device and given the loaded tensors, so nothing is copied."""
+    refuses), built on the meta device and given the loaded tensors, so nothing is copied. No
+    progress bar ("Writing model shards"): a command's stderr holds its own lines only."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     config = model.config
     if hasattr(config, "quantization_config"):
@@ -318,5 +320,11 @@ def _save_converted(model: Any, tokenizer: Any, out: Path) -> None:
     with torch.device("meta"):
         fresh = type(model)(config)
     fresh.load_state_dict(state, strict=True, assign=True)
-    fresh.save_pretrained(out)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        fresh.save_pretrained(out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(out)
