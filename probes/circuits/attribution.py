@@ -31,6 +31,10 @@ scores are means over examples.
   estimate without GradDrop.
 - ``"eap-ig"`` (Hanna et al. 2024): the gradient averaged over ``steps`` runs whose token
   embedding goes from corrupt to clean, ``corrupt + k/steps (clean - corrupt)``, ``k = 1..steps``.
+- ``"hvp"`` (edges; after arXiv 2606.09899): AtP plus the second-order term ``D^T H D / 2`` of each
+  edge, ``H`` the Hessian in the reader inputs, from Hessian-vector products with ``steps``
+  Hutchinson probes of seeded signs (``seed``); ``meta`` adds the first- and second-order parts,
+  each edge's reliability and the flagged edges (:mod:`probes.circuits.attribution_hvp`).
 
 **σ-aligned** (``aligned=True``, ``"atp"`` on position-only pairs, where the corrupt row holds the
 clean row's tokens moved, ``x'[σ(i)] = x[i]``): the corrupt run is read at ``σ(i)``, each clean
@@ -73,6 +77,7 @@ from tqdm.auto import tqdm
 from pe_interp.util.modes import eval_mode
 from probes.circuits.alignment import moved
 from probes.circuits.attribution_chunk import attribute_chunk
+from probes.circuits.attribution_hvp import check_hvp, edge_probes, hvp_meta
 from probes.circuits.engine import as_pair, forks, mean_metric, pair_labels, resolve
 from probes.circuits.evaluator import edge_replacement
 from probes.circuits.graph import build_graph, check_kv_view, parse
@@ -110,6 +115,7 @@ def attribute(
     batch_size: int | None = None,
     kv_view: str = "grouped",
     progress: bool | str = False,
+    seed: int = 0,
 ) -> Attribution:
     """Attribution scores of every node (``granularity="node"``) or edge (``"edge"``).
 
@@ -124,9 +130,10 @@ def attribute(
     index, so that a unit blind to position scores 0 (module docstring). ``batch_size``:
     most rows per forward (examples x steps or x writers). ``kv_view``: ``"ungrouped"`` gives
     grouped key/value heads a k and a v reader per query head (edges). ``progress``: a bar over the
-    pairs with an ETA on stderr (a string: its label). See the module docstring."""
+    pairs with an ETA on stderr (a string: its label). ``"hvp"``: ``steps`` probes, their signs
+    drawn from ``seed``. See the module docstring."""
     _check_options(method, granularity, ablation, direction, steps, batch_size, kv_view)
-    _check_views(method, by_position, spans, aligned)
+    _check_views(method, granularity, by_position, spans, aligned)
     check_finite_model(model, "attribute")
     graph = build_graph(model.cfg, kv_view)
     c, k = as_pair(model, clean, corrupt, "attribute")
@@ -135,14 +142,15 @@ def attribute(
         (None, ()) if spans is None else span_ids(spans, span_names, c.tokens.shape, "attribute")
     )
     sigma = moved(c, k, "attribute") if aligned else None
+    n, P = len(c), c.tokens.shape[1]
+    probes = edge_probes(n, graph, len(names) or 1, steps, seed) if method == "hvp" else None
     mode = direction if k is not None else ablation
     metric_name, fn = resolve(metric)
     watch = FiniteWatch()  # every logit the metric sees, checked once at the end
     fn = watch.wrap(fn)
-    edges = granularity == "edge" or method == "atp*"
+    edges = granularity == "edge" or method in ("atp*", "hvp")
     rows = batch_size or (256 if model.W_E.device.type == "cpu" else 4096)
     chunk = _chunk(model, graph, c.tokens.shape[1], rows, edges)
-    n, P = len(c), c.tokens.shape[1]
     label = progress if isinstance(progress, str) else f"attribute ({method})"
     bar = tqdm(total=n, desc=label, unit="pairs", disable=not progress)
     with eval_mode(model), forks(model, on=edges), bar:
@@ -172,6 +180,7 @@ def attribute(
                 rows=rows,
                 bins=bins,
                 sigma=None if sigma is None else sigma[sl],
+                probes=None if probes is None else (probes[0][sl], probes[1]),
             )
             totals = part if totals is None else [a + b for a, b in zip(totals, part)]
             bar.update(len(idx))
@@ -191,7 +200,7 @@ def attribute(
         n_examples=n,
         n_layers=graph.n_layers,
         n_heads=graph.n_heads,
-        steps=steps if method == "eap-ig" else 1,
+        steps=steps if method in ("eap-ig", "hvp") else 1,
         clean_metric=m_clean,
         corrupt_metric=m_corrupt,
         by_position=per_pos[0] if by_position else None,
@@ -203,6 +212,7 @@ def attribute(
             "kv_source": model.cfg.kv_source,
             "kv_view": kv_view,
             **({"aligned": True} if aligned else {}),
+            **({"hvp_seed": seed, **hvp_meta(totals, n, graph)} if method == "hvp" else {}),
             # a norm after a block: how an edge's term went through it (post_norm.LINEARISATION)
             **({"post_norm": LINEARISATION} if edges and post_norms(model, graph) else {}),
         },
@@ -262,12 +272,16 @@ def _check_options(method, granularity, ablation, direction, steps, batch_size, 
     check_kv_view(kv_view, "attribute")
 
 
-def _check_views(method: str, by_position: bool, spans: Any, aligned: bool) -> None:
+def _check_views(
+    method: str, granularity: str, by_position: bool, spans: Any, aligned: bool
+) -> None:
     """The per-position, per-span and aligned views the ``method`` has."""
     if method == "atp*" and (by_position or spans is not None):
         raise ValueError(
             "attribute: by_position and spans are not available with method='atp*' (its key fix patches every position at once)"
         )
+    if method == "hvp":
+        check_hvp(granularity, by_position)
     if by_position and spans is not None:
         raise ValueError("attribute: pass by_position or spans, not both")
     if aligned and method != "atp":

@@ -14,7 +14,7 @@ Engine = Literal["exact", "sampled", "attribution"]  # how ablate_heads covers t
 # clean point only (attribution patching, AtP: every head live, one backward); "hvp": that plus
 # the second-order term, from Hessian-vector products (one more backward)
 IntegrationPath = Literal["joint", "layer", "clean", "hvp"]
-AttributionMethod = Literal["atp", "atp*", "eap-ig"]  # the attribution estimator
+AttributionMethod = Literal["atp", "atp*", "eap-ig", "hvp"]  # the attribution estimator
 AttributionAblation = Literal["zero", "mean"]  # what attribution moves a unit towards
 FaithfulnessAblation = Literal["corrupt", "resample", "mean"]  # what replaces what a circuit drops
 # what a probes.common.replace.Replacement puts in: every one of the three above names one of these
