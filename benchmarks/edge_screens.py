@@ -9,6 +9,10 @@ positions summed) is scored by three screens of :func:`probes.circuits.attribute
 - ``clean-corrupt``: the gradient averaged over the clean and the corrupt run (the mean of the
   ``"denoise"`` and ``"noise"`` AtP estimates, which share the edge's delta: the trapezoid rule
   of the same integral, two endpoints);
+- ``hvp, P probes`` (``--hvp``, default 1 and 4; 0 for one edge a probe, the exact diagonal): AtP
+  at the corrupt run plus each edge's second-order term from Hessian-vector products
+  (``method="hvp"``), with the edges it flags (second-order term above the first) counted, and
+  among the exact top ``--top`` edges that AtP signs wrong, how many it flags and signs right;
 
 and by the exact reference, each edge patched alone (:func:`probes.circuits.exact_edges`, path
 patching, clean into corrupt). Per screen: its time; Spearman's rho with the exact effects over
@@ -37,7 +41,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 
-def screens(model, pairs, steps: int) -> dict[str, tuple[object, float]]:
+def screens(model, pairs, steps: int, hvp: list[int]) -> dict[str, tuple[object, float]]:
     """Every edge scored by each screen (and the exact reference), with its time in seconds."""
     from probes.circuits import attribute, exact_edges
 
@@ -55,6 +59,11 @@ def screens(model, pairs, steps: int) -> dict[str, tuple[object, float]]:
     noise = attribute(model, pairs, method="atp", direction="noise", **kw)
     both = dataclasses.replace(atp, scores=(atp.scores + noise.scores) / 2, mode="clean-corrupt")
     out["clean-corrupt"] = both, out["atp"][1] + time.perf_counter() - t0
+    for p in hvp:
+        t0 = time.perf_counter()
+        probes = p or int(np.isfinite(atp.scores).sum())  # 0: one edge a probe
+        est = attribute(model, pairs, method="hvp", steps=probes, **kw)
+        out[f"hvp, {probes} probes"] = est, time.perf_counter() - t0
     t0 = time.perf_counter()
     exact = exact_edges(model, pairs, metric="margin")
     out["exact (path patching)"] = exact, time.perf_counter() - t0
@@ -74,6 +83,22 @@ def agreement(est: np.ndarray, exact: np.ndarray, top: int) -> tuple[float, floa
     return spearman(e, x), recall, float(np.mean(np.sign(e[want]) == np.sign(x[want])))
 
 
+def flags(est, atp: np.ndarray, exact: np.ndarray, top: int) -> str:
+    """An hvp screen's flags: how many edges, and among the exact top ``top`` edges that AtP signs
+    wrong, how many it flags and how many its corrected score signs right."""
+    ok = ~np.isnan(exact)
+    flagged = np.asarray(est.meta["flagged"], dtype=bool)[ok]
+    e, x, a = est.scores[ok], exact[ok], atp[ok]
+    want = np.argsort(-np.abs(x), kind="stable")[:top]
+    wrong = want[np.sign(a[want]) != np.sign(x[want])]
+    fixed = int((np.sign(e[wrong]) == np.sign(x[wrong])).sum())
+    return (
+        f"{int(flagged.sum())} of {int(ok.sum())} edges flagged; of the exact top {top}, AtP signs "
+        f"{len(wrong)} wrong, {int(flagged[wrong].sum())} of them flagged, {fixed} signed right "
+        f"after the correction"
+    )
+
+
 def evaluate(run_dir: str, args) -> None:
     from pe_interp import load_run
     from probes.circuits import faithfulness_curve
@@ -82,7 +107,7 @@ def evaluate(run_dir: str, args) -> None:
     model, task = run.model.eval(), run.task
     sel = task.counterfactuals(args.n, kind=args.family, seed=0)
     held = task.counterfactuals(args.n, kind=args.family, seed=1)
-    scored = screens(model, sel, args.steps)
+    scored = screens(model, sel, args.steps, args.hvp)
     exact = scored["exact (path patching)"][0].scores
     total = int((~np.isnan(exact)).sum())
     sizes = sorted({int(round(x * total)) for x in [0.0, *args.shares, 1.0]})
@@ -105,6 +130,9 @@ def evaluate(run_dir: str, args) -> None:
             f"| {name} | {t:.1f} s | {rho:.2f} | {recall:.2f} | {signs:.2f} | {curve['area']:.3f} | {pts} |",
             flush=True,
         )
+    for name, (a, _) in scored.items():
+        if "flagged" in a.meta:
+            print(f"  {name}: {flags(a, scored['atp'][0].scores, exact, args.top)}")
 
 
 def main() -> int:
@@ -114,6 +142,9 @@ def main() -> int:
     ap.add_argument("--family", default="position", choices=["position", "content", "both"])
     ap.add_argument("--steps", type=int, default=5, help="EAP-IG's steps")
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument(
+        "--hvp", type=int, nargs="*", default=[1, 4], help="hvp probes (0: one edge a probe)"
+    )
     ap.add_argument(
         "--shares", type=float, nargs="+", default=[0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5]
     )
