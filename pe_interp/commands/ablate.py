@@ -13,6 +13,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+from pe_interp.commands.destinations import writing_run
 from pe_interp.commands.options import (
     add_device_flag,
     add_model_dir_flags,
@@ -22,7 +23,6 @@ from pe_interp.commands.options import (
     model_dir_arg,
     positive_n,
     seed_type,
-    writing_run,
 )
 
 UNDECIDED_EXIT = 3  # the exit status of a verdict the intervals cannot decide (--verdict)

@@ -252,7 +252,8 @@ def _meta(c, ranking, top, why, route, counterfactual, n, seed, model, aligned) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp.commands.options import device_arg, model_dir_arg, out_dir_arg, writing_run
+    from pe_interp.commands.destinations import out_dir_arg, writing_run
+    from pe_interp.commands.options import device_arg, model_dir_arg
     from pe_interp.prompts.task import is_prompt_task
 
     out_dir_arg(args.out)

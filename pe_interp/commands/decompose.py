@@ -118,7 +118,7 @@ def decompose_run(
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp.commands.options import writing_run
+    from pe_interp.commands.destinations import writing_run
 
     if args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")

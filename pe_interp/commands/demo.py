@@ -81,7 +81,8 @@ def run_real(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp.commands.options import out_dir_arg, positive_n
+    from pe_interp.commands.destinations import out_dir_arg
+    from pe_interp.commands.options import positive_n
     from pe_interp.report.data import is_control, load_cells
     from pe_interp.report.verdict import deposit_answer, first_task
     from pe_interp.reproduce import demo

@@ -14,13 +14,8 @@ import argparse
 import time
 from pathlib import Path
 
-from pe_interp.commands.options import (
-    add_device_flag,
-    device_arg,
-    positive_n,
-    seed_type,
-    writing_run,
-)
+from pe_interp.commands.destinations import writing_run
+from pe_interp.commands.options import add_device_flag, device_arg, positive_n, seed_type
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

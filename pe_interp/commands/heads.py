@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from pe_interp.commands.destinations import writing_run
 from pe_interp.commands.options import (
     add_device_flag,
     add_model_dir_flags,
@@ -19,7 +20,6 @@ from pe_interp.commands.options import (
     device_arg,
     model_dir_arg,
     positive_n,
-    writing_run,
 )
 
 

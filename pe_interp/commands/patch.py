@@ -179,7 +179,8 @@ def _top_heads(result, k: int) -> list[tuple[int, int]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp.commands.options import at_least, bootstrap_arg, writing_run
+    from pe_interp.commands.destinations import writing_run
+    from pe_interp.commands.options import at_least, bootstrap_arg
 
     at_least(args.n_bootstrap, 0, "--n-bootstrap")
     bootstrap_arg(args.n_bootstrap)

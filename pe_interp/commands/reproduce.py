@@ -37,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pe_interp.commands.options import device_arg, out_dir_arg, positive_n
+    from pe_interp.commands.destinations import out_dir_arg
+    from pe_interp.commands.options import device_arg, positive_n
     from pe_interp.report import write_report
     from pe_interp.reproduce import reproduce
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from pe_interp.commands.destinations import writing_run
 from pe_interp.commands.options import (
     add_device_flag,
     add_model_dir_flags,
@@ -23,7 +24,6 @@ from pe_interp.commands.options import (
     model_dir_arg,
     positive_n,
     seed_type,
-    writing_run,
 )
 
 UNDECIDED_EXIT = 3

@@ -40,11 +40,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pe_interp.commands.destinations import out_dir_arg
 from pe_interp.commands.options import (
     add_device_flag,
     bootstrap_arg,
     device_arg,
-    out_dir_arg,
     positive_n,
     seed_type,
 )

@@ -49,7 +49,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_sweep_cmd(args: argparse.Namespace) -> int:
-    from pe_interp.commands.options import at_least, out_dir_arg, positive_n
+    from pe_interp.commands.destinations import out_dir_arg
+    from pe_interp.commands.options import at_least, positive_n
     from pe_interp.sweep import load_grid, run_sweep
     from pe_interp.sweep.executors import sweep_lock
     from pe_interp.sweep.grid import MAX_CELLS

@@ -11,12 +11,12 @@ import argparse
 import json
 from pathlib import Path
 
+from pe_interp.commands.destinations import out_dir_arg
 from pe_interp.commands.options import (
     add_device_flag,
     add_setting_flags,
     device_arg,
     given_settings,
-    out_dir_arg,
     positive_n,
     seed_type,
 )
