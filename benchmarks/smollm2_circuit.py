@@ -85,6 +85,19 @@ def instrument(n: int, record: dict) -> None:
                 got["seconds"] += time.perf_counter() - t0
 
         setattr(mod, name, wrapped)
+    # each family's edge scores, in the order circuit_run scores them (position, content[, both])
+    families = importlib.import_module("probes.circuits.families")
+    attribute = families.attribute
+
+    def per_family(*a, **k):
+        c = state["counter"]
+        before = c.weighted()
+        try:
+            return attribute(*a, **k)
+        finally:
+            record.setdefault("edge scores by family", []).append((c.weighted() - before) / n)
+
+    families.attribute = per_family
 
 
 def main() -> None:
@@ -108,6 +121,7 @@ def main() -> None:
     code = cli(rest)
     wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    by_family = record.pop("edge scores by family", [])
     total = sum(p["forwards"] for p in record.values())
     print(
         f"\n{' '.join(rest)}: exit {code}, {wall:.0f} s, peak RSS {peak:.2f} GiB, "
@@ -118,10 +132,28 @@ def main() -> None:
             f"  {phase}: {p['forwards']:.1f} layer-weighted forwards of {n} pairs, {p['seconds']:.0f} s"
         )
     print(f"  total: {total:.1f} layer-weighted forwards")
+    discovery = _discovery(rest, by_family, record)
+    if discovery is not None:
+        print(
+            f"  discovery (the ranking family's edge scores {discovery[0]:.1f} and every "
+            f"faithfulness evaluation {discovery[1]:.1f}): {sum(discovery):.1f} forwards of {n} pairs"
+        )
     if args.json:
         out = {"argv": rest, "exit": code, "seconds": wall, "peak_rss_gib": peak, "n": n}
+        out["edge_scores_by_family"] = by_family
         out |= {"threads": torch.get_num_threads(), "load": os.getloadavg()[0], "phases": record}
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+def _discovery(rest: list[str], by_family: list[float], record: dict) -> tuple[float, float] | None:
+    """``(the ranking family's edge scores, the faithfulness search)`` in forwards: what finding
+    the circuit costs, without the other family's scores (shown beside each edge), the top head
+    and its route. None where the run scored no families (the survey's step reads its own)."""
+    if rest[0] != "circuit" or not by_family:
+        return None
+    by = rest[rest.index("--counterfactual") + 1] if "--counterfactual" in rest else "position"
+    kinds = ["position", "content"] + ([by] if by == "both" else [])
+    return by_family[kinds.index(by) if by != "both" else 2], record["faithfulness"]["forwards"]
 
 
 if __name__ == "__main__":
