@@ -149,7 +149,7 @@ def test_the_hook_only_paths_a_bridge_takes_equal_the_restart_seams(encoding, mo
     def no_seam(*args, **kwargs):
         raise AssertionError("a restart seam was used")
 
-    monkeypatch.setattr(pp, "_site", no_seam)
+    monkeypatch.setattr(pp, "site_restarted", no_seam)
     monkeypatch.setattr(engine, "no_forks", no_seam)  # the restart path of attend_with
     hooked = path_patch(model, clean, corrupt, metric=FN, batch_size=7)
     hooked_star = attribute(model, clean, corrupt, method="atp*", granularity="edge", metric=FN)
