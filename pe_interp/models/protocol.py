@@ -88,7 +88,7 @@ class KVLayout:
 
 class ProbeConfig(Protocol):
     """What a probe reads of a model's configuration (:class:`pe_interp.ModelConfig` and
-    :class:`pe_interp.models.bridge.model.BridgeConfig` have all of it)."""
+    :class:`pe_interp.models.bridge.config.BridgeConfig` have all of it)."""
 
     n_layers: int
     n_heads: int
