@@ -19,13 +19,13 @@ from pe_interp.models.bridge.hf_arch import (
     word_tokenizer,
 )
 from pe_interp.models.bridge.model import BridgedModel
+from pe_interp.models.conformance import missing
 from pe_interp.models.protocol import (
     HOOKS,
     KVLayout,
     PositionView,
     ProbeModel,
     layer_of,
-    missing,
 )
 from probes import ablate_heads, patch
 from probes.common.inputs import as_probe_model

@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from pe_interp.models.bridge.model import BridgedModel, is_bridge
-from pe_interp.models.protocol import ProbeModel, missing
+from pe_interp.models.conformance import missing
+from pe_interp.models.protocol import ProbeModel
 from pe_interp.util.checks import (
     check_finite_weights,
     check_labels,
