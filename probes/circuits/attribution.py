@@ -142,7 +142,7 @@ def attribute(
         (None, ()) if spans is None else span_ids(spans, span_names, c.tokens.shape, "attribute")
     )
     sigma = moved(c, k, "attribute") if aligned else None
-    n, P = len(c), c.tokens.shape[1]
+    n = len(c)
     probes = edge_probes(n, graph, len(names) or 1, steps, seed) if method == "hvp" else None
     mode = direction if k is not None else ablation
     metric_name, fn = resolve(metric)
@@ -161,29 +161,23 @@ def attribute(
                 model, graph, ablation, c, None, reference=reference, rows=rows, who="attribute"
             )
         )
-        totals: list[Tensor] | None = None
-        for c0 in range(0, n, chunk):
-            sl = slice(c0, c0 + chunk)
-            bins = None if ids is None else (ids[sl].to(c.tokens.device), len(names))
-            idx = torch.arange(n, device=c.tokens.device)[sl]
-            part = attribute_chunk(
-                model,
-                graph,
-                c.rows(sl),
-                None if k is None else k.rows(sl),
-                None if repl is None else repl.for_chunk(idx, P),
-                mode=mode,
-                method=method,
-                edges=edges,
-                steps=steps,
-                fn=fn,
-                rows=rows,
-                bins=bins,
-                sigma=None if sigma is None else sigma[sl],
-                probes=None if probes is None else (probes[0][sl], probes[1]),
-            )
-            totals = part if totals is None else [a + b for a, b in zip(totals, part)]
-            bar.update(len(idx))
+        bins = None if ids is None else (ids.to(c.tokens.device), len(names))
+        totals = _sum_chunks(
+            model,
+            graph,
+            (c, k, repl),
+            chunk,
+            bar,
+            bins=bins,
+            sigma=sigma,
+            probes=probes,
+            mode=mode,
+            method=method,
+            edges=edges,
+            steps=steps,
+            fn=fn,
+            rows=rows,
+        )
         good, bad = pair_labels(c, k)
         m_clean = mean_metric(model, c, fn, good, bad, rows)
         m_corrupt = float("nan") if k is None else mean_metric(model, k, fn, good, bad, rows)
@@ -207,16 +201,48 @@ def attribute(
         span_names=tuple(names),
         by_span=per_pos[0] if ids is not None else None,
         magnitude=magnitude,
-        meta={
-            "encoding": model.cfg.encoding_name,
-            "kv_source": model.cfg.kv_source,
-            "kv_view": kv_view,
-            **({"aligned": True} if aligned else {}),
-            **({"hvp_seed": seed, **hvp_meta(totals, n, graph)} if method == "hvp" else {}),
-            # a norm after a block: how an edge's term went through it (post_norm.LINEARISATION)
-            **({"post_norm": LINEARISATION} if edges and post_norms(model, graph) else {}),
-        },
+        meta=_meta(model, graph, kv_view, aligned, edges, method, seed, totals, n),
     )
+
+
+def _sum_chunks(model: ProbeModel, graph, runs, chunk, bar, *, bins, sigma, probes, **kw):
+    """The chunks' summed scores (:func:`attribute_chunk`), ``chunk`` examples at a time:
+    ``runs`` is ``(clean, corrupt or None, the Replacement or None)``, ``bins`` each example's
+    span ids and their count, ``sigma`` the aligned positions, ``probes`` the hvp probes."""
+    c, k, repl = runs
+    n, P = len(c), c.tokens.shape[1]
+    totals: list[Tensor] | None = None
+    for c0 in range(0, n, chunk):
+        sl = slice(c0, c0 + chunk)
+        idx = torch.arange(n, device=c.tokens.device)[sl]
+        part = attribute_chunk(
+            model,
+            graph,
+            c.rows(sl),
+            None if k is None else k.rows(sl),
+            None if repl is None else repl.for_chunk(idx, P),
+            bins=None if bins is None else (bins[0][sl], bins[1]),
+            sigma=None if sigma is None else sigma[sl],
+            probes=None if probes is None else (probes[0][sl], probes[1]),
+            **kw,
+        )
+        totals = part if totals is None else [a + b for a, b in zip(totals, part)]
+        bar.update(len(idx))
+    return totals
+
+
+def _meta(model: ProbeModel, graph, kv_view, aligned, edges, method, seed, totals, n) -> dict:
+    """The result's meta: the model's encoding and key/value source, the view, and what the
+    method adds (hvp's parts and flags; how a norm after a block was crossed)."""
+    return {
+        "encoding": model.cfg.encoding_name,
+        "kv_source": model.cfg.kv_source,
+        "kv_view": kv_view,
+        **({"aligned": True} if aligned else {}),
+        **({"hvp_seed": seed, **hvp_meta(totals, n, graph)} if method == "hvp" else {}),
+        # a norm after a block: how an edge's term went through it (post_norm.LINEARISATION)
+        **({"post_norm": LINEARISATION} if edges and post_norms(model, graph) else {}),
+    }
 
 
 def _chunk(model: ProbeModel, graph, P: int, rows: int, edges: bool) -> int:
