@@ -79,7 +79,9 @@ FAMILIES = {
 SLIDING = {"qwen2", "mistral", "gemma2", "gemma3"}
 # what a family lacks for the logit decomposition, as its one-line refusal says it
 SOFTCAP = "attention logit soft-capping (attn_logit_softcapping = 50)"
-LAYER0_NORM = "QK-norm in layer 0 whose scale the bridge does not hook"
+LAYER0_NORM = (
+    "a norm in layer 0 whose scale cannot be frozen (q_norm: the bridge does not hook its scale"
+)
 REFUSES = {"gemma2": {0: SOFTCAP, 1: SOFTCAP}, "stablelm": {0: LAYER0_NORM}}
 
 

@@ -89,14 +89,14 @@ def test_both_encodings_implement_the_position_view(llama_bridge):
     )
     assert enc.cannot_move is None and enc.unrotated_hooks is None
     assert enc.rotation_hooks == ("hook_rot_q", "hook_rot_k")
-    assert enc.unhooked_qk_norms(0) == [] and enc.head_parameters() == {}
+    assert enc.unfrozen_norms(0) == [] and enc.head_parameters() == {}
     assert enc.move_bias(0, torch.arange(4)[None], torch.ones(1, 2, dtype=torch.bool)) is None
     assert enc.rotary_spans(0)[0].cos.shape[0] == ours.cfg.n_ctx
     enc = bridged.encoding
     assert (enc.sized_spans, enc.rotates, enc.has_bias, enc.decomposes) == (True, True, False, True)
     assert enc.cannot_move is None
     assert enc.rotation_hooks == enc.unrotated_hooks == ("hook_q", "hook_k")
-    assert enc.unhooked_qk_norms(0) == [] and enc.head_parameters() == {}
+    assert enc.unfrozen_norms(0) == [] and enc.head_parameters() == {}
     assert enc.residual(3) is None and enc.bias(3, 3, 0) is None
     assert 5 <= enc.rotary_spans(0, 5)[0].cos.shape[0] < bridged.cfg.n_ctx  # the length asked
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 
@@ -12,8 +13,6 @@ def out_dir_arg(value: str | None, flag: str = "--out") -> str | None:
     """An output directory: not empty (an empty path is the current directory), not an existing
     file, and writable (:func:`~pe_interp.util.io.check_writable_dir`), checked before the work.
     None (the command's default) passes."""
-    from pathlib import Path
-
     from pe_interp.util.io import check_writable_dir
 
     if value is None:
@@ -60,9 +59,26 @@ def writing_run(
     accuracy = (getattr(loaded, "config", None) or {}).get("accuracy", {}).get("summary")
     if accuracy:  # natural prompts: the model's accuracy on them comes first
         print(f"{loaded.name}: {accuracy}")
-    with dir_lock(out or loaded.run_dir, "run directory" if out is None else "output directory"):
-        loaded.result_dir.mkdir(parents=True, exist_ok=True)  # RUN@S: the step's own steps/S/
-        yield loaded
+    fresh = out is not None and not Path(out).exists()
+    try:
+        with dir_lock(
+            out or loaded.run_dir, "run directory" if out is None else "output directory"
+        ):
+            loaded.result_dir.mkdir(parents=True, exist_ok=True)  # RUN@S: the step's own steps/S/
+            yield loaded
+    except BaseException:
+        if fresh:  # refused or stopped before writing: no empty --out left behind
+            _remove_if_unwritten(Path(out))
+        raise
+
+
+def _remove_if_unwritten(directory: Path) -> None:
+    """Remove ``directory`` if it holds nothing but its lock file."""
+    from pe_interp.util.locks import LOCK_FILE
+
+    if directory.is_dir() and {p.name for p in directory.iterdir()} <= {LOCK_FILE}:
+        (directory / LOCK_FILE).unlink(missing_ok=True)
+        directory.rmdir()
 
 
 __all__ = ["out_dir_arg", "writing_run"]

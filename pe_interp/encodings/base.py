@@ -196,8 +196,8 @@ class Encoding(nn.Module):
     rotation_hooks: ClassVar[tuple[str, str]] = ("hook_rot_q", "hook_rot_k")
     unrotated_hooks: ClassVar[tuple[str, str] | None] = None  # only the rotated q/k are cached
 
-    def unhooked_qk_norms(self, layer: int) -> list[str]:
-        """QK-norms whose scale is not hooked: none (our model has no QK-norm)."""
+    def unfrozen_norms(self, layer: int) -> list[str]:
+        """Norms whose scale cannot be frozen: none (our norms hook their scale; no QK-norm)."""
         return []
 
     def move_bias(self, layer: int, sigma: Tensor, heads: Tensor) -> None:

@@ -198,9 +198,11 @@ class PositionView(Protocol):
         (per-head gradients read them; none on a bridge)."""
         ...
 
-    def unhooked_qk_norms(self, layer: int) -> list[str]:
-        """The QK-norms of ``layer`` whose scale the model does not hook (``attn.q_norm.hook_scale``),
-        so that the layer-0 decomposition cannot freeze them (none in ours)."""
+    def unfrozen_norms(self, layer: int) -> list[str]:
+        """The norms on the way to ``layer``'s queries and keys whose scale cannot be frozen at its
+        value, each with why (a QK-norm whose scale the model does not hook, ``attn.q_norm.hook_scale``;
+        a norm the model cannot run with its scale edited), so that the layer-0 decomposition
+        cannot make that path affine (none in ours)."""
         ...
 
     def move_bias(

@@ -206,7 +206,8 @@ def head_route(
     if bar is not None:
         bar.close()
     layer0 = None
-    if site.layer == 0 and model.encoding.decomposes:  # not over a bridge's BLOOM (ALiBi unseen)
+    # not over a bridge's BLOOM (ALiBi unseen), nor where layer 0's norms cannot be frozen
+    if site.layer == 0 and model.encoding.decomposes and not model.encoding.unfrozen_norms(0):
         # a synthetic task samples its rows; natural prompts are their own held-out rows
         rows = task.sample(16, seed=seed) if hasattr(task, "sample") else task.prompts
         layer0 = layer0_terms(model, rows, site.head)

@@ -199,12 +199,12 @@ def _component_qk(
     """
     ln_scale = cache.get("blocks.0.ln1.hook_scale")  # absent when the model has no norm
     frozen = {n: cache[n] for n in FROZEN_SCALES if n in cache}  # a QK-norm's too
-    missing = model.encoding.unhooked_qk_norms(0)
-    if missing:
+    unfrozen = model.encoding.unfrozen_norms(0)
+    if unfrozen:
         raise ValueError(
-            f"logit_terms: {model.cfg.encoding_name}: QK-norm in layer 0 whose scale the bridge "
-            f"does not hook ({', '.join(missing)}: no hook_scale), so layer 0's content and offset "
-            "parts cannot be split linearly; deeper layers' terms can"
+            f"logit_terms: {model.cfg.encoding_name}: a norm in layer 0 whose scale cannot be "
+            f"frozen ({'; '.join(unfrozen)}), so layer 0's content and offset parts cannot be "
+            "split linearly; deeper layers' terms can"
         )
     c, p = cache["hook_embed"], cache.get("hook_pos_embed")
     _check_layer0_input(model, cache, c, p)

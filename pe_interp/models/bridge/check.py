@@ -119,7 +119,7 @@ class ForwardCheck:
             if rot_q is not None and rot_k is not None:
                 e = max(_gap(rq, rot_q), _gap(rk, rot_k))
             else:  # no rotated q/k hooked: the scores say whether the rotation is the bridge's
-                e = _score_gap(rq, rk, scores, self._scale(layer))
+                e = _score_gap(rq, rk, scores, self.model.attention_scale(layer))
             err = min(err, e)
             if e <= _tolerance(rq):
                 found = (qn, kn, rq, rk)
@@ -165,7 +165,7 @@ class ForwardCheck:
                 "decomposition cannot split it; route shares, positional_scores' template and "
                 "Toeplitz scores, ablation and patching run on it"
             )
-        e = _score_gap(rq, rk, scores, self._scale(layer))
+        e = _score_gap(rq, rk, scores, self.model.attention_scale(layer))
         if e > _tolerance(scores):
             return "scores", (
                 f"{name}: the bridge's hook_attn_scores are not scale * rot(q) . rot(k) in "
@@ -186,24 +186,27 @@ class ForwardCheck:
             for n in ("q_norm", "k_norm", "q_layernorm", "k_layernorm")
         )
 
-    def unhooked_qk_norms(self, layer: int) -> list[str]:
-        """The QK-norms of ``layer`` (``q_norm``, ``k_norm``) whose scale the bridge does not hook
-        (``attn.q_norm.hook_scale``): the layer-0 decomposition freezes those scales to make the
-        path to q and k affine, and cannot without them."""
-        attn, names = self.model.bridge.blocks[layer].attn, self.model.bridge.hook_dict
+    def unfrozen_norms(self, layer: int) -> list[str]:
+        """The norms on the way to ``layer``'s q and k whose scale the layer-0 decomposition cannot
+        freeze, each with why: a QK-norm (``q_norm``, ``k_norm``) whose scale the bridge does not
+        hook (``attn.q_norm.hook_scale``), and a parameter-free ``ln1`` (no weight: the bridge
+        applies a weight when a hook edits its scale, so it cannot run it frozen)."""
+        block, names = self.model.bridge.blocks[layer], self.model.bridge.hook_dict
+        attn, out = block.attn, []
         own = [
             n for n in ("q_norm", "k_norm") if isinstance(getattr(attn, n, None), torch.nn.Module)
         ]
         if not own and self._qk_norm(layer):  # a norm the bridge does not wrap at all
-            return ["q/k norm"]
-        return [n for n in own if f"blocks.{layer}.attn.{n}.hook_scale" not in names]
-
-    def _scale(self, layer: int) -> float:
-        """The factor on ``q . k`` in ``layer`` (the attention's ``scaling``; ``d_head ** -0.5``)."""
-        attn = self.model.bridge.blocks[layer].attn
-        scale = getattr(attn, "scale", None)
-        scale = getattr(attn, "scaling", None) if scale is None else scale
-        return float(self.model.cfg.d_head**-0.5 if scale is None else scale)
+            out.append("a QK-norm the bridge does not wrap")
+        out += [
+            f"{n}: the bridge does not hook its scale"
+            for n in own
+            if f"blocks.{layer}.attn.{n}.hook_scale" not in names
+        ]
+        ln1 = getattr(getattr(block, "ln1", None), "original_component", None)
+        if isinstance(ln1, torch.nn.Module) and getattr(ln1, "weight", None) is None:
+            out.append("ln1: parameter-free, and the bridge cannot run it with its scale edited")
+        return out
 
 
 def _heads_last(x: Tensor | None, like: Tensor) -> Tensor | None:

@@ -281,7 +281,11 @@ def _why_not_forks(bridge: Any, tokens: Tensor) -> str | None:
     try:
         if attn_in:
             bridge.set_use_attn_in(False)
-        bridge.set_use_split_qkv_input(True)
+        try:
+            bridge.set_use_split_qkv_input(True)
+        except NotImplementedError as e:  # the bridge's attention has no per-head forks
+            said = str(e).split(". ")[0].splitlines()[0]
+            return f"the bridge has no per-head q/k/v input forks for its attention ({said})"
         with torch.no_grad():
             got, missing = cached(bridge, tokens, names)
             if missing is not None:

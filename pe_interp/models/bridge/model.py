@@ -174,8 +174,13 @@ class BridgedModel(nn.Module):
         return self._run(self.bridge, tokens, key_valid)
 
     def attention_scale(self, layer: int) -> float:
-        """The factor on ``q . k`` in layer ``layer`` (the Hugging Face attention's ``scaling``)."""
-        return float(self.bridge.blocks[layer].attn.scaling)
+        """The factor on ``q . k`` in layer ``layer``: the attention's ``scale`` or ``scaling``
+        where it has one, else ``d_head ** -0.5``; the encoding's check holds the bridge's
+        ``hook_attn_scores`` to it before the logit decomposition reads it."""
+        attn = self.bridge.blocks[layer].attn
+        scale = getattr(attn, "scale", None)
+        scale = getattr(attn, "scaling", None) if scale is None else scale
+        return float(self.cfg.d_head**-0.5 if scale is None else scale)
 
     # the per-head forks of the circuit probes (TransformerLens' flags, the bridge's own setters)
     def check_forks(self) -> None:
