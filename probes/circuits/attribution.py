@@ -77,7 +77,7 @@ from tqdm.auto import tqdm
 from pe_interp.util.modes import eval_mode
 from probes.circuits.alignment import moved
 from probes.circuits.attribution_chunk import attribute_chunk
-from probes.circuits.attribution_hvp import check_hvp, edge_probes, hvp_meta
+from probes.circuits.attribution_hvp import check_hvp, edge_probes, hvp_chunk, hvp_meta
 from probes.circuits.engine import as_pair, forks, mean_metric, pair_labels, resolve
 from probes.circuits.evaluator import edge_replacement
 from probes.circuits.graph import build_graph, check_kv_view, parse
@@ -215,17 +215,17 @@ def _sum_chunks(model: ProbeModel, graph, runs, chunk, bar, *, bins, sigma, prob
     for c0 in range(0, n, chunk):
         sl = slice(c0, c0 + chunk)
         idx = torch.arange(n, device=c.tokens.device)[sl]
-        part = attribute_chunk(
-            model,
-            graph,
-            c.rows(sl),
-            None if k is None else k.rows(sl),
-            None if repl is None else repl.for_chunk(idx, P),
-            bins=None if bins is None else (bins[0][sl], bins[1]),
-            sigma=None if sigma is None else sigma[sl],
-            probes=None if probes is None else (probes[0][sl], probes[1]),
-            **kw,
-        )
+        runs = (c.rows(sl), None if k is None else k.rows(sl))
+        replaced = None if repl is None else repl.for_chunk(idx, P)
+        at = None if bins is None else (bins[0][sl], bins[1])
+        if probes is not None:  # method "hvp": its own chunk
+            hvp_kw = {n: kw[n] for n in ("mode", "fn", "rows")}
+            part = hvp_chunk(
+                model, graph, *runs, replaced, bins=at, probes=(probes[0][sl], probes[1]), **hvp_kw
+            )
+        else:
+            sig = None if sigma is None else sigma[sl]
+            part = attribute_chunk(model, graph, *runs, replaced, bins=at, sigma=sig, **kw)
         totals = part if totals is None else [a + b for a, b in zip(totals, part)]
         bar.update(len(idx))
     return totals

@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 
 from probes.circuits.alignment import align
-from probes.circuits.attribution_hvp import hvp_chunk
 from probes.circuits.engine import (
     Run,
     attend_with,
@@ -152,7 +151,6 @@ def attribute_chunk(
     rows,
     bins=None,
     sigma=None,
-    probes=None,
 ):
     """Summed (not yet averaged) scores of one chunk of examples, for each gradient variant.
     ``other``: the corrupt run's rows, or None for ablation: then ``replaced`` holds the
@@ -160,26 +158,11 @@ def attribute_chunk(
     ``mode`` is not ``"denoise"``. ``sigma``: the corrupt run read at each clean token's moved
     position (:func:`probes.circuits.alignment.align`). Where a norm follows a block, an edge's
     term goes through its Jacobian at the run whose gradient is read
-    (:mod:`probes.circuits.post_norm`). ``method="hvp"``: ``probes`` are the chunk's
-    :func:`probes.circuits.attribution_hvp.edge_probes`, and :func:`~probes.circuits.attribution_hvp.hvp_chunk`
-    returns its estimate, first- and second-order parts."""
-    if method == "hvp":
-        return hvp_chunk(
-            model,
-            graph,
-            clean,
-            other,
-            replaced,
-            mode=mode,
-            fn=fn,
-            rows=rows,
-            bins=bins,
-            probes=probes,
-        )
+    (:mod:`probes.circuits.post_norm`). ``method="hvp"`` has its own chunk,
+    :func:`probes.circuits.attribution_hvp.hvp_chunk`."""
     W = writer_hooks(graph)
     R = reader_hooks(graph) if edges else []
     norms = post_norms(model, graph) if edges else {}
-    split = graph.kv_split if edges else 1  # the ungrouped view's copies of a forward
     good, bad = pair_labels(clean, other)
     sign = 1.0 if mode == "denoise" else -1.0
     base = other if mode == "denoise" else clean
@@ -211,7 +194,7 @@ def attribute_chunk(
             metric=metric(),
             grad_names=W + R + pattern_names,
             detach=drop,
-            split=split,
+            split=graph.kv_split if edges else 1,  # the ungrouped view's copies of a forward
         )
         if not drop:
             base_acts = acts
