@@ -60,18 +60,8 @@ def exact_effects(model, pairs, shape, flat: np.ndarray, per_call: int) -> tuple
     means over the pairs; ``per_call`` keep masks a call. Also the clean margin."""
     from probes.circuits.evaluator import EdgeEvaluator
 
-    ev = EdgeEvaluator(
-        model,
-        pairs,
-        None,
-        ablation="corrupt",
-        metric="margin",
-        reference=None,
-        seed=0,
-        batch_size=None,
-        spans=None,
-        n_spans=1,
-    )
+    how = dict(ablation="corrupt", metric="margin", reference=None, seed=0, batch_size=None)
+    ev = EdgeEvaluator(model, pairs, None, spans=None, n_spans=1, **how)
     full, _ = ev.ends()
     out = np.empty(len(flat))
     for j0 in range(0, len(flat), per_call):
